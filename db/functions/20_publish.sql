@@ -1,0 +1,169 @@
+-- The outbox publisher's side (R-OUT-1, R-ACK-2). The bridge runs, in ONE transaction:
+--   claim_queued_jobs → publish every request to NATS → confirm the server has them →
+--   mark_published → COMMIT.
+-- The claim's row locks keep other publishers off the batch until the commit; if the
+-- publish fails the bridge rolls back and the batch simply stays queued.
+
+-- Claims up to p_limit queued jobs, oldest first, skipping rows another publisher holds.
+-- Returns for each the request body (recognition_job ⋈ stored_file ⋈ s3_object) with a
+-- reply_deadline computed now from the pipeline's reply timeout, and the Nats-Msg-Id
+-- `<job_id>:<attempt>`. Must run inside the transaction that calls mark_published.
+CREATE OR REPLACE FUNCTION arm.claim_queued_jobs(
+    p_limit integer,
+    p_tabular_reply_timeout interval DEFAULT interval '600 seconds',
+    p_image_reply_timeout interval DEFAULT interval '1800 seconds'
+)
+RETURNS TABLE (
+    job_id uuid,
+    attempt integer,
+    pipeline arm.pipeline,
+    msg_id text,
+    reply_deadline timestamptz,
+    request jsonb
+)
+LANGUAGE sql
+AS $$
+    WITH claimed AS (
+        SELECT j AS job,
+               date_trunc('milliseconds', clock_timestamp()
+                   + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
+                                     ELSE p_image_reply_timeout END) AS deadline
+        FROM arm.recognition_job j
+        WHERE j.status = 'queued'
+        ORDER BY j.requested_at, j.id
+        LIMIT p_limit
+        FOR UPDATE OF j SKIP LOCKED
+    )
+    SELECT (c.job).id, (c.job).attempt, (c.job).pipeline,
+           (c.job).id::text || ':' || (c.job).attempt,
+           c.deadline,
+           arm._request_body(c.job, f, o, c.deadline)
+    FROM claimed c
+    JOIN arm.stored_file f ON f.id = (c.job).file_id
+    JOIN arm.s3_object o ON o.id = f.s3_object_id
+    ORDER BY (c.job).requested_at, (c.job).id
+$$;
+
+-- Marks claimed jobs published after their messages reached NATS: status, published_at,
+-- request_msg_id = `<job_id>:<attempt>`, request_subject and the reply_deadline that was
+-- sent. Only queued jobs change; returns how many did.
+CREATE OR REPLACE FUNCTION arm.mark_published(
+    p_job_ids uuid[],
+    p_subjects text[],
+    p_reply_deadlines timestamptz[]
+)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE arm.recognition_job j
+    SET status = 'published',
+        published_at = clock_timestamp(),
+        last_published_at = clock_timestamp(),
+        request_msg_id = j.id::text || ':' || j.attempt,
+        request_subject = u.subject,
+        reply_deadline = u.reply_deadline
+    FROM unnest(p_job_ids, p_subjects, p_reply_deadlines) AS u(job_id, subject, reply_deadline)
+    WHERE j.id = u.job_id
+      AND j.status = 'queued';
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+
+-- Dead-letters published jobs that got no ack although they were republished
+-- p_max_republish times and the last one is p_ack_timeout old: status dlq, error_code
+-- NO_ACK, request_msg_id unchanged, and their files (where current) ERROR.
+-- Returns the jobs it moved, for the caller's log.
+CREATE OR REPLACE FUNCTION arm.dead_letter_unacked(
+    p_ack_timeout interval,
+    p_max_republish integer
+)
+RETURNS TABLE (job_id uuid, attempt integer, file_id uuid, republish_count integer)
+LANGUAGE sql
+AS $$
+    WITH due AS (
+        SELECT j.id
+        FROM arm.recognition_job j
+        WHERE j.status = 'published'
+          AND j.last_published_at <= clock_timestamp() - p_ack_timeout
+          AND j.republish_count >= p_max_republish
+        FOR UPDATE SKIP LOCKED
+    ), moved AS (
+        UPDATE arm.recognition_job j
+        SET status = 'dlq',
+            error_code = 'NO_ACK',
+            error_message = format('no ack after %s publishes', j.republish_count + 1),
+            finished_at = clock_timestamp()
+        FROM due
+        WHERE j.id = due.id AND j.status = 'published'
+        RETURNING j.id, j.attempt, j.file_id, j.republish_count
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        FROM moved m
+        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
+        RETURNING f.id
+    )
+    SELECT m.id, m.attempt, m.file_id, m.republish_count FROM moved m
+$$;
+
+-- Claims up to p_limit published jobs whose ack is overdue (last publish p_ack_timeout
+-- ago) and that may still be republished, skipping rows another publisher holds.
+-- Returns the same request as the first publish (same reply_deadline, same attempt),
+-- its subject and its Nats-Msg-Id. Must run in the transaction that calls
+-- mark_republished.
+CREATE OR REPLACE FUNCTION arm.claim_unacked_jobs(
+    p_limit integer,
+    p_ack_timeout interval,
+    p_max_republish integer
+)
+RETURNS TABLE (
+    job_id uuid,
+    attempt integer,
+    subject text,
+    msg_id text,
+    republish_count integer,
+    request jsonb
+)
+LANGUAGE sql
+AS $$
+    WITH claimed AS (
+        SELECT j AS job
+        FROM arm.recognition_job j
+        WHERE j.status = 'published'
+          AND j.last_published_at <= clock_timestamp() - p_ack_timeout
+          AND j.republish_count < p_max_republish
+        ORDER BY j.last_published_at, j.id
+        LIMIT p_limit
+        FOR UPDATE OF j SKIP LOCKED
+    )
+    SELECT (c.job).id, (c.job).attempt, (c.job).request_subject, (c.job).request_msg_id,
+           (c.job).republish_count,
+           arm._request_body(c.job, f, o, (c.job).reply_deadline)
+    FROM claimed c
+    JOIN arm.stored_file f ON f.id = (c.job).file_id
+    JOIN arm.s3_object o ON o.id = f.s3_object_id
+    ORDER BY (c.job).last_published_at, (c.job).id
+$$;
+
+-- Counts a republish of claimed jobs that reached NATS. Only published jobs change;
+-- returns how many did.
+CREATE OR REPLACE FUNCTION arm.mark_republished(p_job_ids uuid[])
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE arm.recognition_job
+    SET republish_count = republish_count + 1,
+        last_published_at = clock_timestamp()
+    WHERE id = ANY (p_job_ids)
+      AND status = 'published';
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;

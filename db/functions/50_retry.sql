@@ -1,0 +1,116 @@
+-- Manual retry: a new attempt of a file (R-RT-1…3). Checking the file's current job and
+-- the attempt limit, creating the new attempt, switching the file and writing the audit
+-- record happen in one transaction under the file's row lock, so two retries of the
+-- same failed attempt never create two jobs: the second waits for the first, then sees
+-- the new queued attempt and is refused (not_failed). A rollback takes the new job, the
+-- switch and the audit record back together.
+--
+-- Lock order: retry locks only the file (and creates a row nobody else can see yet);
+-- it reads the current job without locking it. Final jobs never change, and a live job
+-- makes the file not retryable either way, so that read cannot go stale in a way that
+-- matters, and retry cannot deadlock with the inbox or the sweep (which lock the job,
+-- then the file).
+--
+-- Outcomes: retried | not_found | not_retryable, with a reason for not_retryable:
+--   not_failed          the current job is live (queued, published, processing) or
+--                       succeeded (done, needs_check)
+--   attempts_exhausted  the current job failed but attempt = max_attempts
+--   no_job              the file has no recognition job yet
+
+-- Retries one file on behalf of p_actor. Same guarantees as the HTTP API.
+CREATE OR REPLACE FUNCTION arm.retry_file(p_file_id uuid, p_actor text)
+RETURNS TABLE (
+    file_id uuid,
+    outcome text,
+    reason text,
+    job_id uuid,
+    attempt integer,
+    previous_job_id uuid,
+    previous_status arm.job_status,
+    previous_attempt integer,
+    max_attempts integer
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    f arm.stored_file;
+    j arm.recognition_job;
+    v_new_id uuid;
+BEGIN
+    IF p_actor IS NULL OR btrim(p_actor) = '' THEN
+        RAISE EXCEPTION 'retry_file needs an actor (who retries)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT * INTO f FROM arm.stored_file WHERE id = p_file_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT p_file_id, 'not_found', 'file_not_found',
+            NULL::uuid, NULL::integer, NULL::uuid, NULL::arm.job_status, NULL::integer,
+            NULL::integer;
+        RETURN;
+    END IF;
+
+    SELECT * INTO j FROM arm.recognition_job WHERE id = f.current_recognition_job_id;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT f.id, 'not_retryable', 'no_job',
+            NULL::uuid, NULL::integer, NULL::uuid, NULL::arm.job_status, NULL::integer,
+            NULL::integer;
+        RETURN;
+    END IF;
+    IF j.status NOT IN ('timeout', 'dlq', 'error') THEN
+        RETURN QUERY SELECT f.id, 'not_retryable', 'not_failed',
+            NULL::uuid, NULL::integer, j.id, j.status, j.attempt, j.max_attempts;
+        RETURN;
+    END IF;
+    IF j.attempt >= j.max_attempts THEN
+        RETURN QUERY SELECT f.id, 'not_retryable', 'attempts_exhausted',
+            NULL::uuid, NULL::integer, j.id, j.status, j.attempt, j.max_attempts;
+        RETURN;
+    END IF;
+
+    INSERT INTO arm.recognition_job (file_id, pipeline, attempt, max_attempts, status, requested_at)
+    VALUES (f.id, j.pipeline, j.attempt + 1, j.max_attempts, 'queued', clock_timestamp())
+    RETURNING id INTO v_new_id;
+
+    UPDATE arm.stored_file
+    SET current_recognition_job_id = v_new_id,
+        status = 'UPLOADED'
+    WHERE id = f.id;
+
+    INSERT INTO arm.retry_audit (file_id, old_job_id, new_job_id, new_attempt, actor)
+    VALUES (f.id, j.id, v_new_id, j.attempt + 1, p_actor);
+
+    RETURN QUERY SELECT f.id, 'retried', NULL::text,
+        v_new_id, j.attempt + 1, j.id, j.status, j.attempt, j.max_attempts;
+END;
+$$;
+
+-- Retries many files in one transaction, one result row per distinct file id (NULLs
+-- ignored). A file that cannot be retried is reported, the rest go on. Files are locked
+-- in id order, so concurrent batches with overlapping files cannot deadlock.
+CREATE OR REPLACE FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text)
+RETURNS TABLE (
+    file_id uuid,
+    outcome text,
+    reason text,
+    job_id uuid,
+    attempt integer,
+    previous_job_id uuid,
+    previous_status arm.job_status,
+    previous_attempt integer,
+    max_attempts integer
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_id uuid;
+BEGIN
+    FOR v_id IN
+        SELECT DISTINCT u.id FROM unnest(p_file_ids) AS u(id) WHERE u.id IS NOT NULL ORDER BY u.id
+    LOOP
+        RETURN QUERY SELECT * FROM arm.retry_file(v_id, p_actor);
+    END LOOP;
+END;
+$$;

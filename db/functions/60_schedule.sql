@@ -1,0 +1,105 @@
+-- Periodic tasks (R-TO-1 scheduling). arm.periodic_task is the schedule a DBA reads and
+-- changes with SQL:
+--   SELECT name, run_every, enabled, next_run_at, last_finished_at, last_result, last_error
+--   FROM arm.periodic_task;
+--   UPDATE arm.periodic_task SET run_every = interval '10 seconds' WHERE name = 'sweep_timeouts';
+-- arm.run_due_tasks() runs whatever is due. The bridge calls it about every second;
+-- where pg_cron is installed it may call it too (arm.schedule_with_pg_cron()).
+
+-- Runs every enabled task whose next_run_at has come, each in a subtransaction: a
+-- failing task records last_error and the others still run. A task row stays locked
+-- while it runs and other callers skip it (SKIP LOCKED), so any number of bridges and
+-- pg_cron may call this at once and each task still runs once per period.
+-- Returns one row per task it ran.
+CREATE OR REPLACE FUNCTION arm.run_due_tasks()
+RETURNS TABLE (task text, result text, error text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    t arm.periodic_task;
+    v_started timestamptz;
+    v_result text;
+    v_error text;
+BEGIN
+    FOR t IN
+        SELECT * FROM arm.periodic_task p
+        WHERE p.enabled AND p.next_run_at <= clock_timestamp()
+        ORDER BY p.next_run_at
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        v_started := clock_timestamp();
+        v_result := NULL;
+        v_error := NULL;
+        BEGIN
+            EXECUTE format('SELECT (%s)::text', t.function_name::text) INTO v_result;
+        EXCEPTION WHEN OTHERS THEN
+            v_error := SQLSTATE || ': ' || SQLERRM;
+        END;
+        UPDATE arm.periodic_task p
+        SET last_started_at = v_started,
+            last_finished_at = clock_timestamp(),
+            last_result = v_result,
+            last_error = v_error,
+            run_count = p.run_count + 1,
+            next_run_at = v_started + p.run_every
+        WHERE p.name = t.name;
+        task := t.name;
+        result := v_result;
+        error := v_error;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- Adds or changes a periodic task. p_function must be a function of no arguments, e.g.
+-- 'arm.sweep_timeouts()'. The next run is due one period from now at the latest.
+CREATE OR REPLACE FUNCTION arm.set_periodic_task(
+    p_name text,
+    p_function regprocedure,
+    p_run_every interval,
+    p_enabled boolean DEFAULT true
+)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF (SELECT pronargs FROM pg_proc WHERE oid = p_function) <> 0 THEN
+        RAISE EXCEPTION 'periodic task %: % must take no arguments', p_name, p_function
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO arm.periodic_task (name, function_name, run_every, enabled)
+    VALUES (p_name, p_function, p_run_every, p_enabled)
+    ON CONFLICT (name) DO UPDATE
+    SET function_name = EXCLUDED.function_name,
+        run_every = EXCLUDED.run_every,
+        enabled = EXCLUDED.enabled,
+        next_run_at = least(arm.periodic_task.next_run_at, clock_timestamp() + EXCLUDED.run_every);
+END;
+$$;
+
+-- Asks pg_cron, where installed, to call arm.run_due_tasks() every minute (pg_cron 1.4
+-- schedules by the minute; the bridge's one-second tick is the primary scheduler).
+-- Returns the cron job id; raises when pg_cron is not installed in this database.
+CREATE OR REPLACE FUNCTION arm.schedule_with_pg_cron()
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_job bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') THEN
+        RAISE EXCEPTION 'pg_cron is not installed in this database; the bridge runs the schedule'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+    EXECUTE $cron$SELECT cron.schedule('arm-run-due-tasks', '* * * * *',
+                                        'SELECT * FROM arm.run_due_tasks()')$cron$
+        INTO v_job;
+    RETURN v_job;
+END;
+$$;
+
+-- The tasks this project ships. A DBA's later changes to run_every or enabled are kept.
+INSERT INTO arm.periodic_task (name, function_name, run_every)
+VALUES ('sweep_timeouts', 'arm.sweep_timeouts()', interval '30 seconds')
+ON CONFLICT (name) DO NOTHING;

@@ -1,0 +1,259 @@
+"""Message contracts of SPEC §11: the JSON Schemas and their examples in docs/contracts."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts"
+EXAMPLES = CONTRACTS / "examples"
+REQUEST_SCHEMA = CONTRACTS / "recognition-request.schema.json"
+RESULT_SCHEMA = CONTRACTS / "recognition-result-message.schema.json"
+SCHEMAS = [REQUEST_SCHEMA, RESULT_SCHEMA]
+
+FORMAT_CHECKER = Draft202012Validator.FORMAT_CHECKER
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _validator(schema_path: Path) -> Draft202012Validator:
+    return Draft202012Validator(_load(schema_path), format_checker=FORMAT_CHECKER)
+
+
+def _schema_for(example: Path) -> Path:
+    if example.name.startswith("request-"):
+        return REQUEST_SCHEMA
+    if example.name.startswith("result-"):
+        return RESULT_SCHEMA
+    raise AssertionError(f"example {example.name} is neither request-* nor result-*")
+
+
+def _example(name: str) -> dict[str, Any]:
+    return _load(EXAMPLES / name)
+
+
+def _errors(schema_path: Path, instance: Any) -> list[str]:
+    return [error.message for error in _validator(schema_path).iter_errors(instance)]
+
+
+ALL_EXAMPLES = sorted(EXAMPLES.glob("*.json"))
+
+
+# --- schemas and examples -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schema_path", SCHEMAS, ids=lambda p: p.name)
+def test_schema_is_valid_draft_2020_12(schema_path: Path) -> None:
+    schema = _load(schema_path)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["$id"] == f"https://arm-core.local/contracts/{schema_path.name}"
+    assert schema["title"] and schema["description"]
+    Draft202012Validator.check_schema(schema)
+
+
+def test_date_time_and_uuid_formats_are_really_checked() -> None:
+    # jsonschema silently skips "date-time" when rfc3339-validator is not installed.
+    assert not FORMAT_CHECKER.conforms("2030-13-01T12:00:00Z", "date-time"), (
+        "date-time format is not checked: install rfc3339-validator"
+    )
+    assert FORMAT_CHECKER.conforms("2030-01-01T12:10:00Z", "date-time")
+    assert not FORMAT_CHECKER.conforms("3f0c9a52-7d1e-4b8a-9c41-5e2f8a6b1d0", "uuid")
+
+
+def test_examples_cover_every_message_kind() -> None:
+    names = {p.name for p in ALL_EXAMPLES}
+    assert {
+        "request-tabular.json",
+        "request-image.json",
+        "result-processing.json",
+        "result-done.json",
+        "result-needs-check.json",
+        "result-error.json",
+        "result-error-scan.json",
+    } <= names
+    statuses = {_load(p)["status"] for p in ALL_EXAMPLES if p.name.startswith("result-")}
+    assert statuses == {"processing", "done", "needs_check", "error"}
+
+
+@pytest.mark.parametrize("example", ALL_EXAMPLES, ids=lambda p: p.name)
+def test_example_validates_against_its_schema(example: Path) -> None:
+    assert _errors(_schema_for(example), _load(example)) == []
+
+
+def test_request_image_example_has_past_deadline_and_still_passes() -> None:
+    request = _example("request-image.json")
+    assert request["reply_deadline"] < "2025-01-01"
+    assert _errors(REQUEST_SCHEMA, request) == []
+
+
+@pytest.mark.parametrize("example", ALL_EXAMPLES, ids=lambda p: p.name)
+def test_example_s3_keys_match_their_ids(example: Path) -> None:
+    message = _load(example)
+    file_id, job_id = message["file_id"], message["job_id"]
+    if "s3" in message:
+        assert message["s3"]["key"] == f"uploads/{file_id}/{message['original_name']}"
+    if "result_s3" in message:
+        assert message["result_s3"]["key"] == f"results/{file_id}/{job_id}/result.json"
+    if "raw_s3_key" in message:
+        assert message["service"]["name"] == "scan-gateway"
+        assert f"/{file_id}/{job_id}/" in message["raw_s3_key"]
+
+
+def test_s3_location_is_the_same_in_both_schemas() -> None:
+    request, result = _load(REQUEST_SCHEMA), _load(RESULT_SCHEMA)
+    assert request["$defs"]["s3_location"] == result["$defs"]["s3_location"]
+    assert request["$defs"]["uuid"] == result["$defs"]["uuid"]
+
+
+# --- requests that must fail ----------------------------------------------------------
+
+
+def _request(**changes: Any) -> dict[str, Any]:
+    request = copy.deepcopy(_example("request-tabular.json"))
+    request.update(changes)
+    return request
+
+
+def _without_s3_key() -> dict[str, Any]:
+    request = _request()
+    del request["s3"]["key"]
+    return request
+
+
+BAD_REQUESTS = {
+    "unknown file_type": _request(file_type="CSV"),
+    "missing s3.key": _without_s3_key(),
+    "empty s3.bucket": _request(s3={"bucket": "", "key": "uploads/x"}),
+    "extra field in s3": _request(s3={"bucket": "arm-ka", "key": "k", "region": "ru"}),
+    "attempt 0": _request(attempt=0),
+    "attempt not an integer": _request(attempt=1.5),
+    "job_id not a uuid": _request(job_id="not-a-uuid"),
+    "file_id uuid without dashes": _request(file_id="8b6e2d140a3f4c9eb7d51f4a9c3e6b20"),
+    "reply_deadline not a date-time": _request(reply_deadline="tomorrow"),
+    "reply_deadline month 13": _request(reply_deadline="2030-13-01T12:10:00Z"),
+    "reply_deadline without offset": _request(reply_deadline="2030-01-01T12:10:00"),
+    "reply_deadline not UTC": _request(reply_deadline="2030-01-01T15:10:00+03:00"),
+    "tabular pipeline with PDF": _request(pipeline="tabular", file_type="PDF"),
+    "image pipeline with XLSX": _request(pipeline="image", file_type="XLSX"),
+    "unknown pipeline": _request(pipeline="audio"),
+    "schema_version 2.0": _request(schema_version="2.0"),
+    "empty original_name": _request(original_name=""),
+    "huge original_name": _request(original_name="x" * 1025),
+    "unknown top-level field": _request(priority="high"),
+}
+
+
+@pytest.mark.parametrize("request_doc", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())
+def test_bad_request_is_rejected(request_doc: dict[str, Any]) -> None:
+    assert _errors(REQUEST_SCHEMA, request_doc) != []
+
+
+@pytest.mark.parametrize("field", _example("request-tabular.json").keys())
+def test_request_without_required_field_is_rejected(field: str) -> None:
+    request = _request()
+    del request[field]
+    assert _errors(REQUEST_SCHEMA, request) != []
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "file_type"),
+    [
+        ("tabular", "XLS"),
+        ("tabular", "XLSX"),
+        ("tabular", "XLSB"),
+        ("image", "PDF"),
+        ("image", "PNG"),
+        ("image", "JPG"),
+    ],
+)
+def test_matching_pipeline_and_file_type_pass(pipeline: str, file_type: str) -> None:
+    assert _errors(REQUEST_SCHEMA, _request(pipeline=pipeline, file_type=file_type)) == []
+
+
+# --- results that must fail -----------------------------------------------------------
+
+
+def _result(example: str, *, drop: tuple[str, ...] = (), **changes: Any) -> dict[str, Any]:
+    result = copy.deepcopy(_example(example))
+    for field in drop:
+        del result[field]
+    result.update(changes)
+    return result
+
+
+BAD_RESULTS = {
+    "done without result_s3": _result("result-done.json", drop=("result_s3",)),
+    "done without result_schema_version": _result(
+        "result-done.json", drop=("result_schema_version",)
+    ),
+    "needs_check without result_s3": _result("result-needs-check.json", drop=("result_s3",)),
+    "error without error": _result("result-error.json", drop=("error",)),
+    "error with unknown code": _result(
+        "result-error.json", error={"code": "DISK_FULL", "message": "no space"}
+    ),
+    "error without message": _result("result-error.json", error={"code": "TIMEOUT"}),
+    "envelope with group_schema": _result("result-done.json", group_schema="osv_rb"),
+    "unknown status": _result("result-done.json", status="finished"),
+    "job_id not a uuid": _result("result-done.json", job_id="job-42"),
+    "file_id not a uuid": _result("result-processing.json", file_id="8b6e2d14"),
+    "service without version": _result("result-processing.json", service={"name": "x"}),
+    "empty service name": _result("result-processing.json", service={"name": "", "version": "1"}),
+    "huge error message": _result(
+        "result-error.json", error={"code": "UNREADABLE", "message": "x" * 100_000}
+    ),
+    "huge service name": _result(
+        "result-processing.json", service={"name": "x" * 1_000_000, "version": "1"}
+    ),
+    "metrics not an object": _result("result-done.json", metrics=[1, 2]),
+    "schema_version 2.0": _result("result-done.json", schema_version="2.0"),
+}
+
+
+@pytest.mark.parametrize("result_doc", BAD_RESULTS.values(), ids=BAD_RESULTS.keys())
+def test_bad_result_is_rejected(result_doc: dict[str, Any]) -> None:
+    assert _errors(RESULT_SCHEMA, result_doc) != []
+
+
+@pytest.mark.parametrize("field", ["schema_version", "job_id", "file_id", "status", "service"])
+def test_ack_without_required_field_is_rejected(field: str) -> None:
+    assert _errors(RESULT_SCHEMA, _result("result-processing.json", drop=(field,))) != []
+
+
+def test_error_may_carry_result_s3() -> None:
+    result = _result(
+        "result-error.json",
+        result_s3={"bucket": "arm-ka", "key": "results/f/j/result.json"},
+    )
+    assert _errors(RESULT_SCHEMA, result) == []
+
+
+ERROR_CODES = [
+    "UNSUPPORTED_FORMAT",
+    "UNREADABLE",
+    "TIMEOUT",
+    "SCHEMA_MISMATCH",
+    "NOT_IMPLEMENTED",
+    "FILE_READ_ERROR",
+    "INVALID_FORMAT",
+    "INVALID_DOCUMENT",
+    "RECOGNITION_FAILED",
+    "UNKNOWN_ERROR",
+]
+
+
+def test_error_codes_are_exactly_those_of_the_spec() -> None:
+    schema = _load(RESULT_SCHEMA)
+    assert schema["properties"]["error"]["properties"]["code"]["enum"] == ERROR_CODES
+
+
+@pytest.mark.parametrize("code", ERROR_CODES)
+def test_every_error_code_is_accepted(code: str) -> None:
+    result = _result("result-error.json", error={"code": code, "message": "m"})
+    assert _errors(RESULT_SCHEMA, result) == []
