@@ -23,7 +23,7 @@ run: $(STAMP) ## run the whole stack on embedded PostgreSQL and NATS (arm-core d
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy arm_core bridge http
+	$(BIN)/mypy -p arm_core -p tests
 
 test: lint ## lint, then the whole test suite against real PostgreSQL and nats-server
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,158 @@
+"""Configuration from the environment (SPEC §12).
+
+Every variable is parsed once at start. A bad value raises :class:`ConfigError` whose
+message names the variable, so a misconfigured container fails at once and says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class ConfigError(ValueError):
+    """A configuration variable is missing or has a value that cannot be used."""
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}: expected true or false, got {raw!r}")
+
+
+def _number(kind: Callable[[str], T], minimum: float | None = None) -> Callable[[str, str], T]:
+    def parse(name: str, raw: str) -> T:
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
+        if minimum is not None and value < minimum:  # type: ignore[operator]
+            raise ConfigError(f"{name}: must be at least {minimum}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def _port(name: str, raw: str) -> int:
+    value = _number(int, 0)(name, raw)
+    if value > 65535:
+        raise ConfigError(f"{name}: not a TCP port: {raw!r}")
+    return value
+
+
+def _database_url(name: str, raw: str) -> str:
+    value = raw.strip()
+    scheme = urlsplit(value).scheme
+    if scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"{name}: expected a postgresql://… connection string, got {raw!r}")
+    return value
+
+
+def _nats_urls(name: str, raw: str) -> tuple[str, ...]:
+    urls = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not urls:
+        raise ConfigError(f"{name}: expected one or more nats://host:port URLs, got {raw!r}")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
+            raise ConfigError(f"{name}: not a NATS URL: {url!r}")
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            raise ConfigError(f"{name}: bad port in {url!r}") from None
+    return urls
+
+
+def _text(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _subject(name: str, raw: str) -> str:
+    value = raw.strip()
+    if not value or any(c.isspace() for c in value) or value.startswith(".") or ".." in value:
+        raise ConfigError(f"{name}: not a NATS subject: {raw!r}")
+    return value
+
+
+def _var(env: str, parse: Callable[[str, str], Any], default: Any) -> Any:
+    return field(default=default, metadata={"env": env, "parse": parse})
+
+
+_POSITIVE = _number(float, 0.001)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the processes read from the environment, with SPEC §12's defaults."""
+
+    database_url: str | None = _var("DATABASE_URL", _database_url, None)
+    nats_urls: tuple[str, ...] = _var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
+    nats_enabled: bool = _var("NATS_ENABLED", _bool, True)
+    debug: bool = _var("DEBUG", _bool, False)
+    nats_seed: str = _var("OPENBAO__NATS__NATS_SEED", _text, "")
+    nats_jwt: str = _var("OPENBAO__NATS__NATS_JWT", _text, "")
+    outbox_poll_seconds: float = _var("OUTBOX_POLL_SECONDS", _POSITIVE, 5.0)
+    outbox_batch_size: int = _var("OUTBOX_BATCH_SIZE", _number(int, 1), 500)
+    ack_timeout_seconds: float = _var("ACK_TIMEOUT_SECONDS", _POSITIVE, 30.0)
+    outbox_max_republish: int = _var("OUTBOX_MAX_REPUBLISH", _number(int, 0), 3)
+    timeout_sweep_seconds: float = _var("TIMEOUT_SWEEP_SECONDS", _number(float, 1), 30.0)
+    schedule_tick_seconds: float = _var("SCHEDULE_TICK_SECONDS", _POSITIVE, 1.0)
+    tabular_reply_timeout_seconds: float = _var("TABULAR_REPLY_TIMEOUT_SECONDS", _POSITIVE, 600.0)
+    image_reply_timeout_seconds: float = _var("IMAGE_REPLY_TIMEOUT_SECONDS", _POSITIVE, 1800.0)
+    default_max_attempts: int = _var("DEFAULT_MAX_ATTEMPTS", _number(int, 1), 3)
+    http_host: str = _var("HTTP_HOST", _text, "127.0.0.1")
+    http_port: int = _var("HTTP_PORT", _port, 8080)
+    bridge_health_port: int = _var("BRIDGE_HEALTH_PORT", _port, 8081)
+    tabular_request_subject: str = _var(
+        "TABULAR_REQUEST_SUBJECT", _subject, "files.tabular_uploaded"
+    )
+    image_request_subject: str = _var("IMAGE_REQUEST_SUBJECT", _subject, "files.img_uploaded")
+    result_subject: str = _var("RESULT_SUBJECT", _subject, "files.tabular_parsed")
+    nats_queue_group: str = _var("NATS_QUEUE_GROUP", _subject, "arm-core")
+    inbox_max_payload_bytes: int = _var("INBOX_MAX_PAYLOAD_BYTES", _number(int, 1024), 1 << 20)
+    inbox_buffer_size: int = _var("INBOX_BUFFER_SIZE", _number(int, 1), 10_000)
+    retry_batch_max: int = _var("RETRY_BATCH_MAX", _number(int, 1), 1000)
+    # Names of the variables that were given explicitly (not defaulted).
+    explicit: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Reads every variable; raises ConfigError naming the first bad one."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        given: set[str] = set()
+        for f in dataclasses.fields(cls):
+            name = f.metadata.get("env")
+            if name is None:
+                continue
+            raw = env.get(name)
+            if raw is None or (raw.strip() == "" and f.metadata["parse"] is not _text):
+                continue
+            values[f.name] = f.metadata["parse"](name, raw)
+            given.add(name)
+        return cls(**values, explicit=frozenset(given))
+
+    def require_database_url(self) -> str:
+        if not self.database_url:
+            raise ConfigError("DATABASE_URL: required (postgresql://user@host:port/dbname)")
+        return self.database_url
+
+    def subject_for(self, pipeline: str) -> str:
+        """The request subject of a pipeline: tabular → files.tabular_uploaded, image → …"""
+        if pipeline == "tabular":
+            return self.tabular_request_subject
+        if pipeline == "image":
+            return self.image_request_subject
+        raise ValueError(f"unknown pipeline {pipeline!r}")

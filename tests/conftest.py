@@ -1,0 +1,87 @@
+"""Shared fixtures: a real PostgreSQL started by the suite on a free loopback port, a
+migrated template database, and a fresh clone of it for every test (as Procrastinate's
+conftest does). Nothing here depends on a server already running on the machine.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from pytest_postgresql.janitor import DatabaseJanitor
+
+from arm_core.embedded import EmbeddedPostgres
+from arm_core.migrate import migrate
+from tests.sqlhelpers import Conn
+
+TEMPLATE_DB = "arm_template"
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres(base_dir=tmp_path_factory.mktemp("postgres"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+def _janitor(
+    server: EmbeddedPostgres, dbname: str, template: str | None = None, as_template: bool = False
+) -> DatabaseJanitor:
+    assert server.port is not None
+    return DatabaseJanitor(
+        user=server.user,
+        host="127.0.0.1",
+        port=server.port,
+        dbname=dbname,
+        template_dbname=template,
+        as_template=as_template,
+    )
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """A database migrated once per session; every test clones it."""
+    janitor = _janitor(pg_server, TEMPLATE_DB, as_template=True)
+    janitor.init()
+    migrate(pg_server.url(TEMPLATE_DB))
+    try:
+        yield TEMPLATE_DB
+    finally:
+        janitor.drop()
+
+
+@pytest.fixture
+def db_url(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database of this test's own."""
+    name = f"arm_test_{uuid.uuid4().hex[:12]}"
+    janitor = _janitor(pg_server, name, template=template_db)
+    janitor.init()
+    try:
+        yield pg_server.url(name)
+    finally:
+        janitor.drop()
+
+
+@pytest.fixture
+def empty_db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
+    """A fresh database with nothing in it (for migration tests)."""
+    name = f"arm_empty_{uuid.uuid4().hex[:12]}"
+    janitor = _janitor(pg_server, name)
+    janitor.init()
+    try:
+        yield pg_server.url(name)
+    finally:
+        janitor.drop()
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[Conn]:
+    """An autocommit connection to the test's database, as a DBA's psql session."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as connection:
+        yield connection

@@ -1,0 +1,316 @@
+"""Manual retry as a DBA calls it (SPEC §9): arm.retry_file / arm.retry_files create a
+new attempt atomically; races between real connections create exactly one."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+from arm_core.db import query
+from tests.sqlhelpers import (
+    Conn,
+    Upload,
+    ack,
+    dict_conn,
+    fail_by_no_ack,
+    fail_by_timeout,
+    job,
+    jobs_of,
+    publish,
+    result,
+    retry,
+    scalar,
+    stored_file,
+    upload,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def failed_upload(conn: Conn, file_type: str = "XLSX") -> Upload:
+    """A tabular ОСВ РБ upload whose attempt 1 ended dlq / NO_ACK."""
+    up = upload(conn, file_type, name="ОСВ РБ 2026-10.xlsx")
+    publish(conn)
+    fail_by_no_ack(conn)
+    assert job(conn, up.job_id)["status"] == "dlq"
+    return up
+
+
+def test_S_RT_1_retry_after_no_ack_creates_attempt_2(conn: Conn) -> None:
+    """S-RT-1: new queued attempt 2; same file and S3 object; file UPLOADED and pointing
+    at the new job; the old row unchanged; an audit record in the same transaction."""
+    up = failed_upload(conn)
+    old_before = job(conn, up.job_id)
+    file_before = stored_file(conn, up.file_id)
+
+    out = retry(conn, up.file_id, actor="ivanova@arm")
+    assert out["outcome"] == "retried" and out["attempt"] == 2
+    assert out["previous_job_id"] == up.job_id and out["previous_status"] == "dlq"
+
+    new = job(conn, out["job_id"])
+    assert new["id"] != up.job_id
+    assert (new["file_id"], new["pipeline"], new["attempt"]) == (up.file_id, "tabular", 2)
+    assert new["max_attempts"] == old_before["max_attempts"]
+    assert new["status"] == "queued"
+    # R-RT-2: nothing of the old attempt carries over.
+    for column in (
+        "published_at",
+        "request_msg_id",
+        "request_subject",
+        "reply_deadline",
+        "started_at",
+        "finished_at",
+        "service_name",
+        "service_version",
+        "metrics",
+        "error_code",
+        "error_message",
+        "result_schema_version",
+        "result_s3_object_id",
+        "result_msg_id",
+        "group_schema",
+        "last_published_at",
+    ):
+        assert new[column] is None, column
+    assert new["republish_count"] == 0
+    assert new["requested_at"] > old_before["requested_at"]
+
+    assert job(conn, up.job_id) == old_before
+    f = stored_file(conn, up.file_id)
+    assert f["status"] == "UPLOADED"
+    assert f["current_recognition_job_id"] == new["id"]
+    assert f["s3_object_id"] == file_before["s3_object_id"] == up.s3_object_id
+    assert f["consolidation_id"] == file_before["consolidation_id"]
+    assert scalar(conn, "SELECT count(*) FROM arm.stored_file") == 1
+    assert scalar(conn, "SELECT count(*) FROM arm.s3_object") == 1
+
+    audit = conn.execute("SELECT * FROM arm.retry_audit").fetchall()
+    assert len(audit) == 1
+    assert (audit[0]["file_id"], audit[0]["old_job_id"], audit[0]["new_job_id"]) == (
+        up.file_id,
+        up.job_id,
+        new["id"],
+    )
+    assert audit[0]["actor"] == "ivanova@arm" and audit[0]["new_attempt"] == 2
+
+
+def test_the_new_attempt_is_published_with_its_own_id_and_deadline(
+    conn: Conn,
+) -> None:
+    """R-RT-2 / S-RT-3 (SQL level): fresh reply_deadline and Nats-Msg-Id <new_id>:2."""
+    up = failed_upload(conn)
+    old = job(conn, up.job_id)
+    new_id = retry(conn, up.file_id)["job_id"]
+    [claimed] = publish(conn)
+    assert claimed["job_id"] == new_id
+    assert claimed["msg_id"] == f"{new_id}:2"
+    assert claimed["request"]["attempt"] == 2
+    new = job(conn, new_id)
+    assert new["request_msg_id"] == f"{new_id}:2" != old["request_msg_id"]
+    assert new["reply_deadline"] > old["reply_deadline"]
+
+
+def test_S_RT_2_late_answers_of_the_old_attempt_change_nothing(conn: Conn) -> None:
+    """S-RT-2: attempt 1 timed out, attempt 2 exists; an ack and a done for attempt 1
+    leave the current job, the file and the result objects unchanged."""
+    up = upload(conn)
+    fail_by_timeout(conn, up)
+    new_id = retry(conn, up.file_id)["job_id"]
+    publish(conn)
+    ack(conn, new_id, up.file_id)
+    snapshot = (
+        job(conn, up.job_id),
+        job(conn, new_id),
+        stored_file(conn, up.file_id),
+        conn.execute("SELECT * FROM arm.s3_object ORDER BY id").fetchall(),
+    )
+    assert ack(conn, up.job_id, up.file_id)["outcome"] == "already_final"
+    assert result(conn, up.job_id, up.file_id, "done")["outcome"] == "already_final"
+    assert (
+        result(conn, up.job_id, up.file_id, "error", msg_id="e", error=("UNREADABLE", "x"))[
+            "outcome"
+        ]
+        == "already_final"
+    )
+    assert snapshot == (
+        job(conn, up.job_id),
+        job(conn, new_id),
+        stored_file(conn, up.file_id),
+        conn.execute("SELECT * FROM arm.s3_object ORDER BY id").fetchall(),
+    )
+    assert stored_file(conn, up.file_id)["status"] == "PROCESSING"
+
+
+@pytest.mark.parametrize(
+    ("drive", "reason"),
+    [
+        ("queued", "not_failed"),
+        ("published", "not_failed"),
+        ("processing", "not_failed"),
+        ("done", "not_failed"),
+        ("needs_check", "not_failed"),
+    ],
+)
+def test_live_or_successful_jobs_are_not_retryable(conn: Conn, drive: str, reason: str) -> None:
+    up = upload(conn)
+    if drive != "queued":
+        publish(conn)
+    if drive == "processing":
+        ack(conn, up.job_id, up.file_id)
+    if drive in ("done", "needs_check"):
+        result(conn, up.job_id, up.file_id, drive)
+    before = (jobs_of(conn, up.file_id), stored_file(conn, up.file_id))
+    out = retry(conn, up.file_id)
+    assert (out["outcome"], out["reason"], out["job_id"]) == ("not_retryable", reason, None)
+    assert out["previous_status"] == drive
+    assert (jobs_of(conn, up.file_id), stored_file(conn, up.file_id)) == before
+    assert scalar(conn, "SELECT count(*) FROM arm.retry_audit") == 0
+
+
+@pytest.mark.parametrize("failure", ["timeout", "dlq", "error"])
+def test_every_unsuccessful_final_status_is_retryable(conn: Conn, failure: str) -> None:
+    up = upload(conn)
+    if failure == "timeout":
+        fail_by_timeout(conn, up)
+    elif failure == "dlq":
+        publish(conn)
+        fail_by_no_ack(conn)
+    else:
+        publish(conn)
+        result(conn, up.job_id, up.file_id, "error", error=("UNREADABLE", "битый файл"))
+    assert retry(conn, up.file_id)["outcome"] == "retried"
+
+
+def test_attempts_are_limited_by_max_attempts(conn: Conn) -> None:
+    up = failed_upload(conn)  # max_attempts 3 by default
+    for attempt in (2, 3):
+        out = retry(conn, up.file_id)
+        assert (out["outcome"], out["attempt"]) == ("retried", attempt)
+        publish(conn)
+        fail_by_no_ack(conn)
+    out = retry(conn, up.file_id)
+    assert (out["outcome"], out["reason"]) == ("not_retryable", "attempts_exhausted")
+    assert (out["previous_attempt"], out["max_attempts"]) == (3, 3)
+    assert [j["attempt"] for j in jobs_of(conn, up.file_id)] == [1, 2, 3]
+
+
+def test_unknown_file_and_file_without_job(conn: Conn) -> None:
+    out = retry(conn, uuid.uuid4())
+    assert (out["outcome"], out["reason"]) == ("not_found", "file_not_found")
+    up = upload(conn)
+    conn.execute(
+        "UPDATE arm.stored_file SET current_recognition_job_id = NULL WHERE id = %s",
+        (up.file_id,),
+    )
+    out = retry(conn, up.file_id)
+    assert (out["outcome"], out["reason"]) == ("not_retryable", "no_job")
+
+
+def test_retry_needs_an_actor(conn: Conn) -> None:
+    up = failed_upload(conn)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="actor"):
+        retry(conn, up.file_id, actor=" ")
+    assert len(jobs_of(conn, up.file_id)) == 1
+
+
+def test_R_RT_3_rollback_takes_job_switch_and_audit_back_together(db_url: str) -> None:
+    with dict_conn(db_url) as conn:
+        up = failed_upload(conn)
+        file_before = stored_file(conn, up.file_id)
+        with pytest.raises(RuntimeError), conn.transaction():
+            assert retry(conn, up.file_id)["outcome"] == "retried"
+            raise RuntimeError("the caller fails after the retry")
+        assert len(jobs_of(conn, up.file_id)) == 1
+        assert stored_file(conn, up.file_id) == file_before
+        assert scalar(conn, "SELECT count(*) FROM arm.retry_audit") == 0
+
+
+def test_retry_files_reports_each_file_once_and_goes_on(conn: Conn) -> None:
+    failed, live, missing = failed_upload(conn), upload(conn), uuid.uuid4()
+    rows = conn.execute(
+        query("retry_files"),
+        {"file_ids": [live.file_id, failed.file_id, missing, failed.file_id, None], "actor": "ops"},
+    ).fetchall()
+    by_file = {r["file_id"]: r for r in rows}
+    assert len(rows) == 3
+    assert by_file[failed.file_id]["outcome"] == "retried"
+    assert by_file[failed.file_id]["attempt"] == 2
+    assert (by_file[live.file_id]["outcome"], by_file[live.file_id]["reason"]) == (
+        "not_retryable",
+        "not_failed",
+    )
+    assert by_file[missing]["outcome"] == "not_found"
+    assert [j["attempt"] for j in jobs_of(conn, failed.file_id)] == [1, 2]
+
+
+# --- concurrency (R-RT-3, S-RT-4): real connections racing -------------------------
+
+
+def _race(db_url: str, calls: list[tuple[str, object]]) -> list[list[dict]]:
+    """Runs each call on its own connection, all released at once by a barrier."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: tuple[str, object]) -> list[dict]:
+        kind, arg = call
+        with dict_conn(db_url) as c:
+            barrier.wait()
+            if kind == "one":
+                return c.execute(query("retry_file"), {"file_id": arg, "actor": "x"}).fetchall()
+            return c.execute(query("retry_files"), {"file_ids": arg, "actor": "x"}).fetchall()
+
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+def _attempts(db_url: str, file_id: uuid.UUID) -> list[int]:
+    with dict_conn(db_url) as c:
+        return [j["attempt"] for j in jobs_of(c, file_id)]
+
+
+def test_S_RT_4_two_concurrent_retries_create_exactly_one_attempt(db_url: str) -> None:
+    """S-RT-4: two connections retry attempt 1 at once → one attempt 2, the other is
+    refused (not_retryable → the API's 409 FILE_NOT_RETRYABLE), no attempt 3."""
+    with dict_conn(db_url) as conn:
+        up = failed_upload(conn)
+    results = _race(db_url, [("one", up.file_id), ("one", up.file_id)])
+    outcomes = sorted(r[0]["outcome"] for r in results)
+    assert outcomes == ["not_retryable", "retried"]
+    assert _attempts(db_url, up.file_id) == [1, 2]
+
+
+def test_S_RT_4_stress_50_concurrent_retries_of_one_file(db_url: str) -> None:
+    with dict_conn(db_url) as conn:
+        up = failed_upload(conn)
+    results = _race(db_url, [("one", up.file_id)] * 50)
+    outcomes = [r[0]["outcome"] for r in results]
+    assert outcomes.count("retried") == 1
+    assert outcomes.count("not_retryable") == 49
+    assert _attempts(db_url, up.file_id) == [1, 2]
+    with dict_conn(db_url) as conn:
+        assert scalar(conn, "SELECT count(*) FROM arm.retry_audit") == 1
+
+
+def test_S_RT_4_stress_singles_and_batches_over_many_files(db_url: str) -> None:
+    """Concurrent retries of 20 files by singles and by overlapping batches in shuffled
+    order: each file gets exactly one attempt 2, no deadlock, no attempt 3; a batch
+    marks a file it lost the race for as not retryable (the API's `skipped`)."""
+    with dict_conn(db_url) as conn:
+        files = [failed_upload(conn).file_id for _ in range(20)]
+    rng = random.Random(4)
+    calls: list[tuple[str, object]] = [("one", f) for f in files for _ in range(2)]
+    for _ in range(8):
+        batch = rng.sample(files, 10)
+        calls.append(("batch", batch))
+    rng.shuffle(calls)
+    results = _race(db_url, calls)
+    retried = [row["file_id"] for rows in results for row in rows if row["outcome"] == "retried"]
+    assert sorted(retried) == sorted(files)  # each file exactly once
+    refused = {row["outcome"] for rows in results for row in rows} - {"retried"}
+    assert refused == {"not_retryable"}
+    for f in files:
+        assert _attempts(db_url, f) == [1, 2]

@@ -1,0 +1,215 @@
+"""The schema: migrations apply, roll back and re-apply; functions re-apply without
+change; concurrent migrate runs don't corrupt; enums agree with Python; constraints and
+triggers state the invariants for every write path, plain SQL included."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import select
+import time
+
+import psycopg
+import pytest
+
+from arm_core.migrate import migrate, rollback_all
+from arm_core.statuses import DB_ENUMS
+from tests.sqlhelpers import Conn, dict_conn, fail_by_timeout, job, publish, scalar, upload
+
+pytestmark = pytest.mark.integration
+
+CATALOG_SNAPSHOT = """
+SELECT 'function', p.oid::regprocedure::text, md5(pg_get_functiondef(p.oid))
+FROM pg_proc p WHERE p.pronamespace = 'arm'::regnamespace
+UNION ALL
+SELECT 'trigger', t.tgname, md5(pg_get_triggerdef(t.oid))
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+WHERE c.relnamespace = 'arm'::regnamespace AND NOT t.tgisinternal
+UNION ALL
+SELECT 'index', indexname, md5(indexdef) FROM pg_indexes WHERE schemaname = 'arm'
+UNION ALL
+SELECT 'constraint', conname, md5(pg_get_constraintdef(oid))
+FROM pg_constraint WHERE connamespace = 'arm'::regnamespace
+UNION ALL
+SELECT 'column', table_name || '.' || column_name, md5(data_type || coalesce(column_default, ''))
+FROM information_schema.columns WHERE table_schema = 'arm'
+ORDER BY 1, 2
+"""
+
+
+def snapshot(url: str) -> list[tuple[str, str, str]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(CATALOG_SNAPSHOT).fetchall()
+
+
+def test_migrate_empty_then_rollback_then_reapply(empty_db_url: str) -> None:
+    first = migrate(empty_db_url)
+    assert first.applied_migrations == ["0001_core_schema"]
+    applied = snapshot(empty_db_url)
+    kinds = {kind for kind, _, _ in applied}
+    assert kinds == {"function", "trigger", "index", "constraint", "column"}
+
+    assert rollback_all(empty_db_url) == ["0001_core_schema"]
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT to_regnamespace('arm')").fetchone() == (None,)
+
+    again = migrate(empty_db_url)
+    assert again.applied_migrations == ["0001_core_schema"]
+    assert snapshot(empty_db_url) == applied
+
+
+def test_migrate_twice_changes_nothing(empty_db_url: str) -> None:
+    migrate(empty_db_url)
+    before = snapshot(empty_db_url)
+    report = migrate(empty_db_url)
+    assert report.applied_migrations == []
+    assert len(report.function_files) >= 6
+    assert snapshot(empty_db_url) == before
+
+
+def test_concurrent_migrate_runs_do_not_corrupt(empty_db_url: str) -> None:
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        reports = list(pool.map(lambda _: migrate(empty_db_url), range(4)))
+    assert sorted(len(r.applied_migrations) for r in reports) == [0, 0, 0, 1]
+    with psycopg.connect(empty_db_url) as conn:
+        applied = conn.execute("SELECT count(*) FROM _yoyo_migration").fetchone()
+    assert applied == (1,)
+    assert snapshot(empty_db_url) == snapshot(empty_db_url)  # readable and stable
+    with dict_conn(empty_db_url) as conn:
+        up = upload(conn)
+        assert job(conn, up.job_id)["status"] == "queued"
+
+
+def test_python_statuses_equal_the_database_enums(conn: Conn) -> None:
+    for db_type, py_enum in DB_ENUMS.items():
+        labels = scalar(conn, f"SELECT enum_range(NULL::{db_type})::text[]")
+        assert labels == [member.value for member in py_enum], db_type
+
+
+def test_plain_sql_upload_gets_defaults(conn: Conn) -> None:
+    """SPEC §13: columns the upload does not name have defaults."""
+    up = upload(conn, "PDF")
+    row = job(conn, up.job_id)
+    assert row["pipeline"] == "image"
+    assert row["attempt"] == 1
+    assert row["max_attempts"] == 3
+    assert row["status"] == "queued"
+    assert row["requested_at"] is not None
+    assert row["published_at"] is None and row["finished_at"] is None
+
+
+def test_max_attempts_default_follows_the_setting(conn: Conn) -> None:
+    conn.execute("SELECT arm.set_setting('default_max_attempts', '5')")
+    up = upload(conn)
+    assert job(conn, up.job_id)["max_attempts"] == 5
+
+
+def test_pipeline_may_be_left_out_but_not_contradict_the_file_type(
+    conn: Conn,
+) -> None:
+    up = upload(conn, "XLSB")
+    conn.execute("DELETE FROM arm.stored_file WHERE false")  # keep conn usable
+    with pytest.raises(psycopg.errors.CheckViolation, match="does not match file type"):
+        conn.execute(
+            "INSERT INTO arm.recognition_job (file_id, pipeline, attempt) VALUES (%s, 'image', 2)",
+            (up.file_id,),
+        )
+
+
+def test_attempt_is_unique_per_file_and_one_live_job_per_file(conn: Conn) -> None:
+    up = upload(conn)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute(
+            "INSERT INTO arm.recognition_job (file_id, attempt) VALUES (%s, 1)", (up.file_id,)
+        )
+    with pytest.raises(psycopg.errors.UniqueViolation, match="one_live_per_file"):
+        conn.execute(
+            "INSERT INTO arm.recognition_job (file_id, attempt) VALUES (%s, 2)", (up.file_id,)
+        )
+
+
+@pytest.mark.parametrize(
+    "bad_update",
+    [
+        "SET status = 'done'",  # queued → done skips the machine
+        "SET status = 'published'",  # published without its fields
+        "SET finished_at = now()",  # finished_at on a live job
+        "SET attempt = 0",
+        "SET error_code = 'X'",
+    ],
+)
+def test_constraints_and_guard_refuse_inconsistent_rows(conn: Conn, bad_update: str) -> None:
+    up = upload(conn)
+    with pytest.raises(psycopg.errors.IntegrityError):
+        conn.execute(f"UPDATE arm.recognition_job {bad_update} WHERE id = %s", (up.job_id,))
+    assert job(conn, up.job_id)["status"] == "queued"
+
+
+def test_a_final_job_never_changes_except_group_schema(conn: Conn) -> None:
+    up = upload(conn)
+    fail_by_timeout(conn, up)
+    before = job(conn, up.job_id)
+    for change in ("status = 'done'", "error_code = 'OTHER'", "metrics = '{}'"):
+        with pytest.raises(psycopg.errors.CheckViolation, match="is final"):
+            conn.execute(f"UPDATE arm.recognition_job SET {change} WHERE id = %s", (up.job_id,))
+    assert job(conn, up.job_id) == before
+    # group_schema belongs to done/needs_check only (mapping); a timeout job refuses it too.
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(
+            "UPDATE arm.recognition_job SET group_schema = '{}' WHERE id = %s", (up.job_id,)
+        )
+
+
+def test_current_job_must_belong_to_the_file(conn: Conn) -> None:
+    a, b = upload(conn), upload(conn)
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        conn.execute(
+            "UPDATE arm.stored_file SET current_recognition_job_id = %s WHERE id = %s",
+            (b.job_id, a.file_id),
+        )
+
+
+def test_hot_queries_have_partial_indexes(conn: Conn) -> None:
+    rows = conn.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'arm' "
+        "AND tablename = 'recognition_job'"
+    ).fetchall()
+    defs = {r["indexname"]: r["indexdef"] for r in rows}
+    assert "WHERE (status = 'queued'" in defs["recognition_job_queued_idx"]
+    assert "WHERE (status = 'published'" in defs["recognition_job_unacked_idx"]
+    assert "reply_deadline" in defs["recognition_job_live_deadline_idx"]
+    assert "WHERE" in defs["recognition_job_live_deadline_idx"]
+    assert "UNIQUE" in defs["recognition_job_one_live_per_file_idx"]
+
+
+def _notifications(listener: Conn, timeout: float) -> list[str]:
+    """Everything that arrives on the listener within `timeout` seconds."""
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return got
+        select.select([listener.fileno()], [], [], left)
+        listener.pgconn.consume_input()
+        while (n := listener.pgconn.notifies()) is not None:
+            got.append(n.relname.decode())
+
+
+def test_plain_insert_of_queued_rows_notifies_once_per_statement(db_url: str) -> None:
+    with dict_conn(db_url) as conn, psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN arm_recognition_job_queued")
+        files = [upload(conn).file_id for _ in range(3)]  # three upload transactions
+        assert _notifications(listener, 0.5) == ["arm_recognition_job_queued"] * 3
+
+        publish(conn)  # publishing and dead-lettering queue nothing: no wake-up
+        conn.execute("SELECT * FROM arm.dead_letter_unacked('0 seconds', 0)")
+        assert _notifications(listener, 0.3) == []
+
+        # Three queued rows in one plain INSERT statement: one wake-up.
+        conn.execute(
+            "INSERT INTO arm.recognition_job (file_id, attempt) "
+            "SELECT f, 2 FROM unnest(%s::uuid[]) f",
+            (files,),
+        )
+        assert _notifications(listener, 0.5) == ["arm_recognition_job_queued"]
+        assert scalar(conn, "SELECT count(*) FROM arm.recognition_job WHERE status = 'queued'") == 3

@@ -1,0 +1,212 @@
+"""Test helpers that act as upstream and as a DBA would: plain-SQL uploads (SPEC §13)
+and calls of the arm.* functions. They write nothing the functions would not write."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row, tuple_row
+from psycopg.types.json import Jsonb
+
+from arm_core.db import query
+
+# Connections in tests return dict rows (conftest `conn`, dict_conn) or tuples.
+Conn = psycopg.Connection[Any]
+
+TABULAR_TYPES = {"XLS", "XLSX", "XLSB"}
+
+
+@dataclass(frozen=True)
+class Upload:
+    file_id: uuid.UUID
+    job_id: uuid.UUID
+    s3_object_id: uuid.UUID
+    key: str
+
+
+def upload(
+    conn: Conn,
+    file_type: str = "XLSX",
+    name: str | None = None,
+    bucket: str = "arm-ka",
+    consolidation_id: uuid.UUID | None = None,
+) -> Upload:
+    """Creates a file the way upstream does: s3_object, stored_file, a queued job, then
+    the file's current job — plain SQL inserts, no function."""
+    name = name or f"ОСВ {uuid.uuid4().hex[:6]}.{file_type.lower()}"
+    pipeline = "tabular" if file_type in TABULAR_TYPES else "image"
+    with conn.transaction():
+        key = f"uploads/{uuid.uuid4()}/{name}"
+        obj = _one(
+            conn,
+            "INSERT INTO arm.s3_object (bucket, key, bucket_role, created_by) "
+            "VALUES (%s, %s, 'uploads', 'upload-service') RETURNING id",
+            (bucket, key),
+        )
+        file_id = _one(
+            conn,
+            "INSERT INTO arm.stored_file (consolidation_id, original_name, file_type, s3_object_id)"
+            " VALUES (%s, %s, %s, %s) RETURNING id",
+            (consolidation_id or uuid.uuid4(), name, file_type, obj),
+        )
+        job_id = _one(
+            conn,
+            "INSERT INTO arm.recognition_job (file_id, pipeline, attempt) "
+            "VALUES (%s, %s, 1) RETURNING id",
+            (file_id, pipeline),
+        )
+        conn.execute(
+            "UPDATE arm.stored_file SET current_recognition_job_id = %s WHERE id = %s",
+            (job_id, file_id),
+        )
+    return Upload(file_id=file_id, job_id=job_id, s3_object_id=obj, key=key)
+
+
+def _one(conn: Conn, sql: str, params: tuple[Any, ...]) -> Any:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return next(iter(row.values())) if isinstance(row, dict) else row[0]
+
+
+def dict_conn(url: str) -> Conn:
+    return psycopg.connect(url, autocommit=True, row_factory=dict_row)
+
+
+def job(conn: Conn, job_id: uuid.UUID) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute("SELECT * FROM arm.recognition_job WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None, f"no job {job_id}"
+    return row
+
+
+def stored_file(conn: Conn, file_id: uuid.UUID) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute("SELECT * FROM arm.stored_file WHERE id = %s", (file_id,)).fetchone()
+    assert row is not None, f"no file {file_id}"
+    return row
+
+
+def jobs_of(conn: Conn, file_id: uuid.UUID) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT * FROM arm.recognition_job WHERE file_id = %s ORDER BY attempt", (file_id,)
+        ).fetchall()
+
+
+def publish(
+    conn: Conn,
+    limit: int = 1000,
+    tabular_timeout: float = 600,
+    image_timeout: float = 1800,
+    tabular_subject: str = "files.tabular_uploaded",
+    image_subject: str = "files.img_uploaded",
+) -> list[dict[str, Any]]:
+    """What the publisher does, minus NATS: claim and mark published in one transaction."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        claimed = cur.execute(
+            query("claim_queued_jobs"),
+            {"limit": limit, "tabular_timeout": tabular_timeout, "image_timeout": image_timeout},
+        ).fetchall()
+        subjects = [
+            tabular_subject if c["pipeline"] == "tabular" else image_subject for c in claimed
+        ]
+        cur.execute(
+            query("mark_published"),
+            {
+                "job_ids": [c["job_id"] for c in claimed],
+                "subjects": subjects,
+                "reply_deadlines": [c["reply_deadline"] for c in claimed],
+            },
+        )
+    return claimed
+
+
+def ack(
+    conn: Conn,
+    job_id: uuid.UUID,
+    file_id: uuid.UUID,
+    service: str = "tabular-parser",
+    version: str = "1.4.2",
+) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            query("apply_ack"),
+            {
+                "job_id": job_id,
+                "file_id": file_id,
+                "service_name": service,
+                "service_version": version,
+            },
+        ).fetchone()
+    assert row is not None
+    return row
+
+
+def result(
+    conn: Conn,
+    job_id: uuid.UUID,
+    file_id: uuid.UUID,
+    status: str = "done",
+    msg_id: str | None = None,
+    attempt: int = 1,
+    service: str = "tabular-parser",
+    error: tuple[str, str] | None = None,
+    result_s3: tuple[str, str] | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    if status in ("done", "needs_check") and result_s3 is None:
+        result_s3 = ("arm-ka", f"results/{file_id}/{job_id}/result.json")
+    params = {
+        "job_id": job_id,
+        "file_id": file_id,
+        "msg_id": msg_id or f"result:{job_id}:{attempt}",
+        "status": status,
+        "service_name": service,
+        "service_version": "1.4.2",
+        "result_bucket": result_s3[0] if result_s3 else None,
+        "result_key": result_s3[1] if result_s3 else None,
+        "result_schema_version": "1.0" if status in ("done", "needs_check") else None,
+        "error_code": error[0] if error else None,
+        "error_message": error[1] if error else None,
+        "metrics": Jsonb(metrics) if metrics is not None else None,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query("apply_result"), params).fetchone()
+    assert row is not None
+    return row
+
+
+def retry(conn: Conn, file_id: uuid.UUID, actor: str = "operator") -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query("retry_file"), {"file_id": file_id, "actor": actor}).fetchone()
+    assert row is not None
+    return row
+
+
+def one_row(conn: Conn, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(sql, params).fetchone()
+    assert row is not None, sql
+    return row
+
+
+def scalar(conn: Conn, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(sql, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def fail_by_timeout(conn: Conn, up: Upload) -> None:
+    """Drives an upload's current job to `timeout` through the functions."""
+    publish(conn, tabular_timeout=0, image_timeout=0)
+    swept = scalar(conn, "SELECT arm.sweep_timeouts()")
+    assert swept >= 1
+
+
+def fail_by_no_ack(conn: Conn) -> None:
+    """Dead-letters every published job at once (ack timeout 0, no republish)."""
+    conn.execute(query("dead_letter_unacked"), {"ack_timeout": 0, "max_republish": 0})
