@@ -82,5 +82,5 @@ def test_a_bad_value_fails_naming_the_variable(name: str, value: str) -> None:
 
 
 def test_database_url_is_required_where_needed() -> None:
-    with pytest.raises(ConfigError, match="^DATABASE_URL: required"):
+    with pytest.raises(ConfigError, match=r"^DATABASE_URL: required"):
         Settings.from_env({}).require_database_url()
