@@ -23,8 +23,49 @@ def cmd_migrate(settings: Settings) -> int:
     return 0
 
 
+def _run(app: object, host: str, port: int) -> int:
+    from aiohttp import web
+
+    assert isinstance(app, web.Application)
+    # run_app handles SIGINT and SIGTERM: cleanup contexts stop the bridge (the batch in
+    # flight commits or rolls back) and close the pool.
+    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    return 0
+
+
+def cmd_serve(settings: Settings) -> int:
+    from arm_core.http.app import create_app
+
+    settings.require_database_url()
+    log.info(
+        "serving on http://%s:%d (NATS %s)",
+        settings.http_host,
+        settings.http_port,
+        "enabled" if settings.nats_enabled else "disabled",
+        extra={"action": "serve"},
+    )
+    return _run(create_app(settings), settings.http_host, settings.http_port)
+
+
+def cmd_bridge(settings: Settings) -> int:
+    from arm_core.runtime import bridge_app
+
+    settings.require_database_url()
+    if not settings.nats_enabled:
+        raise ConfigError("NATS_ENABLED: is false, so `arm-core bridge` has nothing to do")
+    log.info(
+        "bridge health on http://%s:%d/healthcheck",
+        settings.http_host,
+        settings.bridge_health_port,
+        extra={"action": "bridge"},
+    )
+    return _run(bridge_app(settings), settings.http_host, settings.bridge_health_port)
+
+
 COMMANDS: dict[str, tuple[str, Callable[[Settings], int]]] = {
     "migrate": ("apply migrations and functions to DATABASE_URL", cmd_migrate),
+    "serve": ("HTTP API on HTTP_HOST:HTTP_PORT, plus the bridge when NATS_ENABLED=true", cmd_serve),
+    "bridge": ("the NATS bridge alone, health on HTTP_HOST:BRIDGE_HEALTH_PORT", cmd_bridge),
 }
 
 

@@ -1,0 +1,29 @@
+"""The message contracts of docs/contracts, compiled once."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+import arm_core
+
+# docs/contracts: arm_core/contracts is a symlink to it in a checkout, a copy in a wheel.
+CONTRACTS_DIR = Path(arm_core.__file__).parent / "contracts"
+
+REQUEST_SCHEMA = "recognition-request.schema.json"
+RESULT_SCHEMA = "recognition-result-message.schema.json"
+
+
+@cache
+def schema(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((CONTRACTS_DIR / name).read_text(encoding="utf-8"))
+    return loaded
+
+
+@cache
+def validator(name: str) -> Draft202012Validator:
+    return Draft202012Validator(schema(name), format_checker=Draft202012Validator.FORMAT_CHECKER)

@@ -1,0 +1,114 @@
+"""Parsing and validating inbound envelopes from files.tabular_parsed (R-IN-1).
+
+Pure functions: bytes and headers in, an :class:`Envelope` or a :class:`Rejected` with a
+reason out. Nothing here raises on input, whatever it is.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema.exceptions import best_match
+
+from arm_core.bridge.contracts import RESULT_SCHEMA, validator
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A schema-valid ack (`status = processing`) or result, with its Nats-Msg-Id."""
+
+    msg_id: str
+    job_id: uuid.UUID
+    file_id: uuid.UUID
+    status: str
+    service_name: str
+    service_version: str
+    body: dict[str, Any]
+
+    @property
+    def is_ack(self) -> bool:
+        return self.status == "processing"
+
+    def result_params(self) -> dict[str, Any]:
+        """The arguments of the `apply_result` query."""
+        result_s3 = self.body.get("result_s3") or {}
+        error = self.body.get("error") or {}
+        return {
+            "job_id": self.job_id,
+            "file_id": self.file_id,
+            "msg_id": self.msg_id,
+            "status": self.status,
+            "service_name": self.service_name,
+            "service_version": self.service_version,
+            "result_bucket": result_s3.get("bucket"),
+            "result_key": result_s3.get("key"),
+            "result_schema_version": self.body.get("result_schema_version"),
+            "error_code": error.get("code"),
+            "error_message": error.get("message"),
+            "metrics": self.body.get("metrics"),
+        }
+
+    def ack_params(self) -> dict[str, Any]:
+        """The arguments of the `apply_ack` query."""
+        return {
+            "job_id": self.job_id,
+            "file_id": self.file_id,
+            "service_name": self.service_name,
+            "service_version": self.service_version,
+        }
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A message that is logged and dropped: why, and the job_id if one was readable."""
+
+    reason: str
+    detail: str
+    job_id: str | None = None
+    msg_id: str | None = None
+
+
+def _readable_job_id(body: Any) -> str | None:
+    if isinstance(body, dict):
+        value = body.get("job_id")
+        if isinstance(value, str) and len(value) <= 64:
+            return value
+    return None
+
+
+def parse_envelope(
+    data: bytes, headers: dict[str, str] | None, max_bytes: int
+) -> Envelope | Rejected:
+    """Turns a NATS message into an Envelope, or says why it is dropped."""
+    msg_id = (headers or {}).get(MSG_ID_HEADER)
+    if len(data) > max_bytes:
+        return Rejected("too_large", f"{len(data)} bytes > {max_bytes}", msg_id=msg_id)
+    try:
+        body = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return Rejected("not_json", str(exc)[:200], msg_id=msg_id)
+    if not isinstance(body, dict):
+        return Rejected("not_object", f"JSON {type(body).__name__}", msg_id=msg_id)
+    job_id = _readable_job_id(body)
+    if not msg_id or not msg_id.strip():
+        return Rejected("missing_msg_id", f"no {MSG_ID_HEADER} header", job_id=job_id)
+    if len(msg_id) > 200:
+        return Rejected("bad_msg_id", f"{MSG_ID_HEADER} of {len(msg_id)} characters", job_id)
+    error = best_match(validator(RESULT_SCHEMA).iter_errors(body))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top)"
+        return Rejected("schema", f"{where}: {error.message[:300]}", job_id, msg_id)
+    return Envelope(
+        msg_id=msg_id,
+        job_id=uuid.UUID(body["job_id"]),
+        file_id=uuid.UUID(body["file_id"]),
+        status=body["status"],
+        service_name=body["service"]["name"],
+        service_version=body["service"]["version"],
+        body=body,
+    )

@@ -1,0 +1,99 @@
+"""Connecting to NATS (R-NATS-1): no credentials, an nkey seed, or a user JWT + seed.
+
+No JetStream is used or required. The client reconnects forever; publishes while
+disconnected raise at once (pending_size=0) instead of being buffered silently, so the
+publisher never takes a buffered message for a delivered one.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nkeys
+from nats.aio.client import Client
+
+from arm_core.config import ConfigError, Settings
+
+log = logging.getLogger(__name__)
+
+
+def auth_options(settings: Settings) -> dict[str, Any]:
+    """nats.connect keyword arguments for the configured credentials."""
+    seed, jwt = settings.nats_seed, settings.nats_jwt
+    if not seed and not jwt:
+        return {}
+    if jwt and not seed:
+        raise ConfigError("OPENBAO__NATS__NATS_SEED: required when OPENBAO__NATS__NATS_JWT is set")
+    try:
+        keypair = nkeys.from_seed(seed.encode())
+    except Exception as exc:
+        raise ConfigError(f"OPENBAO__NATS__NATS_SEED: not a valid nkey seed ({exc})") from None
+    if not jwt:
+        return {"nkeys_seed_str": seed}
+
+    def user_jwt() -> bytearray:
+        return bytearray(jwt.encode())
+
+    def sign(nonce: str) -> bytes:
+        return base64.b64encode(keypair.sign(nonce.encode()))
+
+    return {"user_jwt_cb": user_jwt, "signature_cb": sign}
+
+
+async def connect(
+    client: Client,
+    settings: Settings,
+    name: str,
+    on_state: Callable[[str], Awaitable[None]] | None = None,
+    closing: Callable[[], bool] = lambda: False,
+    **overrides: Any,
+) -> None:
+    """Connects `client`, retrying until the server is there, and logs state changes."""
+
+    async def state(event: str) -> None:
+        if on_state is not None:
+            await on_state(event)
+
+    async def disconnected() -> None:
+        if not closing():
+            log.warning("NATS disconnected", extra={"action": "nats_disconnected"})
+        await state("disconnected")
+
+    async def reconnected() -> None:
+        log.info("NATS reconnected", extra={"action": "nats_reconnected"})
+        await state("reconnected")
+
+    last_error: dict[str, float] = {}
+
+    async def error(exc: Exception) -> None:
+        # While the server is down nats-py reports every failed attempt: log each kind of
+        # error once per 30 s, not twice a second.
+        text = f"{type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        if not closing() and now - last_error.get(text, -1e9) >= 30:
+            last_error[text] = now
+            log.warning("NATS error: %s", text, extra={"action": "nats_error"})
+
+    async def closed() -> None:
+        await state("closed")
+
+    options: dict[str, Any] = {
+        "servers": list(settings.nats_urls),
+        "name": name,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "connect_timeout": 2,
+        "pending_size": 0,
+        "disconnected_cb": disconnected,
+        "reconnected_cb": reconnected,
+        "error_cb": error,
+        "closed_cb": closed,
+        **auth_options(settings),
+        **overrides,
+    }
+    await client.connect(**options)

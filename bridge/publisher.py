@@ -1,0 +1,266 @@
+"""The outbox publisher (R-OUT-1, R-ACK-2).
+
+Each cycle, in one database transaction per batch:
+claim queued jobs (FOR UPDATE SKIP LOCKED) → publish every request → confirm the server
+has the batch (PING/PONG on a connection that never dropped meanwhile) → mark them
+published → commit. If anything fails the transaction rolls back and the batch stays
+queued for the next cycle: a job is never marked published unless its message reached
+the server. (A batch that reached the server but could not be confirmed is published
+again later with the same Nats-Msg-Id; services treat a repeated request as a repeat.)
+
+Then overdue, unacked jobs are republished the same way with the same Nats-Msg-Id and
+attempt, and jobs past OUTBOX_MAX_REPUBLISH are dead-lettered by the database.
+
+Cycles run every OUTBOX_POLL_SECONDS and at once when a NOTIFY arrives (LISTEN is a
+wake-up, polling is the backstop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.client import Client
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from arm_core.config import Settings
+from arm_core.db import DatabaseError, query, wrap_db_errors
+
+log = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "arm_recognition_job_queued"
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+class PublishFailed(Exception):
+    """A batch could not be confirmed as received by NATS; it stays queued."""
+
+
+@dataclass
+class PublisherStats:
+    published: int = 0
+    republished: int = 0
+    dead_lettered: int = 0
+    failed_batches: int = 0
+    batches: int = 0
+    last_error: str | None = None
+    last_cycle_at: float | None = None
+
+
+@dataclass
+class Publisher:
+    settings: Settings
+    pool: AsyncConnectionPool[Any]
+    nats: Client
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    stats: PublisherStats = field(default_factory=PublisherStats)
+    # NATS unreachable for longer than this is logged as an error (the first connect
+    # at start-up takes a moment and is not an error).
+    nats_grace_seconds: float = 5.0
+    _nats_down_since: float | None = None
+    _nats_down_logged: bool = False
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Cycles until `stopping` is set; the cycle in flight always finishes."""
+        while not stopping.is_set():
+            try:
+                await self.cycle()
+            except DatabaseError as exc:
+                self.stats.last_error = str(exc)
+                log.warning("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
+            except Exception:
+                log.exception("publisher cycle crashed", extra={"action": "publish_cycle"})
+            await self._sleep(stopping)
+
+    async def _sleep(self, stopping: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stopping.wait())]
+        try:
+            await asyncio.wait(
+                waits, timeout=self.settings.outbox_poll_seconds, return_when="FIRST_COMPLETED"
+            )
+        finally:
+            for w in waits:
+                w.cancel()
+        self.wake.clear()
+
+    async def cycle(self) -> None:
+        """One pass: publish everything queued, dead-letter, republish what is overdue."""
+        self.stats.last_cycle_at = time.time()
+        if not self.nats.is_connected:
+            now = time.monotonic()
+            self._nats_down_since = self._nats_down_since or now
+            self.stats.last_error = "NATS not connected"
+            if (
+                not self._nats_down_logged
+                and now - self._nats_down_since >= self.nats_grace_seconds
+            ):
+                log.error(
+                    "NATS unreachable for %.0f s; queued jobs stay queued until it is back",
+                    now - self._nats_down_since,
+                    extra={"action": "publish", "reason": "nats_unavailable"},
+                )
+                self._nats_down_logged = True
+            return
+        if self._nats_down_logged:
+            log.info("NATS is back; publishing", extra={"action": "publish"})
+        self._nats_down_since, self._nats_down_logged = None, False
+        while await self._publish_batch() == self.settings.outbox_batch_size:
+            pass
+        await self._dead_letter()
+        while await self._republish_batch() == self.settings.outbox_batch_size:
+            pass
+
+    async def _publish_batch(self) -> int:
+        """Publishes one batch of queued jobs; returns how many (0 when it failed)."""
+        s = self.settings
+        params = {
+            "limit": s.outbox_batch_size,
+            "tabular_timeout": s.tabular_reply_timeout_seconds,
+            "image_timeout": s.image_reply_timeout_seconds,
+        }
+        try:
+            with wrap_db_errors("publish"):
+                async with self.pool.connection() as conn, conn.transaction():
+                    cur = conn.cursor(row_factory=dict_row)
+                    await cur.execute(query("claim_queued_jobs"), params)
+                    claimed = await cur.fetchall()
+                    if not claimed:
+                        return 0
+                    subjects = [s.subject_for(c["pipeline"]) for c in claimed]
+                    await self._send(
+                        [
+                            (subj, c["msg_id"], c["request"])
+                            for subj, c in zip(subjects, claimed, strict=True)
+                        ],
+                        "publish",
+                    )
+                    await cur.execute(
+                        query("mark_published"),
+                        {
+                            "job_ids": [c["job_id"] for c in claimed],
+                            "subjects": subjects,
+                            "reply_deadlines": [c["reply_deadline"] for c in claimed],
+                        },
+                    )
+        except PublishFailed:
+            return 0  # rolled back: the batch stays queued, the next cycle tries again
+        self.stats.published += len(claimed)
+        self.stats.batches += 1
+        for c in claimed:
+            log.debug(
+                "published",
+                extra={
+                    "action": "publish",
+                    "job_id": c["job_id"],
+                    "attempt": c["attempt"],
+                    "msg_id": c["msg_id"],
+                },
+            )
+        log.info(
+            "published %d jobs", len(claimed), extra={"action": "publish", "count": len(claimed)}
+        )
+        return len(claimed)
+
+    async def _republish_batch(self) -> int:
+        """Republishes one batch of overdue unacked jobs; returns how many."""
+        s = self.settings
+        params = {
+            "limit": s.outbox_batch_size,
+            "ack_timeout": s.ack_timeout_seconds,
+            "max_republish": s.outbox_max_republish,
+        }
+        try:
+            with wrap_db_errors("republish"):
+                async with self.pool.connection() as conn, conn.transaction():
+                    cur = conn.cursor(row_factory=dict_row)
+                    await cur.execute(query("claim_unacked_jobs"), params)
+                    claimed = await cur.fetchall()
+                    if not claimed:
+                        return 0
+                    await self._send(
+                        [(c["subject"], c["msg_id"], c["request"]) for c in claimed], "republish"
+                    )
+                    await cur.execute(
+                        query("mark_republished"), {"job_ids": [c["job_id"] for c in claimed]}
+                    )
+        except PublishFailed:
+            return 0  # rolled back: counts unchanged, the next cycle tries again
+        self.stats.republished += len(claimed)
+        for c in claimed:
+            log.info(
+                "republished: no ack yet",
+                extra={
+                    "action": "republish",
+                    "job_id": c["job_id"],
+                    "attempt": c["attempt"],
+                    "msg_id": c["msg_id"],
+                    "count": c["republish_count"] + 1,
+                },
+            )
+        return len(claimed)
+
+    async def _dead_letter(self) -> None:
+        s = self.settings
+        with wrap_db_errors("dead_letter_unacked"):
+            async with self.pool.connection() as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(
+                    query("dead_letter_unacked"),
+                    {"ack_timeout": s.ack_timeout_seconds, "max_republish": s.outbox_max_republish},
+                )
+                dead = await cur.fetchall()
+        self.stats.dead_lettered += len(dead)
+        for d in dead:
+            log.warning(
+                "dead-lettered: no ack after %d republishes",
+                d["republish_count"],
+                extra={
+                    "action": "dlq",
+                    "job_id": d["job_id"],
+                    "attempt": d["attempt"],
+                    "file_id": d["file_id"],
+                    "reason": "NO_ACK",
+                },
+            )
+
+    async def _send(self, messages: Sequence[tuple[str, str, Any]], action: str) -> None:
+        """Publishes and confirms a batch, or raises PublishFailed.
+
+        Confirmed means: the connection was up before the first publish, nats-py did not
+        reconnect in between (a reconnect can drop or replay buffered data), and the
+        server answered a PING sent after the last publish.
+        """
+        nc = self.nats
+        try:
+            if not nc.is_connected:
+                raise PublishFailed("NATS not connected")
+            reconnects = nc.stats["reconnects"]
+            try:
+                for subject, msg_id, body in messages:
+                    await nc.publish(subject, _dumps(body), headers={MSG_ID_HEADER: msg_id})
+                await nc.flush(timeout=5)
+            except Exception as exc:  # nats-py raises several unrelated types here
+                raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
+            if not nc.is_connected or nc.stats["reconnects"] != reconnects:
+                raise PublishFailed("NATS connection dropped during the batch")
+        except PublishFailed as exc:
+            self.stats.failed_batches += 1
+            self.stats.last_error = str(exc)
+            log.error(
+                "%s of %d jobs failed; they stay as they were: %s",
+                action,
+                len(messages),
+                exc,
+                extra={"action": action, "count": len(messages), "error": str(exc)},
+            )
+            raise
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()

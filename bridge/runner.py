@@ -1,0 +1,120 @@
+"""The bridge: publisher, inbox, NOTIFY listener and schedule runner as asyncio tasks
+around one NATS connection and the shared connection pool. It keeps no state of its
+own: every decision is a call to a SQL function."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+from psycopg_pool import AsyncConnectionPool
+
+from arm_core.bridge.inbox import Inbox
+from arm_core.bridge.listener import listen_for_queued_jobs
+from arm_core.bridge.nats_client import connect
+from arm_core.bridge.publisher import Publisher
+from arm_core.bridge.scheduler import apply_schedule_settings, run_schedule
+from arm_core.config import Settings
+from arm_core.db import DatabaseError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Bridge:
+    settings: Settings
+    pool: AsyncConnectionPool[Any]
+    name: str = field(default_factory=lambda: f"arm-core@{socket.gethostname()}:{os.getpid()}")
+    nats: Client = field(default_factory=Client)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    publisher: Publisher = field(init=False)
+    inbox: Inbox = field(init=False)
+    subscription: Subscription | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.publisher = Publisher(self.settings, self.pool, self.nats)
+        self.inbox = Inbox(self.settings, self.pool)
+
+    async def start(self) -> None:
+        """Starts every task; returns at once (NATS may still be connecting)."""
+        try:
+            await apply_schedule_settings(self.settings, self.pool)
+        except DatabaseError as exc:
+            log.warning("could not apply TIMEOUT_SWEEP_SECONDS yet: %s", exc)
+        url = self.settings.require_database_url()
+        self._tasks = [
+            asyncio.create_task(self._connect(), name="nats-connect"),
+            asyncio.create_task(self.publisher.run(self.stopping), name="publisher"),
+            asyncio.create_task(self.inbox.run(self.stopping), name="inbox"),
+            asyncio.create_task(
+                listen_for_queued_jobs(url, self.publisher.wake, self.stopping), name="listen"
+            ),
+            asyncio.create_task(
+                run_schedule(self.settings, self.pool, self.stopping), name="schedule"
+            ),
+        ]
+
+    async def _connect(self) -> None:
+        s = self.settings
+
+        async def on_state(event: str) -> None:
+            if event == "reconnected":
+                self.publisher.wake.set()
+
+        await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
+        self.subscription = await self.nats.subscribe(
+            s.result_subject,
+            queue=s.nats_queue_group,
+            cb=self.inbox.on_message,
+            pending_msgs_limit=max(s.inbox_buffer_size, 1024),
+        )
+        await self.nats.flush()
+        log.info(
+            "connected to NATS %s, subscribed to %s in queue group %s",
+            self.nats.connected_url.netloc if self.nats.connected_url else "?",
+            s.result_subject,
+            s.nats_queue_group,
+            extra={"action": "nats_connected"},
+        )
+        self.publisher.wake.set()
+
+    def nats_state(self) -> str:
+        """`ok` when connected and subscribed; otherwise what it is doing."""
+        if self.nats.is_connected and self.subscription is not None:
+            return "ok"
+        if self.nats.is_reconnecting:
+            return "reconnecting"
+        if self.nats.is_closed and self.subscription is not None:
+            return "closed"
+        return "connecting" if self.subscription is None else "disconnected"
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stops taking messages, lets the cycle in flight and the inbox queue finish
+        (up to `grace` seconds), then closes NATS. Nothing is left half-done: a batch
+        either committed or rolled back."""
+        self.stopping.set()
+        connecting = self._tasks[0] if self._tasks else None
+        if connecting is not None and not connecting.done():
+            connecting.cancel()  # still waiting for a server: nothing to finish there
+        if self.subscription is not None and self.nats.is_connected:
+            try:
+                await self.subscription.unsubscribe()
+            except Exception as exc:
+                log.debug("unsubscribe failed: %s", exc)
+        done, pending = await asyncio.wait(self._tasks, timeout=grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("bridge task %s ended with %r", task.get_name(), task.exception())
+        if self.subscription is not None and not self.nats.is_closed:
+            await self.nats.close()
+        log.info("bridge stopped", extra={"action": "bridge_stopped"})
