@@ -1,0 +1,206 @@
+"""Test support for the bridge: condition waits with deadlines, a NATS collector, a TCP
+proxy that can cut the database off, and envelope builders."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from psycopg_pool import AsyncConnectionPool
+
+from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
+from arm_core.bridge.runner import Bridge
+from arm_core.config import Settings
+
+
+async def wait_for(
+    condition: Callable[[], bool | Awaitable[bool]], within: float = 10.0, what: str = ""
+) -> None:
+    """Polls `condition` until it holds; fails the test when `within` seconds pass first."""
+    deadline = time.monotonic() + within
+    while True:
+        value = condition()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within} s: {what or condition}")
+        await asyncio.sleep(0.05)
+
+
+def fast_settings(db_url: str, nats_url: str, **overrides: Any) -> Settings:
+    """Settings with short periods so the tests wait seconds, not minutes."""
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "nats_urls": (nats_url,),
+        "outbox_poll_seconds": 0.2,
+        "schedule_tick_seconds": 0.2,
+        "ack_timeout_seconds": 30.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@contextlib.asynccontextmanager
+async def running_bridge(settings: Settings, pool_url: str | None = None) -> AsyncIterator[Bridge]:
+    """A bridge in this event loop, connected and subscribed before the body runs."""
+    pool = AsyncConnectionPool(
+        pool_url or settings.require_database_url(),
+        open=False,
+        min_size=1,
+        max_size=5,
+        timeout=5,
+        kwargs={"autocommit": True},
+    )
+    await pool.open(wait=False)
+    bridge = Bridge(settings, pool)
+    await bridge.start()
+    try:
+        await wait_for(lambda: bridge.nats_state() == "ok", 10, "bridge connected to NATS")
+        yield bridge
+    finally:
+        await bridge.stop()
+        await pool.close()
+
+
+@dataclass
+class Collector:
+    """Everything published on a subject, as a real subscriber sees it."""
+
+    messages: list[Msg] = field(default_factory=list)
+
+    async def on_message(self, msg: Msg) -> None:
+        self.messages.append(msg)
+
+    def msg_ids(self) -> list[str]:
+        return [(m.headers or {}).get("Nats-Msg-Id", "") for m in self.messages]
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(m.data) for m in self.messages]
+
+    def assert_valid_requests(self) -> None:
+        """Every request seen passes the request schema, and its header matches it."""
+        for msg, body in zip(self.messages, self.bodies(), strict=True):
+            validator(REQUEST_SCHEMA).validate(body)
+            assert (msg.headers or {})["Nats-Msg-Id"] == f"{body['job_id']}:{body['attempt']}"
+            expected = (
+                "files.tabular_uploaded" if body["pipeline"] == "tabular" else "files.img_uploaded"
+            )
+            assert msg.subject == expected
+
+
+async def collect(client: Client, subject: str) -> Collector:
+    collector = Collector()
+    await client.subscribe(subject, cb=collector.on_message)
+    await client.flush()  # the subscription is active on the server from here on
+    return collector
+
+
+async def nats_client(url: str) -> Client:
+    return await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+
+
+def envelope(
+    job_id: uuid.UUID,
+    file_id: uuid.UUID,
+    status: str,
+    service: str = "tabular-parser",
+    **extra: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "schema_version": "1.0",
+        "job_id": str(job_id),
+        "file_id": str(file_id),
+        "status": status,
+        "service": {"name": service, "version": "1.4.2"},
+    }
+    if status in ("done", "needs_check"):
+        body["result_s3"] = {"bucket": "arm-ka", "key": f"results/{file_id}/{job_id}/result.json"}
+        body["result_schema_version"] = "1.0"
+    body.update(extra)
+    return body
+
+
+async def send(
+    client: Client,
+    body: dict[str, Any] | bytes,
+    msg_id: str | None,
+    subject: str = "files.tabular_parsed",
+) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    await client.publish(subject, data, headers={"Nats-Msg-Id": msg_id} if msg_id else None)
+    await client.flush()
+
+
+class TcpProxy:
+    """A loopback TCP proxy in front of PostgreSQL that can cut every connection and
+    refuse new ones: a real outage as the bridge sees it, without stopping the server
+    the rest of the suite shares."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.blocked = False
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> TcpProxy:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.blocked:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+    def block(self) -> None:
+        self.blocked = True
+        for w in list(self._writers):
+            w.transport.abort()
+        self._writers.clear()
+
+    def unblock(self) -> None:
+        self.blocked = False
+
+    async def close(self) -> None:
+        self.block()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+def logged(records: list[Any], **fields: Any) -> list[Any]:
+    """Log records whose structured fields (extra=) match all of `fields`."""
+    return [
+        r for r in records if all(str(getattr(r, k, None)) == str(v) for k, v in fields.items())
+    ]

@@ -1,0 +1,258 @@
+"""The inbox over a real nats-server (SPEC §6, §7, §9): acks, results, duplicates, late
+answers, garbage of every kind, and a database outage while envelopes arrive."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
+from tests.bridge.support import (
+    TcpProxy,
+    envelope,
+    fast_settings,
+    logged,
+    running_bridge,
+    send,
+    wait_for,
+)
+from tests.sqlhelpers import (
+    ack,
+    dict_conn,
+    fail_by_timeout,
+    job,
+    publish,
+    retry,
+    scalar,
+    stored_file,
+    upload,
+)
+
+pytestmark = pytest.mark.integration
+
+TABLES = ("arm.s3_object", "arm.stored_file", "arm.recognition_job", "arm.retry_audit")
+
+
+def tables(db_url: str) -> dict[str, list[dict[str, Any]]]:
+    with dict_conn(db_url) as conn:
+        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in TABLES}
+
+
+def published_job(db_url: str, file_type: str = "XLSX") -> Any:
+    with dict_conn(db_url) as conn:
+        up = upload(conn, file_type)
+        publish(conn)
+    return up
+
+
+async def test_S_ACK_1_ack_over_nats(
+    db_url: str, nats_server: EmbeddedNats, client: Client
+) -> None:
+    """S-ACK-1: job processing, started_at, service_name tabular-parser, file PROCESSING."""
+    up = published_job(db_url)
+    async with running_bridge(fast_settings(db_url, nats_server.url())):
+        await send(client, envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1")
+        with dict_conn(db_url) as conn:
+            await wait_for(lambda: job(conn, up.job_id)["status"] == "processing", 10)
+            row = job(conn, up.job_id)
+            assert row["started_at"] is not None
+            assert row["service_name"] == "tabular-parser"
+            assert stored_file(conn, up.file_id)["status"] == "PROCESSING"
+
+
+async def test_S_IN_1_to_3_results_over_nats(
+    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """S-IN-1 (done registers the result object), S-IN-2 (the same message again changes
+    nothing), S-IN-3 (error without result_s3 → job error, file ERROR)."""
+    caplog.set_level(logging.INFO)
+    done, failed = published_job(db_url), published_job(db_url)
+    async with running_bridge(fast_settings(db_url, nats_server.url())) as bridge:
+        await send(
+            client, envelope(done.job_id, done.file_id, "processing"), f"ack:{done.job_id}:1"
+        )
+        result = envelope(done.job_id, done.file_id, "done", metrics={"rows": 412})
+        await send(client, result, f"result:{done.job_id}:1")
+        with dict_conn(db_url) as conn:
+            await wait_for(lambda: job(conn, done.job_id)["status"] == "done", 10)
+        before = tables(db_url)
+        await send(client, result, f"result:{done.job_id}:1")  # S-IN-2: redelivery
+        await send(
+            client,
+            envelope(
+                failed.job_id,
+                failed.file_id,
+                "error",
+                error={"code": "UNSUPPORTED_FORMAT", "message": "XLSB 2.0 не поддержан"},
+            ),
+            f"result:{failed.job_id}:1",
+        )
+        with dict_conn(db_url) as conn:
+            await wait_for(lambda: job(conn, failed.job_id)["status"] == "error", 10)
+        await wait_for(lambda: bridge.inbox.stats.ignored == 1, 5, "duplicate handled")
+    after = tables(db_url)
+    assert after["arm.s3_object"] == before["arm.s3_object"]
+    done_row = next(r for r in after["arm.recognition_job"] if r["id"] == done.job_id)
+    assert done_row == next(r for r in before["arm.recognition_job"] if r["id"] == done.job_id)
+    assert done_row["result_msg_id"] == f"result:{done.job_id}:1"
+    assert done_row["metrics"] == {"rows": 412}
+    [obj] = [o for o in after["arm.s3_object"] if o["id"] == done_row["result_s3_object_id"]]
+    assert obj["key"] == f"results/{done.file_id}/{done.job_id}/result.json"
+    assert obj["bucket_role"] == "results" and obj["created_by"] == "tabular-parser"
+    with dict_conn(db_url) as conn:
+        assert stored_file(conn, done.file_id)["status"] == "PROCESSING"
+        err = job(conn, failed.job_id)
+        assert (err["error_code"], err["error_message"]) == (
+            "UNSUPPORTED_FORMAT",
+            "XLSB 2.0 не поддержан",
+        )
+        assert err["result_s3_object_id"] is None
+        assert stored_file(conn, failed.file_id)["status"] == "ERROR"
+    assert len(logged(caplog.records, reason="duplicate", job_id=done.job_id)) == 1
+
+
+async def test_S_IN_4_done_after_timeout_is_logged_not_applied(
+    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """S-IN-4: the job is already timeout when a done arrives: unchanged, logged."""
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+        fail_by_timeout(conn, up)
+    before = tables(db_url)
+    async with running_bridge(fast_settings(db_url, nats_server.url())) as bridge:
+        await send(client, envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+        await wait_for(lambda: bridge.inbox.stats.ignored == 1, 10)
+    assert tables(db_url) == before
+    assert len(logged(caplog.records, reason="already_final", job_id=up.job_id, attempt=1)) == 1
+
+
+async def test_S_RT_2_late_answers_of_attempt_1_after_the_retry(
+    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """S-RT-2: after attempt 2 exists, an ack and a done for attempt 1 (timeout) leave the
+    current job and the file unchanged; both are logged and ignored."""
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+        fail_by_timeout(conn, up)
+        new_id = retry(conn, up.file_id)["job_id"]
+        publish(conn)
+        ack(conn, new_id, up.file_id)
+    before = tables(db_url)
+    async with running_bridge(fast_settings(db_url, nats_server.url())) as bridge:
+        await send(client, envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1")
+        await send(client, envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+        await wait_for(lambda: bridge.inbox.stats.ignored == 2, 10)
+    assert tables(db_url) == before
+    ignored = logged(caplog.records, reason="already_final", job_id=up.job_id)
+    assert sorted(r.action for r in ignored) == ["ack", "result"]
+
+
+GARBAGE: list[tuple[str, bytes | dict[str, Any], str | None]] = [
+    ("not_json", b"\xff\xfe not json", "m1"),
+    ("not_json", b'{"job_id": ', "m2"),
+    ("not_object", b"[1, 2, 3]", "m3"),
+    ("not_object", b'"done"', "m4"),
+    ("not_object", b"null", "m5"),
+    ("schema", {"job_id": "not-a-uuid", "status": "done"}, "m6"),
+    ("schema", {"schema_version": "1.0"}, "m7"),
+    ("too_large", b'{"pad": "' + b"x" * 900_000 + b'"}', "m8"),
+]
+
+
+def garbage_for(up: Any) -> list[tuple[str, bytes | dict[str, Any], str | None]]:
+    good = envelope(up.job_id, up.file_id, "done")
+    return [
+        *GARBAGE,
+        ("missing_msg_id", good, None),
+        ("schema", {**good, "status": "finished"}, "g1"),  # unknown status
+        ("schema", {**good, "job_id": 42}, "g2"),  # wrong type
+        ("schema", {**good, "service": "tabular-parser"}, "g3"),
+        ("schema", {k: v for k, v in good.items() if k != "result_s3"}, "g4"),
+        ("schema", {**good, "group_schema": {"a": 1}}, "g5"),
+        ("schema", {**good, "status": "error"}, "g6"),  # error without error{}
+        ("schema", {**good, "schema_version": "2.0"}, "g7"),
+        ("schema", {**good, "metrics": "fast"}, "g8"),
+    ]
+
+
+async def test_garbage_is_logged_and_dropped_and_the_next_good_message_applies(
+    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bad input never crashes the bridge: each kind is logged with its reason and
+    dropped, nothing in the database changes, and a good message afterwards applies."""
+    caplog.set_level(logging.WARNING)
+    up = published_job(db_url)
+    before = tables(db_url)
+    settings = fast_settings(db_url, nats_server.url(), inbox_max_payload_bytes=512 * 1024)
+    cases = garbage_for(up)
+    async with running_bridge(settings) as bridge:
+        for _ in range(20):  # a flood, not a trickle
+            for _, body, msg_id in cases:
+                await send(client, body, msg_id)
+        await wait_for(lambda: bridge.inbox.stats.rejected == 20 * len(cases), 20)
+        assert tables(db_url) == before
+        await send(client, envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+        with dict_conn(db_url) as conn:
+            await wait_for(lambda: job(conn, up.job_id)["status"] == "done", 10)
+        assert bridge.nats_state() == "ok"
+    drops = logged(caplog.records, action="inbox_drop")
+    assert {r.reason for r in drops} == {reason for reason, _, _ in cases}
+    [schema_drop, *_] = logged(drops, msg_id="g2")
+    assert "job_id" in schema_drop.getMessage()
+
+
+async def test_envelopes_are_held_while_the_database_is_unreachable(
+    db_url: str, pg_server: EmbeddedPostgres, nats_server: EmbeddedNats, client: Client
+) -> None:
+    """The database drops out (every connection cut, new ones refused) while acks and
+    results arrive: they are held and applied in order once it is back; none is lost."""
+    ups = [published_job(db_url) for _ in range(5)]
+    assert pg_server.port is not None
+    proxy = await TcpProxy(pg_server.port).start()
+    proxied_url = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
+    try:
+        settings = fast_settings(proxied_url, nats_server.url())
+        async with running_bridge(settings) as bridge:
+            proxy.block()
+            for up in ups:
+                await send(
+                    client, envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1"
+                )
+                await send(client, envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+            await wait_for(lambda: bridge.inbox.stats.db_retries >= 2, 20, "inbox held")
+            with dict_conn(db_url) as conn:  # direct, not through the proxy
+                assert (
+                    scalar(
+                        conn, "SELECT count(*) FROM arm.recognition_job WHERE status = 'published'"
+                    )
+                    == 5
+                )
+            proxy.unblock()
+            with dict_conn(db_url) as conn:
+                await wait_for(
+                    lambda: (
+                        scalar(
+                            conn, "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'"
+                        )
+                        == 5
+                    ),
+                    30,
+                    "all applied after the outage",
+                )
+                for up in ups:  # the ack was applied before the result: started_at is set
+                    assert job(conn, up.job_id)["started_at"] is not None
+            assert bridge.inbox.stats.overflowed == 0
+    finally:
+        await proxy.close()
+
+
+def test_garbage_cases_cover_the_issue_list() -> None:
+    up = type("U", (), {"job_id": uuid.uuid4(), "file_id": uuid.uuid4()})()
+    reasons = {reason for reason, _, _ in garbage_for(up)}
+    assert reasons == {"not_json", "not_object", "schema", "too_large", "missing_msg_id"}
+    assert json.loads(json.dumps(envelope(up.job_id, up.file_id, "done")))["status"] == "done"
