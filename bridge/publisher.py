@@ -64,10 +64,13 @@ class Publisher:
     # at start-up takes a moment and is not an error).
     nats_grace_seconds: float = 5.0
     _nats_down_since: float | None = None
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _nats_down_logged: bool = False
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Cycles until `stopping` is set; the cycle in flight always finishes."""
+        """Cycles until `stopping` is set; the batch in flight always finishes (commits
+        or rolls back) and no new batch starts after that."""
+        self._stopping = stopping
         while not stopping.is_set():
             try:
                 await self.cycle()
@@ -110,10 +113,13 @@ class Publisher:
         if self._nats_down_logged:
             log.info("NATS is back; publishing", extra={"action": "publish"})
         self._nats_down_since, self._nats_down_logged = None, False
-        while await self._publish_batch() == self.settings.outbox_batch_size:
+        full = self.settings.outbox_batch_size
+        while await self._publish_batch() == full and not self._stopping.is_set():
             pass
+        if self._stopping.is_set():
+            return
         await self._dead_letter()
-        while await self._republish_batch() == self.settings.outbox_batch_size:
+        while await self._republish_batch() == full and not self._stopping.is_set():
             pass
 
     async def _publish_batch(self) -> int:

@@ -1,0 +1,135 @@
+"""`arm-core bridge` as a process: two instances share the work (S-NATS-2), SIGTERM
+stops cleanly in the middle of a burst, bad configuration fails at start."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from arm_core.embedded import EmbeddedNats, free_port
+from tests.bridge.support import envelope, send, wait_for
+from tests.processes import ARM_CORE, ArmProcess, log_lines
+from tests.sqlhelpers import dict_conn, job, publish, scalar, upload
+
+pytestmark = pytest.mark.integration
+
+
+def bridge_env(db_url: str, nats_url: str, port: int, **extra: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": db_url,
+        "NATS_URL": nats_url,
+        "NATS_ENABLED": "true",
+        "BRIDGE_HEALTH_PORT": str(port),
+        "OUTBOX_POLL_SECONDS": "0.2",
+        "SCHEDULE_TICK_SECONDS": "0.2",
+        **extra,
+    }
+
+
+async def test_S_NATS_2_two_instances_one_result_handled_once(
+    db_url: str, nats_server: EmbeddedNats, client: Client, tmp_path: Path
+) -> None:
+    """S-NATS-2: two core instances in queue group arm-core; every envelope is handled by
+    exactly one of them and the job row changes once."""
+    with dict_conn(db_url) as conn:
+        ups = [upload(conn) for _ in range(21)]
+        publish(conn)
+    ports = [free_port(), free_port()]
+    procs = [
+        ArmProcess("bridge", bridge_env(db_url, nats_server.url(), p), tmp_path / f"b{i}.log")
+        for i, p in enumerate(ports)
+    ]
+    try:
+        for proc, port in zip(procs, ports, strict=True):
+            assert proc.wait_healthy(port)["nats"] == "ok"
+        target, others = ups[0], ups[1:]
+        await send(
+            client, envelope(target.job_id, target.file_id, "done"), f"result:{target.job_id}:1"
+        )
+        for up in others:  # more traffic, so both instances are seen taking their share
+            await send(client, envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1")
+        with dict_conn(db_url) as conn:
+            await wait_for(lambda: job(conn, target.job_id)["status"] == "done", 15)
+            await wait_for(
+                lambda: (
+                    scalar(
+                        conn, "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+                    )
+                    == len(others)
+                ),
+                15,
+            )
+    finally:
+        codes = [p.stop() for p in procs]
+    logs = [p.log() for p in procs]
+    handled = [log_lines(text, job_id=str(target.job_id), action="result") for text in logs]
+    assert sorted(len(h) for h in handled) == [0, 1], handled  # one instance, once
+    assert "applied" in "".join(line for lines in handled for line in lines)
+    acks = [len(log_lines(text, action="ack")) for text in logs]
+    assert sum(acks) == len(others) and min(acks) > 0, acks  # both instances worked
+    assert codes == [0, 0]
+
+
+async def test_sigterm_mid_burst_leaves_nothing_half_done(
+    db_url: str, nats_server: EmbeddedNats, client: Client, tmp_path: Path
+) -> None:
+    """SIGTERM while a burst is being published: the process exits 0, every job is
+    either queued or fully published (no open transaction, no half-marked row), and a
+    restarted bridge publishes the rest."""
+    n = 4000
+    with dict_conn(db_url) as conn:
+        conn.execute(
+            """
+            WITH o AS (INSERT INTO arm.s3_object (bucket, key, bucket_role)
+                       SELECT 'arm-ka', 'uploads/sig/' || g, 'uploads' FROM generate_series(1, %s) g
+                       RETURNING id, key),
+                 f AS (INSERT INTO arm.stored_file (original_name, file_type, s3_object_id)
+                       SELECT key, 'XLSX', id FROM o RETURNING id)
+            INSERT INTO arm.recognition_job (file_id) SELECT id FROM f
+            """,
+            (n,),
+        )
+    port = free_port()
+    env = bridge_env(db_url, nats_server.url(), port, OUTBOX_BATCH_SIZE="100")
+    proc = ArmProcess("bridge", env, tmp_path / "b.log")
+    with dict_conn(db_url) as conn:
+        published = "SELECT count(*) FROM arm.recognition_job WHERE status = 'published'"
+        await wait_for(lambda: scalar(conn, published) > 0, 20, "burst started")
+        assert proc.stop() == 0
+        mid = scalar(conn, published)
+        assert 0 < mid < n  # stopped between batches, not after the whole burst
+        assert mid % 100 == 0  # whole batches only
+        assert (
+            scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in%%'") == 0
+        )
+        half_done = scalar(
+            conn,
+            "SELECT count(*) FROM arm.recognition_job WHERE status = 'published' "
+            "AND (request_msg_id IS NULL OR reply_deadline IS NULL)",
+        )
+        assert half_done == 0
+        again = ArmProcess("bridge", env, tmp_path / "b2.log")
+        try:
+            again.wait_healthy(port)
+            await wait_for(lambda: scalar(conn, published) == n, 60, "rest published")
+        finally:
+            assert again.stop() == 0
+    assert "bridge stopped" in proc.log()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("NATS_ENABLED", "sometimes"), ("OUTBOX_POLL_SECONDS", "-5"), ("DATABASE_URL", "mysql://x")],
+)
+def test_bad_configuration_fails_at_start_naming_the_variable(
+    db_url: str, variable: str, value: str
+) -> None:
+    env = {"DATABASE_URL": db_url, variable: value, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [ARM_CORE, "bridge"], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 2
+    assert f"configuration error: {variable}: " in done.stderr

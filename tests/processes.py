@@ -1,0 +1,80 @@
+"""Running `arm-core` as users run it: a real subprocess with its own environment, its
+log in a file, health polled over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ARM_CORE = str(Path(sys.executable).with_name("arm-core"))
+
+
+class ArmProcess:
+    def __init__(self, command: str, env: dict[str, str], log_path: Path) -> None:
+        self.command = command
+        self.log_path = log_path
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "OUTBOX_"))}
+        full_env.update(env)
+        self._log = open(log_path, "ab")  # closed in stop() or kill()
+        self.proc = subprocess.Popen(
+            [ARM_CORE, command],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def health(self, port: int) -> dict[str, Any] | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthcheck", timeout=2) as r:
+                loaded: dict[str, Any] = json.loads(r.read())
+                return loaded
+        except OSError:
+            return None
+
+    def wait_healthy(self, port: int, within: float = 20) -> dict[str, Any]:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"arm-core {self.command} exited: {self.log()[-3000:]}")
+            body = self.health(port)
+            if body is not None and body.get("status") == "ok":
+                return body
+            time.sleep(0.1)
+        raise AssertionError(f"arm-core {self.command} not healthy: {self.log()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, within: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(within)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"arm-core {self.command} ignored signal {sig}") from None
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+
+
+def log_lines(text: str, **fields: str) -> list[str]:
+    """Lines of a key=value log that carry all of `fields`."""
+    return [
+        line
+        for line in text.splitlines()
+        if all(f" {k}={v}" in f" {line}" for k, v in fields.items())
+    ]
