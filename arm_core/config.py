@@ -86,6 +86,39 @@ def _subject(name: str, raw: str) -> str:
     return value
 
 
+AUTH_MODES = ("none", "token", "header")
+
+
+def _auth_mode(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in AUTH_MODES:
+        raise ConfigError(f"{name}: expected one of {', '.join(AUTH_MODES)}, got {raw!r}")
+    return value
+
+
+def _tokens(name: str, raw: str) -> tuple[tuple[str, str], ...]:
+    """`actor=token,actor2=token2` → ((actor, token), …)."""
+    pairs = []
+    for part in raw.split(","):
+        if not part.strip():
+            continue
+        actor, sep, token = part.strip().partition("=")
+        if not sep or not actor.strip() or len(token.strip()) < 16:
+            raise ConfigError(
+                f"{name}: expected actor=token pairs, comma-separated, tokens of 16+ "
+                f"characters; got an entry starting {part.strip()[:12]!r}"
+            )
+        pairs.append((actor.strip(), token.strip()))
+    return tuple(pairs)
+
+
+def _header(name: str, raw: str) -> str:
+    value = raw.strip()
+    if not value or not all(c.isalnum() or c == "-" for c in value):
+        raise ConfigError(f"{name}: not an HTTP header name: {raw!r}")
+    return value
+
+
 def _var(env: str, parse: Callable[[str, str], Any], default: Any) -> Any:
     return field(default=default, metadata={"env": env, "parse": parse})
 
@@ -98,6 +131,7 @@ class Settings:
     """Everything the processes read from the environment, with SPEC §12's defaults."""
 
     database_url: str | None = _var("DATABASE_URL", _database_url, None)
+    db_pool_timeout_seconds: float = _var("DATABASE_POOL_TIMEOUT_SECONDS", _POSITIVE, 5.0)
     nats_urls: tuple[str, ...] = _var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
     nats_enabled: bool = _var("NATS_ENABLED", _bool, True)
     debug: bool = _var("DEBUG", _bool, False)
@@ -124,6 +158,13 @@ class Settings:
     inbox_max_payload_bytes: int = _var("INBOX_MAX_PAYLOAD_BYTES", _number(int, 1024), 1 << 20)
     inbox_buffer_size: int = _var("INBOX_BUFFER_SIZE", _number(int, 1), 10_000)
     retry_batch_max: int = _var("RETRY_BATCH_MAX", _number(int, 1), 1000)
+    http_max_body_bytes: int = _var("HTTP_MAX_BODY_BYTES", _number(int, 1024), 256 * 1024)
+    # Who retried (the audit's actor): none → "anonymous"; token → the actor whose
+    # API_TOKENS entry matches `Authorization: Bearer …`; header → the identity an
+    # authenticating proxy puts in AUTH_HEADER (e.g. oauth2-proxy's X-Forwarded-User).
+    auth_mode: str = _var("AUTH_MODE", _auth_mode, "none")
+    api_tokens: tuple[tuple[str, str], ...] = _var("API_TOKENS", _tokens, ())
+    auth_header: str = _var("AUTH_HEADER", _header, "X-Forwarded-User")
     # Names of the variables that were given explicitly (not defaulted).
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -142,7 +183,10 @@ class Settings:
                 continue
             values[f.name] = f.metadata["parse"](name, raw)
             given.add(name)
-        return cls(**values, explicit=frozenset(given))
+        settings = cls(**values, explicit=frozenset(given))
+        if settings.auth_mode == "token" and not settings.api_tokens:
+            raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
+        return settings
 
     def require_database_url(self) -> str:
         if not self.database_url:

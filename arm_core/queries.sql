@@ -59,3 +59,6 @@ FROM arm.retry_files(%(file_ids)s::uuid[], %(actor)s);
 
 -- name: ping
 SELECT 1 AS ok;
+
+-- name: get_file
+SELECT arm.get_file(%(file_id)s) AS file;

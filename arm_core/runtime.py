@@ -26,7 +26,7 @@ def make_pool(settings: Settings, max_size: int = 10) -> AsyncConnectionPool[Any
         open=False,
         min_size=1,
         max_size=max_size,
-        timeout=5,
+        timeout=settings.db_pool_timeout_seconds,
         kwargs={"autocommit": True},
         name="arm-core",
     )
@@ -58,7 +58,9 @@ async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
     """200 while the process can serve; 503 with the reason when the database is down."""
     db = "ok"
     try:
-        async with app[POOL].connection(timeout=2) as conn:
+        async with app[POOL].connection(
+            timeout=min(2.0, app[SETTINGS].db_pool_timeout_seconds)
+        ) as conn:
             await conn.execute("SELECT 1")
     except Exception as exc:
         db = f"unavailable: {type(exc).__name__}"

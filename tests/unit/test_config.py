@@ -84,3 +84,18 @@ def test_a_bad_value_fails_naming_the_variable(name: str, value: str) -> None:
 def test_database_url_is_required_where_needed() -> None:
     with pytest.raises(ConfigError, match=r"^DATABASE_URL: required"):
         Settings.from_env({}).require_database_url()
+
+
+def test_auth_settings() -> None:
+    s = Settings.from_env(
+        {"AUTH_MODE": "token", "API_TOKENS": "ivanova=0123456789abcdef, ops=fedcba9876543210"}
+    )
+    assert s.api_tokens == (("ivanova", "0123456789abcdef"), ("ops", "fedcba9876543210"))
+    with pytest.raises(ConfigError, match=r"^API_TOKENS: required when AUTH_MODE=token"):
+        Settings.from_env({"AUTH_MODE": "token"})
+    with pytest.raises(ConfigError, match=r"^API_TOKENS: expected actor=token"):
+        Settings.from_env({"API_TOKENS": "ivanova=short"})
+    with pytest.raises(ConfigError, match=r"^AUTH_MODE: expected one of"):
+        Settings.from_env({"AUTH_MODE": "ldap"})
+    with pytest.raises(ConfigError, match=r"^AUTH_HEADER: not an HTTP header"):
+        Settings.from_env({"AUTH_HEADER": "X User"})

@@ -1,0 +1,73 @@
+"""Every error the API sends is JSON: {"error": {"code", "message"[, "details"]}}.
+
+The middleware turns aiohttp's own HTTP errors (unknown route, method not allowed, body
+too large) and the project's database errors into that shape; an unexpected exception
+becomes a 500 with a logged traceback, never an HTML page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from arm_core.db import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# aiohttp's status → our code, for errors raised by aiohttp itself.
+_HTTP_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, code: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        error["details"] = details
+    return web.json_response({"error": error}, status=status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc.status, exc.code, exc.message, exc.details)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        message = exc.reason if exc.status != 404 else f"no route {request.method} {request.path}"
+        return error_response(
+            exc.status, _HTTP_CODES.get(exc.status, "HTTP_ERROR"), message, headers=headers
+        )
+    except DatabaseUnavailable as exc:
+        log.warning("database unavailable: %s", exc, extra={"action": "http"})
+        return error_response(503, "DATABASE_UNAVAILABLE", "the database cannot be reached")
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(500, "INTERNAL", "internal error; see the server log")

@@ -1,0 +1,165 @@
+"""Request handlers: validate input, call one SQL function, shape the answer."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from aiohttp import web
+from psycopg.rows import dict_row
+
+from arm_core.db import query, wrap_db_errors
+from arm_core.http.auth import ACTOR
+from arm_core.http.errors import ApiError
+from arm_core.runtime import POOL, SETTINGS
+
+OPENAPI = web.AppKey("openapi", dict)
+NO_BODY = object()  # an empty request body (JSON null is a body)
+
+# Why a file cannot be retried, as the database says it (arm.retry_file's reason).
+_WHY = {
+    "not_failed": "its current job has not failed (it is live or succeeded)",
+    "attempts_exhausted": "its current job failed on the last allowed attempt",
+    "no_job": "it has no recognition job",
+}
+
+
+def _file_id(request: web.Request) -> uuid.UUID:
+    raw = request.match_info["file_id"]
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise ApiError(400, "INVALID_FILE_ID", f"not a uuid: {raw[:64]!r}") from None
+
+
+async def _call(request: web.Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with wrap_db_errors(name):
+        async with request.app[POOL].connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(query(name), params)
+            return await cur.fetchall()
+
+
+def _not_retryable_details(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "reason": row["reason"],
+        "current_job_id": str(row["previous_job_id"]) if row["previous_job_id"] else None,
+        "current_status": row["previous_status"],
+        "current_attempt": row["previous_attempt"],
+        "max_attempts": row["max_attempts"],
+    }
+
+
+async def retry_file(request: web.Request) -> web.Response:
+    """POST /api/v1/files/{file_id}/retry → 201 new job | 409 | 404 | 400."""
+    file_id = _file_id(request)
+    if request.can_read_body:  # no fields: an empty body or {}
+        body = await _json_body(request, required=False)
+        if body is not NO_BODY and body != {}:
+            raise ApiError(400, "VALIDATION_ERROR", "this request takes no body fields")
+    [row] = await _call(request, "retry_file", {"file_id": file_id, "actor": request[ACTOR]})
+    if row["outcome"] == "not_found":
+        raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
+    if row["outcome"] == "not_retryable":
+        raise ApiError(
+            409,
+            "FILE_NOT_RETRYABLE",
+            f"file {file_id} cannot be retried: {_WHY.get(row['reason'], row['reason'])}",
+            _not_retryable_details(row),
+        )
+    return web.json_response(
+        {
+            "file_id": str(file_id),
+            "job_id": str(row["job_id"]),
+            "attempt": row["attempt"],
+            "status": "queued",
+            "previous_job_id": str(row["previous_job_id"]),
+        },
+        status=201,
+    )
+
+
+async def retry_files(request: web.Request) -> web.Response:
+    """POST /api/v1/files/retry {"file_ids": [...]} → one entry per distinct file."""
+    body = await _json_body(request, required=True)
+    if not isinstance(body, dict):
+        raise ApiError(400, "VALIDATION_ERROR", "the body must be a JSON object")
+    unknown = sorted(set(body) - {"file_ids"})
+    if unknown:
+        raise ApiError(400, "VALIDATION_ERROR", f"unknown fields: {', '.join(unknown)[:200]}")
+    raw_ids = body.get("file_ids")
+    if not isinstance(raw_ids, list):
+        raise ApiError(400, "VALIDATION_ERROR", "file_ids must be a list of uuids")
+    limit = request.app[SETTINGS].retry_batch_max
+    if len(raw_ids) > limit:
+        raise ApiError(413, "TOO_MANY_FILES", f"{len(raw_ids)} file ids; at most {limit} a request")
+    if not raw_ids:
+        raise ApiError(400, "VALIDATION_ERROR", "file_ids is empty")
+    ids: list[uuid.UUID] = []
+    bad: list[int] = []
+    for i, raw in enumerate(raw_ids):
+        try:
+            if not isinstance(raw, str):
+                raise ValueError
+            ids.append(uuid.UUID(raw))
+        except ValueError:
+            bad.append(i)
+    if bad:
+        raise ApiError(
+            400,
+            "VALIDATION_ERROR",
+            "file_ids must hold uuids only",
+            {"invalid_indexes": bad[:50]},
+        )
+    distinct = list(dict.fromkeys(ids))  # request order, duplicates once
+    rows = await _call(request, "retry_files", {"file_ids": distinct, "actor": request[ACTOR]})
+    by_id = {row["file_id"]: row for row in rows}
+    return web.json_response({"results": [_batch_entry(by_id[f]) for f in distinct]})
+
+
+def _batch_entry(row: dict[str, Any]) -> dict[str, Any]:
+    file_id = str(row["file_id"])
+    if row["outcome"] == "retried":
+        return {
+            "file_id": file_id,
+            "outcome": "retried",
+            "job_id": str(row["job_id"]),
+            "attempt": row["attempt"],
+            "status": "queued",
+        }
+    if row["outcome"] == "not_found":
+        return {"file_id": file_id, "outcome": "skipped", "reason": "FILE_NOT_FOUND"}
+    return {
+        "file_id": file_id,
+        "outcome": "skipped",
+        "reason": "FILE_NOT_RETRYABLE",
+        "details": _not_retryable_details(row),
+    }
+
+
+async def get_file(request: web.Request) -> web.Response:
+    """GET /api/v1/files/{file_id} → the file, its current job and every attempt."""
+    file_id = _file_id(request)
+    [row] = await _call(request, "get_file", {"file_id": file_id})
+    if row["file"] is None:
+        raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
+    return web.json_response(row["file"])
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI])
+
+
+async def _json_body(request: web.Request, required: bool) -> Any:
+    if request.content_type not in ("application/json", "application/octet-stream", ""):
+        raise ApiError(415, "UNSUPPORTED_MEDIA_TYPE", "send application/json")
+    raw = await request.read()
+    if not raw.strip():
+        if required:
+            raise ApiError(400, "INVALID_JSON", "the request needs a JSON body")
+        return NO_BODY
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ApiError(400, "INVALID_JSON", f"the body is not valid JSON: {exc}"[:300]) from None

@@ -1,0 +1,24 @@
+"""Running the real aiohttp app (real sockets) against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from arm_core.config import Settings
+from arm_core.http.app import create_app
+
+
+def api_settings(db_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {"database_url": db_url, "nats_enabled": False}
+    values.update(overrides)
+    return Settings(**values)
+
+
+@contextlib.asynccontextmanager
+async def running_api(settings: Settings) -> AsyncIterator[TestClient]:
+    async with TestClient(TestServer(create_app(settings))) as http:
+        yield http
