@@ -62,10 +62,39 @@ def cmd_bridge(settings: Settings) -> int:
     return _run(bridge_app(settings), settings.http_host, settings.bridge_health_port)
 
 
+def cmd_reference(settings: Settings) -> int:
+    """Reference recognition services (REFERENCE_SERVICES=tabular-parser,scan-gateway,
+    REFERENCE_MODE, …) for demos and end-to-end tests; not a production component."""
+    import asyncio
+    import signal
+
+    from arm_core.reference import configs_from_env, run_reference
+
+    configs = configs_from_env(settings)  # ConfigError names the bad variable
+
+    async def main() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping.set)
+        await run_reference(settings, configs, stopping)
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_dev(settings: Settings) -> int:
+    from arm_core.dev import run
+
+    return run(settings)
+
+
 COMMANDS: dict[str, tuple[str, Callable[[Settings], int]]] = {
     "migrate": ("apply migrations and functions to DATABASE_URL", cmd_migrate),
     "serve": ("HTTP API on HTTP_HOST:HTTP_PORT, plus the bridge when NATS_ENABLED=true", cmd_serve),
     "bridge": ("the NATS bridge alone, health on HTTP_HOST:BRIDGE_HEALTH_PORT", cmd_bridge),
+    "reference": ("reference recognition services for demos and tests", cmd_reference),
+    "dev": ("the whole stack on embedded PostgreSQL and NATS, with demo uploads", cmd_dev),
 }
 
 

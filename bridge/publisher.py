@@ -240,7 +240,7 @@ class Publisher:
 
         Confirmed means: the connection was up before the first publish, nats-py did not
         reconnect in between (a reconnect can drop or replay buffered data), and the
-        server answered a PING sent after the last publish.
+        server answered a PING that went out after the last publish.
         """
         nc = self.nats
         try:
@@ -250,6 +250,11 @@ class Publisher:
             try:
                 for subject, msg_id, body in messages:
                     await nc.publish(subject, _dumps(body), headers={MSG_ID_HEADER: msg_id})
+                # nats-py writes flush()'s PING straight to the socket, ahead of PUBs still
+                # waiting for its flusher task: the first PONG proves nothing about them.
+                # The first flush hands them to the socket; the second PING follows them,
+                # so its PONG means the server has read the whole batch.
+                await nc.flush(timeout=5)
                 await nc.flush(timeout=5)
             except Exception as exc:  # nats-py raises several unrelated types here
                 raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc

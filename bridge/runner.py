@@ -75,6 +75,7 @@ class Bridge:
             cb=self.inbox.on_message,
             pending_msgs_limit=max(s.inbox_buffer_size, 1024),
         )
+        await self.nats.flush()  # twice: the first PING may overtake the SUB (publisher.py)
         await self.nats.flush()
         log.info(
             "connected to NATS %s, subscribed to %s in queue group %s",

@@ -23,7 +23,9 @@ from arm_core.config import Settings
 
 
 async def wait_for(
-    condition: Callable[[], bool | Awaitable[bool]], within: float = 10.0, what: str = ""
+    condition: Callable[[], bool | Awaitable[bool]],
+    within: float = 10.0,
+    what: str | Callable[[], str] = "",
 ) -> None:
     """Polls `condition` until it holds; fails the test when `within` seconds pass first."""
     deadline = time.monotonic() + within
@@ -34,7 +36,8 @@ async def wait_for(
         if value:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within} s: {what or condition}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"not within {within} s: {said or condition}")
         await asyncio.sleep(0.05)
 
 
@@ -102,7 +105,9 @@ class Collector:
 async def collect(client: Client, subject: str) -> Collector:
     collector = Collector()
     await client.subscribe(subject, cb=collector.on_message)
-    await client.flush()  # the subscription is active on the server from here on
+    # Twice: nats-py's PING can overtake the pending SUB; the second PONG proves the SUB.
+    await client.flush()
+    await client.flush()
     return collector
 
 
@@ -139,6 +144,7 @@ async def send(
 ) -> None:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     await client.publish(subject, data, headers={"Nats-Msg-Id": msg_id} if msg_id else None)
+    await client.flush()  # twice, for the same reason as in collect()
     await client.flush()
 
 

@@ -1,0 +1,240 @@
+"""`arm-core dev`: the whole exchange on one machine, for a newcomer.
+
+Starts an embedded PostgreSQL (the system's server binaries, data under .dev/) and an
+embedded nats-server unless DATABASE_URL / NATS_URL are given; migrates; runs the API
+with the bridge and the reference recognition services; uploads a few demo files the
+way upstream does (plain SQL) and prints each file's way to a final status. Ctrl-C (or
+SIGTERM) stops everything it started. A second run reuses .dev/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from aiohttp import web
+from psycopg.rows import dict_row
+
+from arm_core.config import Settings
+from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.migrate import migrate
+
+# Shorter periods than production, so the demo shows dlq and timeout within a minute or two.
+DEV_DEFAULTS = {
+    "ACK_TIMEOUT_SECONDS": ("ack_timeout_seconds", 10.0),
+    "OUTBOX_POLL_SECONDS": ("outbox_poll_seconds", 1.0),
+    "TABULAR_REPLY_TIMEOUT_SECONDS": ("tabular_reply_timeout_seconds", 60.0),
+    "IMAGE_REPLY_TIMEOUT_SECONDS": ("image_reply_timeout_seconds", 60.0),
+    "TIMEOUT_SWEEP_SECONDS": ("timeout_sweep_seconds", 5.0),
+}
+
+# (original name, file type, what the reference services will do with it)
+DEMO_FILES = [
+    ("ОСВ 60 сентябрь 2026.xlsx", "XLSX", "done"),
+    ("ОСВ 62 РБ 3 квартал.xls", "XLS", "done"),
+    ("Акт сверки (скан).pdf", "PDF", "done"),
+    ("ОСВ повреждённая [fail].xlsb", "XLSB", "error UNSUPPORTED_FORMAT"),
+    ("Счёт-фактура [noack].png", "PNG", "dlq NO_ACK after republishes (~40 s)"),
+    ("ОСВ 41 [silent].xlsx", "XLSX", "timeout after its reply deadline (~60 s)"),
+]
+
+FINAL = {"done", "needs_check", "error", "timeout", "dlq"}
+
+
+def dev_settings(settings: Settings, database_url: str, nats_url: str, http_port: int) -> Settings:
+    changes: dict[str, Any] = {
+        "database_url": database_url,
+        "nats_urls": (nats_url,),
+        "nats_enabled": True,
+        "http_port": http_port,
+    }
+    explicit = set(settings.explicit) | {"TIMEOUT_SWEEP_SECONDS"}
+    for env, (name, value) in DEV_DEFAULTS.items():
+        if env not in settings.explicit:
+            changes[name] = value
+    return dataclasses.replace(settings, **changes, explicit=frozenset(explicit))
+
+
+def seed_demo(database_url: str) -> list[dict[str, Any]]:
+    """Uploads the demo files as upstream does: s3_object, stored_file, queued job, then
+    the file's current job — plain SQL, one transaction per file."""
+    seeded = []
+    batch = time.strftime("%H%M%S")
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        for name, file_type, expect in DEMO_FILES:
+            with conn.transaction():
+                key = f"uploads/demo-{batch}/{uuid.uuid4()}/{name}"
+                obj = conn.execute(
+                    "INSERT INTO arm.s3_object (bucket, key, bucket_role, created_by) "
+                    "VALUES ('arm-ka', %s, 'uploads', 'arm-core dev') RETURNING id",
+                    (key,),
+                ).fetchone()
+                f = conn.execute(
+                    "INSERT INTO arm.stored_file (consolidation_id, original_name, file_type, "
+                    "s3_object_id) VALUES (%s, %s, %s, %s) RETURNING id",
+                    (uuid.uuid4(), name, file_type, obj["id"] if obj else None),
+                ).fetchone()
+                assert f is not None
+                pipeline = "tabular" if file_type in ("XLS", "XLSX", "XLSB") else "image"
+                j = conn.execute(
+                    "INSERT INTO arm.recognition_job (file_id, pipeline, attempt) "
+                    "VALUES (%s, %s, 1) RETURNING id",
+                    (f["id"], pipeline),
+                ).fetchone()
+                assert j is not None
+                conn.execute(
+                    "UPDATE arm.stored_file SET current_recognition_job_id = %s WHERE id = %s",
+                    (j["id"], f["id"]),
+                )
+            seeded.append({"file_id": f["id"], "name": name, "expect": expect})
+    return seeded
+
+
+async def watch(database_url: str, files: list[dict[str, Any]], stopping: asyncio.Event) -> None:
+    """Prints every status change of the demo files' current jobs."""
+    seen: dict[uuid.UUID, tuple[int, str]] = {}
+    names = {f["file_id"]: f["name"] for f in files}
+    announced = False
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        while not stopping.is_set():
+            cur = await conn.execute(
+                "SELECT f.id, j.attempt, j.status::text, j.error_code FROM arm.stored_file f "
+                "JOIN arm.recognition_job j ON j.id = f.current_recognition_job_id "
+                "WHERE f.id = ANY(%s)",
+                (list(names),),
+            )
+            for file_id, attempt, status, error in await cur.fetchall():
+                if seen.get(file_id) != (attempt, status):
+                    seen[file_id] = (attempt, status)
+                    extra = f" ({error})" if error else ""
+                    mark = (
+                        "ok"
+                        if status in ("done", "needs_check")
+                        else ("!!" if status in FINAL else "..")
+                    )
+                    print(
+                        f"  {time.strftime('%H:%M:%S')} {mark} {names[file_id]}: "
+                        f"attempt {attempt} {status}{extra}",
+                        flush=True,
+                    )
+            everything_final = len(seen) == len(names) and all(s in FINAL for _, s in seen.values())
+            if everything_final and not announced:
+                announced = True
+                print(
+                    "  every demo file reached a final status; the API keeps serving "
+                    "(retry one and watch it here; Ctrl-C stops everything)",
+                    flush=True,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), 1)
+
+
+@contextlib.contextmanager
+def embedded_servers(settings: Settings, root: Path) -> Iterator[tuple[str, str]]:
+    """Embedded PostgreSQL and nats-server where no URL is given; stopped on exit."""
+    pg: EmbeddedPostgres | None = None
+    nats_server: EmbeddedNats | None = None
+    try:
+        if settings.database_url:
+            database_url = settings.database_url
+        else:
+            pg = EmbeddedPostgres(base_dir=root / "postgres").start()
+            pg.create_database("arm")
+            database_url = pg.url("arm")
+        if "NATS_URL" in settings.explicit:
+            nats_url = settings.nats_urls[0]
+        else:
+            nats_server = EmbeddedNats(log_dir=root / "nats").start()
+            nats_url = nats_server.url()
+        yield database_url, nats_url
+    finally:
+        if nats_server is not None:
+            nats_server.stop()
+        if pg is not None:
+            pg.stop()
+
+
+async def serve_dev(settings: Settings, root: Path) -> None:
+    from arm_core.http.app import create_app
+    from arm_core.reference import configs_from_env, run_reference
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+
+    runner = web.AppRunner(create_app(settings), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.http_host, settings.http_port).start()
+    env = {"REFERENCE_RESULTS_DIR": str(root / "results"), "REFERENCE_DELAY_SECONDS": "2"}
+    configs = configs_from_env(settings, {**env, **os.environ})
+    reference = asyncio.create_task(run_reference(settings, configs, stopping))
+    try:
+        files = seed_demo(settings.require_database_url())
+        base = f"http://{settings.http_host}:{settings.http_port}"
+        print(banner(settings, base, root, files), flush=True)
+        await watch(settings.require_database_url(), files, stopping)
+    finally:
+        stopping.set()
+        await reference
+        await runner.cleanup()
+        print("arm-core dev stopped", flush=True)
+
+
+def banner(settings: Settings, base: str, root: Path, files: list[dict[str, Any]]) -> str:
+    lines = [
+        "",
+        "arm-core dev is running — Ctrl-C stops everything it started",
+        f"  API          {base}/api/v1/files/<file_id>   (POST …/retry to retry)",
+        f"  OpenAPI      {base}/api/v1/openapi.json",
+        f"  health       {base}/healthcheck",
+        f"  PostgreSQL   psql '{settings.database_url}'",
+        f"  NATS         {settings.nats_urls[0]}",
+        f"  results      {root / 'results'} (the reference services' stand-in for S3)",
+        "",
+        "Demo uploads (plain SQL, as upstream does):",
+    ]
+    lines += [f"  {f['file_id']}  {f['name']:<32} → {f['expect']}" for f in files]
+    first = files[3]["file_id"] if len(files) > 3 else files[0]["file_id"]
+    lines += [
+        "",
+        "Try:",
+        f"  curl -s {base}/api/v1/files/{first}",
+        f"  curl -s -X POST {base}/api/v1/files/{first}/retry     # after it fails",
+        f"  psql '{settings.database_url}' -c 'SELECT name, run_every, last_result "
+        "FROM arm.periodic_task'",
+        "",
+        "Status changes:",
+    ]
+    return "\n".join(lines)
+
+
+def run(settings: Settings) -> int:
+    root = Path(os.environ.get("ARM_DEV_DIR", ".dev")).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    port = settings.http_port if "HTTP_PORT" in settings.explicit else _port_or_free(8080)
+    with embedded_servers(settings, root) as (database_url, nats_url):
+        settings = dev_settings(settings, database_url, nats_url, port)
+        migrate(database_url, settings)
+        asyncio.run(serve_dev(settings, root))
+    return 0
+
+
+def _port_or_free(preferred: int) -> int:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+        except OSError:
+            return free_port()
+    return preferred

@@ -1,0 +1,441 @@
+"""A REFERENCE recognition service: the service side of the contract (SPEC §11, seed 003).
+
+It stands in for tabular-parser and scan-gateway in the demo (`arm-core dev`) and in
+end-to-end tests. It recognises nothing: it acks a valid request at once, waits a moment,
+writes a result file that says plainly that no recognition was done, then publishes
+`done`. Modes and per-file markers in `original_name` make it misbehave on purpose:
+"[fail]" → error, "[noack]" → no answer at all, "[silent]" → ack only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from jsonschema.exceptions import best_match
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from arm_core.bridge.contracts import REQUEST_SCHEMA, RESULT_SCHEMA, schema, validator
+from arm_core.bridge.nats_client import connect
+from arm_core.config import ConfigError, Settings
+
+log = logging.getLogger(__name__)
+
+TABULAR = "tabular-parser"
+SCAN = "scan-gateway"
+MODES = ("normal", "fail", "never_ack", "never_answer")
+PIPELINES = {TABULAR: "tabular", SCAN: "image"}
+DEFAULT_SUBJECTS = {TABULAR: "files.tabular_uploaded", SCAN: "files.img_uploaded"}
+MARKERS = (("[noack]", "never_ack"), ("[silent]", "never_answer"), ("[fail]", "fail"))
+NOTE = "reference service: the file was not read or recognised"
+FAIL_MESSAGE = "reference service: failing on purpose (REFERENCE_MODE=fail or [fail] in the name)"
+MSG_ID = "Nats-Msg-Id"
+REMEMBERED_JOBS = 100_000  # job ids kept for duplicate detection (oldest forgotten first)
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+# The `error.code` values the result schema allows.
+ERROR_CODES = tuple(schema(RESULT_SCHEMA)["properties"]["error"]["properties"]["code"]["enum"])
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    service: str  # tabular-parser | scan-gateway
+    version: str = "0.1.0-reference"
+    mode: str = "normal"  # normal | fail | never_ack | never_answer
+    delay_seconds: float = 0.5  # between the ack and the result ("reading S3, recognising")
+    fail_code: str = "UNSUPPORTED_FORMAT"  # error.code in mode fail and for "[fail]" files
+    results_dir: Path = Path(".dev/results")  # local stand-in for the results bucket
+    results_bucket: str = "arm-ka"
+    request_subject: str | None = None  # default by service
+    result_subject: str = "files.tabular_parsed"
+    queue_group: str | None = None  # default: the service name
+
+    def __post_init__(self) -> None:
+        if self.service not in PIPELINES:
+            raise ValueError(f"service: expected {TABULAR} or {SCAN}, got {self.service!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
+
+    @property
+    def subject(self) -> str:
+        return self.request_subject or DEFAULT_SUBJECTS[self.service]
+
+    @property
+    def queue(self) -> str:
+        return self.queue_group or self.service
+
+    @classmethod
+    def from_env(cls, service: str, environ: Mapping[str, str] | None = None) -> ReferenceConfig:
+        """REFERENCE_MODE, _DELAY_SECONDS, _FAIL_CODE, _RESULTS_DIR, _RESULTS_BUCKET."""
+        env = os.environ if environ is None else environ
+        if service not in PIPELINES:
+            raise ConfigError(f"REFERENCE_SERVICES: expected {TABULAR} or {SCAN}, got {service!r}")
+        values: dict[str, Any] = {}
+        for name, (attr, parse) in _ENV.items():
+            raw = env.get(name, "").strip()
+            if raw:
+                values[attr] = parse(name, raw)
+        return cls(service=service, **values)
+
+
+def _one_of(options: tuple[str, ...], fold: Callable[[str], str]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        if fold(raw) not in options:
+            raise ConfigError(f"{name}: expected one of {', '.join(options)}, got {raw!r}")
+        return fold(raw)
+
+    return parse
+
+
+def _seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}: expected seconds ≥ 0, got {raw!r}")
+    return value
+
+
+def _bucket(name: str, raw: str) -> str:
+    if len(raw) > 63 or any(c.isspace() or c == "/" for c in raw):
+        raise ConfigError(f"{name}: not an S3 bucket name: {raw!r}")
+    return raw
+
+
+_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "REFERENCE_MODE": ("mode", _one_of(MODES, str.lower)),
+    "REFERENCE_DELAY_SECONDS": ("delay_seconds", _seconds),
+    "REFERENCE_FAIL_CODE": ("fail_code", _one_of(ERROR_CODES, str.upper)),
+    "REFERENCE_RESULTS_DIR": ("results_dir", lambda _name, raw: Path(raw)),
+    "REFERENCE_RESULTS_BUCKET": ("results_bucket", _bucket),
+}
+
+
+@dataclass
+class ReferenceStats:
+    received: int = 0  # every message on the request subject
+    acked: int = 0  # first acks of new jobs
+    reacked: int = 0  # acks repeated for a job already in work or done
+    processed: int = 0  # results (done or error) published for acked jobs
+    schema_mismatch: int = 0  # SCHEMA_MISMATCH results published (no ack before them)
+    dropped: int = 0  # messages given no answer at all
+
+
+@dataclass(frozen=True)
+class _Job:
+    job_id: str
+    file_id: str
+    attempt: int
+    acked: bool
+
+
+def _uuid(value: Any) -> str | None:
+    return value if isinstance(value, str) and _UUID.fullmatch(value) else None
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    return int(value) if value >= 1 else None
+
+
+def _clip(text: str, limit: int = 1000) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class ReferenceService:
+    """Subscribes to one request subject in the service's queue group and answers on
+    the result subject. The subscription callback acks at once and never raises; the
+    slow part of each job runs in a task of its own."""
+
+    def __init__(self, nc: Client, config: ReferenceConfig) -> None:
+        self.nc = nc
+        self.config = config
+        self.stats = ReferenceStats()
+        self._jobs: dict[str, _Job] = {}  # by lower-case job_id, in work or answered
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._sub = await self.nc.subscribe(cfg.subject, queue=cfg.queue, cb=self._on_message)
+        # nats-py 2.16 writes flush()'s PING straight to the socket while the SUB waits for
+        # its flusher task, so the first PONG can come back before the server has the SUB.
+        # The second PING leaves after the SUB: once it is answered, the SUB is active.
+        await self.nc.flush()
+        await self.nc.flush()
+        log.info(
+            "reference %s (mode %s) on %s, queue group %s",
+            cfg.service,
+            cfg.mode,
+            cfg.subject,
+            cfg.queue,
+            extra={"action": "ref_start", "subject": cfg.subject},
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # the connection may be closed already
+                log.debug("unsubscribe failed: %s", exc)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- receiving ---------------------------------------------------------------------
+
+    async def _on_message(self, msg: Msg) -> None:
+        """Subscription callback: answers what it can at once, never raises."""
+        self.stats.received += 1
+        try:
+            await self._handle(msg)
+        except Exception:
+            self.stats.dropped += 1
+            log.exception(
+                "%s: failed on a request, dropped it",
+                self.config.service,
+                extra={"action": "ref_drop", "reason": "internal_error"},
+            )
+
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            body: Any = json.loads(msg.data)
+        except Exception as exc:  # not UTF-8, not JSON, nested too deep
+            return self._drop("not_json", type(exc).__name__)
+        if not isinstance(body, dict):
+            return self._drop("not_an_object", type(body).__name__)
+        job_id = _uuid(body.get("job_id"))
+        if job_id is None:
+            value = body.get("job_id")
+            detail = _clip(value, 80) if isinstance(value, str) else type(value).__name__
+            return self._drop("job_id_unreadable", f"job_id {detail}")
+        problem = self._problem(body)
+        known = self._jobs.get(job_id.lower())
+        if known is not None:
+            if problem is not None or not known.acked:
+                # A SCHEMA_MISMATCH now would carry the real result's Nats-Msg-Id.
+                return self._drop("duplicate_invalid", problem or "answered already", job_id)
+            self.stats.reacked += 1
+            return await self._send(known, "processing", "repeated for a job already taken")
+        if problem is not None:
+            return await self._schema_mismatch(msg, body, job_id, problem)
+
+        job = _Job(job_id, body["file_id"], _positive_int(body["attempt"]) or 1, acked=True)
+        mode = self._mode(body["original_name"])
+        if mode == "never_ack":
+            return self._drop("never_ack", "mode never_ack", job_id, job.attempt)
+        if mode != "never_answer" and self.config.service == SCAN:
+            if _passed(body["reply_deadline"]):
+                mode = "timeout"
+        await self._send(job, "processing")
+        self._remember(job)
+        self.stats.acked += 1
+        if mode != "never_answer":
+            task = asyncio.create_task(self._work(job, body, mode, time.monotonic()))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _problem(self, body: dict[str, Any]) -> str | None:
+        """Why the request breaks the contract, or None."""
+        version = body.get("schema_version")
+        if isinstance(version, str) and version.split(".")[0] != "1":
+            return f"schema_version {_clip(version, 40)!r}: MAJOR version 1 expected"
+        error = best_match(validator(REQUEST_SCHEMA).iter_errors(body))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+            return f"{where}: {_clip(error.message, 500)}"
+        if body["pipeline"] != PIPELINES[self.config.service]:
+            return f"pipeline {body['pipeline']!r} is not served by {self.config.service}"
+        return None
+
+    def _mode(self, original_name: str) -> str:
+        name = original_name.lower()
+        return next((mode for marker, mode in MARKERS if marker in name), self.config.mode)
+
+    def _remember(self, job: _Job) -> None:
+        self._jobs[job.job_id.lower()] = job
+        while len(self._jobs) > REMEMBERED_JOBS:
+            del self._jobs[next(iter(self._jobs))]
+
+    def _drop(
+        self, reason: str, detail: str, job_id: str | None = None, attempt: int | None = None
+    ) -> None:
+        self.stats.dropped += 1
+        extra = {"action": "ref_drop", "reason": reason, "job_id": job_id, "attempt": attempt}
+        extra = {k: v for k, v in extra.items() if v is not None}
+        log.warning("%s: request dropped, no answer: %s", self.config.service, detail, extra=extra)
+
+    # -- answering -----------------------------------------------------------------------
+
+    async def _send(self, job: _Job, status: str, reason: str = "", **fields: Any) -> None:
+        """Publishes an ack (status processing) or a result for `job`, and logs it."""
+        cfg = self.config
+        body = {
+            "schema_version": "1.0",
+            "job_id": job.job_id,
+            "file_id": job.file_id,
+            "status": status,
+            "service": {"name": cfg.service, "version": cfg.version},
+            **fields,
+        }
+        kind = "ack" if status == "processing" else "result"
+        headers = {MSG_ID: f"{kind}:{job.job_id}:{job.attempt}"}
+        await self.nc.publish(cfg.result_subject, json.dumps(body).encode(), headers=headers)
+        extra = {"action": f"ref_{kind}", "job_id": job.job_id, "attempt": job.attempt}
+        log.info(
+            "%s: %s %s", cfg.service, kind, reason or status, extra={**extra, "status": status}
+        )
+
+    async def _schema_mismatch(
+        self, msg: Msg, body: dict[str, Any], job_id: str, problem: str
+    ) -> None:
+        file_id = _uuid(body.get("file_id"))
+        if file_id is None:
+            return self._drop("file_id_unreadable", problem, job_id)
+        attempt = _positive_int(body.get("attempt"))
+        if attempt is None:  # OQ-71: implementations differ
+            attempt = 1 if self.config.service == SCAN else _header_attempt(msg, job_id)
+        if attempt is None:
+            return self._drop("attempt_unreadable", problem, job_id)
+        job = _Job(job_id, file_id, attempt, acked=False)
+        self._remember(job)
+        self.stats.schema_mismatch += 1
+        message = f"request does not match {REQUEST_SCHEMA} v1.0: {problem}"
+        await self._send(job, "error", "schema mismatch", error=_error("SCHEMA_MISMATCH", message))
+
+    async def _work(self, job: _Job, body: dict[str, Any], mode: str, started: float) -> None:
+        """After the ack: the (pretend) S3 read and recognition, then the result."""
+        cfg = self.config
+        try:
+            if mode == "timeout":
+                message = f"reply_deadline {body['reply_deadline']} passed before the scan"
+                await self._send(job, "error", "deadline passed", error=_error("TIMEOUT", message))
+            else:
+                await asyncio.sleep(cfg.delay_seconds)
+                ms = round((time.monotonic() - started) * 1000)
+                metrics = {"duration_ms": ms, "reference": True}
+                if mode == "fail":
+                    error = _error(cfg.fail_code, FAIL_MESSAGE)
+                    await self._send(
+                        job, "error", "failing on purpose", error=error, metrics=metrics
+                    )
+                else:
+                    fields = await asyncio.to_thread(self._write_files, job, body)
+                    await self._send(job, "done", metrics=metrics, **fields)
+            self.stats.processed += 1
+        except Exception:  # a full disk, NATS gone: the core's watchdog takes over
+            log.exception(
+                "%s: job failed inside the reference service, no result",
+                cfg.service,
+                extra={"action": "ref_drop", "reason": "internal_error", "job_id": job.job_id},
+            )
+
+    def _write_files(self, job: _Job, body: dict[str, Any]) -> dict[str, Any]:
+        """Writes the result file (and scan-gateway's raw answer), each complete before
+        the envelope pointing at it is published; returns the envelope's fields."""
+        service = {"name": self.config.service, "version": self.config.version}
+        key = f"results/{job.file_id}/{job.job_id}/result.json"
+        content = {
+            "schema_version": "1.0",
+            "job_id": job.job_id,
+            "file_id": job.file_id,
+            "original_name": body["original_name"],
+            "service": service,
+            "reference": True,
+            "note": NOTE,
+            "group_schema": None,
+        }
+        _write_json(self.config.results_dir / key, content)
+        fields: dict[str, Any] = {
+            "result_s3": {"bucket": self.config.results_bucket, "key": key},
+            "result_schema_version": "1.0",
+        }
+        if self.config.service == SCAN:
+            raw_key = f"raw/{job.file_id}/{job.job_id}/scan.json"
+            raw = {"job_id": job.job_id, "reference": True, "note": "no scanning system was called"}
+            _write_json(self.config.results_dir / raw_key, raw)
+            fields["raw_s3_key"] = raw_key
+        return fields
+
+
+def _error(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": _clip(message, 4000)}
+
+
+def _passed(reply_deadline: str) -> bool:
+    try:
+        return datetime.fromisoformat(reply_deadline.upper()) <= datetime.now(UTC)
+    except ValueError:  # e.g. a leap second: RFC 3339 allows it, Python does not
+        return False
+
+
+def _header_attempt(msg: Msg, job_id: str) -> int | None:
+    """The attempt of the request's `Nats-Msg-Id: <job_id>:<attempt>`, if it is that."""
+    head, _, tail = (msg.headers or {}).get(MSG_ID, "").rpartition(":")
+    if head.lower() != job_id.lower() or not re.fullmatch(r"[1-9][0-9]{0,17}", tail):
+        return None
+    return int(tail)
+
+
+def _write_json(path: Path, content: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(json.dumps(content, ensure_ascii=False, indent=2), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def configs_from_env(
+    settings: Settings, environ: Mapping[str, str] | None = None
+) -> list[ReferenceConfig]:
+    """REFERENCE_SERVICES (default both), subjects from Settings, the rest per from_env."""
+    env = os.environ if environ is None else environ
+    raw = env.get("REFERENCE_SERVICES", "").strip() or f"{TABULAR},{SCAN}"
+    names = list(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))
+    configs = []
+    for name in names:
+        config = ReferenceConfig.from_env(name, env)
+        subject = settings.subject_for(PIPELINES[name])
+        configs.append(
+            replace(config, request_subject=subject, result_subject=settings.result_subject)
+        )
+    return configs
+
+
+async def run_reference(
+    settings: Settings, configs: list[ReferenceConfig], stopping: asyncio.Event
+) -> None:
+    """One NATS connection, one ReferenceService per config, until `stopping` is set."""
+    nc = Client()
+    await connect(nc, settings, name="arm-core-reference", closing=stopping.is_set)
+    services = [ReferenceService(nc, config) for config in configs]
+    try:
+        for service in services:
+            await service.start()
+        await stopping.wait()
+    finally:
+        for service in services:
+            await service.stop()
+        await nc.close()
