@@ -7,9 +7,12 @@ running migrate twice changes nothing. Concurrent runs queue on an advisory lock
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from yoyo import get_backend, read_migrations
@@ -39,6 +42,17 @@ def yoyo_url(database_url: str) -> str:
     if not sep or scheme not in ("postgresql", "postgres"):
         raise ValueError(f"not a postgresql:// URL: {database_url!r}")
     return f"postgresql+psycopg://{rest}"
+
+
+@contextlib.contextmanager
+def _yoyo(database_url: str) -> Iterator[tuple[Any, Any]]:
+    """yoyo's backend (holding its lock) and the migrations of db/migrations."""
+    backend = get_backend(yoyo_url(database_url))
+    try:
+        with backend.lock():
+            yield backend, read_migrations(str(SQL_DIR / "migrations"))
+    finally:
+        backend.connection.close()
 
 
 def function_files(root: Path) -> list[Path]:
@@ -73,14 +87,9 @@ def migrate(database_url: str, settings: Settings | None = None) -> MigrateRepor
     with wrap_db_errors("migrate"), psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
         try:
-            backend = get_backend(yoyo_url(database_url))
-            try:
-                migrations = read_migrations(str(SQL_DIR / "migrations"))
-                with backend.lock():
-                    pending = backend.to_apply(migrations)
-                    backend.apply_migrations(pending)
-            finally:
-                backend.connection.close()
+            with _yoyo(database_url) as (backend, migrations):
+                pending = backend.to_apply(migrations)
+                backend.apply_migrations(pending)
             applied = [m.id for m in pending]
             files = apply_functions(conn, SQL_DIR)
             with conn.transaction():
@@ -95,12 +104,7 @@ def migrate(database_url: str, settings: Settings | None = None) -> MigrateRepor
 
 def rollback_all(database_url: str) -> list[str]:
     """Rolls every applied migration back (for tests and a DBA's clean-up)."""
-    backend = get_backend(yoyo_url(database_url))
-    try:
-        migrations = read_migrations(str(SQL_DIR / "migrations"))
-        with backend.lock():
-            todo = backend.to_rollback(migrations)
-            backend.rollback_migrations(todo)
-    finally:
-        backend.connection.close()
+    with _yoyo(database_url) as (backend, migrations):
+        todo = backend.to_rollback(migrations)
+        backend.rollback_migrations(todo)
     return [m.id for m in todo]

@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,91 +125,84 @@ class Publisher:
     async def _publish_batch(self) -> int:
         """Publishes one batch of queued jobs; returns how many (0 when it failed)."""
         s = self.settings
-        params = {
-            "limit": s.outbox_batch_size,
-            "tabular_timeout": s.tabular_reply_timeout_seconds,
-            "image_timeout": s.image_reply_timeout_seconds,
-        }
-        try:
-            with wrap_db_errors("publish"):
-                async with self.pool.connection() as conn, conn.transaction():
-                    cur = conn.cursor(row_factory=dict_row)
-                    await cur.execute(query("claim_queued_jobs"), params)
-                    claimed = await cur.fetchall()
-                    if not claimed:
-                        return 0
-                    subjects = [s.subject_for(c["pipeline"]) for c in claimed]
-                    await self._send(
-                        [
-                            (subj, c["msg_id"], c["request"])
-                            for subj, c in zip(subjects, claimed, strict=True)
-                        ],
-                        "publish",
-                    )
-                    await cur.execute(
-                        query("mark_published"),
-                        {
-                            "job_ids": [c["job_id"] for c in claimed],
-                            "subjects": subjects,
-                            "reply_deadlines": [c["reply_deadline"] for c in claimed],
-                        },
-                    )
-        except PublishFailed:
-            return 0  # rolled back: the batch stays queued, the next cycle tries again
-        self.stats.published += len(claimed)
-        self.stats.batches += 1
-        for c in claimed:
-            log.debug(
-                "published",
-                extra={
-                    "action": "publish",
-                    "job_id": c["job_id"],
-                    "attempt": c["attempt"],
-                    "msg_id": c["msg_id"],
+        claimed = await self._claim_send_mark(
+            "publish",
+            "claim_queued_jobs",
+            {
+                "limit": s.outbox_batch_size,
+                "tabular_timeout": s.tabular_reply_timeout_seconds,
+                "image_timeout": s.image_reply_timeout_seconds,
+            },
+            lambda c: s.subject_for(c["pipeline"]),
+            lambda claimed: (
+                "mark_published",
+                {
+                    "job_ids": [c["job_id"] for c in claimed],
+                    "subjects": [s.subject_for(c["pipeline"]) for c in claimed],
+                    "reply_deadlines": [c["reply_deadline"] for c in claimed],
                 },
-            )
-        log.info(
-            "published %d jobs", len(claimed), extra={"action": "publish", "count": len(claimed)}
+            ),
         )
+        if claimed:
+            self.stats.published += len(claimed)
+            self.stats.batches += 1
+            for c in claimed:
+                log.debug("published", extra=_job_extra("publish", c))
+            log.info(
+                "published %d jobs",
+                len(claimed),
+                extra={"action": "publish", "count": len(claimed)},
+            )
         return len(claimed)
 
     async def _republish_batch(self) -> int:
         """Republishes one batch of overdue unacked jobs; returns how many."""
         s = self.settings
-        params = {
-            "limit": s.outbox_batch_size,
-            "ack_timeout": s.ack_timeout_seconds,
-            "max_republish": s.outbox_max_republish,
-        }
-        try:
-            with wrap_db_errors("republish"):
-                async with self.pool.connection() as conn, conn.transaction():
-                    cur = conn.cursor(row_factory=dict_row)
-                    await cur.execute(query("claim_unacked_jobs"), params)
-                    claimed = await cur.fetchall()
-                    if not claimed:
-                        return 0
-                    await self._send(
-                        [(c["subject"], c["msg_id"], c["request"]) for c in claimed], "republish"
-                    )
-                    await cur.execute(
-                        query("mark_republished"), {"job_ids": [c["job_id"] for c in claimed]}
-                    )
-        except PublishFailed:
-            return 0  # rolled back: counts unchanged, the next cycle tries again
+        claimed = await self._claim_send_mark(
+            "republish",
+            "claim_unacked_jobs",
+            {
+                "limit": s.outbox_batch_size,
+                "ack_timeout": s.ack_timeout_seconds,
+                "max_republish": s.outbox_max_republish,
+            },
+            lambda c: c["subject"],
+            lambda claimed: ("mark_republished", {"job_ids": [c["job_id"] for c in claimed]}),
+        )
         self.stats.republished += len(claimed)
         for c in claimed:
             log.info(
                 "republished: no ack yet",
-                extra={
-                    "action": "republish",
-                    "job_id": c["job_id"],
-                    "attempt": c["attempt"],
-                    "msg_id": c["msg_id"],
-                    "count": c["republish_count"] + 1,
-                },
+                extra={**_job_extra("republish", c), "count": c["republish_count"] + 1},
             )
         return len(claimed)
+
+    async def _claim_send_mark(
+        self,
+        action: str,
+        claim: str,
+        claim_params: dict[str, Any],
+        subject_of: Callable[[dict[str, Any]], str],
+        mark: Callable[[list[dict[str, Any]]], tuple[str, dict[str, Any]]],
+    ) -> list[dict[str, Any]]:
+        """In one transaction: claim a batch, publish and confirm it, mark it. Returns
+        the batch, or [] when there was nothing to do or the publish failed (then the
+        transaction rolls back and the batch is untouched for the next cycle)."""
+        try:
+            with wrap_db_errors(action):
+                async with self.pool.connection() as conn, conn.transaction():
+                    cur = conn.cursor(row_factory=dict_row)
+                    await cur.execute(query(claim), claim_params)
+                    claimed = await cur.fetchall()
+                    if claimed:
+                        await self._send(
+                            [(subject_of(c), c["msg_id"], c["request"]) for c in claimed], action
+                        )
+                        mark_query, mark_params = mark(claimed)
+                        await cur.execute(query(mark_query), mark_params)
+                    return claimed
+        except PublishFailed:
+            return []
 
     async def _dead_letter(self) -> None:
         s = self.settings
@@ -271,6 +264,15 @@ class Publisher:
                 extra={"action": action, "count": len(messages), "error": str(exc)},
             )
             raise
+
+
+def _job_extra(action: str, claimed: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "action": action,
+        "job_id": claimed["job_id"],
+        "attempt": claimed["attempt"],
+        "msg_id": claimed["msg_id"],
+    }
 
 
 def _dumps(body: Any) -> bytes:

@@ -21,15 +21,7 @@ import psycopg
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.bridge.support import collect, fast_settings, running_bridge, wait_for
-
-INSERT = """
-WITH o AS (INSERT INTO arm.s3_object (bucket, key, bucket_role)
-           SELECT 'arm-ka', 'uploads/bench/' || g, 'uploads' FROM generate_series(1, %s) g
-           RETURNING id, key),
-     f AS (INSERT INTO arm.stored_file (original_name, file_type, s3_object_id)
-           SELECT key, 'XLSX', id FROM o RETURNING id)
-INSERT INTO arm.recognition_job (file_id) SELECT id FROM f
-"""
+from tests.sqlhelpers import upload_many
 
 
 def commits(url: str) -> int:
@@ -53,7 +45,7 @@ def count(url: str, status: str) -> int:
 
 async def bench_publish(url: str, nats_url: str, n: int, batch: int) -> None:
     with psycopg.connect(url, autocommit=True) as c:
-        c.execute(INSERT, (n,))
+        upload_many(c, n)
     listener = await nats.connect(nats_url)
     seen = await collect(listener, "files.tabular_uploaded")
     settings = fast_settings(url, nats_url, outbox_batch_size=batch, schedule_tick_seconds=3600)

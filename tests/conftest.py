@@ -6,15 +6,18 @@ conftest does). Nothing here depends on a server already running on the machine.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
+from nats.aio.client import Client
 from psycopg.rows import dict_row
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from arm_core.embedded import EmbeddedPostgres
+from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
 from arm_core.migrate import migrate
+from tests.bridge.support import nats_client
 from tests.sqlhelpers import Conn
 
 TEMPLATE_DB = "arm_template"
@@ -56,28 +59,26 @@ def template_db(pg_server: EmbeddedPostgres) -> Iterator[str]:
         janitor.drop()
 
 
+def _fresh_database(server: EmbeddedPostgres, prefix: str, template: str | None) -> Iterator[str]:
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    janitor = _janitor(server, name, template=template)
+    janitor.init()
+    try:
+        yield server.url(name)
+    finally:
+        janitor.drop()
+
+
 @pytest.fixture
 def db_url(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[str]:
     """A fresh, migrated database of this test's own."""
-    name = f"arm_test_{uuid.uuid4().hex[:12]}"
-    janitor = _janitor(pg_server, name, template=template_db)
-    janitor.init()
-    try:
-        yield pg_server.url(name)
-    finally:
-        janitor.drop()
+    yield from _fresh_database(pg_server, "arm_test", template_db)
 
 
 @pytest.fixture
 def empty_db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
     """A fresh database with nothing in it (for migration tests)."""
-    name = f"arm_empty_{uuid.uuid4().hex[:12]}"
-    janitor = _janitor(pg_server, name)
-    janitor.init()
-    try:
-        yield pg_server.url(name)
-    finally:
-        janitor.drop()
+    yield from _fresh_database(pg_server, "arm_empty", None)
 
 
 @pytest.fixture
@@ -85,3 +86,23 @@ def conn(db_url: str) -> Iterator[Conn]:
     """An autocommit connection to the test's database, as a DBA's psql session."""
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as connection:
         yield connection
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A real nats-server of this test's own on a free loopback port (no JetStream)."""
+    server = EmbeddedNats(log_dir=tmp_path / "nats").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def client(nats_server: EmbeddedNats) -> AsyncIterator[Client]:
+    """The test's own NATS connection: plays the services (or the core)."""
+    nc = await nats_client(nats_server.url())
+    try:
+        yield nc
+    finally:
+        await nc.close()

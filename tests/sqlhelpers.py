@@ -65,6 +65,30 @@ def upload(
     return Upload(file_id=file_id, job_id=job_id, s3_object_id=obj, key=key)
 
 
+def upload_many(conn: Conn, n: int, file_type: str = "XLSX", mixed: bool = False) -> None:
+    """n plain-SQL uploads in three statements (so one wake-up): an s3_object, a
+    stored_file and a queued job each; with `mixed`, every other file is a PDF scan."""
+    conn.execute(
+        """
+        WITH o AS (
+            INSERT INTO arm.s3_object (bucket, key, bucket_role)
+            SELECT 'arm-ka', 'uploads/burst/' || g, 'uploads' FROM generate_series(1, %(n)s) g
+            RETURNING id, key
+        ), f AS (
+            INSERT INTO arm.stored_file (original_name, file_type, s3_object_id)
+            SELECT o.key,
+                   CASE WHEN %(mixed)s AND split_part(o.key, '/', 3)::int %% 2 = 1
+                        THEN 'PDF' ELSE %(type)s END::arm.file_type,
+                   o.id
+            FROM o
+            RETURNING id
+        )
+        INSERT INTO arm.recognition_job (file_id) SELECT id FROM f
+        """,
+        {"n": n, "type": file_type, "mixed": mixed},
+    )
+
+
 def _one(conn: Conn, sql: str, params: tuple[Any, ...]) -> Any:
     row = conn.execute(sql, params).fetchone()
     assert row is not None

@@ -20,6 +20,7 @@ from tests.sqlhelpers import (
     scalar,
     stored_file,
     upload,
+    upload_many,
 )
 
 pytestmark = pytest.mark.integration
@@ -161,22 +162,7 @@ async def test_publish_burst_arrives_exactly_once_in_few_transactions(
     image = await collect(client, "files.img_uploaded")
     n = 3000
     with dict_conn(db_url) as conn:
-        conn.execute(
-            """
-            WITH o AS (
-                INSERT INTO arm.s3_object (bucket, key, bucket_role)
-                SELECT 'arm-ka', 'uploads/burst/' || g, 'uploads' FROM generate_series(1, %s) g
-                RETURNING id, key
-            ), f AS (
-                INSERT INTO arm.stored_file (original_name, file_type, s3_object_id)
-                SELECT key, CASE WHEN right(key, 1)::int %% 2 = 0 THEN 'XLSX' ELSE 'PDF' END
-                             ::arm.file_type, id FROM o
-                RETURNING id
-            )
-            INSERT INTO arm.recognition_job (file_id) SELECT id FROM f
-            """,
-            (n,),
-        )
+        upload_many(conn, n, mixed=True)
     settings = fast_settings(db_url, nats_server.url(), outbox_batch_size=500)
     async with running_bridge(settings) as bridge:
         with dict_conn(db_url) as conn:

@@ -12,7 +12,7 @@ from nats.aio.client import Client
 from arm_core.embedded import EmbeddedNats, free_port
 from tests.bridge.support import envelope, send, wait_for
 from tests.processes import ARM_CORE, ArmProcess, log_lines
-from tests.sqlhelpers import dict_conn, job, publish, scalar, upload
+from tests.sqlhelpers import dict_conn, job, publish, scalar, upload, upload_many
 
 pytestmark = pytest.mark.integration
 
@@ -81,17 +81,7 @@ async def test_sigterm_mid_burst_leaves_nothing_half_done(
     restarted bridge publishes the rest."""
     n = 4000
     with dict_conn(db_url) as conn:
-        conn.execute(
-            """
-            WITH o AS (INSERT INTO arm.s3_object (bucket, key, bucket_role)
-                       SELECT 'arm-ka', 'uploads/sig/' || g, 'uploads' FROM generate_series(1, %s) g
-                       RETURNING id, key),
-                 f AS (INSERT INTO arm.stored_file (original_name, file_type, s3_object_id)
-                       SELECT key, 'XLSX', id FROM o RETURNING id)
-            INSERT INTO arm.recognition_job (file_id) SELECT id FROM f
-            """,
-            (n,),
-        )
+        upload_many(conn, n)
     port = free_port()
     env = bridge_env(db_url, nats_server.url(), port, OUTBOX_BATCH_SIZE="100")
     proc = ArmProcess("bridge", env, tmp_path / "b.log")

@@ -13,7 +13,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,25 +85,6 @@ class Seen(Collector):
             kind = "ack" if body["status"] == "processing" else "result"
             assert re.fullmatch(rf"{kind}:{body['job_id']}:[1-9][0-9]*", msg_id), msg_id
             assert "group_schema" not in body
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(log_dir=tmp_path / "nats").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-async def client(nats_server: EmbeddedNats) -> AsyncIterator[Client]:
-    """The test's own connection: plays the core."""
-    nc = await nats_client(nats_server.url())
-    try:
-        yield nc
-    finally:
-        await nc.close()
 
 
 @pytest.fixture
