@@ -1,0 +1,104 @@
+"""`arm-core dev` as a newcomer runs it: the demo files reach their final statuses, the
+API answers, Ctrl-C stops everything it started, and a second run reuses its data."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from arm_core.embedded import free_port
+from tests.processes import ARM_CORE
+
+pytestmark = pytest.mark.e2e
+
+FAST = {
+    "ACK_TIMEOUT_SECONDS": "0.5",
+    "OUTBOX_POLL_SECONDS": "0.2",
+    "SCHEDULE_TICK_SECONDS": "0.2",
+    "TIMEOUT_SWEEP_SECONDS": "1",
+    "TABULAR_REPLY_TIMEOUT_SECONDS": "3",
+    "IMAGE_REPLY_TIMEOUT_SECONDS": "3",
+    "REFERENCE_DELAY_SECONDS": "0.1",
+}
+
+
+def run_dev(dev_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "NATS_URL")}
+    env.update(FAST, ARM_DEV_DIR=str(dev_dir), HTTP_PORT=str(port))
+    out = open(log, "wb")
+    proc = subprocess.Popen([ARM_CORE, "dev"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    return proc, port
+
+
+def wait_text(log: Path, text: str, within: float) -> str:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        content = log.read_text(errors="replace")
+        if text in content:
+            return content
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not printed within {within} s:\n{log.read_text()[-4000:]}")
+
+
+def alive(pattern: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True, check=False)
+    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+
+
+def test_dev_runs_the_demo_and_stops_cleanly_twice(tmp_path: Path) -> None:
+    dev_dir = tmp_path / "dev"
+    for run in (1, 2):
+        log = tmp_path / f"dev{run}.log"
+        proc, port = run_dev(dev_dir, log)
+        try:
+            text = wait_text(log, "every demo file reached a final status", 60)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 0
+        url = re.search(r"psql '(postgresql://[^']+)'", text)
+        assert url is not None
+        for line in (
+            "ok ОСВ 60 сентябрь 2026.xlsx: attempt 1 done",
+            "ok Акт сверки (скан).pdf: attempt 1 done",
+            "!! ОСВ повреждённая [fail].xlsb: attempt 1 error (UNSUPPORTED_FORMAT)",
+            "!! Счёт-фактура [noack].png: attempt 1 dlq (NO_ACK)",
+            "!! ОСВ 41 [silent].xlsx: attempt 1 timeout (TIMEOUT)",
+        ):
+            assert line in text
+        assert f"http://127.0.0.1:{port}/healthcheck" in text
+        assert "arm-core dev stopped" in log.read_text()
+        # Nothing it started is left behind.
+        nats_port = re.search(r"NATS\s+nats://127.0.0.1:(\d+)", text)
+        assert nats_port is not None
+        assert alive(f"nats-server.*{nats_port.group(1)}") == []
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(url.group(1), connect_timeout=2).close()
+    assert (dev_dir / "postgres").is_dir()  # the data lives under the dev folder
+
+
+def test_dev_second_run_sees_the_first_runs_files(tmp_path: Path) -> None:
+    dev_dir = tmp_path / "dev"
+    seen = []
+    for run in (1, 2):
+        log = tmp_path / f"dev{run}.log"
+        proc, _ = run_dev(dev_dir, log)
+        try:
+            text = wait_text(log, "Status changes:", 60)
+            url = re.search(r"psql '(postgresql://[^']+)'", text)
+            assert url is not None
+            with psycopg.connect(url.group(1)) as conn:
+                row = conn.execute("SELECT count(*) FROM arm.stored_file").fetchone()
+                assert row is not None
+                seen.append(row[0])
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 0
+    assert seen == [6, 12]
