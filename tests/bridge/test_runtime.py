@@ -22,6 +22,7 @@ from arm_core.embedded import EmbeddedNats
 from arm_core.http.app import create_app
 from arm_core.runtime import BRIDGE
 from tests.bridge.support import envelope, fast_settings, running_bridge, send, wait_for
+from tests.natsauth import operator_mode
 from tests.sqlhelpers import ack, dict_conn, job, one_row, publish, stored_file, upload
 
 pytestmark = pytest.mark.integration
@@ -171,15 +172,27 @@ async def test_R_NATS_1_nkey_seed_connects_and_no_credentials_are_refused(
         server.stop()
 
 
-def test_jwt_with_seed_signs_the_nonce() -> None:
-    """Seed + JWT → JWT auth: the JWT is sent as is, the nonce signed with the seed."""
-    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-    opts = auth_options(Settings(nats_seed=seed.decode(), nats_jwt="eyJ0eXAiOiJKV1QifQ.x.y"))
-    assert bytes(opts["user_jwt_cb"]()) == b"eyJ0eXAiOiJKV1QifQ.x.y"
-    import base64
-
-    signature = base64.b64decode(opts["signature_cb"]("nonce-123"))
-    nkeys.from_seed(seed).verify(b"nonce-123", signature)  # raises when wrong
+async def test_R_NATS_1_user_jwt_with_seed_against_an_operator_mode_server(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Seed + JWT → JWT auth against a real nats-server in operator mode: the bridge
+    connects and subscribes; the seed alone is refused."""
+    creds = operator_mode()
+    server = EmbeddedNats(
+        extra_args=["-c", str(creds.write_config(tmp_path))], log_dir=tmp_path / "nats"
+    ).start()
+    try:
+        settings = fast_settings(
+            db_url, server.url(), nats_seed=creds.user_seed, nats_jwt=creds.user_jwt
+        )
+        assert set(auth_options(settings)) == {"user_jwt_cb", "signature_cb"}
+        async with running_bridge(settings) as bridge:
+            assert bridge.nats_state() == "ok"
+        seed_only = fast_settings(db_url, server.url(), nats_seed=creds.user_seed)
+        with pytest.raises(nats.errors.Error, match=r"[Aa]uthorization"):
+            await nats.connect(server.url(), allow_reconnect=False, **auth_options(seed_only))
+    finally:
+        server.stop()
 
 
 def test_bad_credentials_fail_at_start_naming_the_variable() -> None:
