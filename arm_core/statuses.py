@@ -16,16 +16,6 @@ class JobStatus(StrEnum):
     TIMEOUT = "timeout"
     DLQ = "dlq"
 
-    @property
-    def is_final(self) -> bool:
-        return self in FINAL_JOB_STATUSES
-
-
-FINAL_JOB_STATUSES = frozenset(
-    {JobStatus.DONE, JobStatus.NEEDS_CHECK, JobStatus.ERROR, JobStatus.TIMEOUT, JobStatus.DLQ}
-)
-RETRYABLE_JOB_STATUSES = frozenset({JobStatus.ERROR, JobStatus.TIMEOUT, JobStatus.DLQ})
-
 
 class FileStatus(StrEnum):
     UPLOADED = "UPLOADED"
@@ -51,20 +41,6 @@ class BucketRole(StrEnum):
     UPLOADS = "uploads"
     RESULTS = "results"
     RAW = "raw"
-
-
-class Outcome(StrEnum):
-    """What a transition function did (db/functions/30_inbox.sql, 50_retry.sql)."""
-
-    APPLIED = "applied"
-    DUPLICATE = "duplicate"
-    ALREADY_FINAL = "already_final"
-    NOT_PUBLISHED = "not_published"
-    UNKNOWN_JOB = "unknown_job"
-    FILE_MISMATCH = "file_mismatch"
-    RETRIED = "retried"
-    NOT_FOUND = "not_found"
-    NOT_RETRYABLE = "not_retryable"
 
 
 # The database enum each Python enum mirrors.
