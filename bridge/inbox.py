@@ -26,6 +26,11 @@ from arm_core.db import DatabaseUnavailable, query, wrap_db_errors
 log = logging.getLogger(__name__)
 
 
+def _fields(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
+    """The structured log fields of a line about an envelope."""
+    return {"action": action, "job_id": envelope.job_id, "msg_id": envelope.msg_id, **more}
+
+
 @dataclass
 class InboxStats:
     received: int = 0
@@ -75,13 +80,7 @@ class Inbox:
                 "inbox buffer full (%d): dropped an envelope; the database has been "
                 "unreachable for too long",
                 self.queue.maxsize,
-                extra={
-                    "action": "inbox_drop",
-                    "reason": "buffer_full",
-                    "job_id": parsed.job_id,
-                    "msg_id": parsed.msg_id,
-                    "status": parsed.status,
-                },
+                extra=_fields(parsed, "inbox_drop", reason="buffer_full", status=parsed.status),
             )
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -106,21 +105,12 @@ class Inbox:
                     "database unavailable, holding the envelope (%d more waiting): %s",
                     self.queue.qsize(),
                     exc,
-                    extra={
-                        "action": "inbox_hold",
-                        "job_id": envelope.job_id,
-                        "msg_id": envelope.msg_id,
-                    },
+                    extra=_fields(envelope, "inbox_hold"),
                 )
                 if stopping.is_set() and backoff > 5:
                     log.error(
                         "shutting down with the database unreachable: envelope not applied",
-                        extra={
-                            "action": "inbox_drop",
-                            "reason": "shutdown",
-                            "job_id": envelope.job_id,
-                            "msg_id": envelope.msg_id,
-                        },
+                        extra=_fields(envelope, "inbox_drop", reason="shutdown"),
                     )
                     return
                 await asyncio.sleep(backoff)
@@ -128,12 +118,7 @@ class Inbox:
             except Exception:
                 log.exception(
                     "envelope could not be applied; dropped",
-                    extra={
-                        "action": "inbox_drop",
-                        "reason": "apply_error",
-                        "job_id": envelope.job_id,
-                        "msg_id": envelope.msg_id,
-                    },
+                    extra=_fields(envelope, "inbox_drop", reason="apply_error"),
                 )
                 return
 
@@ -152,13 +137,8 @@ class Inbox:
                 row = await cur.fetchone()
         assert row is not None
         outcome: str = row["outcome"]
-        extra = {
-            "action": "ack" if envelope.is_ack else "result",
-            "job_id": envelope.job_id,
-            "attempt": row["attempt"],
-            "msg_id": envelope.msg_id,
-            "status": envelope.status,
-        }
+        action = "ack" if envelope.is_ack else "result"
+        extra = _fields(envelope, action, attempt=row["attempt"], status=envelope.status)
         if outcome == "applied":
             self.stats.applied += 1
             log.info("%s applied", extra["action"], extra=extra)
