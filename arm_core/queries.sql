@@ -19,6 +19,15 @@ SELECT job_id, attempt, subject, msg_id, republish_count, request
 FROM arm.claim_unacked_jobs(%(limit)s, make_interval(secs => %(ack_timeout)s),
                             %(max_republish)s);
 
+-- name: dead_letter_unpublishable
+SELECT job_id, attempt, file_id
+FROM arm.dead_letter_unpublishable(%(job_ids)s::uuid[], %(error_codes)s::text[],
+                                   %(error_messages)s::text[]);
+
+-- name: outbox_oldest_queued_age
+SELECT coalesce(extract(epoch FROM clock_timestamp() - min(requested_at)), 0)::float8 AS age
+FROM arm.recognition_job WHERE status = 'queued';
+
 -- name: mark_republished
 SELECT arm.mark_republished(%(job_ids)s::uuid[]) AS marked;
 
@@ -36,6 +45,10 @@ FROM arm.apply_result(
     p_result_schema_version => %(result_schema_version)s,
     p_error_code => %(error_code)s, p_error_message => %(error_message)s,
     p_metrics => %(metrics)s);
+
+-- name: apply_envelopes
+SELECT ord, outcome, attempt, status::text AS status
+FROM arm.apply_envelopes(%(envelopes)s::jsonb) ORDER BY ord;
 
 -- name: run_due_tasks
 SELECT task, result, error FROM arm.run_due_tasks();
