@@ -157,6 +157,11 @@ class Settings:
     nats_queue_group: str = _var("NATS_QUEUE_GROUP", _subject, "arm-core")
     inbox_max_payload_bytes: int = _var("INBOX_MAX_PAYLOAD_BYTES", _number(int, 1024), 1 << 20)
     inbox_buffer_size: int = _var("INBOX_BUFFER_SIZE", _number(int, 1), 10_000)
+    # Envelopes applied in one transaction (one SQL call) at most.
+    inbox_batch_size: int = _var("INBOX_BATCH_SIZE", _number(int, 1), 500)
+    # The oldest queued job waiting longer than this while NATS is up makes the health
+    # check say "degraded" (outbox stuck).
+    outbox_stuck_seconds: float = _var("OUTBOX_STUCK_SECONDS", _POSITIVE, 60.0)
     retry_batch_max: int = _var("RETRY_BATCH_MAX", _number(int, 1), 1000)
     http_max_body_bytes: int = _var("HTTP_MAX_BODY_BYTES", _number(int, 1024), 256 * 1024)
     # Who retried (the audit's actor): none → "anonymous"; token → the actor whose

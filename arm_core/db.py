@@ -52,6 +52,17 @@ def is_unavailable(exc: BaseException) -> bool:
     ) or (isinstance(exc, psycopg.InterfaceError) and "closed" in str(exc))
 
 
+# Errors that say "try again" rather than "this input is wrong": serialization failure,
+# deadlock detected, lock not available.
+_TRANSIENT = {"40001", "40P01", "55P03"}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a DatabaseError came from a conflict that a second try may not meet."""
+    cause = exc.__cause__ if isinstance(exc, DatabaseError) else exc
+    return isinstance(cause, psycopg.Error) and cause.sqlstate in _TRANSIENT
+
+
 @contextlib.contextmanager
 def wrap_db_errors(action: str) -> Iterator[None]:
     """Translates psycopg errors raised inside into the project's own, naming the action."""

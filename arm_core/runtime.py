@@ -12,6 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
+from arm_core.db import query
 
 log = logging.getLogger(__name__)
 
@@ -55,26 +56,38 @@ async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
-    """200 while the process can serve; 503 with the reason when the database is down."""
-    db = "ok"
+    """200 while the process can serve; 503 with the reason when the database is down.
+
+    `outbox` says "stuck: …" when the oldest queued job has waited longer than
+    OUTBOX_STUCK_SECONDS although NATS is up (or this process runs no bridge and so
+    cannot tell): a job the publisher cannot get out is then visible to any monitor."""
+    settings = app[SETTINGS]
+    db, outbox = "ok", "ok"
+    age: float | None = None
     try:
-        async with app[POOL].connection(
-            timeout=min(2.0, app[SETTINGS].db_pool_timeout_seconds)
-        ) as conn:
-            await conn.execute("SELECT 1")
+        async with app[POOL].connection(timeout=min(2.0, settings.db_pool_timeout_seconds)) as conn:
+            cur = await conn.execute(query("outbox_oldest_queued_age"))
+            row = await cur.fetchone()
+            age = float(row[0]) if row is not None else 0.0
     except Exception as exc:
-        db = f"unavailable: {type(exc).__name__}"
-    if not app[SETTINGS].nats_enabled:
+        db, outbox = f"unavailable: {type(exc).__name__}", "unknown"
+    if not settings.nats_enabled:
         nats = "off"
     elif BRIDGE in app:
         nats = app[BRIDGE].nats_state()
     else:
         nats = "starting"
-    ok = db == "ok" and nats in ("ok", "off")
+    if age is not None and age > settings.outbox_stuck_seconds and nats in ("ok", "off"):
+        outbox = (
+            f"stuck: the oldest queued job has waited {age:.0f} s "
+            f"(OUTBOX_STUCK_SECONDS={settings.outbox_stuck_seconds:g})"
+        )
+    ok = db == "ok" and nats in ("ok", "off") and outbox == "ok"
     return (200 if db == "ok" else 503), {
         "status": "ok" if ok else "degraded",
         "db": db,
         "nats": nats,
+        "outbox": outbox,
     }
 
 

@@ -7,6 +7,7 @@ reason out. Nothing here raises on input, whatever it is.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,9 @@ class Envelope:
     service_name: str
     service_version: str
     body: dict[str, Any]
+    # What had to change so PostgreSQL can store it (NUL characters, NaN/Infinity, lone
+    # surrogates), as JSON paths; empty when the envelope is stored as it came.
+    made_storable: tuple[str, ...] = ()
 
     @property
     def is_ack(self) -> bool:
@@ -53,6 +57,15 @@ class Envelope:
             "metrics": self.body.get("metrics"),
         }
 
+    def row(self) -> dict[str, Any]:
+        """The envelope as one element of arm.apply_envelopes' JSON array."""
+        params = self.result_params()
+        return {
+            **params,
+            "job_id": str(self.job_id),
+            "file_id": str(self.file_id),
+        }
+
     def ack_params(self) -> dict[str, Any]:
         """The arguments of the `apply_ack` query."""
         return {
@@ -71,6 +84,38 @@ class Rejected:
     detail: str
     job_id: str | None = None
     msg_id: str | None = None
+
+
+def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
+    """`value` as PostgreSQL can store it in text and jsonb columns, and the JSON paths
+    that had to change: NUL characters are removed (text and jsonb cannot hold U+0000),
+    NaN and ±Infinity become null (JSON has no such numbers; Python's json writes them),
+    and lone UTF-16 surrogates become U+FFFD (they cannot be encoded as UTF-8)."""
+    if isinstance(value, str):
+        fixed = value.replace("\x00", "")
+        try:
+            fixed.encode("utf-8")
+        except UnicodeEncodeError:
+            fixed = fixed.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return fixed, ([path or "/"] if fixed != value else [])
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, [path or "/"]
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        changed: list[str] = []
+        for key, item in value.items():
+            new_key, key_changed = storable(key, f"{path}/{key}")
+            out[new_key], item_changed = storable(item, f"{path}/{new_key}")
+            changed += key_changed + item_changed
+        return out, changed
+    if isinstance(value, list):
+        items, changed = [], []
+        for i, item in enumerate(value):
+            new_item, item_changed = storable(item, f"{path}/{i}")
+            items.append(new_item)
+            changed += item_changed
+        return items, changed
+    return value, []
 
 
 def _readable_job_id(body: Any) -> str | None:
@@ -103,6 +148,9 @@ def parse_envelope(
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(top)"
         return Rejected("schema", f"{where}: {error.message[:300]}", job_id, msg_id)
+    # Schema-valid is recorded: what PostgreSQL cannot store as given is made storable.
+    body, changed = storable(body)
+    msg_id, msg_id_changed = storable(msg_id, "Nats-Msg-Id")
     return Envelope(
         msg_id=msg_id,
         job_id=uuid.UUID(body["job_id"]),
@@ -111,4 +159,5 @@ def parse_envelope(
         service_name=body["service"]["name"],
         service_version=body["service"]["version"],
         body=body,
+        made_storable=tuple(msg_id_changed + changed),
     )

@@ -1,16 +1,29 @@
 """The inbox (R-ACK-1, R-IN-1): envelopes from files.tabular_parsed, queue group arm-core.
 
-The subscription callback only parses and enqueues; one worker applies envelopes in
-arrival order through the SQL functions. Garbage is logged with a reason and dropped.
-While the database is unreachable the worker keeps the envelope and retries with
-backoff; later envelopes wait in a bounded queue (INBOX_BUFFER_SIZE). Only when that is
-full is a message dropped, and that is logged as loudly as it deserves.
+The subscription callback parses and validates; one worker applies what arrived since
+its last call as ONE batch: one `arm.apply_envelopes` call, one transaction, envelopes
+in arrival order (so per job in order). Under a burst batches grow up to
+INBOX_BATCH_SIZE; when traffic is light a batch is one envelope and nothing waits.
+
+Nothing is dropped while the database is reachable. When the worker falls behind, the
+callback waits for room in the buffer (INBOX_BUFFER_SIZE) instead of dropping; the
+messages meanwhile wait in nats-py's subscription queue. The buffer's other job is the
+outage: while the database is unreachable the worker holds its batch and retries with
+backoff, the buffer fills, and only once it is full are envelopes dropped — each one
+counted (`stats.dropped`, by reason) and logged with its job id. Those jobs reach
+`timeout` at their reply deadline and a retry recovers them.
+
+A batch that the database rejects as a whole (one envelope raised inside it) is applied
+again one envelope per transaction, so the one that cannot be applied gets its own
+outcome (`failed`, logged with the error) and never fails the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +34,19 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
 from arm_core.config import Settings
-from arm_core.db import DatabaseUnavailable, query, wrap_db_errors
+from arm_core.db import (
+    DatabaseError,
+    DatabaseUnavailable,
+    is_transient,
+    query,
+    wrap_db_errors,
+)
 
 log = logging.getLogger(__name__)
+
+# How long a full buffer makes the callback wait before it looks again whether the
+# database has meanwhile become unreachable (then it drops instead of waiting).
+_FULL_RECHECK_SECONDS = 0.5
 
 
 def _fields(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
@@ -31,13 +54,29 @@ def _fields(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
     return {"action": action, "job_id": envelope.job_id, "msg_id": envelope.msg_id, **more}
 
 
+def _dumps(value: Any) -> str:
+    # allow_nan=False: envelope.storable() has replaced every non-finite number already;
+    # should one slip through, this raises here instead of inside PostgreSQL.
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 @dataclass
 class InboxStats:
     received: int = 0
     applied: int = 0
+    # A valid envelope with nothing to change: duplicate, already_final, unknown_job, …
     ignored: int = 0
+    # Garbage: not JSON, not schema-valid, no Nats-Msg-Id, too large.
     rejected: int = 0
-    overflowed: int = 0
+    # Valid, but the database raised on it even alone (logged with the error).
+    failed: int = 0
+    # Schema-valid envelopes that were changed to be storable (NUL, NaN, …).
+    made_storable: int = 0
+    # Lost before the database saw them, by reason (buffer_full, slow_consumer, shutdown).
+    dropped: Counter[str] = field(default_factory=Counter)
+    # Every outcome the database returned, by name.
+    outcomes: Counter[str] = field(default_factory=Counter)
+    batches: int = 0
     db_retries: int = 0
 
 
@@ -47,12 +86,15 @@ class Inbox:
     pool: AsyncConnectionPool[Any]
     queue: asyncio.Queue[Envelope] = field(init=False)
     stats: InboxStats = field(default_factory=InboxStats)
+    # Set while the worker holds a batch because the database is unreachable.
+    db_unreachable: bool = False
 
     def __post_init__(self) -> None:
         self.queue = asyncio.Queue(maxsize=self.settings.inbox_buffer_size)
 
     async def on_message(self, msg: Msg) -> None:
-        """nats-py subscription callback: never raises, never blocks on the database."""
+        """nats-py subscription callback: never raises. Waits for room in the buffer
+        while the database is reachable; drops (counted, logged) only during an outage."""
         self.stats.received += 1
         try:
             parsed = parse_envelope(msg.data, msg.headers, self.settings.inbox_max_payload_bytes)
@@ -72,84 +114,144 @@ class Inbox:
                 },
             )
             return
-        try:
-            self.queue.put_nowait(parsed)
-        except asyncio.QueueFull:
-            self.stats.overflowed += 1
-            log.error(
-                "inbox buffer full (%d): dropped an envelope; the database has been "
-                "unreachable for too long",
-                self.queue.maxsize,
-                extra=_fields(parsed, "inbox_drop", reason="buffer_full", status=parsed.status),
+        if parsed.made_storable:
+            self.stats.made_storable += 1
+            log.warning(
+                "envelope made storable (NUL, NaN/Infinity or lone surrogates replaced): %s",
+                ", ".join(parsed.made_storable)[:300],
+                extra=_fields(parsed, "inbox_sanitize", status=parsed.status),
             )
-
-    async def run(self, stopping: asyncio.Event) -> None:
-        """Applies queued envelopes until `stopping` is set and the queue is drained."""
-        while not (stopping.is_set() and self.queue.empty()):
-            try:
-                envelope = await asyncio.wait_for(self.queue.get(), timeout=0.5)
-            except TimeoutError:
-                continue
-            await self._apply_until_done(envelope, stopping)
-            self.queue.task_done()
-
-    async def _apply_until_done(self, envelope: Envelope, stopping: asyncio.Event) -> None:
-        backoff = 0.2
         while True:
             try:
-                await self.apply(envelope)
+                self.queue.put_nowait(parsed)
+                return
+            except asyncio.QueueFull:
+                if self.db_unreachable:
+                    self.drop(parsed, "buffer_full")
+                    return
+            try:  # the database is there, the worker is only behind: wait for room
+                await asyncio.wait_for(self.queue.put(parsed), _FULL_RECHECK_SECONDS)
+                return
+            except TimeoutError:
+                continue
+
+    def drop(self, envelope: Envelope, reason: str) -> None:
+        """Counts and logs an envelope that is lost before the database saw it."""
+        self.stats.dropped[reason] += 1
+        log.error(
+            "dropped an envelope (%s): the database has been unreachable for longer than "
+            "INBOX_BUFFER_SIZE (%d envelopes) lasts; the job times out at its reply "
+            "deadline unless the answer comes again",
+            reason,
+            self.queue.maxsize,
+            extra=_fields(envelope, "inbox_drop", reason=reason, status=envelope.status),
+        )
+
+    def slow_consumer(self) -> None:
+        """nats-py dropped a message because its subscription queue was full."""
+        self.stats.dropped["slow_consumer"] += 1
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Applies buffered envelopes, batch by batch, until `stopping` is set and the
+        buffer is drained."""
+        limit = self.settings.inbox_batch_size
+        while not (stopping.is_set() and self.queue.empty()):
+            try:
+                first = await asyncio.wait_for(self.queue.get(), timeout=0.5)
+            except TimeoutError:
+                continue
+            batch = [first]
+            while len(batch) < limit and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            await self._apply_until_done(batch, stopping)
+            for _ in batch:
+                self.queue.task_done()
+
+    async def _apply_until_done(self, batch: list[Envelope], stopping: asyncio.Event) -> None:
+        """Applies `batch`, holding it while the database is unreachable. A batch the
+        database rejects is split into single envelopes, each applied on its own."""
+        backoff = 0.2
+        conflicts = 0
+        while True:
+            try:
+                await self.apply(batch)
+                self.db_unreachable = False
                 return
             except DatabaseUnavailable as exc:
+                self.db_unreachable = True
                 self.stats.db_retries += 1
                 log.warning(
-                    "database unavailable, holding the envelope (%d more waiting): %s",
+                    "database unavailable, holding %d envelopes (%d more waiting): %s",
+                    len(batch),
                     self.queue.qsize(),
                     exc,
-                    extra=_fields(envelope, "inbox_hold"),
+                    extra={"action": "inbox_hold", "count": len(batch)},
                 )
                 if stopping.is_set() and backoff > 5:
-                    log.error(
-                        "shutting down with the database unreachable: envelope not applied",
-                        extra=_fields(envelope, "inbox_drop", reason="shutdown"),
-                    )
+                    for envelope in batch:
+                        self.drop(envelope, "shutdown")
                     return
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
-            except Exception:
-                log.exception(
-                    "envelope could not be applied; dropped",
-                    extra=_fields(envelope, "inbox_drop", reason="apply_error"),
-                )
+            except DatabaseError as exc:
+                self.db_unreachable = False
+                if is_transient(exc) and conflicts < 3:  # deadlock, serialization: again
+                    conflicts += 1
+                    await asyncio.sleep(0.05 * conflicts)
+                    continue
+                if len(batch) > 1:
+                    log.warning(
+                        "a batch of %d envelopes failed as a whole; applying them one by one: %s",
+                        len(batch),
+                        exc,
+                        extra={"action": "inbox_split", "count": len(batch)},
+                    )
+                    for envelope in batch:
+                        await self._apply_until_done([envelope], stopping)
+                    return
+                self._record(batch[0], "failed", None, error=str(exc))
                 return
 
-    async def apply(self, envelope: Envelope) -> str:
-        """Hands one envelope to apply_ack / apply_result and logs the outcome."""
-        if envelope.is_ack:
-            name, params = "apply_ack", envelope.ack_params()
-        else:
-            name, params = "apply_result", envelope.result_params()
-            if params["metrics"] is not None:
-                params["metrics"] = Jsonb(params["metrics"])
-        with wrap_db_errors(name):
+    async def apply(self, batch: list[Envelope]) -> list[str]:
+        """Hands `batch` to arm.apply_envelopes in one transaction; logs and counts each
+        outcome. Returns the outcomes in the batch's order."""
+        payload = Jsonb([e.row() for e in batch], dumps=_dumps)
+        with wrap_db_errors("apply_envelopes"):
             async with self.pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(query(name), params)
-                row = await cur.fetchone()
-        assert row is not None
-        outcome: str = row["outcome"]
+                await cur.execute(query("apply_envelopes"), {"envelopes": payload})
+                rows = await cur.fetchall()
+        if len(rows) != len(batch):
+            raise DatabaseError(f"apply_envelopes returned {len(rows)} rows for {len(batch)}")
+        self.stats.batches += 1
+        for envelope, row in zip(batch, rows, strict=True):
+            self._record(envelope, row["outcome"], row["attempt"])
+        return [row["outcome"] for row in rows]
+
+    def _record(
+        self, envelope: Envelope, outcome: str, attempt: int | None, error: str | None = None
+    ) -> None:
+        self.stats.outcomes[outcome] += 1
         action = "ack" if envelope.is_ack else "result"
-        extra = _fields(envelope, action, attempt=row["attempt"], status=envelope.status)
+        extra = _fields(envelope, action, attempt=attempt, status=envelope.status)
         if outcome == "applied":
             self.stats.applied += 1
-            log.info("%s applied", extra["action"], extra=extra)
+            log.info("%s applied", action, extra=extra)
+        elif outcome == "failed":
+            self.stats.failed += 1
+            log.error(
+                "%s could not be applied: %s",
+                action,
+                error,
+                extra={**extra, "reason": "apply_error", "outcome": outcome},
+            )
         else:
             self.stats.ignored += 1
             level = logging.INFO if outcome == "duplicate" else logging.WARNING
             log.log(
                 level,
                 "%s ignored: %s",
-                extra["action"],
+                action,
                 outcome,
                 extra={**extra, "reason": outcome, "outcome": outcome},
             )
-        return outcome

@@ -15,6 +15,7 @@ from typing import Any
 
 import nkeys
 from nats.aio.client import Client
+from nats.errors import SlowConsumerError
 
 from arm_core.config import ConfigError, Settings
 
@@ -70,6 +71,8 @@ async def connect(
     last_error: dict[str, float] = {}
 
     async def error(exc: Exception) -> None:
+        if isinstance(exc, SlowConsumerError):  # a message lost: count every one
+            await state("slow_consumer")
         # While the server is down nats-py reports every failed attempt: log each kind of
         # error once per 30 s, not twice a second.
         text = f"{type(exc).__name__}: {exc}"

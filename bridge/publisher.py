@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client
+from nats.errors import MaxPayloadError
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -47,6 +48,8 @@ class PublisherStats:
     published: int = 0
     republished: int = 0
     dead_lettered: int = 0
+    # Dead-lettered at once because the request cannot be published (REQUEST_TOO_LARGE).
+    unpublishable: int = 0
     failed_batches: int = 0
     batches: int = 0
     last_error: str | None = None
@@ -123,9 +126,11 @@ class Publisher:
             pass
 
     async def _publish_batch(self) -> int:
-        """Publishes one batch of queued jobs; returns how many (0 when it failed)."""
+        """Publishes one batch of queued jobs; returns how many were claimed (0 when the
+        batch failed). Jobs whose request cannot be published are dead-lettered in the
+        same transaction, so they never hold back the rest."""
         s = self.settings
-        claimed = await self._claim_send_mark(
+        sent, unsendable = await self._claim_send_mark(
             "publish",
             "claim_queued_jobs",
             {
@@ -134,31 +139,50 @@ class Publisher:
                 "image_timeout": s.image_reply_timeout_seconds,
             },
             lambda c: s.subject_for(c["pipeline"]),
-            lambda claimed: (
-                "mark_published",
-                {
-                    "job_ids": [c["job_id"] for c in claimed],
-                    "subjects": [s.subject_for(c["pipeline"]) for c in claimed],
-                    "reply_deadlines": [c["reply_deadline"] for c in claimed],
-                },
-            ),
+            lambda sent, unsendable: [
+                (
+                    "mark_published",
+                    {
+                        "job_ids": [c["job_id"] for c in sent],
+                        "subjects": [s.subject_for(c["pipeline"]) for c in sent],
+                        "reply_deadlines": [c["reply_deadline"] for c in sent],
+                    },
+                ),
+                (
+                    "dead_letter_unpublishable",
+                    {
+                        "job_ids": [u.job["job_id"] for u in unsendable],
+                        "error_codes": [u.code for u in unsendable],
+                        "error_messages": [u.message for u in unsendable],
+                    },
+                ),
+            ],
         )
-        if claimed:
-            self.stats.published += len(claimed)
+        if sent:
+            self.stats.published += len(sent)
             self.stats.batches += 1
-            for c in claimed:
+            for c in sent:
                 log.debug("published", extra=_job_extra("publish", c))
             log.info(
                 "published %d jobs",
-                len(claimed),
-                extra={"action": "publish", "count": len(claimed)},
+                len(sent),
+                extra={"action": "publish", "count": len(sent)},
             )
-        return len(claimed)
+        self.stats.unpublishable += len(unsendable)
+        for u in unsendable:
+            log.error(
+                "dead-lettered: the request cannot be published: %s",
+                u.message,
+                extra={**_job_extra("dlq", u.job), "reason": u.code},
+            )
+        return len(sent) + len(unsendable)
 
     async def _republish_batch(self) -> int:
-        """Republishes one batch of overdue unacked jobs; returns how many."""
+        """Republishes one batch of overdue unacked jobs; returns how many were claimed.
+        A request that can no longer be published (the server's max_payload shrank) is
+        left as it is and times out at its reply deadline."""
         s = self.settings
-        claimed = await self._claim_send_mark(
+        sent, unsendable = await self._claim_send_mark(
             "republish",
             "claim_unacked_jobs",
             {
@@ -167,15 +191,21 @@ class Publisher:
                 "max_republish": s.outbox_max_republish,
             },
             lambda c: c["subject"],
-            lambda claimed: ("mark_republished", {"job_ids": [c["job_id"] for c in claimed]}),
+            lambda sent, _: [("mark_republished", {"job_ids": [c["job_id"] for c in sent]})],
         )
-        self.stats.republished += len(claimed)
-        for c in claimed:
+        self.stats.republished += len(sent)
+        for c in sent:
             log.info(
                 "republished: no ack yet",
                 extra={**_job_extra("republish", c), "count": c["republish_count"] + 1},
             )
-        return len(claimed)
+        for u in unsendable:
+            log.error(
+                "cannot republish: %s",
+                u.message,
+                extra={**_job_extra("republish", u.job), "reason": u.code},
+            )
+        return len(sent) + len(unsendable)
 
     async def _claim_send_mark(
         self,
@@ -183,26 +213,33 @@ class Publisher:
         claim: str,
         claim_params: dict[str, Any],
         subject_of: Callable[[dict[str, Any]], str],
-        mark: Callable[[list[dict[str, Any]]], tuple[str, dict[str, Any]]],
-    ) -> list[dict[str, Any]]:
-        """In one transaction: claim a batch, publish and confirm it, mark it. Returns
-        the batch, or [] when there was nothing to do or the publish failed (then the
-        transaction rolls back and the batch is untouched for the next cycle)."""
+        marks: Callable[[list[dict[str, Any]], list[Unsendable]], list[tuple[str, dict[str, Any]]]],
+    ) -> tuple[list[dict[str, Any]], list[Unsendable]]:
+        """In one transaction: claim a batch, publish and confirm it, mark what was sent
+        and what could not be. Returns (sent, unsendable); both empty when there was
+        nothing to do or the batch failed (then the transaction rolls back and the batch
+        is untouched for the next cycle)."""
         try:
             with wrap_db_errors(action):
                 async with self.pool.connection() as conn, conn.transaction():
                     cur = conn.cursor(row_factory=dict_row)
                     await cur.execute(query(claim), claim_params)
                     claimed = await cur.fetchall()
-                    if claimed:
-                        await self._send(
-                            [(subject_of(c), c["msg_id"], c["request"]) for c in claimed], action
-                        )
-                        mark_query, mark_params = mark(claimed)
-                        await cur.execute(query(mark_query), mark_params)
-                    return claimed
+                    if not claimed:
+                        return [], []
+                    unsendable = await self._send(
+                        [(subject_of(c), c["msg_id"], c["request"]) for c in claimed], action
+                    )
+                    failed = {u.index for u in unsendable}
+                    for u in unsendable:
+                        u.job = claimed[u.index]
+                    sent = [c for i, c in enumerate(claimed) if i not in failed]
+                    for name, params in marks(sent, unsendable):
+                        if params["job_ids"]:
+                            await cur.execute(query(name), params)
+                    return sent, unsendable
         except PublishFailed:
-            return []
+            return [], []
 
     async def _dead_letter(self) -> None:
         s = self.settings
@@ -228,27 +265,41 @@ class Publisher:
                 },
             )
 
-    async def _send(self, messages: Sequence[tuple[str, str, Any]], action: str) -> None:
-        """Publishes and confirms a batch, or raises PublishFailed.
+    async def _send(
+        self, messages: Sequence[tuple[str, str, Any]], action: str
+    ) -> list[Unsendable]:
+        """Publishes and confirms a batch. Returns the messages that cannot be published
+        at all (larger than the server's max_payload, or refused one by one), which were
+        left out; raises PublishFailed when the batch as a whole is not confirmed.
 
         Confirmed means: the connection was up before the first publish, nats-py did not
         reconnect in between (a reconnect can drop or replay buffered data), and the
         server answered a PING that went out after the last publish.
         """
         nc = self.nats
+        unsendable: list[Unsendable] = []
         try:
             if not nc.is_connected:
                 raise PublishFailed("NATS not connected")
             reconnects = nc.stats["reconnects"]
             try:
-                for subject, msg_id, body in messages:
-                    await nc.publish(subject, _dumps(body), headers={MSG_ID_HEADER: msg_id})
-                # nats-py writes flush()'s PING straight to the socket, ahead of PUBs still
-                # waiting for its flusher task: the first PONG proves nothing about them.
-                # The first flush hands them to the socket; the second PING follows them,
-                # so its PONG means the server has read the whole batch.
-                await nc.flush(timeout=5)
-                await nc.flush(timeout=5)
+                for index, (subject, msg_id, body) in enumerate(messages):
+                    payload = _dumps(body)
+                    headers = {MSG_ID_HEADER: msg_id}
+                    # The server counts the header block against max_payload too.
+                    size = len(payload) + _header_bytes(headers)
+                    if size > nc.max_payload:
+                        unsendable.append(_too_large(index, size, nc.max_payload))
+                        continue
+                    try:
+                        await nc.publish(subject, payload, headers=headers)
+                    except MaxPayloadError:
+                        unsendable.append(_too_large(index, size, nc.max_payload))
+                    except (TypeError, ValueError) as exc:  # this message, not the link
+                        unsendable.append(
+                            Unsendable(index, "PUBLISH_FAILED", f"{type(exc).__name__}: {exc}")
+                        )
+                await confirm(nc)
             except Exception as exc:  # nats-py raises several unrelated types here
                 raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
             if not nc.is_connected or nc.stats["reconnects"] != reconnects:
@@ -264,6 +315,41 @@ class Publisher:
                 extra={"action": action, "count": len(messages), "error": str(exc)},
             )
             raise
+        return unsendable
+
+
+@dataclass
+class Unsendable:
+    """A claimed job whose request cannot be published, and why (the job's error)."""
+
+    index: int
+    code: str
+    message: str
+    job: dict[str, Any] = field(default_factory=dict)
+
+
+def _too_large(index: int, size: int, limit: int) -> Unsendable:
+    return Unsendable(
+        index,
+        "REQUEST_TOO_LARGE",
+        f"the request is {size} bytes; the NATS server accepts at most {limit} (max_payload)",
+    )
+
+
+def _header_bytes(headers: dict[str, str]) -> int:
+    """Size of the NATS/1.0 header block nats-py sends for `headers`."""
+    return len("NATS/1.0\r\n\r\n") + sum(len(f"{k}: {v}\r\n") for k, v in headers.items())
+
+
+async def confirm(nc: Client) -> None:
+    """Returns once the server has read everything published on `nc` before the call.
+
+    nats-py writes flush()'s PING straight to the socket, ahead of PUBs (and SUBs) still
+    waiting for its flusher task: the first PONG proves nothing about them. The first
+    flush hands them to the socket; the second PING follows them, so its PONG means the
+    server has read them all."""
+    await nc.flush(timeout=5)
+    await nc.flush(timeout=5)
 
 
 def _job_extra(action: str, claimed: dict[str, Any]) -> dict[str, Any]:

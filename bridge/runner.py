@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import listen_for_queued_jobs
 from arm_core.bridge.nats_client import connect
-from arm_core.bridge.publisher import Publisher
+from arm_core.bridge.publisher import Publisher, confirm
 from arm_core.bridge.scheduler import apply_schedule_settings, run_schedule
 from arm_core.config import Settings
 from arm_core.db import DatabaseError
@@ -67,16 +67,20 @@ class Bridge:
         async def on_state(event: str) -> None:
             if event == "reconnected":
                 self.publisher.wake.set()
+            elif event == "slow_consumer":
+                self.inbox.slow_consumer()
 
         await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
         self.subscription = await self.nats.subscribe(
             s.result_subject,
             queue=s.nats_queue_group,
             cb=self.inbox.on_message,
-            pending_msgs_limit=max(s.inbox_buffer_size, 1024),
+            # nats-py's own queue in front of the callback (its defaults: 512 Ki messages,
+            # 128 MiB). It fills only while the inbox waits for room in its buffer, i.e.
+            # while the database is reachable but behind; past it nats-py drops and the
+            # inbox counts each drop as `slow_consumer`.
         )
-        await self.nats.flush()  # twice: the first PING may overtake the SUB (publisher.py)
-        await self.nats.flush()
+        await confirm(self.nats)  # the server has the SUB before we say we are subscribed
         log.info(
             "connected to NATS %s, subscribed to %s in queue group %s",
             self.nats.connected_url.netloc if self.nats.connected_url else "?",

@@ -88,7 +88,7 @@ async def test_S_NATS_1_debug_without_credentials_against_plain_nats(
 
         await wait_for(healthy, 10, "nats = ok")
         body = await (await http.get("/healthcheck")).json()
-        assert body == {"status": "ok", "db": "ok", "nats": "ok"}
+        assert body == {"status": "ok", "db": "ok", "nats": "ok", "outbox": "ok"}
         bridge = app[BRIDGE]
         assert bridge.subscription is not None
         assert bridge.subscription.subject == "files.tabular_parsed"
@@ -118,7 +118,7 @@ async def test_S_NATS_3_nats_disabled_starts_without_background_tasks(db_url: st
     async with api(settings) as (http, app):
         resp = await http.get("/healthcheck")
         assert resp.status == 200
-        assert await resp.json() == {"status": "ok", "db": "ok", "nats": "off"}
+        assert await resp.json() == {"status": "ok", "db": "ok", "nats": "off", "outbox": "ok"}
         assert BRIDGE not in app
         running = {t.get_name() for t in asyncio.all_tasks()}
         assert not running & {"publisher", "inbox", "listen", "schedule", "nats-connect"}
