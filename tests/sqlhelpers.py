@@ -66,8 +66,9 @@ def upload(
 
 
 def upload_many(conn: Conn, n: int, file_type: str = "XLSX", mixed: bool = False) -> None:
-    """n plain-SQL uploads in three statements (so one wake-up): an s3_object, a
-    stored_file and a queued job each; with `mixed`, every other file is a PDF scan."""
+    """n plain-SQL uploads as the README's upload, set-wise in one statement (so one
+    wake-up): an s3_object, a stored_file and a queued job each, then the file's current
+    job; with `mixed`, every other file is a PDF scan."""
     conn.execute(
         """
         WITH o AS (
@@ -83,7 +84,12 @@ def upload_many(conn: Conn, n: int, file_type: str = "XLSX", mixed: bool = False
             FROM o
             RETURNING id
         )
-        INSERT INTO arm.recognition_job (file_id) SELECT id FROM f
+        ), j AS (
+            INSERT INTO arm.recognition_job (file_id, attempt) SELECT id, 1 FROM f
+            RETURNING id, file_id
+        )
+        UPDATE arm.stored_file s SET current_recognition_job_id = j.id
+        FROM j WHERE s.id = j.file_id
         """,
         {"n": n, "type": file_type, "mixed": mixed},
     )
