@@ -66,9 +66,14 @@ def upload(
 
 
 def upload_many(conn: Conn, n: int, file_type: str = "XLSX", mixed: bool = False) -> None:
-    """n plain-SQL uploads as the README's upload, set-wise in one statement (so one
+    """n plain-SQL uploads as the README's upload, set-wise (one INSERT of jobs, so one
     wake-up): an s3_object, a stored_file and a queued job each, then the file's current
     job; with `mixed`, every other file is a PDF scan."""
+    with conn.transaction():
+        _upload_many(conn, n, file_type, mixed)
+
+
+def _upload_many(conn: Conn, n: int, file_type: str, mixed: bool) -> None:
     conn.execute(
         """
         WITH o AS (
@@ -84,14 +89,18 @@ def upload_many(conn: Conn, n: int, file_type: str = "XLSX", mixed: bool = False
             FROM o
             RETURNING id
         )
-        ), j AS (
-            INSERT INTO arm.recognition_job (file_id, attempt) SELECT id, 1 FROM f
-            RETURNING id, file_id
         )
-        UPDATE arm.stored_file s SET current_recognition_job_id = j.id
-        FROM j WHERE s.id = j.file_id
+        INSERT INTO arm.recognition_job (file_id, attempt) SELECT id, 1 FROM f
         """,
         {"n": n, "type": file_type, "mixed": mixed},
+    )
+    # A second statement: the sub-statements of one WITH cannot see each other's rows.
+    conn.execute(
+        """
+        UPDATE arm.stored_file f SET current_recognition_job_id = j.id
+        FROM arm.recognition_job j
+        WHERE j.file_id = f.id AND f.current_recognition_job_id IS NULL AND j.attempt = 1
+        """
     )
 
 
