@@ -210,3 +210,42 @@ def logged(records: list[Any], **fields: Any) -> list[Any]:
     return [
         r for r in records if all(str(getattr(r, k, None)) == str(v) for k, v in fields.items())
     ]
+
+
+@dataclass
+class InstantService:
+    """A recognition service that acks and answers `done` at once to every request, on
+    a NATS connection of its own (what issue 8's burst test and the benchmark need)."""
+
+    client: Client
+    result_subject: str = "files.tabular_parsed"
+    answered: int = 0
+
+    async def on_request(self, msg: Msg) -> None:
+        request = json.loads(msg.data)
+        job_id, file_id, attempt = request["job_id"], request["file_id"], request["attempt"]
+        service = "tabular-parser" if request["pipeline"] == "tabular" else "scan-gateway"
+        ack = envelope(uuid.UUID(job_id), uuid.UUID(file_id), "processing", service)
+        done = envelope(uuid.UUID(job_id), uuid.UUID(file_id), "done", service)
+        publish = self.client.publish
+        await publish(
+            self.result_subject,
+            json.dumps(ack).encode(),
+            headers={"Nats-Msg-Id": f"ack:{job_id}:{attempt}"},
+        )
+        await publish(
+            self.result_subject,
+            json.dumps(done).encode(),
+            headers={"Nats-Msg-Id": f"result:{job_id}:{attempt}"},
+        )
+        self.answered += 1
+
+
+async def instant_service(url: str) -> InstantService:
+    """Subscribes an InstantService to both request subjects; close its client when done."""
+    service = InstantService(await nats_client(url))
+    for subject in ("files.tabular_uploaded", "files.img_uploaded"):
+        await service.client.subscribe(subject, cb=service.on_request)
+    await service.client.flush()
+    await service.client.flush()
+    return service
