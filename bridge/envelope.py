@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from jsonschema.exceptions import best_match
 from arm_core.bridge.contracts import RESULT_SCHEMA, validator
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+# json.loads joins surrogate pairs; what is left cannot be encoded as UTF-8.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -93,10 +96,7 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
     and lone UTF-16 surrogates become U+FFFD (they cannot be encoded as UTF-8)."""
     if isinstance(value, str):
         fixed = value.replace("\x00", "")
-        try:
-            fixed.encode("utf-8")
-        except UnicodeEncodeError:
-            fixed = fixed.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        fixed = _LONE_SURROGATE.sub("\ufffd", fixed)
         return fixed, ([path or "/"] if fixed != value else [])
     if isinstance(value, float) and not math.isfinite(value):
         return None, [path or "/"]

@@ -28,6 +28,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.errors import MaxPayloadError
 from psycopg.rows import dict_row
+from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
 from arm_core.config import Settings
@@ -223,6 +224,8 @@ class Publisher:
             with wrap_db_errors(action):
                 async with self.pool.connection() as conn, conn.transaction():
                     cur = conn.cursor(row_factory=dict_row)
+                    # The request goes out as PostgreSQL wrote it: no parse and re-dump.
+                    cur.adapters.register_loader("jsonb", TextLoader)
                     await cur.execute(query(claim), claim_params)
                     claimed = await cur.fetchall()
                     if not claimed:
@@ -362,4 +365,6 @@ def _job_extra(action: str, claimed: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dumps(body: Any) -> bytes:
+    if isinstance(body, str):  # JSON text from the database
+        return body.encode()
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
