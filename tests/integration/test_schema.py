@@ -36,6 +36,10 @@ ORDER BY 1, 2
 """
 
 
+# Every migration of db/migrations, in the order they apply.
+MIGRATIONS = ["0001_core_schema", "0002_unpublishable_dlq_bounds_scan_indexes"]
+
+
 def snapshot(url: str) -> list[tuple[str, str, str]]:
     with psycopg.connect(url) as conn:
         return conn.execute(CATALOG_SNAPSHOT).fetchall()
@@ -43,17 +47,17 @@ def snapshot(url: str) -> list[tuple[str, str, str]]:
 
 def test_migrate_empty_then_rollback_then_reapply(empty_db_url: str) -> None:
     first = migrate(empty_db_url)
-    assert first.applied_migrations == ["0001_core_schema"]
+    assert first.applied_migrations == MIGRATIONS
     applied = snapshot(empty_db_url)
     kinds = {kind for kind, _, _ in applied}
     assert kinds == {"function", "trigger", "index", "constraint", "column"}
 
-    assert rollback_all(empty_db_url) == ["0001_core_schema"]
+    assert rollback_all(empty_db_url) == MIGRATIONS[::-1]
     with psycopg.connect(empty_db_url) as conn:
         assert conn.execute("SELECT to_regnamespace('arm')").fetchone() == (None,)
 
     again = migrate(empty_db_url)
-    assert again.applied_migrations == ["0001_core_schema"]
+    assert again.applied_migrations == MIGRATIONS
     assert snapshot(empty_db_url) == applied
 
 
@@ -69,10 +73,10 @@ def test_migrate_twice_changes_nothing(empty_db_url: str) -> None:
 def test_concurrent_migrate_runs_do_not_corrupt(empty_db_url: str) -> None:
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         reports = list(pool.map(lambda _: migrate(empty_db_url), range(4)))
-    assert sorted(len(r.applied_migrations) for r in reports) == [0, 0, 0, 1]
+    assert sorted(len(r.applied_migrations) for r in reports) == [0, 0, 0, len(MIGRATIONS)]
     with psycopg.connect(empty_db_url) as conn:
         applied = conn.execute("SELECT count(*) FROM _yoyo_migration").fetchone()
-    assert applied == (1,)
+    assert applied == (len(MIGRATIONS),)
     assert snapshot(empty_db_url) == snapshot(empty_db_url)  # readable and stable
     with dict_conn(empty_db_url) as conn:
         up = upload(conn)
@@ -174,8 +178,11 @@ def test_hot_queries_have_partial_indexes(conn: Conn) -> None:
         "AND tablename = 'recognition_job'"
     ).fetchall()
     defs = {r["indexname"]: r["indexdef"] for r in rows}
-    assert "WHERE (status = 'queued'" in defs["recognition_job_queued_idx"]
-    assert "WHERE (status = 'published'" in defs["recognition_job_unacked_idx"]
+    # The claims' ORDER BY, so LIMIT stops the scan (0002).
+    assert "(requested_at, id) WHERE (status = 'queued'" in defs["recognition_job_queued_idx"]
+    assert "(last_published_at, id) WHERE (status = 'published'" in defs[
+        "recognition_job_unacked_idx"
+    ]
     assert "reply_deadline" in defs["recognition_job_live_deadline_idx"]
     assert "WHERE" in defs["recognition_job_live_deadline_idx"]
     assert "UNIQUE" in defs["recognition_job_one_live_per_file_idx"]
