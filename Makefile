@@ -28,7 +28,13 @@ lint: $(STAMP) ## ruff and mypy
 test: lint ## lint, then the whole test suite against real PostgreSQL and nats-server
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP) ## benchmarks that print figures (publish batching, retry throughput)
-	$(BIN)/python -m tests.bench
+# The bench extra (PgQueuer + asyncpg, the reference queue) is installed on demand.
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP) ## figures next to same-run references (BENCH_ARGS=--quick, --only sweep,retry)
+	$(BIN)/python -m tests.bench $(BENCH_ARGS)
 
 .PHONY: help install run lint test bench

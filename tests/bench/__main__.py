@@ -1,0 +1,104 @@
+"""`python -m tests.bench [--quick] [--only publish,sweep]` (what `make bench` runs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
+from tests.bench import lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
+from tests.bench.harness import Bench, Sizes
+from tests.bench.report import Report, machine, markdown
+
+Section = Callable[[Bench, Report], Awaitable[None] | None]
+
+SECTIONS: dict[str, Section] = {
+    "pgbench": pgbench.run,
+    "pgqueuer": pgqueuer_drain.run,
+    "publish": publish.run,
+    "lifecycle": lifecycle.run,
+    "sweep": sweep.run,
+    "retry": retry.run,
+}
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench", description=(__doc__ or "").strip()
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller N: a smoke run")
+    parser.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}",
+    )
+    parser.add_argument(
+        "--doc", type=Path, default=DOC, help="where to write the table (default: %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SECTIONS)
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    args.sections = [s for s in SECTIONS if s in chosen]  # always in the table's order
+    return args
+
+
+async def run_sections(bench: Bench, report: Report, names: list[str]) -> None:
+    for name in names:
+        started = time.perf_counter()
+        print(f"-- {name} …", file=sys.stderr, flush=True)
+        try:
+            result = SECTIONS[name](bench, report)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            traceback.print_exc()
+            report.add(f"{name}.failed", name, "section failed", text=f"{type(exc).__name__}")
+            report.note(f"Section {name} failed: {type(exc).__name__}: {str(exc)[:500]}")
+        print(f"-- {name} took {time.perf_counter() - started:.0f} s", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    sizes = Sizes.quick() if args.quick else Sizes()
+    report = Report()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="arm-bench-") as tmp:
+        workdir = Path(tmp)
+        pg = EmbeddedPostgres(base_dir=workdir / "pg")
+        nats = EmbeddedNats(log_dir=workdir / "nats")
+        try:
+            pg.start()
+            nats.start()
+            bench = Bench(pg, nats, workdir, sizes)
+            asyncio.run(run_sections(bench, report, args.sections))
+            machine_lines = machine()
+        finally:
+            nats.stop()
+            pg.destroy()
+    wall = time.perf_counter() - started
+    command = "make bench" + (f" BENCH_ARGS={shlex.quote(' '.join(argv))}" if argv else "")
+    print()
+    print(report.table())
+    print()
+    for note in report.notes:
+        print(f"- {note}")
+    print(f"\n{command}: {wall:.0f} s; table written to {args.doc}")
+    args.doc.parent.mkdir(parents=True, exist_ok=True)
+    args.doc.write_text(markdown(report, machine_lines, command, wall), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

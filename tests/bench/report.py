@@ -1,0 +1,164 @@
+"""The one table the benchmark prints: each figure next to the reference it is read
+against (measured in the same run), and the machine it ran on."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arm_core.embedded import find_pg_bindir
+
+
+@dataclass
+class Row:
+    key: str  # how other rows name this one as their reference
+    section: str
+    measure: str
+    value: float | None = None
+    unit: str = ""
+    ref: str | None = None  # key of the reference row; the ratio is value ÷ reference
+    text: str | None = None  # a figure that is not one number (counts, percentiles)
+    digits: int = 0
+    short: str = ""  # how the row is named where it is a reference
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(
+        self,
+        key: str,
+        section: str,
+        measure: str,
+        value: float | None = None,
+        unit: str = "",
+        ref: str | None = None,
+        text: str | None = None,
+        digits: int = 0,
+        short: str = "",
+    ) -> Row:
+        row = Row(key, section, measure, value, unit, ref, text, digits, short or measure)
+        self.rows.append(row)
+        return row
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def value(self, key: str) -> float | None:
+        for row in self.rows:
+            if row.key == key:
+                return row.value
+        return None
+
+    def _find(self, key: str) -> Row | None:
+        return next((r for r in self.rows if r.key == key), None)
+
+    def table(self) -> str:
+        """A Markdown pipe table, aligned so that it also reads well in a terminal."""
+        header = ["section", "measure", "figure", "reference (same run)", "ratio"]
+        lines = [header]
+        for row in self.rows:
+            lines.append([row.section, row.measure, _figure(row), *self._reference(row)])
+        widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+        right = {2, 4}
+
+        def render(cells: list[str]) -> str:
+            padded = [
+                c.rjust(w) if i in right else c.ljust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            ]
+            return "| " + " | ".join(padded) + " |"
+
+        rule = "|" + "|".join(
+            "-" * (w + 1) + ":" if i in right else "-" * (w + 2) for i, w in enumerate(widths)
+        )
+        rule += "|"
+        return "\n".join([render(lines[0]), rule, *(render(cells) for cells in lines[1:])])
+
+    def _reference(self, row: Row) -> tuple[str, str]:
+        if row.ref is None:
+            return "", ""
+        ref = self._find(row.ref)
+        if ref is None or ref.value is None:
+            return f"{row.ref}: not measured in this run", ""
+        if row.value is None or ref.value == 0:
+            return f"{ref.short}: {_figure(ref)}", ""
+        return f"{ref.short}: {_figure(ref)}", f"{row.value / ref.value:.2f}"
+
+
+def _figure(row: Row) -> str:
+    if row.text is not None:
+        return row.text
+    if row.value is None:
+        return "—"
+    return f"{row.value:,.{row.digits}f} {row.unit}".rstrip()
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except OSError as exc:
+        return f"({exc})"
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
+
+
+def machine() -> list[str]:
+    """nproc, memory, CPU model, the server versions and the date, one per line."""
+    cpu = "unknown"
+    mem_kb = 0
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    nats_binary = shutil.which("nats-server") or str(Path(sys.executable).with_name("nats-server"))
+    postgres = _run([str(find_pg_bindir() / "postgres"), "--version"])
+    return [
+        f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"cpus (nproc): {os.cpu_count()}; cpu: {cpu}; memory: {mem_kb / 1024 / 1024:.1f} GiB",
+        f"os: {platform.platform()}; python {platform.python_version()}",
+        f"PostgreSQL: {postgres} (embedded: fsync=off, synchronous_commit=off, "
+        "full_page_writes=off, shared_buffers=128MB)",
+        f"nats-server: {_run([nats_binary, '--version'])}",
+    ]
+
+
+def markdown(report: Report, machine_lines: list[str], command: str, wall: float) -> str:
+    """docs/benchmarks.md: how it was run, on what, the table and the notes."""
+    parts = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` at the end of every run (overwritten). Each figure stands "
+        "next to the reference it is read against, measured in the same run on the same "
+        "PostgreSQL cluster: the machine varies about two-fold from run to run, so read the "
+        "ratios, not the absolute numbers.",
+        "",
+        f"Command: `{command}`; the whole run took {wall:.0f} s.",
+        "",
+        "## Machine",
+        "",
+        *[f"- {line}" for line in machine_lines],
+        "",
+        "## Results",
+        "",
+        report.table(),
+        "",
+        "## Notes",
+        "",
+        *[f"- {n}" for n in report.notes],
+        "",
+    ]
+    return "\n".join(parts)

@@ -1,0 +1,258 @@
+"""The timeout sweep: `SELECT arm.sweep_timeouts()` with a fixed number of due jobs among
+growing numbers of live jobs and of history rows. It should cost what is due, not what
+is stored.
+
+Live jobs are built through the functions: plain-SQL uploads, then
+arm.claim_queued_jobs + arm.mark_published in SQL (reply deadlines an hour away), then
+arm.apply_ack on half of them (so they are published and processing). Small history is
+built the same way and timed out by the sweep itself. Large history is bulk-loaded:
+final rows (done, error, timeout) that satisfy every CHECK and foreign key, inserted
+with the table's user triggers disabled (the guard and the upload defaults), then
+enabled again. After each build the table is VACUUM ANALYZEd, as autovacuum would.
+
+Each measurement: in a transaction, move the deadline of `due` random live jobs into
+the past (allowed while they are live), time the sweep statement (client side, loopback),
+roll back; the median of several runs.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from tests.bench.harness import Bench, Sizes, connect, median
+from tests.bench.report import Report
+from tests.bench.uploads import publish_in_sql, upload_files
+
+SECTION = "5 sweep"
+HOUR = 3600.0
+
+
+def run(bench: Bench, report: Report) -> None:
+    s = bench.sizes
+    (live_small, live_large), (hist_small, hist_large) = s.sweep_live, s.sweep_history
+    url = bench.fresh_database("sweep")
+    with connect(url) as conn:
+        _history_through_functions(conn, hist_small)
+        _add_live(conn, live_small)
+        base = _measure(conn, s.sweep_due, s.sweep_repeats)
+        _row(report, "sweep.base", f"{live_small:,} live, {hist_small:,} history", base, s)
+
+        _add_live(conn, live_large - live_small)
+        more_live = _measure(conn, s.sweep_due, s.sweep_repeats)
+        _row(
+            report,
+            "sweep.live",
+            f"{live_large:,} live, {hist_small:,} history",
+            more_live,
+            s,
+            ref="sweep.base",
+        )
+
+        # Back to the small live set: the extra live jobs time out and become history;
+        # the rest of the large history is bulk-loaded.
+        _time_out_newest(conn, live_large - live_small)
+        history_now = _count(conn, "status NOT IN ('queued', 'published', 'processing')")
+        loaded = _bulk_history(conn, hist_large - history_now)
+        more_history = _measure(conn, s.sweep_due, s.sweep_repeats)
+        live_now = _count(conn, "status IN ('published', 'processing')")
+        history_now = _count(conn, "status NOT IN ('queued', 'published', 'processing')")
+        _row(
+            report,
+            "sweep.history",
+            f"{live_now:,} live, {history_now:,} history",
+            more_history,
+            s,
+            ref="sweep.base",
+        )
+    report.note(
+        f"Sweep: {loaded:,} of the {hist_large:,} history rows were bulk-loaded (INSERT … "
+        "SELECT with `ALTER TABLE arm.recognition_job DISABLE TRIGGER USER`, re-enabled "
+        "after; every CHECK and foreign key held); the rest came through the functions. "
+        f"Median of {s.sweep_repeats} runs, {s.sweep_due} due jobs re-created in a "
+        "transaction that is rolled back each time."
+    )
+    bench.drop_database(url)
+
+
+def _row(
+    report: Report, key: str, where: str, sweep: Sweep, s: Sizes, ref: str | None = None
+) -> None:
+    report.add(
+        key,
+        SECTION,
+        f"sweep_timeouts(), {s.sweep_due} due among {where}; it read {sweep.rows_read:,} job rows",
+        sweep.ms,
+        "ms",
+        ref=ref,
+        digits=1,
+        short=f"{s.sweep_due} due among {where}",
+    )
+
+
+def _count(conn: psycopg.Connection[Any], where: str) -> int:
+    row = conn.execute(f"SELECT count(*) FROM arm.recognition_job WHERE {where}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _vacuum(conn: psycopg.Connection[Any]) -> None:
+    for table in ("arm.recognition_job", "arm.stored_file", "arm.s3_object"):
+        conn.execute(f"VACUUM ANALYZE {table}")
+
+
+def _add_live(conn: psycopg.Connection[Any], n: int) -> None:
+    """`n` live jobs: uploaded, published an hour ahead, every other one acked."""
+    upload_files(conn, n, "live")
+    publish_in_sql(conn, timeout_seconds=HOUR)
+    conn.execute(
+        """
+        SELECT count(*)
+        FROM arm.recognition_job j
+        CROSS JOIN LATERAL arm.apply_ack(j.id, j.file_id,
+            CASE j.pipeline WHEN 'tabular' THEN 'tabular-parser' ELSE 'scan-gateway' END,
+            '1.4.2') a
+        WHERE j.status = 'published' AND j.started_at IS NULL
+          AND get_byte(uuid_send(j.id), 15) % 2 = 0
+        """
+    )
+    _vacuum(conn)
+
+
+def _history_through_functions(conn: psycopg.Connection[Any], n: int) -> None:
+    """`n` timed-out jobs: uploaded, published with a deadline of now, swept."""
+    upload_files(conn, n, "history")
+    publish_in_sql(conn, timeout_seconds=0)
+    conn.execute("SELECT arm.sweep_timeouts()")
+    _vacuum(conn)
+
+
+def _time_out_newest(conn: psycopg.Connection[Any], n: int) -> None:
+    """The `n` newest live jobs pass their deadline and are swept into history."""
+    conn.execute(
+        """
+        UPDATE arm.recognition_job SET reply_deadline = clock_timestamp() - interval '1 second'
+        WHERE id IN (SELECT id FROM arm.recognition_job
+                     WHERE status IN ('published', 'processing')
+                     ORDER BY requested_at DESC LIMIT %s)
+        """,
+        (n,),
+    )
+    conn.execute("SELECT arm.sweep_timeouts()")
+
+
+@dataclass
+class Sweep:
+    ms: float  # median
+    rows_read: int  # job rows the sweep's scans returned (pg_stat_xact_user_tables)
+
+
+def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
+    """Median milliseconds of the sweep with `due` overdue jobs among the live ones, and
+    how many job rows it read to find them."""
+    live = [
+        r[0]
+        for r in conn.execute(
+            "SELECT id FROM arm.recognition_job WHERE status IN ('published', 'processing')"
+        ).fetchall()
+    ]
+    timings = []
+    rows_read = 0
+    for _ in range(repeats):
+        chosen = random.sample(live, due)
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "UPDATE arm.recognition_job "
+                    "SET reply_deadline = clock_timestamp() - interval '1 second' "
+                    "WHERE id = ANY(%s)",
+                    (chosen,),
+                )
+                before = _rows_read(conn)
+                started = time.perf_counter()
+                row = conn.execute("SELECT arm.sweep_timeouts()").fetchone()
+                timings.append((time.perf_counter() - started) * 1000)
+                rows_read = _rows_read(conn) - before
+                if row is None or row[0] != due:
+                    raise RuntimeError(f"the sweep timed out {row and row[0]} jobs, not {due}")
+                raise psycopg.Rollback
+        except psycopg.Rollback:
+            pass
+    return Sweep(median(timings), rows_read)
+
+
+def _rows_read(conn: psycopg.Connection[Any]) -> int:
+    """Rows of arm.recognition_job read so far in this transaction (index and seq scans)."""
+    row = conn.execute(
+        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) "
+        "FROM pg_stat_xact_user_tables WHERE relid = 'arm.recognition_job'::regclass"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+_BULK = """
+CREATE TEMP TABLE bulk ON COMMIT DROP AS
+SELECT g,
+       gen_random_uuid() AS obj_id, gen_random_uuid() AS file_id,
+       gen_random_uuid() AS job_id, gen_random_uuid() AS res_id,
+       CASE WHEN g %% 10 = 0 THEN 'timeout' WHEN g %% 10 = 1 THEN 'error' ELSE 'done' END
+           ::arm.job_status AS status,
+       date_trunc('milliseconds', clock_timestamp() - interval '60 days' * random()) AS t
+FROM generate_series(1, %(n)s) g;
+
+INSERT INTO arm.s3_object (id, bucket, key, bucket_role, created_by, created_at)
+SELECT obj_id, 'arm-ka', 'uploads/' || file_id || '/ОСВ ' || g || '.xlsx', 'uploads',
+       'upload-service', t
+FROM bulk;
+INSERT INTO arm.s3_object (id, bucket, key, bucket_role, created_by, created_at)
+SELECT res_id, 'arm-ka', 'results/' || file_id || '/' || job_id || '/result.json', 'results',
+       'tabular-parser', t + interval '5 seconds'
+FROM bulk WHERE status = 'done';
+INSERT INTO arm.stored_file (id, consolidation_id, original_name, file_type, s3_object_id,
+                             status, created_at, updated_at)
+SELECT file_id, gen_random_uuid(), 'ОСВ ' || g || '.xlsx', 'XLSX', obj_id,
+       CASE status WHEN 'done' THEN 'PROCESSING' ELSE 'ERROR' END::arm.file_status,
+       t, t + interval '5 seconds'
+FROM bulk;
+INSERT INTO arm.recognition_job (
+    id, file_id, pipeline, attempt, max_attempts, status, requested_at,
+    published_at, request_msg_id, request_subject, reply_deadline, republish_count,
+    last_published_at, started_at, finished_at, service_name, service_version,
+    error_code, error_message, result_schema_version, result_s3_object_id, result_msg_id)
+SELECT job_id, file_id, 'tabular', 1, 3, status, t,
+       t + interval '1 second', job_id || ':1', 'files.tabular_uploaded',
+       t + interval '601 seconds', 0, t + interval '1 second',
+       CASE WHEN status <> 'timeout' THEN t + interval '2 seconds' END,
+       CASE WHEN status = 'timeout' THEN t + interval '602 seconds'
+            ELSE t + interval '5 seconds' END,
+       CASE WHEN status <> 'timeout' THEN 'tabular-parser' END,
+       CASE WHEN status <> 'timeout' THEN '1.4.2' END,
+       CASE status WHEN 'error' THEN 'UNSUPPORTED_FORMAT' WHEN 'timeout' THEN 'TIMEOUT' END,
+       CASE status WHEN 'error' THEN 'Формат не поддерживается'
+                   WHEN 'timeout' THEN 'no result by reply_deadline' END,
+       CASE WHEN status = 'done' THEN '1.0' END,
+       CASE WHEN status = 'done' THEN res_id END,
+       CASE WHEN status IN ('done', 'error') THEN 'result:' || job_id || ':1' END
+FROM bulk;
+UPDATE arm.stored_file f SET current_recognition_job_id = b.job_id
+FROM bulk b WHERE f.id = b.file_id;
+"""
+
+
+def _bulk_history(conn: psycopg.Connection[Any], n: int) -> int:
+    """Bulk-loads `n` final jobs (with their files and objects); returns `n`."""
+    if n <= 0:
+        return 0
+    with conn.transaction():
+        conn.execute("ALTER TABLE arm.recognition_job DISABLE TRIGGER USER")
+        conn.execute("ALTER TABLE arm.stored_file DISABLE TRIGGER USER")
+        for statement in _BULK.split(";\n"):
+            if statement.strip():
+                conn.execute(statement, {"n": n})
+        conn.execute("ALTER TABLE arm.stored_file ENABLE TRIGGER USER")
+        conn.execute("ALTER TABLE arm.recognition_job ENABLE TRIGGER USER")
+    _vacuum(conn)
+    return n
