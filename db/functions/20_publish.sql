@@ -8,6 +8,11 @@
 -- Returns for each the request body (recognition_job ⋈ stored_file ⋈ s3_object) with a
 -- reply_deadline computed now from the pipeline's reply timeout, and the Nats-Msg-Id
 -- `<job_id>:<attempt>`. Must run inside the transaction that calls mark_published.
+-- Its cost follows p_limit, not the backlog or the history: recognition_job_queued_idx is
+-- (requested_at, id), the claim's order, so the scan stops after p_limit rows (plus those
+-- skipped); and it is PL/pgSQL so the planner knows p_limit (a SQL function is planned
+-- without its arguments, guesses a tenth of the backlog and then hashes all of
+-- stored_file and s3_object to join a few hundred rows).
 CREATE OR REPLACE FUNCTION arm.claim_queued_jobs(
     p_limit integer,
     p_tabular_reply_timeout interval DEFAULT interval '600 seconds',
@@ -21,8 +26,11 @@ RETURNS TABLE (
     reply_deadline timestamptz,
     request jsonb
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH claimed AS (
         SELECT j AS job,
                date_trunc('milliseconds', clock_timestamp()
@@ -41,7 +49,8 @@ AS $$
     FROM claimed c
     JOIN arm.stored_file f ON f.id = (c.job).file_id
     JOIN arm.s3_object o ON o.id = f.s3_object_id
-    ORDER BY (c.job).requested_at, (c.job).id
+    ORDER BY (c.job).requested_at, (c.job).id;
+END;
 $$;
 
 -- Marks claimed jobs published after their messages reached NATS: status, published_at,
@@ -76,19 +85,27 @@ $$;
 -- Dead-letters published jobs that got no ack although they were republished
 -- p_max_republish times and the last one is p_ack_timeout old: status dlq, error_code
 -- NO_ACK, request_msg_id unchanged, and their files (where current) ERROR.
--- Returns the jobs it moved, for the caller's log.
+-- Returns the jobs it moved, for the caller's log. "Due" is computed once, before the
+-- scan, so the range last_published_at <= now - p_ack_timeout bounds the index scan of
+-- recognition_job_unacked_idx (clock_timestamp() in the WHERE would be evaluated per row
+-- and could only filter): the cost follows the due jobs, not all those waiting for an ack.
 CREATE OR REPLACE FUNCTION arm.dead_letter_unacked(
     p_ack_timeout interval,
     p_max_republish integer
 )
 RETURNS TABLE (job_id uuid, attempt integer, file_id uuid, republish_count integer)
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+#variable_conflict use_column
+DECLARE
+    v_due_before timestamptz := clock_timestamp() - p_ack_timeout;
+BEGIN
+    RETURN QUERY
     WITH due AS (
         SELECT j.id
         FROM arm.recognition_job j
         WHERE j.status = 'published'
-          AND j.last_published_at <= clock_timestamp() - p_ack_timeout
+          AND j.last_published_at <= v_due_before
           AND j.republish_count >= p_max_republish
         FOR UPDATE SKIP LOCKED
     ), moved AS (
@@ -107,14 +124,17 @@ AS $$
         WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
         RETURNING f.id
     )
-    SELECT m.id, m.attempt, m.file_id, m.republish_count FROM moved m
+    SELECT m.id, m.attempt, m.file_id, m.republish_count FROM moved m;
+END;
 $$;
 
 -- Claims up to p_limit published jobs whose ack is overdue (last publish p_ack_timeout
--- ago) and that may still be republished, skipping rows another publisher holds.
--- Returns the same request as the first publish (same reply_deadline, same attempt),
--- its subject and its Nats-Msg-Id. Must run in the transaction that calls
--- mark_republished.
+-- ago) and that may still be republished, oldest first, skipping rows another publisher
+-- holds. Returns the same request as the first publish (same reply_deadline, same
+-- attempt), its subject and its Nats-Msg-Id. Must run in the transaction that calls
+-- mark_republished. "Overdue" is computed once, so recognition_job_unacked_idx
+-- (last_published_at, id) is read from the oldest up to that bound, in the claim's order,
+-- and the scan stops at p_limit: its cost follows the claim, not the jobs awaiting an ack.
 CREATE OR REPLACE FUNCTION arm.claim_unacked_jobs(
     p_limit integer,
     p_ack_timeout interval,
@@ -128,13 +148,18 @@ RETURNS TABLE (
     republish_count integer,
     request jsonb
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+#variable_conflict use_column
+DECLARE
+    v_due_before timestamptz := clock_timestamp() - p_ack_timeout;
+BEGIN
+    RETURN QUERY
     WITH claimed AS (
         SELECT j AS job
         FROM arm.recognition_job j
         WHERE j.status = 'published'
-          AND j.last_published_at <= clock_timestamp() - p_ack_timeout
+          AND j.last_published_at <= v_due_before
           AND j.republish_count < p_max_republish
         ORDER BY j.last_published_at, j.id
         LIMIT p_limit
@@ -146,7 +171,8 @@ AS $$
     FROM claimed c
     JOIN arm.stored_file f ON f.id = (c.job).file_id
     JOIN arm.s3_object o ON o.id = f.s3_object_id
-    ORDER BY (c.job).last_published_at, (c.job).id
+    ORDER BY (c.job).last_published_at, (c.job).id;
+END;
 $$;
 
 -- Counts a republish of claimed jobs that reached NATS. Only published jobs change;

@@ -4,16 +4,23 @@
 
 -- Moves published/processing jobs whose reply_deadline has passed to timeout
 -- (error_code TIMEOUT, finished_at now) and their files, where the job is current, to
--- ERROR. Returns how many jobs it timed out.
+-- ERROR. Returns how many jobs it timed out. "Now" is taken once, before the scan, so
+-- reply_deadline < now is a range of recognition_job_live_deadline_idx and the sweep
+-- reads only the overdue jobs, not every live one (clock_timestamp() in the WHERE is
+-- volatile: evaluated per row, it can only filter).
 CREATE OR REPLACE FUNCTION arm.sweep_timeouts()
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_count integer;
+BEGIN
     WITH due AS (
         SELECT j.id
         FROM arm.recognition_job j
         WHERE j.status IN ('published', 'processing')
-          AND j.reply_deadline < clock_timestamp()
+          AND j.reply_deadline < v_now
         FOR UPDATE SKIP LOCKED
     ), moved AS (
         UPDATE arm.recognition_job j
@@ -32,5 +39,7 @@ AS $$
         WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
         RETURNING f.id
     )
-    SELECT count(*)::integer FROM moved
+    SELECT count(*)::integer INTO v_count FROM moved;
+    RETURN v_count;
+END;
 $$;
