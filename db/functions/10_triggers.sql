@@ -38,7 +38,9 @@ CREATE OR REPLACE TRIGGER tg_recognition_job__defaults
 
 -- The state machine (SPEC §4), enforced for every write path:
 --   queued → published → processing → done | needs_check | error
---   published | processing → timeout,  published → dlq,
+--   published | processing → timeout,
+--   published → dlq (no ack after every republish, arm.dead_letter_unacked),
+--   queued → dlq (the request cannot be published, arm.dead_letter_unpublishable),
 --   published → done | needs_check | error (a result whose ack was lost).
 -- A job's identity never changes; a final job changes only in group_schema (mapping).
 CREATE OR REPLACE FUNCTION arm.tg_recognition_job__guard()
@@ -63,7 +65,7 @@ BEGIN
         RETURN NEW;
     END IF;
     IF NEW.status IS DISTINCT FROM OLD.status AND NOT (
-           (OLD.status = 'queued' AND NEW.status = 'published')
+           (OLD.status = 'queued' AND NEW.status IN ('published', 'dlq'))
         OR (OLD.status = 'published' AND NEW.status IN
                 ('processing', 'done', 'needs_check', 'error', 'timeout', 'dlq'))
         OR (OLD.status = 'processing' AND NEW.status IN

@@ -128,6 +128,74 @@ BEGIN
 END;
 $$;
 
+-- Dead-letters queued jobs whose request cannot be published — larger than the NATS
+-- server's max_payload, or refused for another reason that concerns that one message —
+-- so one bad request never holds the outbox back (the publisher calls it in the
+-- transaction that claimed the batch, then marks the others published). Each job gets
+-- status dlq, the given error_code and error_message and finished_at now; its publish
+-- fields stay empty (the request never went out); its file becomes ERROR where the job
+-- is the current one, so retry_file may make a new attempt as after any dlq.
+-- p_job_ids, p_error_codes and p_error_messages are parallel arrays of one length; every
+-- code is required, a message may be NULL; a job named twice takes its first code.
+-- Only jobs still queued change: one that another transaction published meanwhile is
+-- left alone (the lock waits for that commit and then sees it published). Rows are
+-- locked in id order, so concurrent calls cannot deadlock. Returns the jobs it moved.
+CREATE OR REPLACE FUNCTION arm.dead_letter_unpublishable(
+    p_job_ids uuid[],
+    p_error_codes text[],
+    p_error_messages text[]
+)
+RETURNS TABLE (job_id uuid, attempt integer, file_id uuid)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
+       OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids) THEN
+        RAISE EXCEPTION 'dead_letter_unpublishable takes one error code and one error message '
+                        'per job id (% ids, % codes, % messages)',
+            cardinality(p_job_ids), cardinality(p_error_codes), cardinality(p_error_messages)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_error_codes) AS c(code) WHERE coalesce(c.code, '') = '') THEN
+        RAISE EXCEPTION 'dead_letter_unpublishable needs an error code for every job'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT DISTINCT ON (u.id) u.id, u.code, u.message
+        FROM unnest(p_job_ids, p_error_codes, p_error_messages)
+             WITH ORDINALITY AS u(id, code, message, n)
+        WHERE u.id IS NOT NULL
+        ORDER BY u.id, u.n
+    ), locked AS (
+        SELECT j.id, w.code, w.message
+        FROM arm.recognition_job j
+        JOIN wanted w ON w.id = j.id
+        WHERE j.status = 'queued'
+        ORDER BY j.id
+        FOR UPDATE OF j
+    ), moved AS (
+        UPDATE arm.recognition_job j
+        SET status = 'dlq',
+            error_code = l.code,
+            error_message = l.message,
+            finished_at = clock_timestamp()
+        FROM locked l
+        WHERE j.id = l.id AND j.status = 'queued'
+        RETURNING j.id, j.attempt, j.file_id
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        FROM moved m
+        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
+        RETURNING f.id
+    )
+    SELECT m.id, m.attempt, m.file_id FROM moved m;
+END;
+$$;
+
 -- Claims up to p_limit published jobs whose ack is overdue (last publish p_ack_timeout
 -- ago) and that may still be republished, oldest first, skipping rows another publisher
 -- holds. Returns the same request as the first publish (same reply_deadline, same

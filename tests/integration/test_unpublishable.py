@@ -1,0 +1,229 @@
+"""queued → dlq for a request that cannot be published (issue 8): arm.dead_letter_unpublishable,
+the guard that allows it, and the publish-field invariant that makes room for it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from arm_core.db import query
+from tests.sqlhelpers import (
+    Conn,
+    ack,
+    dict_conn,
+    fail_by_timeout,
+    job,
+    publish,
+    result,
+    retry,
+    scalar,
+    stored_file,
+    upload,
+)
+
+pytestmark = pytest.mark.integration
+
+PUBLISH_FIELDS = ("published_at", "request_msg_id", "request_subject", "reply_deadline")
+
+
+def dead_letter(
+    conn: Conn, job_ids: list[uuid.UUID], codes: list[str | None], messages: list[str | None]
+) -> list[dict[str, Any]]:
+    return conn.execute(
+        query("dead_letter_unpublishable"),
+        {"job_ids": job_ids, "error_codes": codes, "error_messages": messages},
+    ).fetchall()
+
+
+def test_the_publisher_dead_letters_one_request_and_publishes_the_rest(conn: Conn) -> None:
+    """As the bridge does in one transaction: claim, one request is too large, it goes to
+    dlq, the others are marked published."""
+    big, ok1, ok2 = upload(conn), upload(conn), upload(conn)
+    with conn.transaction():
+        claimed = conn.execute(
+            query("claim_queued_jobs"), {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
+        ).fetchall()
+        assert len(claimed) == 3
+        moved = dead_letter(
+            conn, [big.job_id], ["REQUEST_TOO_LARGE"], ["request of 2 MB > max_payload 1 MB"]
+        )
+        rest = [c for c in claimed if c["job_id"] != big.job_id]
+        conn.execute(
+            query("mark_published"),
+            {
+                "job_ids": [c["job_id"] for c in rest],
+                "subjects": ["files.tabular_uploaded"] * len(rest),
+                "reply_deadlines": [c["reply_deadline"] for c in rest],
+            },
+        )
+    assert moved == [{"job_id": big.job_id, "attempt": 1, "file_id": big.file_id}]
+    row = job(conn, big.job_id)
+    assert row["status"] == "dlq"
+    assert row["error_code"] == "REQUEST_TOO_LARGE"
+    assert row["error_message"] == "request of 2 MB > max_payload 1 MB"
+    assert row["finished_at"] is not None
+    assert row["republish_count"] == 0
+    assert all(row[f] is None for f in (*PUBLISH_FIELDS, "last_published_at"))
+    assert stored_file(conn, big.file_id)["status"] == "ERROR"
+    for up in (ok1, ok2):
+        assert job(conn, up.job_id)["status"] == "published"
+        assert stored_file(conn, up.file_id)["status"] == "UPLOADED"
+
+
+def test_only_queued_jobs_move(conn: Conn) -> None:
+    final = upload(conn)
+    fail_by_timeout(conn, final)
+    published, processing = upload(conn), upload(conn)
+    publish(conn)
+    ack(conn, processing.job_id, processing.file_id)
+    queued = upload(conn)
+    others = [published, processing, final]
+    before = {u.job_id: job(conn, u.job_id) for u in others}
+
+    ids = [u.job_id for u in (*others, queued)] + [uuid.uuid4()]  # and an unknown id
+    moved = dead_letter(conn, ids, ["TOO_LARGE"] * len(ids), [None] * len(ids))
+    assert [m["job_id"] for m in moved] == [queued.job_id]
+    assert {u.job_id: job(conn, u.job_id) for u in others} == before
+    assert job(conn, queued.job_id)["error_message"] is None
+    # Twice is harmless: the job is no longer queued.
+    assert dead_letter(conn, [queued.job_id], ["TOO_LARGE"], [None]) == []
+
+
+def test_a_job_named_twice_moves_once_with_its_first_code(conn: Conn) -> None:
+    up = upload(conn)
+    moved = dead_letter(conn, [up.job_id, up.job_id], ["FIRST", "SECOND"], ["1", "2"])
+    assert len(moved) == 1
+    assert (job(conn, up.job_id)["error_code"], job(conn, up.job_id)["error_message"]) == (
+        "FIRST",
+        "1",
+    )
+
+
+def test_the_file_is_left_alone_when_the_job_is_not_current(conn: Conn) -> None:
+    up = upload(conn)
+    conn.execute(
+        "UPDATE arm.stored_file SET current_recognition_job_id = NULL WHERE id = %s",
+        (up.file_id,),
+    )
+    assert len(dead_letter(conn, [up.job_id], ["TOO_LARGE"], [None])) == 1
+    assert stored_file(conn, up.file_id)["status"] == "UPLOADED"
+
+
+def test_retry_makes_a_new_attempt_after_an_unpublishable_dlq(conn: Conn) -> None:
+    up = upload(conn)
+    dead_letter(conn, [up.job_id], ["REQUEST_TOO_LARGE"], ["too large"])
+    out = retry(conn, up.file_id)
+    assert (out["outcome"], out["attempt"], out["previous_status"]) == ("retried", 2, "dlq")
+    assert job(conn, out["job_id"])["status"] == "queued"
+    assert stored_file(conn, up.file_id)["status"] == "UPLOADED"
+    # The read model shows the never-published attempt as it is.
+    shown = scalar(conn, "SELECT arm.get_file(%s)", (up.file_id,))
+    first = shown["attempts"][0]
+    assert (first["status"], first["published_at"], first["request_msg_id"]) == ("dlq", None, None)
+    assert first["error"] == {"code": "REQUEST_TOO_LARGE", "message": "too large"}
+    # And the new attempt goes through as usual.
+    [claimed] = publish(conn)
+    assert claimed["job_id"] == out["job_id"]
+    assert result(conn, out["job_id"], up.file_id, attempt=2)["outcome"] == "applied"
+
+
+@pytest.mark.parametrize(
+    ("codes", "messages", "match"),
+    [
+        (["A"], [None, None], "one error code and one error message per job id"),
+        ([], [], "one error code and one error message per job id"),
+        ([None], [None], "needs an error code"),
+        ([""], ["m"], "needs an error code"),
+    ],
+)
+def test_malformed_calls_are_refused(
+    conn: Conn, codes: list[str | None], messages: list[str | None], match: str
+) -> None:
+    up = upload(conn)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=match):
+        dead_letter(conn, [up.job_id], codes, messages)
+    assert job(conn, up.job_id)["status"] == "queued"
+
+
+def test_a_publish_that_commits_first_wins(db_url: str) -> None:
+    """A DBA dead-letters a job while a publisher's claim + mark_published has not
+    committed yet: the call waits for the row, then sees it published and leaves it."""
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+    with dict_conn(db_url) as publisher, dict_conn(db_url) as dba:
+        publisher.autocommit = False
+        claimed = publisher.execute(
+            query("claim_queued_jobs"), {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
+        ).fetchall()
+        publisher.execute(
+            query("mark_published"),
+            {
+                "job_ids": [c["job_id"] for c in claimed],
+                "subjects": ["files.tabular_uploaded"],
+                "reply_deadlines": [c["reply_deadline"] for c in claimed],
+            },
+        )
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(dead_letter, dba, [up.job_id], ["TOO_LARGE"], [None])
+            deadline = time.monotonic() + 10
+            while not _waiting_on_lock(db_url, dba.info.backend_pid):
+                assert time.monotonic() < deadline, "dead-lettering never blocked on the row"
+                assert not pending.done(), f"finished early: {pending.result()}"
+                time.sleep(0.02)
+            publisher.commit()
+            assert pending.result(timeout=10) == []
+    with dict_conn(db_url) as conn:
+        assert job(conn, up.job_id)["status"] == "published"
+        assert stored_file(conn, up.file_id)["status"] == "UPLOADED"
+
+
+def _waiting_on_lock(db_url: str, pid: int) -> bool:
+    with psycopg.connect(db_url, autocommit=True) as c:
+        found = c.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+    return found is not None and found[0] == "Lock"
+
+
+# --- the guard and the publish fields ----------------------------------------------
+
+
+def test_a_dba_may_move_a_queued_job_to_dlq_by_hand(conn: Conn) -> None:
+    up = upload(conn)
+    conn.execute(
+        "UPDATE arm.recognition_job SET status = 'dlq', error_code = 'MANUAL', "
+        "finished_at = now() WHERE id = %s",
+        (up.job_id,),
+    )
+    assert job(conn, up.job_id)["status"] == "dlq"
+
+
+@pytest.mark.parametrize(
+    "bad_update",
+    [
+        # a dlq with some publish fields but not all
+        "SET status = 'dlq', error_code = 'X', finished_at = now(), published_at = now()",
+        # a republish counted on a job that never went out
+        "SET status = 'dlq', error_code = 'X', finished_at = now(), republish_count = 1",
+        # queued → timeout is still no transition
+        "SET status = 'timeout', error_code = 'X', finished_at = now()",
+    ],
+)
+def test_an_unpublished_dlq_stays_consistent(conn: Conn, bad_update: str) -> None:
+    up = upload(conn)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(f"UPDATE arm.recognition_job {bad_update} WHERE id = %s", (up.job_id,))
+    assert job(conn, up.job_id)["status"] == "queued"
+
+
+@pytest.mark.parametrize("field", [*PUBLISH_FIELDS, "last_published_at"])
+def test_a_published_job_keeps_every_publish_field(conn: Conn, field: str) -> None:
+    up = upload(conn)
+    publish(conn)
+    with pytest.raises(psycopg.errors.CheckViolation, match="recognition_job_published_fields"):
+        conn.execute(f"UPDATE arm.recognition_job SET {field} = NULL WHERE id = %s", (up.job_id,))
