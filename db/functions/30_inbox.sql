@@ -153,3 +153,95 @@ BEGIN
     RETURN QUERY SELECT 'applied', j.attempt, p_status;
 END;
 $$;
+
+-- Applies a batch of envelopes in the caller's one transaction (so a batch is one commit),
+-- in array order, with exactly the outcomes of apply_ack and apply_result, which it calls
+-- for each element. p_envelopes is a JSON array of objects with the keys job_id, file_id,
+-- msg_id, status ('processing' = an ack; 'done' | 'needs_check' | 'error' = a result),
+-- service_name, service_version, result_bucket, result_key, result_schema_version,
+-- error_code, error_message and metrics (an object or null); unused keys may be null or
+-- absent. Returns one row per element: ord (its 1-based position), outcome, attempt, status.
+-- A later element sees what the earlier ones did: a second copy of an ack, or of a result
+-- with the same msg_id, gets `duplicate`; an ack after its job's result gets `already_final`.
+--
+-- Lock order: before applying anything it locks every job row the batch names, in id
+-- order (SELECT … ORDER BY id FOR UPDATE); the elements then lock only rows it already
+-- holds, plus files (UPDATE … WHERE current_recognition_job_id = the job, which only a
+-- holder of that job's lock can match). Two bridges applying overlapping batches at once
+-- therefore never deadlock with each other: whichever takes the lowest job id they share
+-- goes first, and the other waits for that commit while holding only jobs the first does
+-- not need. (Every job an envelope names committed before its request went out, so the
+-- locking statement sees it.) The lock waits, like apply_ack's own, for a publisher whose
+-- claim + mark_published has not committed yet, so an early ack still applies.
+--
+-- Errors: there is deliberately no exception block per element. Each PL/pgSQL exception
+-- block is a subtransaction, and more than 64 subtransactions that write in one
+-- transaction overflow the backend's subxid cache, after which every other session's
+-- snapshots get slower. So an element that raises (a malformed envelope refused by
+-- apply_result's invalid_parameter_value checks, an unknown status, a constraint such as
+-- a result key over 1024 characters) fails the whole call and nothing of the batch is
+-- applied. The caller then rolls back and applies that batch again one element per call,
+-- which gives the bad element its own error and the others their outcomes.
+CREATE OR REPLACE FUNCTION arm.apply_envelopes(p_envelopes jsonb)
+RETURNS TABLE (ord integer, outcome text, attempt integer, status arm.job_status)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    e record;
+    r record;
+BEGIN
+    IF jsonb_typeof(p_envelopes) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'apply_envelopes takes a JSON array of envelopes, not %',
+            coalesce(jsonb_typeof(p_envelopes), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    PERFORM 1
+    FROM arm.recognition_job j
+    WHERE j.id IN (SELECT (x.env ->> 'job_id')::uuid
+                   FROM jsonb_array_elements(p_envelopes) AS x(env))
+    ORDER BY j.id
+    FOR UPDATE;
+
+    FOR e IN
+        SELECT x.n::integer AS n, x.env,
+               (x.env ->> 'job_id')::uuid AS job_id,
+               (x.env ->> 'file_id')::uuid AS file_id,
+               x.env ->> 'status' AS status
+        FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)
+        ORDER BY x.n
+    LOOP
+        IF e.status = 'processing' THEN
+            SELECT a.outcome, a.attempt, a.status INTO r
+            FROM arm.apply_ack(e.job_id, e.file_id,
+                               e.env ->> 'service_name', e.env ->> 'service_version') AS a;
+        ELSIF e.status IN ('done', 'needs_check', 'error') THEN
+            SELECT a.outcome, a.attempt, a.status INTO r
+            FROM arm.apply_result(
+                p_job_id => e.job_id,
+                p_file_id => e.file_id,
+                p_msg_id => e.env ->> 'msg_id',
+                p_status => e.status::arm.job_status,
+                p_service_name => e.env ->> 'service_name',
+                p_service_version => e.env ->> 'service_version',
+                p_result_bucket => e.env ->> 'result_bucket',
+                p_result_key => e.env ->> 'result_key',
+                p_result_schema_version => e.env ->> 'result_schema_version',
+                p_error_code => e.env ->> 'error_code',
+                p_error_message => e.env ->> 'error_message',
+                p_metrics => nullif(e.env -> 'metrics', 'null'::jsonb)
+            ) AS a;
+        ELSE
+            RAISE EXCEPTION 'apply_envelopes: element % has status %, not processing, done, '
+                            'needs_check or error', e.n, coalesce(e.status, 'NULL')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        ord := e.n;
+        outcome := r.outcome;
+        attempt := r.attempt;
+        status := r.status;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;

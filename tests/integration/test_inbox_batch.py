@@ -1,0 +1,352 @@
+"""arm.apply_envelopes (issue 8): a batch of acks and results applied in one transaction,
+in order, with apply_ack's and apply_result's outcomes; all or nothing when an element
+raises; jobs locked in id order so concurrent bridges never deadlock."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from arm_core.db import query
+from tests.sqlhelpers import (
+    Conn,
+    Upload,
+    dict_conn,
+    fail_by_timeout,
+    job,
+    publish,
+    scalar,
+    stored_file,
+    upload,
+)
+
+pytestmark = pytest.mark.integration
+
+Envelope = dict[str, Any]
+
+
+def ack_env(up: Upload, service: str = "tabular-parser", version: str = "1.4.2") -> Envelope:
+    """An ack as the bridge passes it: unused keys absent."""
+    return {
+        "job_id": str(up.job_id),
+        "file_id": str(up.file_id),
+        "msg_id": f"ack:{up.job_id}:1",
+        "status": "processing",
+        "service_name": service,
+        "service_version": version,
+    }
+
+
+def result_env(
+    up: Upload,
+    status: str = "done",
+    msg_id: str | None = None,
+    error: tuple[str, str] | None = None,
+    metrics: dict[str, Any] | None = None,
+    key: str | None = None,
+) -> Envelope:
+    """A result with every key present, unused ones null."""
+    success = status in ("done", "needs_check")
+    return {
+        "job_id": str(up.job_id),
+        "file_id": str(up.file_id),
+        "msg_id": msg_id or f"result:{up.job_id}:1",
+        "status": status,
+        "service_name": "tabular-parser",
+        "service_version": "1.4.2",
+        "result_bucket": "arm-ka" if success else None,
+        "result_key": (key or f"results/{up.file_id}/{up.job_id}/result.json") if success else None,
+        "result_schema_version": "1.0" if success else None,
+        "error_code": error[0] if error else None,
+        "error_message": error[1] if error else None,
+        "metrics": metrics,
+    }
+
+
+def apply(conn: Conn, envelopes: list[Envelope]) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("apply_envelopes"), {"envelopes": Jsonb(envelopes)}).fetchall()
+
+
+def outcomes(rows: list[dict[str, Any]]) -> list[str]:
+    assert [r["ord"] for r in rows] == list(range(1, len(rows) + 1))
+    return [r["outcome"] for r in rows]
+
+
+def result_objects(conn: Conn) -> int:
+    return int(scalar(conn, "SELECT count(*) FROM arm.s3_object WHERE bucket_role = 'results'"))
+
+
+def test_a_mixed_batch_gets_every_outcome_and_applies_the_valid_envelopes(conn: Conn) -> None:
+    final = upload(conn)
+    fail_by_timeout(conn, final)  # timeout
+    acked, done, errored, checked = (upload(conn) for _ in range(4))
+    publish(conn)
+    queued = upload(conn)  # never published
+    stranger = Upload(uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), "nowhere")
+    misfiled = Upload(done.file_id, acked.job_id, acked.s3_object_id, acked.key)
+
+    rows = apply(
+        conn,
+        [
+            ack_env(acked, version="2.1.0"),
+            ack_env(acked),  # the same ack again
+            result_env(done, metrics={"rows": 412}),
+            result_env(done, metrics={"rows": 412}),  # the same result again
+            ack_env(stranger),
+            ack_env(misfiled),
+            result_env(misfiled),
+            result_env(final),
+            ack_env(queued),
+            result_env(queued),
+            result_env(errored, "error", error=("UNSUPPORTED_FORMAT", "XLSB 2003 не читается")),
+            result_env(checked, "needs_check"),
+        ],
+    )
+    assert outcomes(rows) == [
+        "applied",
+        "duplicate",
+        "applied",
+        "duplicate",
+        "unknown_job",
+        "file_mismatch",
+        "file_mismatch",
+        "already_final",
+        "not_published",
+        "not_published",
+        "applied",
+        "applied",
+    ]
+    assert [(r["attempt"], r["status"]) for r in rows] == [
+        (1, "processing"),
+        (1, "processing"),
+        (1, "done"),
+        (1, "done"),
+        (None, None),
+        (1, "processing"),
+        (1, "processing"),
+        (1, "timeout"),
+        (1, "queued"),
+        (1, "queued"),
+        (1, "error"),
+        (1, "needs_check"),
+    ]
+
+    row = job(conn, acked.job_id)
+    assert (row["status"], row["service_name"], row["service_version"]) == (
+        "processing",
+        "tabular-parser",
+        "2.1.0",  # the first ack's, the duplicate changed nothing
+    )
+    assert row["started_at"] is not None
+    assert stored_file(conn, acked.file_id)["status"] == "PROCESSING"
+
+    row = job(conn, done.job_id)
+    assert (row["status"], row["result_msg_id"], row["metrics"]) == (
+        "done",
+        f"result:{done.job_id}:1",
+        {"rows": 412},
+    )
+    obj = conn.execute(
+        "SELECT * FROM arm.s3_object WHERE id = %s", (row["result_s3_object_id"],)
+    ).fetchone()
+    assert obj is not None
+    assert (obj["bucket"], obj["key"], obj["bucket_role"], obj["created_by"]) == (
+        "arm-ka",
+        f"results/{done.file_id}/{done.job_id}/result.json",
+        "results",
+        "tabular-parser",
+    )
+
+    row = job(conn, errored.job_id)
+    assert (row["status"], row["error_code"], row["error_message"]) == (
+        "error",
+        "UNSUPPORTED_FORMAT",
+        "XLSB 2003 не читается",
+    )
+    assert row["result_s3_object_id"] is None and row["metrics"] is None
+    assert stored_file(conn, errored.file_id)["status"] == "ERROR"
+
+    assert job(conn, checked.job_id)["status"] == "needs_check"
+    assert stored_file(conn, checked.file_id)["status"] == "PROCESSING"
+    assert job(conn, queued.job_id)["status"] == "queued"
+    assert job(conn, final.job_id)["status"] == "timeout"
+    assert result_objects(conn) == 2  # done and needs_check, each once
+
+
+def test_order_inside_a_batch_counts(conn: Conn) -> None:
+    ack_first, result_first = upload(conn), upload(conn)
+    publish(conn)
+    rows = apply(
+        conn,
+        [
+            ack_env(ack_first),
+            result_env(ack_first),
+            result_env(result_first),
+            ack_env(result_first),
+        ],
+    )
+    assert outcomes(rows) == ["applied", "applied", "applied", "already_final"]
+    row = job(conn, ack_first.job_id)
+    assert row["status"] == "done" and row["started_at"] is not None
+    row = job(conn, result_first.job_id)
+    assert row["status"] == "done" and row["started_at"] is None  # its ack came too late
+    assert stored_file(conn, result_first.file_id)["status"] == "PROCESSING"
+
+
+def test_a_second_result_with_another_msg_id_is_already_final(conn: Conn) -> None:
+    up = upload(conn)
+    publish(conn)
+    rows = apply(
+        conn,
+        [
+            result_env(up, "error", error=("UNREADABLE", "?")),
+            result_env(up, "done", msg_id="another"),
+        ],
+    )
+    assert outcomes(rows) == ["applied", "already_final"]
+    assert job(conn, up.job_id)["status"] == "error"
+    assert result_objects(conn) == 0
+
+
+def test_an_empty_batch_applies_nothing(conn: Conn) -> None:
+    assert apply(conn, []) == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "match"),
+    [
+        # a done result without its result file: apply_result refuses it
+        (
+            {"result_key": None},
+            psycopg.errors.InvalidParameterValue,
+            "needs result_s3 and result_schema_version",
+        ),
+        ({"msg_id": None}, psycopg.errors.InvalidParameterValue, "Nats-Msg-Id"),
+        ({"status": "queued"}, psycopg.errors.InvalidParameterValue, r"element \d has status"),
+        ({"status": None}, psycopg.errors.InvalidParameterValue, r"element \d has status"),
+        ({"job_id": "not-a-uuid"}, psycopg.errors.InvalidTextRepresentation, "uuid"),
+        # a constraint of the tables: a result key over the contract's 1024 characters
+        ({"result_key": "k" * 1025}, psycopg.errors.CheckViolation, "s3_object_key_length"),
+    ],
+)
+def test_an_element_that_raises_fails_the_whole_batch(
+    conn: Conn, bad: Envelope, error: type[Exception], match: str
+) -> None:
+    """The contract: no exception block per element, so nothing of the batch is applied;
+    the caller then applies the batch one element per call to isolate the bad one."""
+    good, other = upload(conn), upload(conn)
+    publish(conn)
+    batch = [ack_env(good), {**result_env(other), **bad}, result_env(good)]
+    with pytest.raises(error, match=match):
+        apply(conn, batch)
+    assert job(conn, good.job_id)["status"] == "published"
+    assert job(conn, other.job_id)["status"] == "published"
+    assert result_objects(conn) == 0
+
+    # One element per call: the good ones get their outcomes, the bad one its error.
+    assert outcomes(apply(conn, [batch[0]])) == ["applied"]
+    with pytest.raises(error, match=match):
+        apply(conn, [batch[1]])
+    assert outcomes(apply(conn, [batch[2]])) == ["applied"]
+    assert job(conn, good.job_id)["status"] == "done"
+    assert job(conn, other.job_id)["status"] == "published"
+
+
+@pytest.mark.parametrize("not_an_array", [{}, "x", None])
+def test_the_batch_must_be_an_array(conn: Conn, not_an_array: Any) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="JSON array"):
+        conn.execute(
+            "SELECT * FROM arm.apply_envelopes(%s)",
+            (Jsonb(not_an_array) if not_an_array is not None else None,),
+        )
+
+
+def test_an_early_ack_in_a_batch_waits_for_the_publishers_commit(db_url: str) -> None:
+    """The service may ack before the publisher's transaction commits: the batch waits for
+    the row lock and then applies it (as apply_ack alone does)."""
+    with dict_conn(db_url) as conn:
+        earlier = upload(conn)
+        publish(conn)
+        racing = upload(conn)
+    with dict_conn(db_url) as publisher, dict_conn(db_url) as inbox:
+        publisher.autocommit = False
+        claimed = publisher.execute(
+            query("claim_queued_jobs"), {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
+        ).fetchall()
+        assert [c["job_id"] for c in claimed] == [racing.job_id]
+        publisher.execute(
+            query("mark_published"),
+            {
+                "job_ids": [racing.job_id],
+                "subjects": ["files.tabular_uploaded"],
+                "reply_deadlines": [claimed[0]["reply_deadline"]],
+            },
+        )
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(apply, inbox, [ack_env(earlier), ack_env(racing)])
+            deadline = time.monotonic() + 10
+            while not _waiting_on_lock(db_url, inbox.info.backend_pid):
+                assert time.monotonic() < deadline, "the batch never blocked on the row lock"
+                assert not pending.done(), f"the batch finished early: {pending.result()}"
+                time.sleep(0.02)
+            publisher.commit()
+            assert outcomes(pending.result(timeout=10)) == ["applied", "applied"]
+    with dict_conn(db_url) as conn:
+        assert job(conn, racing.job_id)["status"] == "processing"
+        assert job(conn, earlier.job_id)["status"] == "processing"
+
+
+def _waiting_on_lock(db_url: str, pid: int) -> bool:
+    with psycopg.connect(db_url, autocommit=True) as c:
+        found = c.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+    return found is not None and found[0] == "Lock"
+
+
+def test_concurrent_overlapping_batches_in_opposite_orders_never_deadlock(db_url: str) -> None:
+    """Two bridges apply overlapping batches at the same moment, one in job order, the
+    other in reverse: without the up-front lock in id order they would lock the shared jobs
+    from opposite ends and deadlock. Every envelope is applied exactly once."""
+    rounds, n = 15, 30
+    barrier = threading.Barrier(2)
+
+    def run(conn: Conn, batch: list[Envelope]) -> list[dict[str, Any]]:
+        with conn.transaction():
+            barrier.wait(timeout=10)
+            return apply(conn, batch)
+
+    with dict_conn(db_url) as setup, dict_conn(db_url) as a, dict_conn(db_url) as b:
+        for conn in (a, b):  # a deadlock, should one happen, is reported quickly
+            conn.execute("SET deadlock_timeout = '50ms'")
+        for _ in range(rounds):
+            ups = [upload(setup) for _ in range(n)]
+            publish(setup)
+            first, second = ups[: 2 * n // 3], ups[n // 3 :][::-1]
+            batches = [
+                [ack_env(u) for u in first] + [result_env(u) for u in first],
+                [ack_env(u) for u in second] + [result_env(u) for u in second],
+            ]
+
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                done = list(pool.map(run, (a, b), batches))
+
+            applied: dict[tuple[str, str], int] = {}
+            for batch, rows in zip(batches, done, strict=True):
+                assert len(rows) == len(batch)
+                for env, row in zip(batch, rows, strict=True):
+                    assert row["outcome"] in ("applied", "duplicate", "already_final"), row
+                    key = (env["job_id"], env["status"])
+                    applied[key] = applied.get(key, 0) + (row["outcome"] == "applied")
+            assert set(applied.values()) == {1}, "each result applied exactly once"
+            assert {job(setup, u.job_id)["status"] for u in ups} == {"done"}
+        assert result_objects(setup) == rounds * n
