@@ -1,0 +1,271 @@
+"""Migration 0002 (issue 8) on a database of the previous release that holds data: it
+applies without touching the data, its constraints hold from then on, and it rolls back.
+Also the upload bounds it adds, as an uploader meets them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from yoyo import get_backend, read_migrations
+
+from arm_core.db import query
+from arm_core.migrate import SQL_DIR, apply_functions, migrate, yoyo_url
+from tests.sqlhelpers import (
+    Conn,
+    Upload,
+    ack,
+    dict_conn,
+    fail_by_no_ack,
+    fail_by_timeout,
+    job,
+    publish,
+    result,
+    retry,
+    scalar,
+    stored_file,
+    upload,
+)
+
+pytestmark = pytest.mark.integration
+
+M1, M2 = "0001_core_schema", "0002_unpublishable_dlq_bounds_scan_indexes"
+TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
+BOUNDS = {  # constraint → its table
+    "s3_object_bucket_length": "s3_object",
+    "s3_object_key_length": "s3_object",
+    "stored_file_original_name_length": "stored_file",
+}
+TOO_LONG_NAME = "Оборотно-сальдовая ведомость " * 60 + ".xlsx"  # 1,745 characters
+
+
+def _yoyo(url: str, ids: Iterable[str], rollback: bool = False) -> list[str]:
+    """Applies (or rolls back) just the named migrations, as yoyo records them."""
+    wanted = set(ids)
+    backend = get_backend(yoyo_url(url))
+    try:
+        with backend.lock():
+            migrations = read_migrations(str(SQL_DIR / "migrations")).filter(
+                lambda m: m.id in wanted
+            )
+            if rollback:
+                todo = backend.to_rollback(migrations)
+                backend.rollback_migrations(todo)
+            else:
+                todo = backend.to_apply(migrations)
+                backend.apply_migrations(todo)
+        return [m.id for m in todo]
+    finally:
+        backend.connection.close()
+
+
+def _old_release_with_data(url: str) -> dict[str, Upload]:
+    """A database at 0001 with uploads in every state. The functions applied are today's
+    (they need nothing of 0002, and every write they make here is one the previous
+    release made too); the data also holds an upload over the bounds 0002 adds."""
+    assert _yoyo(url, [M1]) == [M1]
+    with psycopg.connect(url, autocommit=True) as plain:
+        apply_functions(plain, SQL_DIR)
+    ups: dict[str, Upload] = {}
+    with dict_conn(url) as conn:
+        ups["timeout"] = upload(conn)
+        fail_by_timeout(conn, ups["timeout"])
+        ups["no_ack"] = upload(conn)
+        publish(conn)
+        fail_by_no_ack(conn)
+        for name in ("published", "processing", "done", "error"):
+            ups[name] = upload(conn)
+        publish(conn)
+        ack(conn, ups["processing"].job_id, ups["processing"].file_id)
+        ack(conn, ups["done"].job_id, ups["done"].file_id)
+        result(conn, ups["done"].job_id, ups["done"].file_id, "done", metrics={"rows": 3})
+        result(conn, ups["error"].job_id, ups["error"].file_id, "error", error=("UNREADABLE", "?"))
+        assert retry(conn, ups["timeout"].file_id)["outcome"] == "retried"
+        ups["queued"] = upload(conn, "PDF")
+        ups["too_long"] = upload(conn, name=TOO_LONG_NAME, bucket="b" * 70)
+    return ups
+
+
+def _data(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(url) as conn:
+        return {t: conn.execute(f"SELECT * FROM arm.{t} ORDER BY id").fetchall() for t in TABLES}
+
+
+def _constraints(conn: Conn) -> dict[str, bool]:
+    """Constraint name → whether it is validated."""
+    rows = conn.execute(
+        "SELECT conname, convalidated FROM pg_constraint "
+        "WHERE connamespace = 'arm'::regnamespace AND contype = 'c'"
+    ).fetchall()
+    return {r["conname"]: r["convalidated"] for r in rows}
+
+
+def _index_def(conn: Conn, name: str) -> str:
+    return str(scalar(conn, "SELECT indexdef FROM pg_indexes WHERE indexname = %s", (name,)))
+
+
+def test_0002_applies_to_a_database_with_data_and_its_constraints_hold(
+    empty_db_url: str,
+) -> None:
+    ups = _old_release_with_data(empty_db_url)
+    before = _data(empty_db_url)
+
+    assert migrate(empty_db_url).applied_migrations == [M2]
+    assert _data(empty_db_url) == before  # not a row changed
+
+    with dict_conn(empty_db_url) as conn:
+        constraints = _constraints(conn)
+        assert constraints["recognition_job_published_fields"] is True
+        assert constraints["recognition_job_republish_only_when_published"] is True
+        # NOT VALID: the old row over the bounds is kept, new rows are checked.
+        assert {name: constraints[name] for name in BOUNDS} == dict.fromkeys(BOUNDS, False)
+        assert "(requested_at, id)" in _index_def(conn, "recognition_job_queued_idx")
+        assert "(last_published_at, id)" in _index_def(conn, "recognition_job_unacked_idx")
+
+        # The old jobs carry on under the new functions.
+        rows = conn.execute(
+            query("apply_envelopes"),
+            {
+                "envelopes": Jsonb(
+                    [
+                        {
+                            "job_id": str(ups["published"].job_id),
+                            "file_id": str(ups["published"].file_id),
+                            "status": "processing",
+                            "service_name": "tabular-parser",
+                            "service_version": "1",
+                        },
+                        {
+                            "job_id": str(ups["processing"].job_id),
+                            "file_id": str(ups["processing"].file_id),
+                            "msg_id": "result:1",
+                            "status": "error",
+                            "service_name": "tabular-parser",
+                            "error_code": "UNREADABLE",
+                        },
+                    ]
+                )
+            },
+        ).fetchall()
+        assert [r["outcome"] for r in rows] == ["applied", "applied"]
+        moved = conn.execute(
+            query("dead_letter_unpublishable"),
+            {"job_ids": [ups["queued"].job_id], "error_codes": ["X"], "error_messages": [None]},
+        ).fetchall()
+        assert len(moved) == 1 and stored_file(conn, ups["queued"].file_id)["status"] == "ERROR"
+
+        # The old row over the bounds: a DBA shortens it, then validates the constraints.
+        too_long = ups["too_long"]
+        with pytest.raises(psycopg.errors.CheckViolation, match="original_name_length"):
+            conn.execute(
+                "ALTER TABLE arm.stored_file VALIDATE CONSTRAINT stored_file_original_name_length"
+            )
+        # (Until then the row cannot be updated: a NOT VALID constraint checks updates.)
+        with pytest.raises(psycopg.errors.CheckViolation, match="original_name_length"):
+            conn.execute(
+                "UPDATE arm.stored_file SET status = 'ERROR' WHERE id = %s", (too_long.file_id,)
+            )
+        conn.execute(
+            "UPDATE arm.stored_file SET original_name = left(original_name, 1024) WHERE id = %s",
+            (too_long.file_id,),
+        )
+        conn.execute(
+            "UPDATE arm.s3_object SET bucket = 'arm-ka', key = left(key, 1024) WHERE id = %s",
+            (too_long.s3_object_id,),
+        )
+        for name, table in BOUNDS.items():
+            conn.execute(f"ALTER TABLE arm.{table} VALIDATE CONSTRAINT {name}")
+        assert {name: _constraints(conn)[name] for name in BOUNDS} == dict.fromkeys(BOUNDS, True)
+
+
+def test_0002_rolls_back_with_data_and_applies_again(empty_db_url: str) -> None:
+    ups = _old_release_with_data(empty_db_url)
+    before = _data(empty_db_url)
+    with dict_conn(empty_db_url) as conn:
+        old = {
+            "queued": _index_def(conn, "recognition_job_queued_idx"),
+            "unacked": _index_def(conn, "recognition_job_unacked_idx"),
+        }
+        old_constraints = _constraints(conn)
+    assert migrate(empty_db_url).applied_migrations == [M2]
+
+    assert _yoyo(empty_db_url, [M2], rollback=True) == [M2]
+    assert _data(empty_db_url) == before
+    with dict_conn(empty_db_url) as conn:
+        assert _constraints(conn) == old_constraints  # all validated again, bounds gone
+        assert _index_def(conn, "recognition_job_queued_idx") == old["queued"]
+        assert _index_def(conn, "recognition_job_unacked_idx") == old["unacked"]
+
+    # Again, now with a job dead-lettered before it was ever published: the rollback
+    # keeps it and restores the 0001 publish-field constraint NOT VALID.
+    assert migrate(empty_db_url).applied_migrations == [M2]
+    with dict_conn(empty_db_url) as conn:
+        conn.execute(
+            query("dead_letter_unpublishable"),
+            {"job_ids": [ups["queued"].job_id], "error_codes": ["X"], "error_messages": [None]},
+        )
+    assert _yoyo(empty_db_url, [M2], rollback=True) == [M2]
+    with dict_conn(empty_db_url) as conn:
+        constraints = _constraints(conn)
+        assert constraints["recognition_job_published_fields"] is False
+        assert job(conn, ups["queued"].job_id)["status"] == "dlq"
+        # New rows are still checked against it.
+        with pytest.raises(psycopg.errors.CheckViolation, match="published_fields"):
+            conn.execute(
+                "UPDATE arm.recognition_job SET published_at = NULL WHERE id = %s",
+                (ups["published"].job_id,),
+            )
+    assert migrate(empty_db_url).applied_migrations == [M2]
+    with dict_conn(empty_db_url) as conn:
+        assert _constraints(conn)["recognition_job_published_fields"] is True
+
+
+# --- the upload bounds, as an uploader meets them --------------------------------------
+
+
+def _insert_object(conn: Conn, bucket: str = "arm-ka", key: str | None = None) -> uuid.UUID:
+    row = conn.execute(
+        "INSERT INTO arm.s3_object (bucket, key, bucket_role) VALUES (%s, %s, 'uploads') "
+        "RETURNING id",
+        (bucket, key or f"uploads/{uuid.uuid4()}"),
+    ).fetchone()
+    assert row is not None
+    return uuid.UUID(str(row["id"]))
+
+
+def _insert_file(conn: Conn, name: str) -> None:
+    conn.execute(
+        "INSERT INTO arm.stored_file (original_name, file_type, s3_object_id) "
+        "VALUES (%s, 'XLSX', %s)",
+        (name, _insert_object(conn)),
+    )
+
+
+def test_a_file_name_over_1024_characters_is_refused_by_name(conn: Conn) -> None:
+    _insert_file(conn, "я" * 1024)  # characters, not bytes (as the JSON Schema counts)
+    with pytest.raises(psycopg.errors.CheckViolation, match="stored_file_original_name_length"):
+        _insert_file(conn, "я" * 1025)
+
+
+def test_an_s3_key_over_1024_characters_is_refused_by_name(conn: Conn) -> None:
+    _insert_object(conn, key="k" * 1024)
+    with pytest.raises(psycopg.errors.CheckViolation, match="s3_object_key_length"):
+        _insert_object(conn, key="k" * 1025)
+
+
+def test_a_bucket_name_over_63_characters_is_refused_by_name(conn: Conn) -> None:
+    _insert_object(conn, bucket="b" * 63)
+    with pytest.raises(psycopg.errors.CheckViolation, match="s3_object_bucket_length"):
+        _insert_object(conn, bucket="b" * 64)
+
+
+def test_an_upload_within_the_bounds_builds_a_request_within_the_contract(conn: Conn) -> None:
+    up = upload(conn, name="x" * 900 + ".xlsx", bucket="b" * 63)
+    [claimed] = publish(conn)
+    assert claimed["job_id"] == up.job_id
+    assert len(claimed["request"]["original_name"]) == 905
+    assert len(claimed["request"]["s3"]["bucket"]) == 63
