@@ -180,9 +180,9 @@ def test_hot_queries_have_partial_indexes(conn: Conn) -> None:
     defs = {r["indexname"]: r["indexdef"] for r in rows}
     # The claims' ORDER BY, so LIMIT stops the scan (0002).
     assert "(requested_at, id) WHERE (status = 'queued'" in defs["recognition_job_queued_idx"]
-    assert "(last_published_at, id) WHERE (status = 'published'" in defs[
-        "recognition_job_unacked_idx"
-    ]
+    assert (
+        "(last_published_at, id) WHERE (status = 'published'" in defs["recognition_job_unacked_idx"]
+    )
     assert "reply_deadline" in defs["recognition_job_live_deadline_idx"]
     assert "WHERE" in defs["recognition_job_live_deadline_idx"]
     assert "UNIQUE" in defs["recognition_job_one_live_per_file_idx"]
