@@ -4,6 +4,7 @@ subprocesses and a few small SQL helpers."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ import psycopg
 
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.migrate import migrate
+from tests.bench import cpu
+from tests.bench.cpu import CpuMeter
 from tests.processes import ArmProcess, log_lines
 
 
@@ -67,6 +70,12 @@ class Bench:
     @property
     def nats_url(self) -> str:
         return self.nats.url()
+
+    def cpu_meter(self, **pids: int) -> CpuMeter:
+        """CPU of PostgreSQL, nats-server, this process and the given processes."""
+        postmaster = int((self.pg.data_dir / "postmaster.pid").read_text().split()[0])
+        nats = [p for p in cpu.children(os.getpid()) if cpu.command(p) == "nats-server"]
+        return CpuMeter({**pids, **({"nats-server": nats[0]} if nats else {})}, postmaster)
 
     def fresh_database(self, name: str, migrated: bool = True) -> str:
         """A new, empty database (migrated for arm-core unless told otherwise)."""

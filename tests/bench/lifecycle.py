@@ -28,6 +28,7 @@ import psycopg
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from tests.bench.cpu import CpuMeter
 from tests.bench.harness import (
     Bench,
     connect,
@@ -89,6 +90,7 @@ class Burst:
     seconds: float
     counts: dict[str, int]
     dropped: int
+    cpu: str
 
     @property
     def rate(self) -> float:
@@ -106,7 +108,8 @@ async def run(bench: Bench, report: Report) -> None:
     await client.flush()
     try:
         async with bench.bridge(url, ACK_TIMEOUT_SECONDS="30") as proc:
-            burst = await _burst(url, bench.sizes.burst_files)
+            meter = bench.cpu_meter(bridge=proc.proc.pid)
+            burst = await _burst(url, bench.sizes.burst_files, meter)
             burst.dropped = dropped_envelopes(proc.log())
             _report_burst(report, burst)
             if burst.rate > 0:
@@ -121,11 +124,13 @@ async def run(bench: Bench, report: Report) -> None:
     bench.drop_database(url)
 
 
-async def _burst(url: str, n: int) -> Burst:
+async def _burst(url: str, n: int, meter: CpuMeter) -> Burst:
     with connect(url) as conn:
         await asyncio.to_thread(upload_files, conn, n, "burst")
     committed = time.time()
+    meter.start()
     await _wait_settled(url, "true")
+    meter.stop()
     last = await asyncio.to_thread(
         scalar,
         url,
@@ -133,7 +138,7 @@ async def _burst(url: str, n: int) -> Burst:
         "FROM arm.recognition_job WHERE status = 'done'",
     )
     counts = await asyncio.to_thread(status_counts, url)
-    return Burst(n, counts.get("done", 0), max(last - committed, 0.0), counts, 0)
+    return Burst(n, counts.get("done", 0), max(last - committed, 0.0), counts, 0, meter.describe())
 
 
 async def _wait_settled(url: str, where: str) -> None:
@@ -171,6 +176,12 @@ def _report_burst(report: Report, b: Burst) -> None:
         "    final states · envelopes the bridge dropped (its log)",
         text=f"{describe_counts(b.counts, ('done', 'processing', 'published'))} · "
         f"dropped {b.dropped:,}",
+    )
+    report.add(
+        "lifecycle.cpu",
+        SECTION,
+        "    CPU during (a), % of one core (bench = the instant service; 2 cores = 200%)",
+        text=b.cpu,
     )
 
 

@@ -36,6 +36,7 @@ class Drain:
     commits: int  # every commit in the database during the drain, less this process's own
     received: int
     unique: int
+    cpu: str  # CPU of each process while the backlog drained
 
     @property
     def rate(self) -> float:
@@ -71,7 +72,9 @@ async def drain(bench: Bench, n: int) -> Drain:
             with connect(url) as conn:
                 await asyncio.to_thread(upload_files, conn, n, "publish")
             committed = time.time()
+            meter = bench.cpu_meter(bridge=proc.proc.pid).start()
             polls = await _wait_until_published(url, within=max(120.0, n / 50))
+            meter.stop()
             first, last = await asyncio.to_thread(
                 scalar,
                 url,
@@ -96,6 +99,7 @@ async def drain(bench: Bench, n: int) -> Drain:
         commits=total,
         received=len(counter.ids),
         unique=len(set(counter.ids)),
+        cpu=meter.describe(),
     )
 
 
@@ -123,6 +127,12 @@ async def run(bench: Bench, report: Report) -> None:
     _add(report, "publish.large", large, ref="publish.small")
     compare = await drain(bench, s.compare_jobs)
     _add(report, "publish.compare", compare, ref="pgqueuer")
+    report.add(
+        "publish.cpu",
+        SECTION,
+        f"  {large.jobs:,} drain: CPU, % of one core (2 cores = 200%)",
+        text=large.cpu,
+    )
     for d in (small, large, compare):
         report.add(
             f"publish.txns.{d.jobs}",

@@ -133,7 +133,25 @@ def machine() -> list[str]:
         f"PostgreSQL: {postgres} (embedded: fsync=off, synchronous_commit=off, "
         "full_page_writes=off, shared_buffers=128MB)",
         f"nats-server: {_run([nats_binary, '--version'])}",
+        f"arm-core: {_tree()}",
     ]
+
+
+def _tree() -> str:
+    """The commit measured, and any uncommitted changes to the code under test."""
+    root = str(Path(__file__).resolve().parents[2])
+    head = _run(["git", "-C", root, "log", "-1", "--format=%h %s"])
+    out = subprocess.run(
+        ["git", "-C", root, "status", "--porcelain", "--", "arm_core", "bridge", "http", "db"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout.split("\n")
+    changed = [line[3:] for line in out if line.strip()]
+    return f"commit {head}" + (
+        f"; with uncommitted changes in {', '.join(changed)}" if changed else ""
+    )
 
 
 def markdown(report: Report, machine_lines: list[str], command: str, wall: float) -> str:

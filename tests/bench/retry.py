@@ -42,10 +42,12 @@ async def run(bench: Bench, report: Report) -> None:
         "HTTP_HOST": "127.0.0.1",
         "HTTP_PORT": str(port),
     }
-    with bench.arm_core("serve", env, port):
+    with bench.arm_core("serve", env, port) as serve:
+        meter = bench.cpu_meter(serve=serve.proc.pid).start()
         latencies, statuses, seconds = await _hammer(
             f"http://127.0.0.1:{port}", files, s.retry_concurrency
         )
+        meter.stop()
     latencies.sort()
     p50 = latencies[len(latencies) // 2] * 1000
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
@@ -64,6 +66,12 @@ async def run(bench: Bench, report: Report) -> None:
         SECTION,
         "    latency p50 · p99 · answers",
         text=f"{p50:,.1f} ms · {p99:,.1f} ms · {answers}",
+    )
+    report.add(
+        "retry.cpu",
+        SECTION,
+        "    CPU, % of one core (bench = the aiohttp client; 2 cores = 200%)",
+        text=meter.describe(),
     )
     bench.drop_database(url)
 

@@ -85,7 +85,8 @@ def _row(
     report.add(
         key,
         SECTION,
-        f"sweep_timeouts(), {s.sweep_due} due among {where}; it read {sweep.rows_read:,} job rows",
+        f"sweep_timeouts(), {s.sweep_due} due among {where}; "
+        f"it read {sweep.rows_read:,} job+file rows",
         sweep.ms,
         "ms",
         ref=ref,
@@ -147,7 +148,7 @@ def _time_out_newest(conn: psycopg.Connection[Any], n: int) -> None:
 @dataclass
 class Sweep:
     ms: float  # median
-    rows_read: int  # job rows the sweep's scans returned (pg_stat_xact_user_tables)
+    rows_read: int  # job and file rows its scans returned (pg_stat_xact_user_tables)
 
 
 def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
@@ -185,12 +186,14 @@ def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
 
 
 def _rows_read(conn: psycopg.Connection[Any]) -> int:
-    """Rows of arm.recognition_job read so far in this transaction (index and seq scans)."""
+    """Rows of arm.recognition_job and arm.stored_file read so far in this transaction
+    (index and sequential scans): what the sweep costs, whatever its plan."""
     row = conn.execute(
-        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) "
-        "FROM pg_stat_xact_user_tables WHERE relid = 'arm.recognition_job'::regclass"
+        "SELECT sum(coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)) "
+        "FROM pg_stat_xact_user_tables "
+        "WHERE relid IN ('arm.recognition_job'::regclass, 'arm.stored_file'::regclass)"
     ).fetchone()
-    return int(row[0]) if row else 0
+    return int(row[0] or 0) if row else 0
 
 
 _BULK = """
