@@ -12,6 +12,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import ModuleType
 
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.bench import lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
@@ -20,14 +21,16 @@ from tests.bench.report import Report, machine, markdown
 
 Section = Callable[[Bench, Report], Awaitable[None] | None]
 
-SECTIONS: dict[str, Section] = {
-    "pgbench": pgbench.run,
-    "pgqueuer": pgqueuer_drain.run,
-    "publish": publish.run,
-    "lifecycle": lifecycle.run,
-    "sweep": sweep.run,
-    "retry": retry.run,
+# Each section is a module with a `run(bench, report)`; its docstring says how it measures.
+MODULES: dict[str, ModuleType] = {
+    "pgbench": pgbench,
+    "pgqueuer": pgqueuer_drain,
+    "publish": publish,
+    "lifecycle": lifecycle,
+    "sweep": sweep,
+    "retry": retry,
 }
+SECTIONS: dict[str, Section] = {name: module.run for name, module in MODULES.items()}
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 
@@ -96,7 +99,12 @@ def main(argv: list[str]) -> int:
         print(f"- {note}")
     print(f"\n{command}: {wall:.0f} s; table written to {args.doc}")
     args.doc.parent.mkdir(parents=True, exist_ok=True)
-    args.doc.write_text(markdown(report, machine_lines, command, wall), encoding="utf-8")
+    methods = {
+        f"{name} (`tests/bench/{Path(MODULES[name].__file__ or '').name}`)": MODULES[name].__doc__
+        or ""
+        for name in args.sections
+    }
+    args.doc.write_text(markdown(report, machine_lines, command, wall, methods), encoding="utf-8")
     return 0
 
 

@@ -132,7 +132,7 @@ def machine() -> list[str]:
         f"os: {platform.platform()}; python {platform.python_version()}",
         f"PostgreSQL: {postgres} (embedded: fsync=off, synchronous_commit=off, "
         "full_page_writes=off, shared_buffers=128MB)",
-        f"nats-server: {_run([nats_binary, '--version'])}",
+        f"nats-server: {_run([nats_binary, '--version']).removeprefix('nats-server: ')}",
         f"arm-core: {_tree()}",
     ]
 
@@ -154,8 +154,15 @@ def _tree() -> str:
     )
 
 
-def markdown(report: Report, machine_lines: list[str], command: str, wall: float) -> str:
-    """docs/benchmarks.md: how it was run, on what, the table and the notes."""
+def markdown(
+    report: Report,
+    machine_lines: list[str],
+    command: str,
+    wall: float,
+    methods: dict[str, str],
+) -> str:
+    """docs/benchmarks.md: how it was run, on what, the table, the notes, and how each
+    section measures (the docstrings of the section modules)."""
     parts = [
         "# Benchmarks",
         "",
@@ -176,7 +183,13 @@ def markdown(report: Report, machine_lines: list[str], command: str, wall: float
         "",
         "## Notes",
         "",
-        *[f"- {n}" for n in report.notes],
+        *([f"- {n}" for n in report.notes] or ["(none)"]),
+        "",
+        "## How each section measures",
         "",
     ]
+    for name, doc in methods.items():
+        parts += [f"**{name}**: " + " ".join(doc.split("\n\n")[0].split()), ""]
+        for paragraph in doc.split("\n\n")[1:]:
+            parts += [" ".join(paragraph.split()), ""]
     return "\n".join(parts)
