@@ -1,5 +1,6 @@
--- The inbox's side (R-ACK-1, R-IN-1): acks and results from files.tabular_parsed.
--- Both lock the job row by id first and decide on what they then see. A status filter
+-- The inbox's side (R-ACK-1, R-IN-1): acks and results from files.tabular_parsed,
+-- applied one at a time (apply_ack, apply_result) or as a batch in one transaction
+-- (apply_envelopes, which calls them). Both lock the job row by id first and decide on what they then see. A status filter
 -- in the UPDATE's WHERE would not do: under READ COMMITTED a row whose visible version
 -- is still `queued` (the publisher's transaction has not committed yet) is skipped
 -- without waiting, and an early ack would be lost. SELECT … FOR UPDATE by id waits for
