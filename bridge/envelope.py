@@ -104,10 +104,10 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
         out: dict[str, Any] = {}
         changed: list[str] = []
         for key, item in value.items():
-            new_key, key_changed = storable(key, f"{path}/{key}")
+            new_key, key_changed = storable(key)
             out[new_key], item_changed = storable(item, f"{path}/{new_key}")
-            changed += key_changed + item_changed
-        return out, changed
+            changed += [f"{path}/{new_key}"] * bool(key_changed) + item_changed
+        return out, list(dict.fromkeys(changed))
     if isinstance(value, list):
         items, changed = [], []
         for i, item in enumerate(value):

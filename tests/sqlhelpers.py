@@ -89,7 +89,6 @@ def _upload_many(conn: Conn, n: int, file_type: str, mixed: bool) -> None:
             FROM o
             RETURNING id
         )
-        )
         INSERT INTO arm.recognition_job (file_id, attempt) SELECT id, 1 FROM f
         """,
         {"n": n, "type": file_type, "mixed": mixed},

@@ -199,7 +199,12 @@ async def test_a_batch_applies_the_good_envelopes_and_gives_each_bad_one_its_out
         _parsed(envelope(ok2.job_id, uuid.uuid4(), "done"), "result:mismatch"),
         _parsed(refused, f"result:{bad.job_id}:1"),
         _parsed(
-            envelope(ok2.job_id, ok2.file_id, "error", error={"code": "E", "message": "m"}),
+            envelope(
+                ok2.job_id,
+                ok2.file_id,
+                "error",
+                error={"code": "UNSUPPORTED_FORMAT", "message": "m"},
+            ),
             f"result:{ok2.job_id}:1",
         ),
     ]
@@ -241,7 +246,7 @@ async def test_results_postgresql_cannot_store_as_given_are_made_storable(
             err.job_id,
             err.file_id,
             "error",
-            error={"code": "BAD\u0000FILE", "message": "broken\u0000 sheet"},
+            error={"code": "UNSUPPORTED_FORMAT", "message": "broken\u0000 sheet"},
             metrics={"note\u0000": "a\u0000b"},
         )
         await send(client, json.dumps(with_nul).encode(), f"result:{err.job_id}:1")
@@ -258,7 +263,7 @@ async def test_results_postgresql_cannot_store_as_given_are_made_storable(
         e = job(conn, err.job_id)
         assert (e["status"], e["error_code"], e["error_message"]) == (
             "error",
-            "BADFILE",
+            "UNSUPPORTED_FORMAT",
             "broken sheet",
         )
         assert e["metrics"] == {"note": "ab"}
@@ -271,9 +276,9 @@ async def test_results_postgresql_cannot_store_as_given_are_made_storable(
 
 @pytest.fixture
 def small_nats(tmp_path: Path) -> Any:
-    """A nats-server that takes messages of at most 4 KiB (max_payload)."""
+    """A nats-server that takes messages of at most 3 KiB (max_payload)."""
     config = tmp_path / "small.conf"
-    config.write_text("max_payload: 4096\n")
+    config.write_text("max_payload: 3072\n")
     server = EmbeddedNats(log_dir=tmp_path / "small-nats", extra_args=["-c", str(config)]).start()
     try:
         yield server
@@ -287,8 +292,9 @@ async def test_an_unpublishable_request_dead_letters_alone_and_the_rest_go_out_a
     """The oldest queued job's request exceeds the server's max_payload: it goes to dlq
     with REQUEST_TOO_LARGE and its file to ERROR, while the 300 uploaded with it are
     published in the same cycle — no waiting for OUTBOX_POLL_SECONDS (here an hour)."""
-    # Long, but within the upload bounds: 1,000 Cyrillic characters of name and key.
-    name = "Ж" * 995 + ".xlsx"
+    # Long, but within the upload bounds (1,024 characters of name and of key; the key
+    # is "uploads/<uuid>/<name>"): about 4 KB of request in UTF-8.
+    name = "Ж" * 965 + ".xlsx"
     with dict_conn(db_url) as conn, conn.transaction():
         big = upload(conn, name=name)
         upload_many(conn, 300)

@@ -23,7 +23,7 @@ from arm_core.bridge.envelope import Envelope, parse_envelope, storable
         (float("-inf"), None, ["/"]),
         (1.5, 1.5, []),
         (10**30, 10**30, []),
-        ({"k\x00": "v"}, {"k": "v"}, ["/k\x00"]),
+        ({"k\x00": "v\x00"}, {"k": "v"}, ["/k"]),
         ({"a": [1, float("inf"), {"b": "\x00"}]}, {"a": [1, None, {"b": ""}]}, ["/a/1", "/a/2/b"]),
         (None, None, []),
         (True, True, []),
