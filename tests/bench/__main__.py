@@ -84,9 +84,9 @@ def main(argv: list[str]) -> int:
         try:
             pg.start()
             nats.start()
+            machine_lines = machine()  # before: others may commit while the run goes on
             bench = Bench(pg, nats, workdir, sizes)
             asyncio.run(run_sections(bench, report, args.sections))
-            machine_lines = machine()
         finally:
             nats.stop()
             pg.destroy()
