@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema_rs
 from jsonschema import Draft202012Validator
 
 import arm_core
@@ -27,3 +28,12 @@ def schema(name: str) -> dict[str, Any]:
 @cache
 def validator(name: str) -> Draft202012Validator:
     return Draft202012Validator(schema(name), format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+@cache
+def fast_validator(name: str) -> Any:
+    """The same schema compiled by jsonschema-rs: about 3 µs a message against 100 µs
+    for jsonschema, which the inbox's hot path cannot afford at thousands of envelopes
+    per second. It decides valid or not; jsonschema (above) explains a rejection, and
+    tests/unit/test_contracts.py checks that both agree on every example and bad case."""
+    return jsonschema_rs.validator_for(schema(name), validate_formats=True)

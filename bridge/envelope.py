@@ -15,7 +15,7 @@ from typing import Any
 
 from jsonschema.exceptions import best_match
 
-from arm_core.bridge.contracts import RESULT_SCHEMA, validator
+from arm_core.bridge.contracts import RESULT_SCHEMA, fast_validator, validator
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 # json.loads joins surrogate pairs; what is left cannot be encoded as UTF-8.
@@ -144,8 +144,10 @@ def parse_envelope(
         return Rejected("missing_msg_id", f"no {MSG_ID_HEADER} header", job_id=job_id)
     if len(msg_id) > 200:
         return Rejected("bad_msg_id", f"{MSG_ID_HEADER} of {len(msg_id)} characters", job_id)
-    error = best_match(validator(RESULT_SCHEMA).iter_errors(body))
-    if error is not None:
+    if not fast_validator(RESULT_SCHEMA).is_valid(body):
+        error = best_match(validator(RESULT_SCHEMA).iter_errors(body))
+        if error is None:  # the two validators disagree: the stricter one decides
+            return Rejected("schema", "rejected by the result schema", job_id, msg_id)
         where = "/".join(str(p) for p in error.absolute_path) or "(top)"
         return Rejected("schema", f"{where}: {error.message[:300]}", job_id, msg_id)
     # Schema-valid is recorded: what PostgreSQL cannot store as given is made storable.

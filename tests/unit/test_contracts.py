@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from arm_core.bridge import contracts
+
 CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts"
 EXAMPLES = CONTRACTS / "examples"
 REQUEST_SCHEMA = CONTRACTS / "recognition-request.schema.json"
@@ -257,3 +259,30 @@ def test_error_codes_are_exactly_those_of_the_spec() -> None:
 def test_every_error_code_is_accepted(code: str) -> None:
     result = _result("result-error.json", error={"code": code, "message": "m"})
     assert _errors(RESULT_SCHEMA, result) == []
+
+
+# --- the inbox's fast validator agrees with jsonschema ----------------------------------
+
+AGREEMENT_CASES = {
+    **{f"example {p.name}": json.loads(p.read_text()) for p in EXAMPLES.glob("result-*.json")},
+    **BAD_RESULTS,
+    **{
+        f"ack without {f}": _result("result-processing.json", drop=(f,))
+        for f in ("schema_version", "job_id", "file_id", "status", "service")
+    },
+    **{
+        f"error {code}": _result("result-error.json", error={"code": code, "message": "m"})
+        for code in ERROR_CODES
+    },
+    "not an object": [1, 2],
+    "job_id with a newline": _result("result-done.json", job_id="a\nb"),
+    "date-time-like garbage in schema_version": _result("result-done.json", schema_version=1.0),
+}
+
+
+@pytest.mark.parametrize("doc", AGREEMENT_CASES.values(), ids=AGREEMENT_CASES.keys())
+def test_fast_validator_agrees_with_jsonschema(doc: Any) -> None:
+    """bridge/contracts.fast_validator (jsonschema-rs) decides what the inbox accepts:
+    it must say valid exactly where jsonschema does."""
+    name = contracts.RESULT_SCHEMA
+    assert contracts.fast_validator(name).is_valid(doc) == contracts.validator(name).is_valid(doc)
