@@ -139,6 +139,8 @@ class Settings:
     nats_jwt: str = _var("OPENBAO__NATS__NATS_JWT", _text, "")
     outbox_poll_seconds: float = _var("OUTBOX_POLL_SECONDS", _POSITIVE, 5.0)
     outbox_batch_size: int = _var("OUTBOX_BATCH_SIZE", _number(int, 1), 500)
+    # Publish batches in flight at once per process (each on its own connection).
+    outbox_publishers: int = _var("OUTBOX_PUBLISHERS", _number(int, 1), 2)
     ack_timeout_seconds: float = _var("ACK_TIMEOUT_SECONDS", _POSITIVE, 30.0)
     outbox_max_republish: int = _var("OUTBOX_MAX_REPUBLISH", _number(int, 0), 3)
     timeout_sweep_seconds: float = _var("TIMEOUT_SWEEP_SECONDS", _number(float, 1), 30.0)

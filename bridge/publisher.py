@@ -117,13 +117,20 @@ class Publisher:
         if self._nats_down_logged:
             log.info("NATS is back; publishing", extra={"action": "publish"})
         self._nats_down_since, self._nats_down_logged = None, False
-        full = self.settings.outbox_batch_size
-        while await self._publish_batch() == full and not self._stopping.is_set():
-            pass
+        await asyncio.gather(*(self._drain() for _ in range(self.settings.outbox_publishers)))
         if self._stopping.is_set():
             return
         await self._dead_letter()
+        full = self.settings.outbox_batch_size
         while await self._republish_batch() == full and not self._stopping.is_set():
+            pass
+
+    async def _drain(self) -> None:
+        """Publishes full batches until the queue is empty. OUTBOX_PUBLISHERS of these run
+        at once: SKIP LOCKED gives each its own jobs, and while one batch waits for the
+        server's confirmation or its commit, another is being claimed."""
+        full = self.settings.outbox_batch_size
+        while await self._publish_batch() == full and not self._stopping.is_set():
             pass
 
     async def _publish_batch(self) -> int:
