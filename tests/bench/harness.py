@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -169,6 +170,11 @@ def dropped_envelopes(log: str) -> int:
 def publish_batches(log: str) -> int:
     """Publish transactions the bridge committed, from its `published N jobs` lines."""
     return len([line for line in log_lines(log, action="publish") if "published " in line])
+
+
+def progress(what: str) -> None:
+    """A line on stderr while a long step runs (the table goes to stdout at the end)."""
+    print(f"   {time.strftime('%H:%M:%S')} {what}", file=sys.stderr, flush=True)
 
 
 def median(values: list[float]) -> float:

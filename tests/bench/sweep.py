@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from tests.bench.harness import Bench, Sizes, connect, median
+from tests.bench.harness import Bench, Sizes, connect, median, progress
 from tests.bench.report import Report
 from tests.bench.uploads import publish_in_sql, upload_files
 
@@ -37,11 +37,13 @@ def run(bench: Bench, report: Report) -> None:
     (live_small, live_large), (hist_small, hist_large) = s.sweep_live, s.sweep_history
     url = bench.fresh_database("sweep")
     with connect(url) as conn:
+        progress(f"sweep: {hist_small:,} history and {live_small:,} live jobs via the functions")
         _history_through_functions(conn, hist_small)
         _add_live(conn, live_small)
         base = _measure(conn, s.sweep_due, s.sweep_repeats)
         _row(report, "sweep.base", f"{live_small:,} live, {hist_small:,} history", base, s)
 
+        progress(f"sweep: {live_large - live_small:,} more live jobs via the functions")
         _add_live(conn, live_large - live_small)
         more_live = _measure(conn, s.sweep_due, s.sweep_repeats)
         _row(
@@ -55,9 +57,12 @@ def run(bench: Bench, report: Report) -> None:
 
         # Back to the small live set: the extra live jobs time out and become history;
         # the rest of the large history is bulk-loaded.
+        progress(f"sweep: {live_large - live_small:,} live jobs time out into history")
         _time_out_newest(conn, live_large - live_small)
         history_now = _count(conn, "status NOT IN ('queued', 'published', 'processing')")
+        progress(f"sweep: bulk-loading {hist_large - history_now:,} history rows")
         loaded = _bulk_history(conn, hist_large - history_now)
+        progress("sweep: measuring")
         more_history = _measure(conn, s.sweep_due, s.sweep_repeats)
         live_now = _count(conn, "status IN ('published', 'processing')")
         history_now = _count(conn, "status NOT IN ('queued', 'published', 'processing')")
