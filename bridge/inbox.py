@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 # How long a full buffer makes the callback wait before it looks again whether the
 # database has meanwhile become unreachable (then it drops instead of waiting).
 _FULL_RECHECK_SECONDS = 0.5
+# A batch that was all `busy` waits this long before it is tried again.
+_BUSY_PAUSE_SECONDS = 0.005
 
 
 def _fields(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
@@ -153,30 +155,37 @@ class Inbox:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Applies buffered envelopes, batch by batch, until `stopping` is set and the
-        buffer is drained."""
+        buffer is drained. Envelopes the database calls `busy` (another transaction
+        holds their job, e.g. a publisher about to commit the request they answer) lead
+        the next batch, so they are applied before anything that arrived after them."""
         limit = self.settings.inbox_batch_size
-        while not (stopping.is_set() and self.queue.empty()):
-            try:
-                first = await asyncio.wait_for(self.queue.get(), timeout=0.5)
-            except TimeoutError:
-                continue
-            batch = [first]
+        deferred: list[Envelope] = []
+        while not (stopping.is_set() and self.queue.empty() and not deferred):
+            batch, deferred = deferred, []
+            if not batch:
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), timeout=0.5))
+                except TimeoutError:
+                    continue
             while len(batch) < limit and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
-            await self._apply_until_done(batch, stopping)
-            for _ in batch:
-                self.queue.task_done()
+            deferred = await self._apply_until_done(batch, stopping)
+            if deferred and len(deferred) == len(batch):
+                await asyncio.sleep(_BUSY_PAUSE_SECONDS)  # all waiting on others' commits
 
-    async def _apply_until_done(self, batch: list[Envelope], stopping: asyncio.Event) -> None:
+    async def _apply_until_done(
+        self, batch: list[Envelope], stopping: asyncio.Event
+    ) -> list[Envelope]:
         """Applies `batch`, holding it while the database is unreachable. A batch the
-        database rejects is split into single envelopes, each applied on its own."""
+        database rejects is split into single envelopes, each applied on its own.
+        Returns the envelopes that came back `busy`, in order."""
         backoff = 0.2
         conflicts = 0
         while True:
             try:
-                await self.apply(batch)
+                outcomes = await self.apply(batch)
                 self.db_unreachable = False
-                return
+                return [e for e, o in zip(batch, outcomes, strict=True) if o == "busy"]
             except DatabaseUnavailable as exc:
                 self.db_unreachable = True
                 self.stats.db_retries += 1
@@ -190,7 +199,7 @@ class Inbox:
                 if stopping.is_set() and backoff > 5:
                     for envelope in batch:
                         self.drop(envelope, "shutdown")
-                    return
+                    return []
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             except DatabaseError as exc:
@@ -206,11 +215,15 @@ class Inbox:
                         exc,
                         extra={"action": "inbox_split", "count": len(batch)},
                     )
+                    busy: list[Envelope] = []
                     for envelope in batch:
-                        await self._apply_until_done([envelope], stopping)
-                    return
+                        if any(b.job_id == envelope.job_id for b in busy):
+                            busy.append(envelope)  # its job's earlier envelope waits: so does it
+                        else:
+                            busy += await self._apply_until_done([envelope], stopping)
+                    return busy
                 self._record(batch[0], "failed", None, error=str(exc))
-                return
+                return []
 
     async def apply(self, batch: list[Envelope]) -> list[str]:
         """Hands `batch` to arm.apply_envelopes in one transaction; logs and counts each
@@ -232,6 +245,8 @@ class Inbox:
         self, envelope: Envelope, outcome: str, attempt: int | None, error: str | None = None
     ) -> None:
         self.stats.outcomes[outcome] += 1
+        if outcome == "busy":  # not an outcome yet: it is applied again
+            return
         action = "ack" if envelope.is_ack else "result"
         extra = _fields(envelope, action, attempt=attempt, status=envelope.status)
         if outcome == "applied":

@@ -1,6 +1,7 @@
 -- The inbox's side (R-ACK-1, R-IN-1): acks and results from files.tabular_parsed,
 -- applied one at a time (apply_ack, apply_result) or as a batch in one transaction
--- (apply_envelopes, which calls them). Both lock the job row by id first and decide on what they then see. A status filter
+-- (apply_envelopes, which calls them). Both lock the job row by id first and decide on
+-- what they then see. A status filter
 -- in the UPDATE's WHERE would not do: under READ COMMITTED a row whose visible version
 -- is still `queued` (the publisher's transaction has not committed yet) is skipped
 -- without waiting, and an early ack would be lost. SELECT … FOR UPDATE by id waits for
@@ -13,6 +14,8 @@
 --   not_published  the job is still queued (it was never sent)
 --   unknown_job    no job has this id
 --   file_mismatch  the envelope's file_id is not the job's
+--   busy           (apply_envelopes only) another transaction holds the job's row:
+--                  nothing was done, the caller applies the envelope again
 
 -- Applies an ack (`status = processing`): published → processing with started_at and the
 -- service; the file becomes PROCESSING when this job is its current one.
@@ -165,15 +168,20 @@ $$;
 -- A later element sees what the earlier ones did: a second copy of an ack, or of a result
 -- with the same msg_id, gets `duplicate`; an ack after its job's result gets `already_final`.
 --
--- Lock order: before applying anything it locks every job row the batch names, in id
--- order (SELECT … ORDER BY id FOR UPDATE); the elements then lock only rows it already
--- holds, plus files (UPDATE … WHERE current_recognition_job_id = the job, which only a
--- holder of that job's lock can match). Two bridges applying overlapping batches at once
--- therefore never deadlock with each other: whichever takes the lowest job id they share
--- goes first, and the other waits for that commit while holding only jobs the first does
--- not need. (Every job an envelope names committed before its request went out, so the
--- locking statement sees it.) The lock waits, like apply_ack's own, for a publisher whose
--- claim + mark_published has not committed yet, so an early ack still applies.
+-- Locks: before applying anything it locks the job rows the batch names, in id order,
+-- with SKIP LOCKED. Every element whose job exists but is locked by another transaction
+-- — typically a publisher whose claim + mark_published has not committed yet, when the
+-- ack came back faster than that commit, or another bridge's batch — gets the outcome
+-- `busy` and is NOT applied: the caller applies it again in its next batch, before
+-- anything that arrived later, so the order per job holds. All elements of a busy job
+-- are busy, so none of its envelopes overtakes another. This way a batch never waits
+-- for a publisher's NATS round trip (the batch would otherwise stall on the slowest
+-- lock it meets), and two bridges applying overlapping batches never deadlock: nothing
+-- here waits for a job lock. The elements then lock only rows it already holds, plus
+-- files (UPDATE … WHERE current_recognition_job_id = the job).
+-- An early ack is therefore never lost: it is `busy` until the publisher commits, then
+-- applied. (Every job an envelope names committed before its request went out, so the
+-- locking statement sees it once that commit is there.)
 --
 -- Errors: there is deliberately no exception block per element. Each PL/pgSQL exception
 -- block is a subtransaction, and more than 64 subtransactions that write in one
@@ -191,6 +199,8 @@ AS $$
 DECLARE
     e record;
     r record;
+    v_named uuid[];
+    v_locked uuid[];
 BEGIN
     IF jsonb_typeof(p_envelopes) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'apply_envelopes takes a JSON array of envelopes, not %',
@@ -198,12 +208,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    PERFORM 1
-    FROM arm.recognition_job j
-    WHERE j.id IN (SELECT (x.env ->> 'job_id')::uuid
-                   FROM jsonb_array_elements(p_envelopes) AS x(env))
-    ORDER BY j.id
-    FOR UPDATE;
+    v_named := ARRAY(SELECT DISTINCT (x.env ->> 'job_id')::uuid
+                     FROM jsonb_array_elements(p_envelopes) AS x(env));
+    v_locked := ARRAY(SELECT j.id FROM arm.recognition_job j
+                      WHERE j.id = ANY (v_named)
+                      ORDER BY j.id
+                      FOR UPDATE SKIP LOCKED);
 
     FOR e IN
         SELECT x.n::integer AS n, x.env,
@@ -213,6 +223,17 @@ BEGIN
         FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)
         ORDER BY x.n
     LOOP
+        IF e.status IN ('processing', 'done', 'needs_check', 'error')
+           AND e.job_id <> ALL (v_locked)
+           AND EXISTS (SELECT 1 FROM arm.recognition_job j WHERE j.id = e.job_id) THEN
+            -- Locked by someone else: applied by the caller's next batch.
+            ord := e.n;
+            outcome := 'busy';
+            attempt := NULL;
+            status := NULL;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
         IF e.status = 'processing' THEN
             SELECT a.outcome, a.attempt, a.status INTO r
             FROM arm.apply_ack(e.job_id, e.file_id,
