@@ -352,3 +352,33 @@ async def test_health_says_degraded_while_the_outbox_is_stuck_and_ok_after(
         with dict_conn(db_url) as conn:
             await wait_for(lambda: job(conn, up.job_id)["status"] == "published", 10)
         assert await health() == {"status": "ok", "db": "ok", "nats": "ok", "outbox": "ok"}
+
+
+async def test_an_early_answer_waits_as_busy_and_is_applied_after_the_commit(
+    db_url: str, nats_server: EmbeddedNats, client: Client
+) -> None:
+    """The early-ack race under batching, through the bridge: while another transaction
+    holds the job (as a publisher does until its commit), the ack and the result that
+    answer it come back `busy` and wait, in order, while other envelopes are applied;
+    after the commit both are applied, the ack first."""
+    with dict_conn(db_url) as conn:
+        racing, other = upload(conn), upload(conn)
+        publish(conn)
+    async with running_bridge(fast_settings(db_url, nats_server.url())) as bridge:
+        with psycopg.connect(db_url) as holder:
+            holder.execute(
+                "SELECT 1 FROM arm.recognition_job WHERE id = %s FOR UPDATE", (racing.job_id,)
+            )
+            for up in (racing, other):
+                await send(client, envelope(up.job_id, up.file_id, "processing"), f"a:{up.job_id}")
+                await send(client, envelope(up.job_id, up.file_id, "done"), f"r:{up.job_id}")
+            await wait_for(lambda: bridge.inbox.stats.applied == 2, 10, "the other job applied")
+            assert bridge.inbox.stats.outcomes["busy"] >= 2
+            with dict_conn(db_url) as conn:
+                assert job(conn, racing.job_id)["status"] == "published"
+                assert job(conn, other.job_id)["status"] == "done"
+        await wait_for(lambda: bridge.inbox.stats.applied == 4, 10, "applied after the commit")
+        assert bridge.inbox.stats.ignored == 0  # the ack was not overtaken by the result
+    with dict_conn(db_url) as conn:
+        assert job(conn, racing.job_id)["status"] == "done"
+        assert job(conn, racing.job_id)["started_at"] is not None
