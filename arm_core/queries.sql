@@ -6,6 +6,12 @@ SELECT job_id, attempt, pipeline::text AS pipeline, msg_id, reply_deadline, requ
 FROM arm.claim_queued_jobs(%(limit)s, make_interval(secs => %(tabular_timeout)s),
                            make_interval(secs => %(image_timeout)s));
 
+-- name: publish_queued_jobs
+SELECT job_id, attempt, file_id, outcome, subject, msg_id, request, error_message
+FROM arm.publish_queued_jobs(%(limit)s, make_interval(secs => %(tabular_timeout)s),
+                             make_interval(secs => %(image_timeout)s),
+                             %(tabular_subject)s, %(image_subject)s, %(max_bytes)s);
+
 -- name: mark_published
 SELECT arm.mark_published(%(job_ids)s::uuid[], %(subjects)s::text[],
                           %(reply_deadlines)s::timestamptz[]) AS marked;

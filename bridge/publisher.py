@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client
-from nats.errors import MaxPayloadError
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
@@ -135,62 +134,62 @@ class Publisher:
 
     async def _publish_batch(self) -> int:
         """Publishes one batch of queued jobs; returns how many were claimed (0 when the
-        batch failed). Jobs whose request cannot be published are dead-lettered in the
-        same transaction, so they never hold back the rest."""
+        batch failed). arm.publish_queued_jobs claims and marks them in one statement and
+        dead-letters, in the same statement, any whose request exceeds the server's
+        max_payload, so one such job never holds back the others."""
         s = self.settings
-        sent, unsendable = await self._claim_send_mark(
+        claimed = await self._claim_send_mark(
             "publish",
-            "claim_queued_jobs",
+            "publish_queued_jobs",
             {
                 "limit": s.outbox_batch_size,
                 "tabular_timeout": s.tabular_reply_timeout_seconds,
                 "image_timeout": s.image_reply_timeout_seconds,
+                "tabular_subject": s.tabular_request_subject,
+                "image_subject": s.image_request_subject,
+                "max_bytes": self.nats.max_payload,
             },
-            lambda c: s.subject_for(c["pipeline"]),
-            lambda sent, unsendable: [
-                (
-                    "mark_published",
-                    {
-                        "job_ids": [c["job_id"] for c in sent],
-                        "subjects": [s.subject_for(c["pipeline"]) for c in sent],
-                        "reply_deadlines": [c["reply_deadline"] for c in sent],
-                    },
-                ),
-                (
-                    "dead_letter_unpublishable",
-                    {
-                        "job_ids": [u.job["job_id"] for u in unsendable],
-                        "error_codes": [u.code for u in unsendable],
-                        "error_messages": [u.message for u in unsendable],
-                    },
-                ),
-            ],
+            lambda rows: [r for r in rows if r["outcome"] == "published"],
         )
+        sent = [c for c in claimed if c["outcome"] == "published"]
         if sent:
             self.stats.published += len(sent)
             self.stats.batches += 1
             for c in sent:
                 log.debug("published", extra=_job_extra("publish", c))
             log.info(
-                "published %d jobs",
-                len(sent),
-                extra={"action": "publish", "count": len(sent)},
+                "published %d jobs", len(sent), extra={"action": "publish", "count": len(sent)}
             )
-        self.stats.unpublishable += len(unsendable)
-        for u in unsendable:
-            log.error(
-                "dead-lettered: the request cannot be published: %s",
-                u.message,
-                extra={**_job_extra("dlq", u.job), "reason": u.code},
-            )
-        return len(sent) + len(unsendable)
+        for c in claimed:
+            if c["outcome"] == "dlq":
+                self.stats.unpublishable += 1
+                log.error(
+                    "dead-lettered: the request cannot be published: %s",
+                    c["error_message"],
+                    extra={**_job_extra("dlq", c), "reason": "REQUEST_TOO_LARGE"},
+                )
+        return len(claimed)
 
     async def _republish_batch(self) -> int:
         """Republishes one batch of overdue unacked jobs; returns how many were claimed.
-        A request that can no longer be published (the server's max_payload shrank) is
-        left as it is and times out at its reply deadline."""
+        A request that no longer fits the server's max_payload (it was lowered) is left
+        as it is and times out at its reply deadline."""
         s = self.settings
-        sent, unsendable = await self._claim_send_mark(
+        limit = self.nats.max_payload
+
+        def fitting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            fit = [r for r in rows if _size(r) <= limit]
+            for r in rows:
+                if _size(r) > limit:
+                    log.error(
+                        "cannot republish: %d bytes exceed the server's max_payload %d",
+                        _size(r),
+                        limit,
+                        extra={**_job_extra("republish", r), "reason": "REQUEST_TOO_LARGE"},
+                    )
+            return fit
+
+        claimed = await self._claim_send_mark(
             "republish",
             "claim_unacked_jobs",
             {
@@ -198,35 +197,30 @@ class Publisher:
                 "ack_timeout": s.ack_timeout_seconds,
                 "max_republish": s.outbox_max_republish,
             },
-            lambda c: c["subject"],
-            lambda sent, _: [("mark_republished", {"job_ids": [c["job_id"] for c in sent]})],
+            fitting,
+            lambda sent: ("mark_republished", {"job_ids": [c["job_id"] for c in sent]}),
         )
-        self.stats.republished += len(sent)
-        for c in sent:
-            log.info(
-                "republished: no ack yet",
-                extra={**_job_extra("republish", c), "count": c["republish_count"] + 1},
-            )
-        for u in unsendable:
-            log.error(
-                "cannot republish: %s",
-                u.message,
-                extra={**_job_extra("republish", u.job), "reason": u.code},
-            )
-        return len(sent) + len(unsendable)
+        for c in claimed:
+            if _size(c) <= limit:
+                self.stats.republished += 1
+                log.info(
+                    "republished: no ack yet",
+                    extra={**_job_extra("republish", c), "count": c["republish_count"] + 1},
+                )
+        return len(claimed)
 
     async def _claim_send_mark(
         self,
         action: str,
         claim: str,
         claim_params: dict[str, Any],
-        subject_of: Callable[[dict[str, Any]], str],
-        marks: Callable[[list[dict[str, Any]], list[Unsendable]], list[tuple[str, dict[str, Any]]]],
-    ) -> tuple[list[dict[str, Any]], list[Unsendable]]:
-        """In one transaction: claim a batch, publish and confirm it, mark what was sent
-        and what could not be. Returns (sent, unsendable); both empty when there was
-        nothing to do or the batch failed (then the transaction rolls back and the batch
-        is untouched for the next cycle)."""
+        to_send: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+        mark: Callable[[list[dict[str, Any]]], tuple[str, dict[str, Any]]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """In one transaction: claim a batch, publish and confirm what `to_send` picks of
+        it, run `mark` on what was sent, commit. Returns the claimed rows, or [] when
+        there was nothing to do or the batch failed (then the transaction rolls back and
+        the batch is untouched for the next cycle)."""
         try:
             with wrap_db_errors(action):
                 async with self.pool.connection() as conn, conn.transaction():
@@ -235,21 +229,17 @@ class Publisher:
                     cur.adapters.register_loader("jsonb", TextLoader)
                     await cur.execute(query(claim), claim_params)
                     claimed = await cur.fetchall()
-                    if not claimed:
-                        return [], []
-                    unsendable = await self._send(
-                        [(subject_of(c), c["msg_id"], c["request"]) for c in claimed], action
-                    )
-                    failed = {u.index for u in unsendable}
-                    for u in unsendable:
-                        u.job = claimed[u.index]
-                    sent = [c for i, c in enumerate(claimed) if i not in failed]
-                    for name, params in marks(sent, unsendable):
-                        if params["job_ids"]:
-                            await cur.execute(query(name), params)
-                    return sent, unsendable
+                    sent = to_send(claimed)
+                    if sent:
+                        await self._send(
+                            [(c["subject"], c["msg_id"], c["request"]) for c in sent], action
+                        )
+                        if mark is not None:
+                            mark_query, mark_params = mark(sent)
+                            await cur.execute(query(mark_query), mark_params)
+                    return claimed
         except PublishFailed:
-            return [], []
+            return []
 
     async def _dead_letter(self) -> None:
         s = self.settings
@@ -275,40 +265,21 @@ class Publisher:
                 },
             )
 
-    async def _send(
-        self, messages: Sequence[tuple[str, str, Any]], action: str
-    ) -> list[Unsendable]:
-        """Publishes and confirms a batch. Returns the messages that cannot be published
-        at all (larger than the server's max_payload, or refused one by one), which were
-        left out; raises PublishFailed when the batch as a whole is not confirmed.
+    async def _send(self, messages: Sequence[tuple[str, str, Any]], action: str) -> None:
+        """Publishes and confirms a batch, or raises PublishFailed.
 
         Confirmed means: the connection was up before the first publish, nats-py did not
         reconnect in between (a reconnect can drop or replay buffered data), and the
         server answered a PING that went out after the last publish.
         """
         nc = self.nats
-        unsendable: list[Unsendable] = []
         try:
             if not nc.is_connected:
                 raise PublishFailed("NATS not connected")
             reconnects = nc.stats["reconnects"]
             try:
-                for index, (subject, msg_id, body) in enumerate(messages):
-                    payload = _dumps(body)
-                    headers = {MSG_ID_HEADER: msg_id}
-                    # The server counts the header block against max_payload too.
-                    size = len(payload) + _header_bytes(headers)
-                    if size > nc.max_payload:
-                        unsendable.append(_too_large(index, size, nc.max_payload))
-                        continue
-                    try:
-                        await nc.publish(subject, payload, headers=headers)
-                    except MaxPayloadError:
-                        unsendable.append(_too_large(index, size, nc.max_payload))
-                    except (TypeError, ValueError) as exc:  # this message, not the link
-                        unsendable.append(
-                            Unsendable(index, "PUBLISH_FAILED", f"{type(exc).__name__}: {exc}")
-                        )
+                for subject, msg_id, body in messages:
+                    await nc.publish(subject, _dumps(body), headers={MSG_ID_HEADER: msg_id})
                 await confirm(nc)
             except Exception as exc:  # nats-py raises several unrelated types here
                 raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
@@ -325,30 +296,13 @@ class Publisher:
                 extra={"action": action, "count": len(messages), "error": str(exc)},
             )
             raise
-        return unsendable
 
 
-@dataclass
-class Unsendable:
-    """A claimed job whose request cannot be published, and why (the job's error)."""
-
-    index: int
-    code: str
-    message: str
-    job: dict[str, Any] = field(default_factory=dict)
-
-
-def _too_large(index: int, size: int, limit: int) -> Unsendable:
-    return Unsendable(
-        index,
-        "REQUEST_TOO_LARGE",
-        f"the request is {size} bytes; the NATS server accepts at most {limit} (max_payload)",
-    )
-
-
-def _header_bytes(headers: dict[str, str]) -> int:
-    """Size of the NATS/1.0 header block nats-py sends for `headers`."""
-    return len("NATS/1.0\r\n\r\n") + sum(len(f"{k}: {v}\r\n") for k, v in headers.items())
+def _size(claimed: dict[str, Any]) -> int:
+    """What the server counts against max_payload for a claimed request: the payload and
+    the header block nats-py sends with it (as arm.publish_queued_jobs counts it)."""
+    header = f"NATS/1.0\r\n{MSG_ID_HEADER}: {claimed['msg_id']}\r\n\r\n"
+    return len(_dumps(claimed["request"])) + len(header.encode())
 
 
 async def confirm(nc: Client) -> None:

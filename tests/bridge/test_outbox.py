@@ -182,6 +182,7 @@ async def test_publish_burst_arrives_exactly_once_in_few_transactions(
     ids = Counter(tabular.msg_ids() + image.msg_ids())
     assert len(ids) == n
     assert set(ids.values()) == {1}
-    assert batches == n // 500
+    # Full batches, plus at most one partial batch per publisher in flight.
+    assert n // 500 <= batches <= n // 500 + settings.outbox_publishers
     tabular.assert_valid_requests()
     image.assert_valid_requests()

@@ -1,0 +1,110 @@
+-- The publisher's hot path (R-OUT-1) in one statement per batch. The bridge runs, in ONE
+-- transaction:
+--   publish_queued_jobs → publish every `published` row's request to NATS → confirm the
+--   server has them → COMMIT   (or ROLLBACK when the batch could not be confirmed).
+-- The rows are marked in the same statement that claims them, so each job costs one row
+-- version instead of a lock and then an update (claim_queued_jobs + mark_published, which
+-- stay for DBAs and tests). Nothing changes in what others can see: until the commit the
+-- jobs are queued for everyone else, and the commit comes only after the server confirmed
+-- every message, so a job is still never marked published unless its message reached
+-- NATS. published_at is the moment of the claim, a few milliseconds before the publish.
+
+-- Claims up to p_limit queued jobs, oldest first, skipping rows another publisher holds,
+-- and in the same statement:
+--   * a job whose request fits p_max_bytes (the server's max_payload; the request plus
+--     its Nats-Msg-Id header block) is marked published, with its subject, Nats-Msg-Id
+--     `<job_id>:<attempt>`, and a reply_deadline from the pipeline's reply timeout;
+--   * a job whose request does not fit is moved queued → dlq with error_code
+--     REQUEST_TOO_LARGE (nothing was sent), and its file, where current, to ERROR: it can
+--     never be published, and it must not hold back the jobs behind it.
+-- Returns one row per job: outcome (`published` | `dlq`), the subject, the Nats-Msg-Id
+-- and the request as JSON text (to be sent as it is) for published ones, the error for
+-- dlq ones. Must run inside the transaction that publishes and then commits.
+CREATE OR REPLACE FUNCTION arm.publish_queued_jobs(
+    p_limit integer,
+    p_tabular_reply_timeout interval,
+    p_image_reply_timeout interval,
+    p_tabular_subject text,
+    p_image_subject text,
+    p_max_bytes integer
+)
+RETURNS TABLE (
+    job_id uuid,
+    attempt integer,
+    file_id uuid,
+    outcome text,
+    subject text,
+    msg_id text,
+    request text,
+    error_message text
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    RETURN QUERY
+    WITH claimed AS (
+        SELECT j.id
+        FROM arm.recognition_job j
+        WHERE j.status = 'queued'
+        ORDER BY j.requested_at, j.id
+        LIMIT p_limit
+        FOR UPDATE OF j SKIP LOCKED
+    ), built AS (
+        SELECT j.id, j.file_id, j.attempt, j.requested_at,
+               j.id::text || ':' || j.attempt AS msg_id,
+               CASE j.pipeline WHEN 'tabular' THEN p_tabular_subject
+                               ELSE p_image_subject END AS subject,
+               d.deadline,
+               -- jsonb's text form: byte for byte what a republish sends again.
+               arm._request_body(j, f, o, d.deadline)::text AS request
+        FROM claimed c
+        JOIN arm.recognition_job j ON j.id = c.id
+        JOIN arm.stored_file f ON f.id = j.file_id
+        JOIN arm.s3_object o ON o.id = f.s3_object_id
+        CROSS JOIN LATERAL (
+            SELECT date_trunc('milliseconds', v_now
+                + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
+                                  ELSE p_image_reply_timeout END) AS deadline
+        ) d
+    ), sized AS (
+        -- What the server counts against max_payload: the payload and the header block
+        -- "NATS/1.0\r\nNats-Msg-Id: <id>\r\n\r\n" that nats-py sends with it.
+        SELECT b.*,
+               octet_length(b.request) + 12 + octet_length('Nats-Msg-Id: ' || b.msg_id) + 4
+                   AS bytes
+        FROM built b
+    ), marked AS (
+        UPDATE arm.recognition_job j
+        SET status = CASE WHEN s.bytes <= p_max_bytes THEN 'published'
+                          ELSE 'dlq' END::arm.job_status,
+            published_at = CASE WHEN s.bytes <= p_max_bytes THEN v_now END,
+            last_published_at = CASE WHEN s.bytes <= p_max_bytes THEN v_now END,
+            request_msg_id = CASE WHEN s.bytes <= p_max_bytes THEN s.msg_id END,
+            request_subject = CASE WHEN s.bytes <= p_max_bytes THEN s.subject END,
+            reply_deadline = CASE WHEN s.bytes <= p_max_bytes THEN s.deadline END,
+            error_code = CASE WHEN s.bytes > p_max_bytes THEN 'REQUEST_TOO_LARGE' END,
+            error_message = CASE WHEN s.bytes > p_max_bytes THEN format(
+                'the request is %s bytes; the NATS server accepts at most %s (max_payload)',
+                s.bytes, p_max_bytes) END,
+            finished_at = CASE WHEN s.bytes > p_max_bytes THEN v_now END
+        FROM sized s
+        WHERE j.id = s.id
+        RETURNING j.id, j.status, j.error_message
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        FROM marked m JOIN sized s ON s.id = m.id
+        WHERE m.status = 'dlq' AND f.id = s.file_id AND f.current_recognition_job_id = m.id
+    )
+    SELECT s.id, s.attempt, s.file_id, m.status::text,
+           s.subject, s.msg_id,
+           CASE WHEN m.status = 'published' THEN s.request END,
+           m.error_message
+    FROM sized s
+    JOIN marked m ON m.id = s.id
+    ORDER BY s.requested_at, s.id;
+END;
+$$;
