@@ -84,11 +84,28 @@ $$;
 
 -- Dead-letters published jobs that got no ack although they were republished
 -- p_max_republish times and the last one is p_ack_timeout old: status dlq, error_code
--- NO_ACK, request_msg_id unchanged, and their files (where current) ERROR.
--- Returns the jobs it moved, for the caller's log. "Due" is computed once, before the
--- scan, so the range last_published_at <= now - p_ack_timeout bounds the index scan of
--- recognition_job_unacked_idx (clock_timestamp() in the WHERE would be evaluated per row
--- and could only filter): the cost follows the due jobs, not all those waiting for an ack.
+-- NO_ACK, request_msg_id unchanged, and their files (where current) ERROR. Dead-letters
+-- every such job it can lock (rows another session holds are skipped) and returns the
+-- jobs it moved, for the caller's log.
+-- Its cost follows the due jobs, not those waiting for an ack or the history, whatever
+-- the column statistics say: final jobs keep last_published_at, all in the past, so the
+-- planner expects most published jobs to be due, and a single WITH due … UPDATE … FROM
+-- due was planned as hash joins over sequential scans of recognition_job and
+-- stored_file. So, as arm.sweep_timeouts does, it goes in steps whose plans cannot
+-- depend on that estimate:
+--   1. lock a batch of due jobs in the order of recognition_job_unacked_idx,
+--      (last_published_at, id): ORDER BY + a literal LIMIT make it an index range scan
+--      that stops at the batch, whatever the planner expects in the range. "Due" is
+--      computed once, before the scan (clock_timestamp() in the WHERE is evaluated per
+--      row and could only filter);
+--   2. update those jobs by primary key (id = ANY of the batch);
+--   3. update their files by the batch's ids (id = ANY of its files, read through the
+--      primary key or stored_file_current_job_idx). A file's current job is always its
+--      own (stored_file_current_job_fkey references (id, file_id)), so the files whose
+--      current job was just moved are exactly the batch's files whose current job is in
+--      the batch.
+-- A full batch is followed by the next, which starts after the last
+-- (last_published_at, id) taken, so a large backlog drains in one call, each row once.
 CREATE OR REPLACE FUNCTION arm.dead_letter_unacked(
     p_ack_timeout interval,
     p_max_republish integer
@@ -99,32 +116,54 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_due_before timestamptz := clock_timestamp() - p_ack_timeout;
+    -- Each batch starts after (v_after_at, v_after_id), the last row of the one before.
+    v_after_at timestamptz := '-infinity';
+    v_after_id uuid := '00000000-0000-0000-0000-000000000000';
+    v_due uuid[];
+    v_jobs uuid[];
+    v_attempts integer[];
+    v_files uuid[];
+    v_republished integer[];
 BEGIN
-    RETURN QUERY
-    WITH due AS (
-        SELECT j.id
-        FROM arm.recognition_job j
-        WHERE j.status = 'published'
-          AND j.last_published_at <= v_due_before
-          AND j.republish_count >= p_max_republish
-        FOR UPDATE SKIP LOCKED
-    ), moved AS (
-        UPDATE arm.recognition_job j
-        SET status = 'dlq',
-            error_code = 'NO_ACK',
-            error_message = format('no ack after %s publishes', j.republish_count + 1),
-            finished_at = clock_timestamp()
-        FROM due
-        WHERE j.id = due.id AND j.status = 'published'
-        RETURNING j.id, j.attempt, j.file_id, j.republish_count
-    ), files AS (
+    LOOP
+        SELECT array_agg(d.id ORDER BY d.last_published_at, d.id), max(d.last_published_at)
+        INTO v_due, v_after_at
+        FROM (
+            SELECT j.id, j.last_published_at
+            FROM arm.recognition_job j
+            WHERE j.status = 'published'
+              AND j.last_published_at <= v_due_before
+              AND (j.last_published_at, j.id) > (v_after_at, v_after_id)
+              AND j.republish_count >= p_max_republish
+            ORDER BY j.last_published_at, j.id
+            LIMIT 1000  -- the batch; keep in step with the EXIT below
+            FOR UPDATE SKIP LOCKED
+        ) d;
+        EXIT WHEN v_due IS NULL;
+        v_after_id := v_due[cardinality(v_due)];
+
+        WITH moved AS (
+            UPDATE arm.recognition_job j
+            SET status = 'dlq',
+                error_code = 'NO_ACK',
+                error_message = format('no ack after %s publishes', j.republish_count + 1),
+                finished_at = clock_timestamp()
+            WHERE j.id = ANY (v_due) AND j.status = 'published'
+            RETURNING j.id, j.attempt, j.file_id, j.republish_count
+        )
+        SELECT array_agg(m.id), array_agg(m.attempt), array_agg(m.file_id),
+               array_agg(m.republish_count)
+        INTO v_jobs, v_attempts, v_files, v_republished
+        FROM moved m;
+
         UPDATE arm.stored_file f
         SET status = 'ERROR'
-        FROM moved m
-        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
-        RETURNING f.id
-    )
-    SELECT m.id, m.attempt, m.file_id, m.republish_count FROM moved m;
+        WHERE f.id = ANY (v_files)
+          AND f.current_recognition_job_id = ANY (v_jobs);
+
+        RETURN QUERY SELECT * FROM unnest(v_jobs, v_attempts, v_files, v_republished);
+        EXIT WHEN cardinality(v_due) < 1000;
+    END LOOP;
 END;
 $$;
 
@@ -199,10 +238,22 @@ $$;
 -- Claims up to p_limit published jobs whose ack is overdue (last publish p_ack_timeout
 -- ago) and that may still be republished, oldest first, skipping rows another publisher
 -- holds. Returns the same request as the first publish (same reply_deadline, same
--- attempt), its subject and its Nats-Msg-Id. Must run in the transaction that calls
--- mark_republished. "Overdue" is computed once, so recognition_job_unacked_idx
--- (last_published_at, id) is read from the oldest up to that bound, in the claim's order,
--- and the scan stops at p_limit: its cost follows the claim, not the jobs awaiting an ack.
+-- attempt), its subject and its Nats-Msg-Id, oldest first. Must run in the transaction
+-- that calls mark_republished.
+-- Its cost follows the claim, not the jobs awaiting an ack or the history, whatever the
+-- column statistics say: final jobs keep last_published_at, all in the past, so the
+-- planner expects most published jobs to be overdue. Planned on that estimate, a single
+-- statement read every published job when p_limit was above it (a LIMIT that cannot stop
+-- early no longer favours the ordered index), and joined a claim of p_limit estimated
+-- rows to stored_file and s3_object by hashing both tables. So it goes in batches of at
+-- most 1000, each in two steps:
+--   1. lock the batch: "overdue" is computed once, before the scan, so
+--      recognition_job_unacked_idx (last_published_at, id) is read from the oldest up to
+--      that bound, in the claim's order; a LIMIT of at most 1000 stops that scan at the
+--      batch whatever the planner expects in the range. The next batch starts after the
+--      last (last_published_at, id) taken, so no row is read twice;
+--   2. return the batch: its jobs by primary key (id = ANY of the batch, whose length the
+--      planner knows), their files and objects by primary key.
 CREATE OR REPLACE FUNCTION arm.claim_unacked_jobs(
     p_limit integer,
     p_ack_timeout interval,
@@ -221,25 +272,42 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_due_before timestamptz := clock_timestamp() - p_ack_timeout;
+    -- Each batch starts after (v_after_at, v_after_id), the last row of the one before.
+    v_after_at timestamptz := '-infinity';
+    v_after_id uuid := '00000000-0000-0000-0000-000000000000';
+    v_claimed integer := 0;
+    v_batch uuid[];
 BEGIN
-    RETURN QUERY
-    WITH claimed AS (
-        SELECT j AS job
+    LOOP
+        SELECT array_agg(d.id ORDER BY d.last_published_at, d.id), max(d.last_published_at)
+        INTO v_batch, v_after_at
+        FROM (
+            SELECT j.id, j.last_published_at
+            FROM arm.recognition_job j
+            WHERE j.status = 'published'
+              AND j.last_published_at <= v_due_before
+              AND (j.last_published_at, j.id) > (v_after_at, v_after_id)
+              AND j.republish_count < p_max_republish
+            ORDER BY j.last_published_at, j.id
+            -- At most a batch (keep in step with the EXIT below); NULL p_limit: no limit.
+            LIMIT least(p_limit - v_claimed, 1000)
+            FOR UPDATE SKIP LOCKED
+        ) d;
+        EXIT WHEN v_batch IS NULL;
+        v_after_id := v_batch[cardinality(v_batch)];
+        v_claimed := v_claimed + cardinality(v_batch);
+
+        RETURN QUERY
+        SELECT j.id, j.attempt, j.request_subject, j.request_msg_id, j.republish_count,
+               arm._request_body(j, f, o, j.reply_deadline)
         FROM arm.recognition_job j
-        WHERE j.status = 'published'
-          AND j.last_published_at <= v_due_before
-          AND j.republish_count < p_max_republish
-        ORDER BY j.last_published_at, j.id
-        LIMIT p_limit
-        FOR UPDATE OF j SKIP LOCKED
-    )
-    SELECT (c.job).id, (c.job).attempt, (c.job).request_subject, (c.job).request_msg_id,
-           (c.job).republish_count,
-           arm._request_body(c.job, f, o, (c.job).reply_deadline)
-    FROM claimed c
-    JOIN arm.stored_file f ON f.id = (c.job).file_id
-    JOIN arm.s3_object o ON o.id = f.s3_object_id
-    ORDER BY (c.job).last_published_at, (c.job).id;
+        JOIN arm.stored_file f ON f.id = j.file_id
+        JOIN arm.s3_object o ON o.id = f.s3_object_id
+        WHERE j.id = ANY (v_batch)
+        ORDER BY j.last_published_at, j.id;
+
+        EXIT WHEN cardinality(v_batch) < 1000 OR v_claimed >= p_limit;
+    END LOOP;
 END;
 $$;
 
