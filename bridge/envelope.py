@@ -118,6 +118,30 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
     return value, []
 
 
+# In JSON text a NUL or a surrogate can only come as a \\u escape (raw control
+# characters are invalid JSON and raw surrogates invalid UTF-8).
+_NEEDS_WALK = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
+def _constant(seen: list[float]) -> Any:
+    def parse(name: str) -> float:  # NaN, Infinity, -Infinity
+        value = float(name)
+        seen.append(value)
+        return value
+
+    return parse
+
+
+def _float(seen: list[float]) -> Any:
+    def parse(text: str) -> float:  # 1e999 is a valid JSON number, and inf in Python
+        value = float(text)
+        if not math.isfinite(value):
+            seen.append(value)
+        return value
+
+    return parse
+
+
 def _readable_job_id(body: Any) -> str | None:
     if isinstance(body, dict):
         value = body.get("job_id")
@@ -133,8 +157,9 @@ def parse_envelope(
     msg_id = (headers or {}).get(MSG_ID_HEADER)
     if len(data) > max_bytes:
         return Rejected("too_large", f"{len(data)} bytes > {max_bytes}", msg_id=msg_id)
+    nonfinite: list[float] = []
     try:
-        body = json.loads(data)
+        body = json.loads(data, parse_constant=_constant(nonfinite), parse_float=_float(nonfinite))
     except (UnicodeDecodeError, ValueError) as exc:
         return Rejected("not_json", str(exc)[:200], msg_id=msg_id)
     if not isinstance(body, dict):
@@ -151,7 +176,11 @@ def parse_envelope(
         where = "/".join(str(p) for p in error.absolute_path) or "(top)"
         return Rejected("schema", f"{where}: {error.message[:300]}", job_id, msg_id)
     # Schema-valid is recorded: what PostgreSQL cannot store as given is made storable.
-    body, changed = storable(body)
+    # The walk is needed only when the text has a NUL or surrogate escape or a number
+    # that is not finite; most envelopes have none, and skip it.
+    changed: list[str] = []
+    if nonfinite or _NEEDS_WALK.search(data):
+        body, changed = storable(body)
     msg_id, msg_id_changed = storable(msg_id, "Nats-Msg-Id")
     return Envelope(
         msg_id=msg_id,

@@ -239,6 +239,16 @@ class Inbox:
         self.stats.batches += 1
         for envelope, row in zip(batch, rows, strict=True):
             self._record(envelope, row["outcome"], row["attempt"])
+        outcomes = Counter(row["outcome"] for row in rows)
+        if outcomes["applied"]:
+            # One line per batch at INFO; one per envelope at DEBUG (a line per envelope
+            # cost a fifth of the bridge's CPU in a burst).
+            log.info(
+                "applied %d envelopes in one transaction (%s)",
+                outcomes["applied"],
+                ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items())),
+                extra={"action": "inbox_batch", "count": outcomes["applied"]},
+            )
         return [row["outcome"] for row in rows]
 
     def _record(
@@ -251,7 +261,7 @@ class Inbox:
         extra = _fields(envelope, action, attempt=attempt, status=envelope.status)
         if outcome == "applied":
             self.stats.applied += 1
-            log.info("%s applied", action, extra=extra)
+            log.debug("%s applied", action, extra=extra)
         elif outcome == "failed":
             self.stats.failed += 1
             log.error(

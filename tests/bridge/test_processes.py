@@ -39,7 +39,10 @@ async def test_S_NATS_2_two_instances_one_result_handled_once(
         publish(conn)
     ports = [free_port(), free_port()]
     procs = [
-        ArmProcess("bridge", bridge_env(db_url, nats_server.url(), p), tmp_path / f"b{i}.log")
+        # DEBUG: a log line per envelope applied, counted below.
+        ArmProcess(
+            "bridge", bridge_env(db_url, nats_server.url(), p, DEBUG="true"), tmp_path / f"b{i}.log"
+        )
         for i, p in enumerate(ports)
     ]
     try:

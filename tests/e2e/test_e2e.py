@@ -152,8 +152,8 @@ async def test_S_OUT_2_S_RT_3_nats_restarted_mid_flow(stack: Stack) -> None:
 async def test_S_NATS_2_two_core_instances_share_the_work(stack: Stack) -> None:
     """Two `arm-core serve` instances: every job done, every result applied by exactly
     one instance, every request published once."""
-    first, _ = stack.serve()
-    second, _ = stack.serve()
+    first, _ = stack.serve(DEBUG="true")  # DEBUG: a log line per envelope applied
+    second, _ = stack.serve(DEBUG="true")
     ref = stack.reference()
     with dict_conn(stack.db_url) as conn:
         ups = [upload(conn, "XLSX" if i % 2 else "PNG") for i in range(30)]
@@ -179,7 +179,8 @@ async def test_kill_9_of_the_bridge_mid_burst_then_restart(stack: Stack) -> None
     with dict_conn(stack.db_url) as conn:
         ups = [upload(conn) for _ in range(n)]
     ref = stack.reference()
-    env = {"OUTBOX_BATCH_SIZE": 50, "TABULAR_REPLY_TIMEOUT_SECONDS": 8}
+    # DEBUG: a log line per envelope applied, counted below.
+    env = {"OUTBOX_BATCH_SIZE": 50, "TABULAR_REPLY_TIMEOUT_SECONDS": 8, "DEBUG": "true"}
     bridge = stack.bridge(**env)
     live = (
         "SELECT count(*) FROM arm.recognition_job "

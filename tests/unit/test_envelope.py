@@ -66,3 +66,37 @@ def test_a_clean_envelope_is_not_marked() -> None:
     }
     parsed = parse_envelope(json.dumps(body).encode(), {"Nats-Msg-Id": "a:1"}, 1 << 20)
     assert isinstance(parsed, Envelope) and parsed.made_storable == ()
+
+
+@pytest.mark.parametrize(
+    ("raw_metrics", "expected", "changed"),
+    [
+        (b'{"rows": 1e999}', {"rows": None}, True),  # valid JSON, inf in Python
+        (b'{"rows": -Infinity}', {"rows": None}, True),
+        (b'{"note": "a\\u0000b"}', {"note": "ab"}, True),
+        (b'{"note": "\\uDC00"}', {"note": "\ufffd"}, True),
+        (b'{"note": "\\\\u0000 is not a NUL"}', {"note": "\\u0000 is not a NUL"}, False),
+        (b'{"rows": 12, "ratio": 0.5}', {"rows": 12, "ratio": 0.5}, False),
+    ],
+)
+def test_what_the_raw_text_says_decides_the_walk(
+    raw_metrics: bytes, expected: Any, changed: bool
+) -> None:
+    """parse_envelope walks the body only when the text can hold something unstorable;
+    whatever the path, the stored metrics are storable and otherwise unchanged."""
+    head = json.dumps(
+        {
+            "schema_version": "1.0",
+            "job_id": str(uuid.uuid4()),
+            "file_id": str(uuid.uuid4()),
+            "status": "done",
+            "service": {"name": "tabular-parser", "version": "1"},
+            "result_s3": {"bucket": "arm-ka", "key": "results/x/result.json"},
+            "result_schema_version": "1.0",
+        }
+    ).encode()
+    data = head[:-1] + b', "metrics": ' + raw_metrics + b"}"
+    parsed = parse_envelope(data, {"Nats-Msg-Id": "r:1"}, 1 << 20)
+    assert isinstance(parsed, Envelope), parsed
+    assert parsed.body["metrics"] == expected
+    assert bool(parsed.made_storable) == changed
