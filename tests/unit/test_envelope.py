@@ -73,6 +73,7 @@ def test_a_clean_envelope_is_not_marked() -> None:
     [
         (b'{"rows": 1e999}', {"rows": None}, True),  # valid JSON, inf in Python
         (b'{"rows": -Infinity}', {"rows": None}, True),
+        (b'{"rows": 1' + b"0" * 400 + b".5}", {"rows": None}, True),  # too large: inf
         (b'{"note": "a\\u0000b"}', {"note": "ab"}, True),
         (b'{"note": "\\uDC00"}', {"note": "\ufffd"}, True),
         (b'{"note": "\\\\u0000 is not a NUL"}', {"note": "\\u0000 is not a NUL"}, False),
