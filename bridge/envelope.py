@@ -119,7 +119,7 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
 
 
 # What can make a JSON text unstorable, as it shows in the raw bytes: a NUL or a lone
-# surrogate can only come as a \\u escape (raw control characters are invalid JSON, raw
+# surrogate can only come as a \u escape (raw control characters are invalid JSON, raw
 # surrogates invalid UTF-8); a non-finite number as NaN, Infinity, or a number too large
 # for a float (an exponent of three digits, or hundreds of digits). A false alarm only
 # costs the walk; most envelopes match none and skip it.
