@@ -159,6 +159,9 @@ class Settings:
     nats_queue_group: str = _var("NATS_QUEUE_GROUP", _subject, "arm-core")
     inbox_max_payload_bytes: int = _var("INBOX_MAX_PAYLOAD_BYTES", _number(int, 1024), 1 << 20)
     inbox_buffer_size: int = _var("INBOX_BUFFER_SIZE", _number(int, 1), 10_000)
+    # Inbox workers, each with its own connection and share of INBOX_BUFFER_SIZE; a job's
+    # envelopes always go to the same one.
+    inbox_workers: int = _var("INBOX_WORKERS", _number(int, 1), 2)
     # Envelopes applied in one transaction (one SQL call) at most.
     inbox_batch_size: int = _var("INBOX_BATCH_SIZE", _number(int, 1), 500)
     # The oldest queued job waiting longer than this while NATS is up makes the health

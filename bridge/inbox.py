@@ -86,13 +86,21 @@ class InboxStats:
 class Inbox:
     settings: Settings
     pool: AsyncConnectionPool[Any]
-    queue: asyncio.Queue[Envelope] = field(init=False)
+    # One buffer and one worker per INBOX_WORKERS; a job's envelopes always share one
+    # (by job id), so their order holds while the workers' batches run side by side.
+    queues: list[asyncio.Queue[Envelope]] = field(init=False)
     stats: InboxStats = field(default_factory=InboxStats)
     # Set while the worker holds a batch because the database is unreachable.
     db_unreachable: bool = False
 
     def __post_init__(self) -> None:
-        self.queue = asyncio.Queue(maxsize=self.settings.inbox_buffer_size)
+        n = self.settings.inbox_workers
+        size = max(1, self.settings.inbox_buffer_size // n)
+        self.queues = [asyncio.Queue(maxsize=size) for _ in range(n)]
+
+    def buffered(self) -> int:
+        """Envelopes waiting in the buffers."""
+        return sum(q.qsize() for q in self.queues)
 
     async def on_message(self, msg: Msg) -> None:
         """nats-py subscription callback: never raises. Waits for room in the buffer
@@ -123,16 +131,17 @@ class Inbox:
                 ", ".join(parsed.made_storable)[:300],
                 extra=_fields(parsed, "inbox_sanitize", status=parsed.status),
             )
+        queue = self.queues[parsed.job_id.int % len(self.queues)]
         while True:
             try:
-                self.queue.put_nowait(parsed)
+                queue.put_nowait(parsed)
                 return
             except asyncio.QueueFull:
                 if self.db_unreachable:
                     self.drop(parsed, "buffer_full")
                     return
             try:  # the database is there, the worker is only behind: wait for room
-                await asyncio.wait_for(self.queue.put(parsed), _FULL_RECHECK_SECONDS)
+                await asyncio.wait_for(queue.put(parsed), _FULL_RECHECK_SECONDS)
                 return
             except TimeoutError:
                 continue
@@ -145,7 +154,7 @@ class Inbox:
             "INBOX_BUFFER_SIZE (%d envelopes) lasts; the job times out at its reply "
             "deadline unless the answer comes again",
             reason,
-            self.queue.maxsize,
+            self.settings.inbox_buffer_size,
             extra=_fields(envelope, "inbox_drop", reason=reason, status=envelope.status),
         )
 
@@ -154,21 +163,25 @@ class Inbox:
         self.stats.dropped["slow_consumer"] += 1
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Applies buffered envelopes, batch by batch, until `stopping` is set and the
-        buffer is drained. Envelopes the database calls `busy` (another transaction
+        """Runs one worker per buffer until `stopping` is set and the buffers are drained."""
+        await asyncio.gather(*(self._work(q, stopping) for q in self.queues))
+
+    async def _work(self, queue: asyncio.Queue[Envelope], stopping: asyncio.Event) -> None:
+        """Applies the envelopes of `queue`, batch by batch, until `stopping` is set and
+        it is drained. Envelopes the database calls `busy` (another transaction
         holds their job, e.g. a publisher about to commit the request they answer) lead
         the next batch, so they are applied before anything that arrived after them."""
         limit = self.settings.inbox_batch_size
         deferred: list[Envelope] = []
-        while not (stopping.is_set() and self.queue.empty() and not deferred):
+        while not (stopping.is_set() and queue.empty() and not deferred):
             batch, deferred = deferred, []
             if not batch:
                 try:
-                    batch.append(await asyncio.wait_for(self.queue.get(), timeout=0.5))
+                    batch.append(await asyncio.wait_for(queue.get(), timeout=0.5))
                 except TimeoutError:
                     continue
-            while len(batch) < limit and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
+            while len(batch) < limit and not queue.empty():
+                batch.append(queue.get_nowait())
             deferred = await self._apply_until_done(batch, stopping)
             if deferred and len(deferred) == len(batch):
                 await asyncio.sleep(_BUSY_PAUSE_SECONDS)  # all waiting on others' commits
@@ -192,7 +205,7 @@ class Inbox:
                 log.warning(
                     "database unavailable, holding %d envelopes (%d more waiting): %s",
                     len(batch),
-                    self.queue.qsize(),
+                    self.buffered(),
                     exc,
                     extra={"action": "inbox_hold", "count": len(batch)},
                 )

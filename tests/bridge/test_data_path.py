@@ -126,7 +126,8 @@ async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_
     client: Client,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """While the database is unreachable the inbox holds a batch and a buffer of 4; what
+    """While the database is unreachable the inbox (one worker) holds a batch and a buffer
+    of 4; what
     arrives beyond that is dropped, and each drop is counted and logged with its job id.
     What was held is applied once the database is back."""
     with dict_conn(db_url) as conn:
@@ -137,7 +138,7 @@ async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_
     proxied = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
     caplog.set_level(logging.INFO, logger="arm_core")
     try:
-        settings = fast_settings(proxied, nats_server.url(), inbox_buffer_size=4)
+        settings = fast_settings(proxied, nats_server.url(), inbox_buffer_size=4, inbox_workers=1)
         async with running_bridge(settings) as bridge:
             proxy.block()
             await send(client, envelope(ups[0].job_id, ups[0].file_id, "processing"), "ack:0")
