@@ -69,6 +69,7 @@ class Publisher:
     _nats_down_since: float | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _nats_down_logged: bool = False
+    _ack_checked_at: float = float("-inf")
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Cycles until `stopping` is set; the batch in flight always finishes (commits
@@ -119,6 +120,13 @@ class Publisher:
         await asyncio.gather(*(self._drain() for _ in range(self.settings.outbox_publishers)))
         if self._stopping.is_set():
             return
+        # The ack-timeout steps need not run on every wake-up: under a steady flow of
+        # uploads NOTIFY wakes the publisher every few milliseconds, and two more queries
+        # each time would only delay the next publish.
+        now = time.monotonic()
+        if now - self._ack_checked_at < min(1.0, self.settings.ack_timeout_seconds / 4):
+            return
+        self._ack_checked_at = now
         await self._dead_letter()
         full = self.settings.outbox_batch_size
         while await self._republish_batch() == full and not self._stopping.is_set():
