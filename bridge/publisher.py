@@ -179,25 +179,33 @@ class Publisher:
         return len(claimed)
 
     async def _republish_batch(self) -> int:
-        """Republishes one batch of overdue unacked jobs; returns how many were claimed.
-        A request that no longer fits the server's max_payload (it was lowered) is left
-        as it is and times out at its reply deadline."""
+        """Republishes one batch of overdue unacked jobs; returns how many went out. A
+        request that no longer fits the server's max_payload (it was lowered) is left as
+        it is, logged, and times out at its reply deadline."""
         s = self.settings
         limit = self.nats.max_payload
 
         def fitting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            fit = [r for r in rows if _size(r) <= limit]
+            fit = []
             for r in rows:
-                if _size(r) > limit:
+                if (size := _size(r)) <= limit:
+                    fit.append(r)
+                else:
                     log.error(
                         "cannot republish: %d bytes exceed the server's max_payload %d",
-                        _size(r),
+                        size,
                         limit,
                         extra={**_job_extra("republish", r), "reason": "REQUEST_TOO_LARGE"},
                     )
             return fit
 
-        claimed = await self._claim_send_mark(
+        sent: list[dict[str, Any]] = []
+
+        def mark(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+            sent.extend(rows)
+            return "mark_republished", {"job_ids": [c["job_id"] for c in rows]}
+
+        await self._claim_send_mark(
             "republish",
             "claim_unacked_jobs",
             {
@@ -206,16 +214,15 @@ class Publisher:
                 "max_republish": s.outbox_max_republish,
             },
             fitting,
-            lambda sent: ("mark_republished", {"job_ids": [c["job_id"] for c in sent]}),
+            mark,
         )
-        for c in claimed:
-            if _size(c) <= limit:
-                self.stats.republished += 1
-                log.info(
-                    "republished: no ack yet",
-                    extra={**_job_extra("republish", c), "count": c["republish_count"] + 1},
-                )
-        return len(claimed)
+        self.stats.republished += len(sent)
+        for c in sent:
+            log.info(
+                "republished: no ack yet",
+                extra={**_job_extra("republish", c), "count": c["republish_count"] + 1},
+            )
+        return len(sent)
 
     async def _claim_send_mark(
         self,
