@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import nats
 import psycopg
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from tests.bench.cpu import CpuMeter
 from tests.bench.harness import (
@@ -39,48 +35,13 @@ from tests.bench.harness import (
 )
 from tests.bench.report import Report
 from tests.bench.uploads import upload_files, upload_files_async
+from tests.bridge.support import instant_service
 
 SECTION = "4 lifecycle"
 STALL_SECONDS = 45.0  # > ACK_TIMEOUT_SECONDS (30): a lost ack gets its republish first
 POLL_SECONDS = 0.5
 UPLOAD_CONNECTIONS = 2
 LIVE = "status IN ('queued', 'published', 'processing')"
-
-
-class InstantService:
-    """A recognition service that acks and finishes every request immediately."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.requests = 0
-
-    async def on_request(self, msg: Msg) -> None:
-        self.requests += 1
-        request = json.loads(msg.data)
-        job_id, file_id, attempt = request["job_id"], request["file_id"], request["attempt"]
-        service = "tabular-parser" if request["pipeline"] == "tabular" else "scan-gateway"
-        body: dict[str, Any] = {
-            "schema_version": "1.0",
-            "job_id": job_id,
-            "file_id": file_id,
-            "service": {"name": service, "version": "1.4.2"},
-        }
-        await self._send({**body, "status": "processing"}, f"ack:{job_id}:{attempt}")
-        result = {
-            **body,
-            "status": "done",
-            "result_s3": {
-                "bucket": "arm-ka",
-                "key": f"results/{file_id}/{job_id}/result.json",
-            },
-            "result_schema_version": "1.0",
-        }
-        await self._send(result, f"result:{job_id}:{attempt}")
-
-    async def _send(self, body: dict[str, Any], msg_id: str) -> None:
-        await self.client.publish(
-            "files.tabular_parsed", json.dumps(body).encode(), headers={"Nats-Msg-Id": msg_id}
-        )
 
 
 @dataclass
@@ -99,13 +60,8 @@ class Burst:
 
 async def run(bench: Bench, report: Report) -> None:
     url = bench.fresh_database("lifecycle")
-    client = await nats.connect(bench.nats_url)
-    service = InstantService(client)
-    for subject in ("files.tabular_uploaded", "files.img_uploaded"):
-        await client.subscribe(
-            subject, cb=service.on_request, pending_msgs_limit=-1, pending_bytes_limit=-1
-        )
-    await client.flush()
+    service = await instant_service(bench.nats_url)  # the tests' instant service
+    client = service.client
     try:
         async with bench.bridge(url, ACK_TIMEOUT_SECONDS="30") as proc:
             meter = bench.cpu_meter(bridge=proc.proc.pid)
@@ -115,7 +71,7 @@ async def run(bench: Bench, report: Report) -> None:
             if burst.rate > 0:
                 await _latency(url, burst.rate / 2, bench.sizes.latency_seconds, report)
             report.note(
-                f"Lifecycle: the instant service received {service.requests:,} requests; "
+                f"Lifecycle: the instant service received {service.answered:,} requests; "
                 f"the bridge logged {dropped_envelopes(proc.log()):,} dropped envelopes "
                 "over the whole section."
             )

@@ -40,6 +40,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pytest_postgresql.janitor import DatabaseJanitor
 
+from arm_core.bridge.contracts import RESULT_SCHEMA, schema
 from arm_core.db import query
 from arm_core.embedded import EmbeddedPostgres
 from tests.sqlhelpers import (
@@ -65,17 +66,9 @@ Envelope = dict[str, Any]
 Outcome = tuple[str, int | None, str | None]  # outcome, attempt, status
 Snapshot = dict[str, Any]
 
-ERROR_CODES = (
-    "UNSUPPORTED_FORMAT",
-    "UNREADABLE",
-    "TIMEOUT",
-    "SCHEMA_MISMATCH",
-    "NOT_IMPLEMENTED",
-    "FILE_READ_ERROR",
-    "INVALID_FORMAT",
-    "INVALID_DOCUMENT",
-    "RECOGNITION_FAILED",
-    "UNKNOWN_ERROR",
+# The contract's error codes (test_contracts checks the list against the spec).
+ERROR_CODES: tuple[str, ...] = tuple(
+    schema(RESULT_SCHEMA)["properties"]["error"]["properties"]["code"]["enum"]
 )
 RESULT_KEYS = (
     "result_bucket",
