@@ -187,9 +187,11 @@ async def test_kill_9_of_the_bridge_mid_burst_then_restart(stack: Stack) -> None
         "WHERE status IN ('queued', 'published', 'processing')"
     )
     with dict_conn(stack.db_url) as conn:
+        # Killed while answers are being applied (publishing 600 takes well under a
+        # second now, so "some published" would often find the burst already out).
         await wait_for(
             lambda: (
-                scalar(conn, "SELECT count(*) FROM arm.recognition_job WHERE status <> 'queued'")
+                scalar(conn, "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'")
                 >= 100
             ),
             30,
@@ -218,7 +220,10 @@ async def test_kill_9_of_the_bridge_mid_burst_then_restart(stack: Stack) -> None
             if "result applied" in line:
                 job_id = line.split(" job_id=")[1].split()[0]
                 applied[job_id] = applied.get(job_id, 0) + 1
-        assert set(applied.values()) == {1} and len(applied) == counts["done"]
+        # Never applied twice. A kill -9 may land between a batch's commit and its log
+        # lines, so the log can name fewer than the database holds; the database's own
+        # count of result objects above is the exact one.
+        assert set(applied.values()) == {1} and len(applied) <= counts["done"]
         assert len(log_lines(ref.log(), action="ref_result")) == n  # each processed once
 
         timed_out = [u.file_id for u in ups if job(conn, u.job_id)["status"] == "timeout"]
