@@ -162,6 +162,24 @@ def publish(
     return claimed
 
 
+def publish_open(conn: Conn, limit: int = 10, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
+    """What the bridge's publisher does before it commits: arm.publish_queued_jobs in the
+    connection's open transaction (autocommit off). The caller commits or rolls back."""
+    assert not conn.autocommit, "publish_open needs an open transaction"
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            query("publish_queued_jobs"),
+            {
+                "limit": limit,
+                "tabular_timeout": 600,
+                "image_timeout": 1800,
+                "tabular_subject": "files.tabular_uploaded",
+                "image_subject": "files.img_uploaded",
+                "max_bytes": max_bytes,
+            },
+        ).fetchall()
+
+
 def ack(
     conn: Conn,
     job_id: uuid.UUID,

@@ -22,6 +22,7 @@ from tests.sqlhelpers import (
     fail_by_timeout,
     job,
     publish,
+    publish_open,
     scalar,
     stored_file,
     upload,
@@ -280,18 +281,8 @@ def test_an_early_ack_in_a_batch_is_busy_until_the_publishers_commit(db_url: str
         racing = upload(conn)
     with dict_conn(db_url) as publisher, dict_conn(db_url) as inbox:
         publisher.autocommit = False
-        claimed = publisher.execute(
-            query("claim_queued_jobs"), {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
-        ).fetchall()
+        claimed = publish_open(publisher)
         assert [c["job_id"] for c in claimed] == [racing.job_id]
-        publisher.execute(
-            query("mark_published"),
-            {
-                "job_ids": [racing.job_id],
-                "subjects": ["files.tabular_uploaded"],
-                "reply_deadlines": [claimed[0]["reply_deadline"]],
-            },
-        )
         early = [ack_env(racing), result_env(racing)]
         assert outcomes(apply(inbox, [ack_env(earlier), *early])) == ["applied", "busy", "busy"]
         assert job(inbox, racing.job_id)["status"] == "queued"  # as committed: untouched

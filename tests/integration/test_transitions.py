@@ -21,6 +21,7 @@ from tests.sqlhelpers import (
     job,
     one_row,
     publish,
+    publish_open,
     result,
     scalar,
     stored_file,
@@ -215,17 +216,7 @@ def test_ack_racing_the_publishers_commit_still_takes_effect(db_url: str) -> Non
         up = upload(conn)
     with dict_conn(db_url) as publisher, dict_conn(db_url) as inbox:
         publisher.autocommit = False
-        claimed = publisher.execute(
-            query("claim_queued_jobs"), {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
-        ).fetchall()
-        publisher.execute(
-            query("mark_published"),
-            {
-                "job_ids": [c["job_id"] for c in claimed],
-                "subjects": ["files.tabular_uploaded"],
-                "reply_deadlines": [c["reply_deadline"] for c in claimed],
-            },
-        )
+        assert [c["outcome"] for c in publish_open(publisher)] == ["published"]
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(ack, inbox, up.job_id, up.file_id)
             # The ack must be waiting on the publisher's row lock, not finished.

@@ -4,6 +4,7 @@ the guard that allows it, and the publish-field invariant that makes room for it
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 import uuid
 from typing import Any
@@ -19,6 +20,7 @@ from tests.sqlhelpers import (
     fail_by_timeout,
     job,
     publish,
+    publish_open,
     result,
     retry,
     scalar,
@@ -151,23 +153,13 @@ def test_malformed_calls_are_refused(
 
 
 def test_a_publish_that_commits_first_wins(db_url: str) -> None:
-    """A DBA dead-letters a job while a publisher's claim + mark_published has not
+    """A DBA dead-letters a job while a publisher's arm.publish_queued_jobs has not
     committed yet: the call waits for the row, then sees it published and leaves it."""
     with dict_conn(db_url) as conn:
         up = upload(conn)
     with dict_conn(db_url) as publisher, dict_conn(db_url) as dba:
         publisher.autocommit = False
-        claimed = publisher.execute(
-            query("claim_queued_jobs"), {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
-        ).fetchall()
-        publisher.execute(
-            query("mark_published"),
-            {
-                "job_ids": [c["job_id"] for c in claimed],
-                "subjects": ["files.tabular_uploaded"],
-                "reply_deadlines": [c["reply_deadline"] for c in claimed],
-            },
-        )
+        assert [c["outcome"] for c in publish_open(publisher)] == ["published"]
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(dead_letter, dba, [up.job_id], ["TOO_LARGE"], [None])
             deadline = time.monotonic() + 10
@@ -227,3 +219,41 @@ def test_a_published_job_keeps_every_publish_field(conn: Conn, field: str) -> No
     publish(conn)
     with pytest.raises(psycopg.errors.CheckViolation, match="recognition_job_published_fields"):
         conn.execute(f"UPDATE arm.recognition_job SET {field} = NULL WHERE id = %s", (up.job_id,))
+
+
+def test_publish_queued_jobs_dead_letters_only_what_exceeds_max_bytes(db_url: str) -> None:
+    """The bridge's one statement: requests that fit are marked published with their
+    subject and Nats-Msg-Id, oldest first; the one over max_bytes (payload plus header
+    block) goes queued → dlq REQUEST_TOO_LARGE with its file ERROR, nothing published
+    about it; a rollback (the publish failed) leaves every job queued."""
+    with dict_conn(db_url) as conn:
+        small = upload(conn)
+        big = upload(conn, name="Ж" * 900 + ".xlsx")
+        scan = upload(conn, "PDF")
+    with dict_conn(db_url) as publisher:
+        publisher.autocommit = False
+        rows = publish_open(publisher, max_bytes=1500)
+        publisher.rollback()
+        assert len(rows) == 3
+        with dict_conn(db_url) as conn:
+            assert {job(conn, u.job_id)["status"] for u in (small, big, scan)} == {"queued"}
+
+        rows = publish_open(publisher, max_bytes=1500)
+        publisher.commit()
+    by_id = {r["job_id"]: r for r in rows}
+    assert [r["job_id"] for r in rows] == [small.job_id, big.job_id, scan.job_id]
+    assert by_id[small.job_id]["outcome"] == "published"
+    assert by_id[small.job_id]["subject"] == "files.tabular_uploaded"
+    assert by_id[scan.job_id]["subject"] == "files.img_uploaded"
+    assert by_id[small.job_id]["msg_id"] == f"{small.job_id}:1"
+    assert json.loads(by_id[small.job_id]["request"])["job_id"] == str(small.job_id)
+    dead = by_id[big.job_id]
+    assert dead["outcome"] == "dlq" and dead["request"] is None
+    assert "max_payload" in dead["error_message"]
+    with dict_conn(db_url) as conn:
+        row = job(conn, big.job_id)
+        assert (row["status"], row["error_code"]) == ("dlq", "REQUEST_TOO_LARGE")
+        assert row["published_at"] is None and row["reply_deadline"] is None
+        assert stored_file(conn, big.file_id)["status"] == "ERROR"
+        assert job(conn, small.job_id)["status"] == "published"
+        assert job(conn, small.job_id)["request_msg_id"] == f"{small.job_id}:1"
