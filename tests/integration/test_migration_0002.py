@@ -34,6 +34,8 @@ from tests.sqlhelpers import (
 pytestmark = pytest.mark.integration
 
 M1, M2 = "0001_core_schema", "0002_unpublishable_dlq_bounds_scan_indexes"
+# What a migrate applies on top of an 0001 database: 0002 and every later migration.
+LATER = [M2, "0003_stored_file_fillfactor"]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table
     "s3_object_bucket_length": "s3_object",
@@ -114,7 +116,7 @@ def test_0002_applies_to_a_database_with_data_and_its_constraints_hold(
     ups = _old_release_with_data(empty_db_url)
     before = _data(empty_db_url)
 
-    assert migrate(empty_db_url).applied_migrations == [M2]
+    assert migrate(empty_db_url).applied_migrations == LATER
     assert _data(empty_db_url) == before  # not a row changed
 
     with dict_conn(empty_db_url) as conn:
@@ -191,9 +193,9 @@ def test_0002_rolls_back_with_data_and_applies_again(empty_db_url: str) -> None:
             "unacked": _index_def(conn, "recognition_job_unacked_idx"),
         }
         old_constraints = _constraints(conn)
-    assert migrate(empty_db_url).applied_migrations == [M2]
+    assert migrate(empty_db_url).applied_migrations == LATER
 
-    assert _yoyo(empty_db_url, [M2], rollback=True) == [M2]
+    assert _yoyo(empty_db_url, LATER, rollback=True) == LATER[::-1]
     assert _data(empty_db_url) == before
     with dict_conn(empty_db_url) as conn:
         assert _constraints(conn) == old_constraints  # all validated again, bounds gone
@@ -202,13 +204,13 @@ def test_0002_rolls_back_with_data_and_applies_again(empty_db_url: str) -> None:
 
     # Again, now with a job dead-lettered before it was ever published: the rollback
     # keeps it and restores the 0001 publish-field constraint NOT VALID.
-    assert migrate(empty_db_url).applied_migrations == [M2]
+    assert migrate(empty_db_url).applied_migrations == LATER
     with dict_conn(empty_db_url) as conn:
         conn.execute(
             query("dead_letter_unpublishable"),
             {"job_ids": [ups["queued"].job_id], "error_codes": ["X"], "error_messages": [None]},
         )
-    assert _yoyo(empty_db_url, [M2], rollback=True) == [M2]
+    assert _yoyo(empty_db_url, LATER, rollback=True) == LATER[::-1]
     with dict_conn(empty_db_url) as conn:
         constraints = _constraints(conn)
         assert constraints["recognition_job_published_fields"] is False
@@ -219,7 +221,7 @@ def test_0002_rolls_back_with_data_and_applies_again(empty_db_url: str) -> None:
                 "UPDATE arm.recognition_job SET published_at = NULL WHERE id = %s",
                 (ups["published"].job_id,),
             )
-    assert migrate(empty_db_url).applied_migrations == [M2]
+    assert migrate(empty_db_url).applied_migrations == LATER
     with dict_conn(empty_db_url) as conn:
         assert _constraints(conn)["recognition_job_published_fields"] is True
 

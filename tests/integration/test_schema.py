@@ -37,7 +37,11 @@ ORDER BY 1, 2
 
 
 # Every migration of db/migrations, in the order they apply.
-MIGRATIONS = ["0001_core_schema", "0002_unpublishable_dlq_bounds_scan_indexes"]
+MIGRATIONS = [
+    "0001_core_schema",
+    "0002_unpublishable_dlq_bounds_scan_indexes",
+    "0003_stored_file_fillfactor",
+]
 
 
 def snapshot(url: str) -> list[tuple[str, str, str]]:
@@ -220,3 +224,11 @@ def test_plain_insert_of_queued_rows_notifies_once_per_statement(db_url: str) ->
         )
         assert _notifications(listener, 0.5) == ["arm_recognition_job_queued"]
         assert scalar(conn, "SELECT count(*) FROM arm.recognition_job WHERE status = 'queued'") == 3
+
+
+def test_stored_file_pages_keep_room_for_hot_status_updates(conn: Conn) -> None:
+    """Migration 0003: stored_file has fillfactor 70, so a file's status changes (not
+    indexed) can stay on their page and write no index entries; rolled back, the
+    default again."""
+    reloptions = "SELECT reloptions FROM pg_class WHERE oid = 'arm.stored_file'::regclass"
+    assert scalar(conn, reloptions) == ["fillfactor=70"]
