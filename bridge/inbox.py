@@ -47,8 +47,17 @@ log = logging.getLogger(__name__)
 # How long a full buffer makes the callback wait before it looks again whether the
 # database has meanwhile become unreachable (then it drops instead of waiting).
 _FULL_RECHECK_SECONDS = 0.5
-# A batch that was all `busy` waits this long before it is tried again.
+# A batch that was all `busy` waits this long before it is tried again, doubling while
+# it stays so, up to the maximum.
 _BUSY_PAUSE_SECONDS = 0.005
+_BUSY_PAUSE_MAX_SECONDS = 0.5
+
+
+_DROPPED_BECAUSE = {
+    "buffer_full": "the database has been unreachable for longer than INBOX_BUFFER_SIZE "
+    "({size} envelopes) lasts",
+    "shutdown": "the process stopped before it could apply it",
+}
 
 
 def _fields(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
@@ -149,12 +158,11 @@ class Inbox:
     def drop(self, envelope: Envelope, reason: str) -> None:
         """Counts and logs an envelope that is lost before the database saw it."""
         self.stats.dropped[reason] += 1
+        why = _DROPPED_BECAUSE.get(reason, reason).format(size=self.settings.inbox_buffer_size)
         log.error(
-            "dropped an envelope (%s): the database has been unreachable for longer than "
-            "INBOX_BUFFER_SIZE (%d envelopes) lasts; the job times out at its reply "
-            "deadline unless the answer comes again",
-            reason,
-            self.settings.inbox_buffer_size,
+            "dropped an envelope: %s; the job times out at its reply deadline unless the "
+            "answer comes again",
+            why,
             extra=_fields(envelope, "inbox_drop", reason=reason, status=envelope.status),
         )
 
@@ -173,18 +181,33 @@ class Inbox:
         the next batch, so they are applied before anything that arrived after them."""
         limit = self.settings.inbox_batch_size
         deferred: list[Envelope] = []
-        while not (stopping.is_set() and queue.empty() and not deferred):
-            batch, deferred = deferred, []
-            if not batch:
-                try:
-                    batch.append(await asyncio.wait_for(queue.get(), timeout=0.5))
-                except TimeoutError:
-                    continue
-            while len(batch) < limit and not queue.empty():
-                batch.append(queue.get_nowait())
-            deferred = await self._apply_until_done(batch, stopping)
-            if deferred and len(deferred) == len(batch):
-                await asyncio.sleep(_BUSY_PAUSE_SECONDS)  # all waiting on others' commits
+        pause = _BUSY_PAUSE_SECONDS
+        try:
+            while not (stopping.is_set() and queue.empty() and not deferred):
+                batch, deferred = deferred, []
+                if not batch:
+                    try:
+                        batch.append(await asyncio.wait_for(queue.get(), timeout=0.5))
+                    except TimeoutError:
+                        continue
+                while len(batch) < limit and not queue.empty():
+                    batch.append(queue.get_nowait())
+                deferred = await self._apply_until_done(batch, stopping)
+                if deferred and len(deferred) == len(batch):
+                    # All waiting on others' commits: a publisher's takes milliseconds;
+                    # a lock held longer (a DBA's open transaction) is asked less often.
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, _BUSY_PAUSE_MAX_SECONDS)
+                else:
+                    pause = _BUSY_PAUSE_SECONDS
+        except asyncio.CancelledError:
+            # Stopped past the shutdown grace: what waited here was never applied. (A
+            # batch in flight may or may not have committed, and is not counted.)
+            while not queue.empty():
+                deferred.append(queue.get_nowait())
+            for envelope in deferred:
+                self.drop(envelope, "shutdown")
+            raise
 
     async def _apply_until_done(
         self, batch: list[Envelope], stopping: asyncio.Event

@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.envelope import Envelope, parse_envelope
 from arm_core.bridge.inbox import Inbox
+from arm_core.bridge.runner import Bridge
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.runtime import bridge_app
 from tests.bridge.support import (
@@ -384,3 +385,35 @@ async def test_an_early_answer_waits_as_busy_and_is_applied_after_the_commit(
     with dict_conn(db_url) as conn:
         assert job(conn, racing.job_id)["status"] == "done"
         assert job(conn, racing.job_id)["started_at"] is not None
+
+
+async def test_an_answer_still_waiting_at_shutdown_is_counted_and_logged_as_lost(
+    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job held by another transaction past the shutdown grace: its answer, still
+    `busy`, is never applied; the inbox counts it as dropped (shutdown) and logs it with
+    its job id instead of losing it silently."""
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+        publish(conn)
+    caplog.set_level(logging.INFO, logger="arm_core")
+    pool = AsyncConnectionPool(db_url, open=False, min_size=1, kwargs={"autocommit": True})
+    await pool.open()
+    bridge = Bridge(fast_settings(db_url, nats_server.url()), pool)
+    try:
+        await bridge.start()
+        await wait_for(lambda: bridge.nats_state() == "ok", 10, "connected")
+        with psycopg.connect(db_url) as holder:
+            holder.execute(
+                "SELECT 1 FROM arm.recognition_job WHERE id = %s FOR UPDATE", (up.job_id,)
+            )
+            await send(client, envelope(up.job_id, up.file_id, "processing"), f"a:{up.job_id}")
+            await wait_for(lambda: bridge.inbox.stats.outcomes["busy"] >= 1, 10, "busy")
+            await bridge.stop(grace=1)
+    finally:
+        await pool.close()
+    assert bridge.inbox.stats.dropped == {"shutdown": 1}
+    [line] = logged(caplog.records, action="inbox_drop", reason="shutdown")
+    assert line.job_id == up.job_id
+    with dict_conn(db_url) as conn:
+        assert job(conn, up.job_id)["status"] == "published"
