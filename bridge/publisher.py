@@ -117,7 +117,10 @@ class Publisher:
         if self._nats_down_logged:
             log.info("NATS is back; publishing", extra={"action": "publish"})
         self._nats_down_since, self._nats_down_logged = None, False
-        await asyncio.gather(*(self._drain() for _ in range(self.settings.outbox_publishers)))
+        # One batch first; only a full one means a backlog worth more batches in flight
+        # (under a steady trickle the others would claim nothing, a wasted round trip).
+        if await self._publish_batch() == self.settings.outbox_batch_size:
+            await asyncio.gather(*(self._drain() for _ in range(self.settings.outbox_publishers)))
         if self._stopping.is_set():
             return
         # The ack-timeout steps need not run on every wake-up: under a steady flow of
