@@ -41,13 +41,13 @@ class Envelope:
     def is_ack(self) -> bool:
         return self.status == "processing"
 
-    def result_params(self) -> dict[str, Any]:
-        """The arguments of the `apply_result` query."""
+    def row(self) -> dict[str, Any]:
+        """The envelope as one element of arm.apply_envelopes' JSON array."""
         result_s3 = self.body.get("result_s3") or {}
         error = self.body.get("error") or {}
         return {
-            "job_id": self.job_id,
-            "file_id": self.file_id,
+            "job_id": str(self.job_id),
+            "file_id": str(self.file_id),
             "msg_id": self.msg_id,
             "status": self.status,
             "service_name": self.service_name,
@@ -58,24 +58,6 @@ class Envelope:
             "error_code": error.get("code"),
             "error_message": error.get("message"),
             "metrics": self.body.get("metrics"),
-        }
-
-    def row(self) -> dict[str, Any]:
-        """The envelope as one element of arm.apply_envelopes' JSON array."""
-        params = self.result_params()
-        return {
-            **params,
-            "job_id": str(self.job_id),
-            "file_id": str(self.file_id),
-        }
-
-    def ack_params(self) -> dict[str, Any]:
-        """The arguments of the `apply_ack` query."""
-        return {
-            "job_id": self.job_id,
-            "file_id": self.file_id,
-            "service_name": self.service_name,
-            "service_version": self.service_version,
         }
 
 
