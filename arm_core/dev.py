@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 from arm_core.config import Settings
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.migrate import migrate
+from arm_core.statuses import pipeline_for
 
 # Shorter periods than production, so the demo shows dlq and timeout within a minute or two.
 DEV_DEFAULTS = {
@@ -84,7 +85,7 @@ def seed_demo(database_url: str) -> list[dict[str, Any]]:
                     (uuid.uuid4(), name, file_type, obj["id"] if obj else None),
                 ).fetchone()
                 assert f is not None
-                pipeline = "tabular" if file_type in ("XLS", "XLSX", "XLSB") else "image"
+                pipeline = pipeline_for(file_type)
                 j = conn.execute(
                     "INSERT INTO arm.recognition_job (file_id, pipeline, attempt) "
                     "VALUES (%s, %s, 1) RETURNING id",

@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from arm_core.bridge.contracts import REQUEST_SCHEMA, RESULT_SCHEMA, schema, validator
-from arm_core.bridge.nats_client import connect
+from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm, connect
 from arm_core.config import ConfigError, Settings
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ DEFAULT_SUBJECTS = {TABULAR: "files.tabular_uploaded", SCAN: "files.img_uploaded
 MARKERS = (("[noack]", "never_ack"), ("[silent]", "never_answer"), ("[fail]", "fail"))
 NOTE = "reference service: the file was not read or recognised"
 FAIL_MESSAGE = "reference service: failing on purpose (REFERENCE_MODE=fail or [fail] in the name)"
-MSG_ID = "Nats-Msg-Id"
+MSG_ID = MSG_ID_HEADER
 REMEMBERED_JOBS = 100_000  # job ids kept for duplicate detection (oldest forgotten first)
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
@@ -177,11 +177,7 @@ class ReferenceService:
     async def start(self) -> None:
         cfg = self.config
         self._sub = await self.nc.subscribe(cfg.subject, queue=cfg.queue, cb=self._on_message)
-        # nats-py 2.16 writes flush()'s PING straight to the socket while the SUB waits for
-        # its flusher task, so the first PONG can come back before the server has the SUB.
-        # The second PING leaves after the SUB: once it is answered, the SUB is active.
-        await self.nc.flush()
-        await self.nc.flush()
+        await confirm(self.nc)  # the server has the SUB before we say we listen
         log.info(
             "reference %s (mode %s) on %s, queue group %s",
             cfg.service,

@@ -37,6 +37,15 @@ class FileType(StrEnum):
     JPG = "JPG"
 
 
+TABULAR_TYPES = frozenset({FileType.XLS, FileType.XLSX, FileType.XLSB})
+
+
+def pipeline_for(file_type: str) -> Pipeline:
+    """The pipeline a file type goes to: spreadsheets to tabular, scans to image (the
+    same rule as arm.pipeline_for; tests/integration/test_schema.py checks they agree)."""
+    return Pipeline.TABULAR if FileType(file_type) in TABULAR_TYPES else Pipeline.IMAGE
+
+
 class BucketRole(StrEnum):
     UPLOADS = "uploads"
     RESULTS = "results"

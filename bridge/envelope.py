@@ -16,8 +16,8 @@ from typing import Any
 from jsonschema.exceptions import best_match
 
 from arm_core.bridge.contracts import RESULT_SCHEMA, fast_validator, validator
+from arm_core.bridge.nats_client import MSG_ID_HEADER
 
-MSG_ID_HEADER = "Nats-Msg-Id"
 # json.loads joins surrogate pairs; what is left cannot be encoded as UTF-8.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 

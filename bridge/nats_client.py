@@ -21,6 +21,22 @@ from arm_core.config import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
+# The header that carries a message's id on every subject of the exchange (R-NATS-2):
+# `<job_id>:<attempt>` on requests, set by the service on acks and results.
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+async def confirm(nc: Client) -> None:
+    """Returns once the server has read everything written on `nc` before the call:
+    publishes and subscriptions alike.
+
+    nats-py writes flush()'s PING straight to the socket, ahead of PUBs (and SUBs) still
+    waiting for its flusher task: the first PONG proves nothing about them. The first
+    flush hands them to the socket; the second PING follows them, so its PONG means the
+    server has read them all."""
+    await nc.flush(timeout=5)
+    await nc.flush(timeout=5)
+
 
 def auth_options(settings: Settings) -> dict[str, Any]:
     """nats.connect keyword arguments for the configured credentials."""

@@ -30,13 +30,13 @@ from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
+from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
 from arm_core.config import Settings
 from arm_core.db import DatabaseError, query, wrap_db_errors
 
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "arm_recognition_job_queued"
-MSG_ID_HEADER = "Nats-Msg-Id"
 
 
 class PublishFailed(Exception):
@@ -321,17 +321,6 @@ def _size(claimed: dict[str, Any]) -> int:
     the header block nats-py sends with it (as arm.publish_queued_jobs counts it)."""
     header = f"NATS/1.0\r\n{MSG_ID_HEADER}: {claimed['msg_id']}\r\n\r\n"
     return len(_dumps(claimed["request"])) + len(header.encode())
-
-
-async def confirm(nc: Client) -> None:
-    """Returns once the server has read everything published on `nc` before the call.
-
-    nats-py writes flush()'s PING straight to the socket, ahead of PUBs (and SUBs) still
-    waiting for its flusher task: the first PONG proves nothing about them. The first
-    flush hands them to the socket; the second PING follows them, so its PONG means the
-    server has read them all."""
-    await nc.flush(timeout=5)
-    await nc.flush(timeout=5)
 
 
 def _job_extra(action: str, claimed: dict[str, Any]) -> dict[str, Any]:

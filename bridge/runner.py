@@ -17,8 +17,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import listen_for_queued_jobs
-from arm_core.bridge.nats_client import connect
-from arm_core.bridge.publisher import Publisher, confirm
+from arm_core.bridge.nats_client import confirm, connect
+from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.scheduler import apply_schedule_settings, run_schedule
 from arm_core.config import Settings
 from arm_core.db import DatabaseError

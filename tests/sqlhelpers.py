@@ -12,11 +12,10 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from arm_core.db import query
+from arm_core.statuses import pipeline_for
 
 # Connections in tests return dict rows (conftest `conn`, dict_conn) or tuples.
 Conn = psycopg.Connection[Any]
-
-TABULAR_TYPES = {"XLS", "XLSX", "XLSB"}
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ def upload(
     """Creates a file the way upstream does: s3_object, stored_file, a queued job, then
     the file's current job — plain SQL inserts, no function."""
     name = name or f"ОСВ {uuid.uuid4().hex[:6]}.{file_type.lower()}"
-    pipeline = "tabular" if file_type in TABULAR_TYPES else "image"
+    pipeline = pipeline_for(file_type).value
     with conn.transaction():
         key = f"uploads/{uuid.uuid4()}/{name}"
         obj = _one(

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from arm_core.migrate import migrate, rollback_all
-from arm_core.statuses import DB_ENUMS
+from arm_core.statuses import DB_ENUMS, FileType, pipeline_for
 from tests.sqlhelpers import Conn, dict_conn, fail_by_timeout, job, publish, scalar, upload
 
 pytestmark = pytest.mark.integration
@@ -91,6 +91,15 @@ def test_python_statuses_equal_the_database_enums(conn: Conn) -> None:
     for db_type, py_enum in DB_ENUMS.items():
         labels = scalar(conn, f"SELECT enum_range(NULL::{db_type})::text[]")
         assert labels == [member.value for member in py_enum], db_type
+
+
+def test_python_pipeline_rule_equals_the_database_one(conn: Conn) -> None:
+    for file_type in FileType:
+        row = conn.execute(
+            "SELECT arm.pipeline_for(%s::arm.file_type)::text AS p", (file_type.value,)
+        ).fetchone()
+        assert row is not None
+        assert row["p"] == pipeline_for(file_type).value, file_type
 
 
 def test_plain_sql_upload_gets_defaults(conn: Conn) -> None:
