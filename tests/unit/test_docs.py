@@ -1,0 +1,38 @@
+"""docs/architecture.md stays true: its picture is the render of its checked-in source,
+and every path it names exists (issue 9)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+
+def test_architecture_svg_is_the_render_of_its_source() -> None:
+    dot = shutil.which("dot")
+    if dot is None:
+        pytest.skip("graphviz is not installed (apt-get install graphviz) to render the SVG")
+    rendered = subprocess.run(
+        [dot, "-Tsvg", str(DOCS / "architecture.dot")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert rendered == (DOCS / "architecture.svg").read_text(encoding="utf-8"), (
+        "docs/architecture.svg is not the render of docs/architecture.dot: run `make docs`"
+    )
+
+
+def test_every_path_the_architecture_page_names_exists() -> None:
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:db|arm_core|bridge|http|tests|benchmarks|docs)/[\w./-]*)`", text))
+    assert named, "the page names no paths"
+    missing = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists())
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
