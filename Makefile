@@ -23,7 +23,7 @@ run: $(STAMP) ## run the whole stack on embedded PostgreSQL and NATS (arm-core d
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy -p arm_core -p tests
+	$(BIN)/mypy -p arm_core -p tests -p benchmarks
 
 test: lint ## lint, then the whole test suite against real PostgreSQL and nats-server
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -35,6 +35,6 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP) ## figures next to same-run references (BENCH_ARGS=--quick, --only sweep,retry)
-	$(BIN)/python -m tests.bench $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 .PHONY: help install run lint test bench

@@ -17,8 +17,8 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
 from arm_core.migrate import migrate
-from tests.bridge.support import nats_client
-from tests.sqlhelpers import Conn
+from tests.support.bridge import nats_client
+from tests.support.sql import Conn
 
 TEMPLATE_DB = "arm_template"
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from tests.api.support import api_settings, running_api
-from tests.sqlhelpers import (
+from tests.support.api import api_settings, running_api
+from tests.support.sql import (
     Upload,
     dict_conn,
     fail_by_no_ack,

@@ -15,9 +15,9 @@ from jsonschema import Draft202012Validator
 
 from arm_core.embedded import EmbeddedPostgres
 from arm_core.http.app import OPENAPI_PATH, create_app
-from tests.api.support import api_settings, running_api
-from tests.bridge.support import TcpProxy
-from tests.sqlhelpers import dict_conn, fail_by_no_ack, publish, upload
+from tests.support.api import api_settings, running_api
+from tests.support.bridge import TcpProxy
+from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 
 pytestmark = pytest.mark.integration
 

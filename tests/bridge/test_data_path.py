@@ -23,7 +23,8 @@ from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.runner import Bridge
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.runtime import bridge_app
-from tests.bridge.support import (
+from tests.bridge.test_processes import bridge_env
+from tests.support.bridge import (
     TcpProxy,
     collect,
     envelope,
@@ -35,9 +36,8 @@ from tests.bridge.support import (
     send,
     wait_for,
 )
-from tests.bridge.test_processes import bridge_env
-from tests.processes import ArmProcess, log_lines
-from tests.sqlhelpers import dict_conn, job, publish, scalar, stored_file, upload, upload_many
+from tests.support.processes import ArmProcess, log_lines
+from tests.support.sql import dict_conn, job, publish, scalar, stored_file, upload, upload_many
 
 pytestmark = pytest.mark.integration
 

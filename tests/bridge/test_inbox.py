@@ -12,7 +12,7 @@ import pytest
 from nats.aio.client import Client
 
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
-from tests.bridge.support import (
+from tests.support.bridge import (
     TcpProxy,
     envelope,
     fast_settings,
@@ -21,7 +21,7 @@ from tests.bridge.support import (
     send,
     wait_for,
 )
-from tests.sqlhelpers import (
+from tests.support.sql import (
     ack,
     dict_conn,
     fail_by_timeout,

@@ -10,8 +10,8 @@ import pytest
 from nats.aio.client import Client
 
 from arm_core.embedded import EmbeddedNats
-from tests.bridge.support import collect, fast_settings, running_bridge, wait_for
-from tests.sqlhelpers import (
+from tests.support.bridge import collect, fast_settings, running_bridge, wait_for
+from tests.support.sql import (
     dict_conn,
     fail_by_no_ack,
     job,
@@ -84,7 +84,7 @@ async def test_S_OUT_2_nats_down_jobs_stay_queued_then_publish(
             assert job(conn, up.job_id)["status"] == "queued"
 
             nats_server.start()  # same port
-            from tests.bridge.support import nats_client
+            from tests.support.bridge import nats_client
 
             listener = await nats_client(nats_server.url())
             try:

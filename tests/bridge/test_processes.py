@@ -10,9 +10,9 @@ import pytest
 from nats.aio.client import Client
 
 from arm_core.embedded import EmbeddedNats, free_port
-from tests.bridge.support import envelope, send, wait_for
-from tests.processes import ARM_CORE, ArmProcess, log_lines
-from tests.sqlhelpers import dict_conn, job, publish, scalar, upload, upload_many
+from tests.support.bridge import envelope, send, wait_for
+from tests.support.processes import ARM_CORE, ArmProcess, log_lines
+from tests.support.sql import dict_conn, job, publish, scalar, upload, upload_many
 
 pytestmark = pytest.mark.integration
 

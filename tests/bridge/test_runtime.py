@@ -21,9 +21,9 @@ from arm_core.config import Settings
 from arm_core.embedded import EmbeddedNats
 from arm_core.http.app import create_app
 from arm_core.runtime import BRIDGE
-from tests.bridge.support import envelope, fast_settings, running_bridge, send, wait_for
-from tests.natsauth import operator_mode
-from tests.sqlhelpers import ack, dict_conn, job, one_row, publish, stored_file, upload
+from tests.support.bridge import envelope, fast_settings, running_bridge, send, wait_for
+from tests.support.natsauth import operator_mode
+from tests.support.sql import ack, dict_conn, job, one_row, publish, stored_file, upload
 
 pytestmark = pytest.mark.integration
 

@@ -4,59 +4,12 @@ them, against a real PostgreSQL and a real nats-server on free loopback ports.""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from arm_core.embedded import EmbeddedNats, free_port
-from tests.processes import ArmProcess
-
-
-@dataclass
-class Stack:
-    db_url: str
-    nats: EmbeddedNats
-    tmp: Path
-    results: Path
-    procs: list[ArmProcess] = field(default_factory=list)
-
-    def env(self, **extra: Any) -> dict[str, str]:
-        base = {
-            "DATABASE_URL": self.db_url,
-            "NATS_URL": self.nats.url(),
-            "NATS_ENABLED": "true",
-            "OUTBOX_POLL_SECONDS": "0.2",
-            "SCHEDULE_TICK_SECONDS": "0.2",
-            "ACK_TIMEOUT_SECONDS": "1",
-            "TIMEOUT_SWEEP_SECONDS": "1",
-            "REFERENCE_DELAY_SECONDS": "0.1",
-            "REFERENCE_RESULTS_DIR": str(self.results),
-        }
-        base.update({k: str(v) for k, v in extra.items()})
-        return base
-
-    def start(self, command: str, **env: Any) -> ArmProcess:
-        name = f"{command}-{len(self.procs)}"
-        proc = ArmProcess(command, self.env(**env), self.tmp / f"{name}.log")
-        self.procs.append(proc)
-        return proc
-
-    def serve(self, **env: Any) -> tuple[ArmProcess, str]:
-        port = free_port()
-        proc = self.start("serve", HTTP_PORT=port, **env)
-        proc.wait_healthy(port)
-        return proc, f"http://127.0.0.1:{port}"
-
-    def bridge(self, **env: Any) -> ArmProcess:
-        port = free_port()
-        proc = self.start("bridge", BRIDGE_HEALTH_PORT=port, **env)
-        proc.wait_healthy(port)
-        return proc
-
-    def reference(self, **env: Any) -> ArmProcess:
-        return self.start("reference", **env)
+from arm_core.embedded import EmbeddedNats
+from tests.support.stack import Stack
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from arm_core.embedded import free_port
-from tests.processes import ARM_CORE
+from tests.support.processes import ARM_CORE
 
 pytestmark = pytest.mark.e2e
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests.bridge.support import envelope, nats_client, send, wait_for
-from tests.e2e.conftest import Stack
-from tests.processes import log_lines
-from tests.sqlhelpers import dict_conn, job, jobs_of, scalar, stored_file, upload
+from tests.support.bridge import envelope, nats_client, send, wait_for
+from tests.support.processes import log_lines
+from tests.support.sql import dict_conn, job, jobs_of, scalar, stored_file, upload
+from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from arm_core.db import query
-from tests.sqlhelpers import (
+from tests.support.sql import (
     Conn,
     Upload,
     dict_conn,

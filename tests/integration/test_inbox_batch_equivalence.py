@@ -43,7 +43,7 @@ from pytest_postgresql.janitor import DatabaseJanitor
 from arm_core.bridge.contracts import RESULT_SCHEMA, schema
 from arm_core.db import query
 from arm_core.embedded import EmbeddedPostgres
-from tests.sqlhelpers import (
+from tests.support.sql import (
     Conn,
     Upload,
     ack,
@@ -133,7 +133,7 @@ class Pool:
 
 
 def build_pool(conn: Conn) -> Pool:
-    """24 jobs on 19 files, through the functions only (sqlhelpers). The order matters:
+    """24 jobs on 19 files, through the functions only (tests.support.sql). The order matters:
     fail_by_timeout times out everything published, fail_by_no_ack dead-letters it."""
     pool = Pool(conn)
     ups: dict[str, Upload] = {}

@@ -15,7 +15,7 @@ from yoyo import get_backend, read_migrations
 
 from arm_core.db import query
 from arm_core.migrate import SQL_DIR, apply_functions, migrate, yoyo_url
-from tests.sqlhelpers import (
+from tests.support.sql import (
     Conn,
     Upload,
     ack,

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from arm_core.db import query
-from tests.sqlhelpers import (
+from tests.support.sql import (
     Conn,
     Upload,
     ack,

@@ -23,7 +23,7 @@ import pytest
 
 from arm_core.db import query
 from arm_core.embedded import EmbeddedPostgres
-from tests.sqlhelpers import Conn, dict_conn, publish
+from tests.support.sql import Conn, dict_conn, publish
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 
 from arm_core.migrate import migrate, rollback_all
 from arm_core.statuses import DB_ENUMS, FileType, pipeline_for
-from tests.sqlhelpers import Conn, dict_conn, fail_by_timeout, job, publish, scalar, upload
+from tests.support.sql import Conn, dict_conn, fail_by_timeout, job, publish, scalar, upload
 
 pytestmark = pytest.mark.integration
 

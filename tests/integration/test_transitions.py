@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from arm_core.db import query
-from tests.sqlhelpers import (
+from tests.support.sql import (
     Conn,
     ack,
     dict_conn,

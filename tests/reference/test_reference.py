@@ -34,7 +34,7 @@ from arm_core.reference import (
     configs_from_env,
     run_reference,
 )
-from tests.bridge.support import Collector, logged, nats_client, wait_for
+from tests.support.bridge import Collector, logged, nats_client, wait_for
 
 RESULTS = "files.tabular_parsed"
 SUBJECTS = {TABULAR: "files.tabular_uploaded", SCAN: "files.img_uploaded"}

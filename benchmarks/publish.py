@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import nats
 from nats.aio.msg import Msg
 
-from tests.bench.harness import Bench, commits, connect, publish_batches, scalar
-from tests.bench.report import Report
-from tests.bench.uploads import upload_files
+from benchmarks.harness import Bench, commits, connect, publish_batches, scalar
+from benchmarks.report import Report
+from benchmarks.uploads import upload_files
 
 SECTION = "3 publish"
 POLL_SECONDS = 0.25

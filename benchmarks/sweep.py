@@ -24,9 +24,9 @@ from typing import Any
 
 import psycopg
 
-from tests.bench.harness import Bench, Sizes, connect, median, progress
-from tests.bench.report import Report
-from tests.bench.uploads import publish_in_sql, upload_files
+from benchmarks.harness import Bench, Sizes, connect, median, progress
+from benchmarks.report import Report
+from benchmarks.uploads import publish_in_sql, upload_files
 
 SECTION = "5 sweep"
 HOUR = 3600.0

@@ -16,9 +16,9 @@ import psycopg
 
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.migrate import migrate
-from tests.bench import cpu
-from tests.bench.cpu import CpuMeter
-from tests.processes import ArmProcess, log_lines
+from benchmarks import cpu
+from benchmarks.cpu import CpuMeter
+from tests.support.processes import ArmProcess, log_lines
 
 
 @dataclass(frozen=True)

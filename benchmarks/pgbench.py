@@ -7,8 +7,8 @@ import re
 import subprocess
 
 from arm_core.embedded import find_pg_bindir
-from tests.bench.harness import Bench
-from tests.bench.report import Report
+from benchmarks.harness import Bench
+from benchmarks.report import Report
 
 KEY = "pgbench"
 CLIENTS = 4

@@ -24,8 +24,8 @@ from typing import Any
 
 import psycopg
 
-from tests.bench.cpu import CpuMeter
-from tests.bench.harness import (
+from benchmarks.cpu import CpuMeter
+from benchmarks.harness import (
     Bench,
     connect,
     describe_counts,
@@ -33,9 +33,9 @@ from tests.bench.harness import (
     scalar,
     status_counts,
 )
-from tests.bench.report import Report
-from tests.bench.uploads import upload_files, upload_files_async
-from tests.bridge.support import instant_service
+from benchmarks.report import Report
+from benchmarks.uploads import upload_files, upload_files_async
+from tests.support.bridge import instant_service
 
 SECTION = "4 lifecycle"
 STALL_SECONDS = 45.0  # > ACK_TIMEOUT_SECONDS (30): a lost ack gets its republish first

@@ -1,4 +1,4 @@
-"""`python -m tests.bench [--quick] [--only publish,sweep]` (what `make bench` runs)."""
+"""`python -m benchmarks [--quick] [--only publish,sweep]` (what `make bench` runs)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from types import ModuleType
 
 from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
-from tests.bench import lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
-from tests.bench.harness import Bench, Sizes
-from tests.bench.report import Report, machine, markdown
+from benchmarks import lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
+from benchmarks.harness import Bench, Sizes
+from benchmarks.report import Report, machine, markdown
 
 Section = Callable[[Bench, Report], Awaitable[None] | None]
 
@@ -32,12 +32,12 @@ MODULES: dict[str, ModuleType] = {
 }
 SECTIONS: dict[str, Section] = {name: module.run for name, module in MODULES.items()}
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.bench", description=(__doc__ or "").strip()
+        prog="python -m benchmarks", description=(__doc__ or "").strip()
     )
     parser.add_argument("--quick", action="store_true", help="smaller N: a smoke run")
     parser.add_argument(
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
     print(f"\n{command}: {wall:.0f} s; table written to {args.doc}")
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     methods = {
-        f"{name} (`tests/bench/{Path(MODULES[name].__file__ or '').name}`)": MODULES[name].__doc__
+        f"{name} (`benchmarks/{Path(MODULES[name].__file__ or '').name}`)": MODULES[name].__doc__
         or ""
         for name in args.sections
     }

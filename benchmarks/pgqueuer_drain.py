@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
-from tests.bench.harness import Bench
-from tests.bench.report import Report
+from benchmarks.harness import Bench
+from benchmarks.report import Report
 
 KEY = "pgqueuer"
 BATCH_SIZE = 100

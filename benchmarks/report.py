@@ -139,7 +139,7 @@ def machine() -> list[str]:
 
 def _tree() -> str:
     """The commit measured, and any uncommitted changes to the code under test."""
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[1])
     head = _run(["git", "-C", root, "log", "-1", "--format=%h %s"])
     out = subprocess.run(
         ["git", "-C", root, "status", "--porcelain", "--", "arm_core", "bridge", "http", "db"],

@@ -15,9 +15,9 @@ from collections import Counter
 import aiohttp
 
 from arm_core.embedded import free_port
-from tests.bench.harness import Bench, connect
-from tests.bench.report import Report
-from tests.bench.uploads import publish_in_sql, upload_files
+from benchmarks.harness import Bench, connect
+from benchmarks.report import Report
+from benchmarks.uploads import publish_in_sql, upload_files
 
 SECTION = "6 retry API"
 
