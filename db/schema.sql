@@ -1,0 +1,1548 @@
+-- db/schema.sql: schema arm as a fresh `arm-core migrate` leaves it (db/migrations,
+-- then db/functions). Generated, do not edit: regenerate with
+--     python -m arm_core.devtools.schema_snapshot --write
+-- and review its diff with the change that caused it (db/README.md).
+-- PostgreSQL 15, pg_dump 15 --schema-only --no-owner --no-privileges --schema=arm
+
+--
+-- Name: arm; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA arm;
+
+
+--
+-- Name: bucket_role; Type: TYPE; Schema: arm; Owner: -
+--
+
+CREATE TYPE arm.bucket_role AS ENUM (
+    'uploads',
+    'results',
+    'raw'
+);
+
+
+--
+-- Name: file_status; Type: TYPE; Schema: arm; Owner: -
+--
+
+CREATE TYPE arm.file_status AS ENUM (
+    'UPLOADED',
+    'PROCESSING',
+    'ERROR'
+);
+
+
+--
+-- Name: file_type; Type: TYPE; Schema: arm; Owner: -
+--
+
+CREATE TYPE arm.file_type AS ENUM (
+    'XLS',
+    'XLSX',
+    'XLSB',
+    'PDF',
+    'PNG',
+    'JPG'
+);
+
+
+--
+-- Name: job_status; Type: TYPE; Schema: arm; Owner: -
+--
+
+CREATE TYPE arm.job_status AS ENUM (
+    'queued',
+    'published',
+    'processing',
+    'done',
+    'needs_check',
+    'error',
+    'timeout',
+    'dlq'
+);
+
+
+--
+-- Name: pipeline; Type: TYPE; Schema: arm; Owner: -
+--
+
+CREATE TYPE arm.pipeline AS ENUM (
+    'tabular',
+    'image'
+);
+
+
+--
+-- Name: recognition_job; Type: TABLE; Schema: arm; Owner: -
+--
+
+CREATE TABLE arm.recognition_job (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    file_id uuid NOT NULL,
+    pipeline arm.pipeline NOT NULL,
+    attempt integer DEFAULT 1 NOT NULL,
+    max_attempts integer NOT NULL,
+    status arm.job_status DEFAULT 'queued'::arm.job_status NOT NULL,
+    requested_at timestamp with time zone DEFAULT now() NOT NULL,
+    published_at timestamp with time zone,
+    request_msg_id text,
+    request_subject text,
+    reply_deadline timestamp with time zone,
+    republish_count integer DEFAULT 0 NOT NULL,
+    last_published_at timestamp with time zone,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    service_name text,
+    service_version text,
+    metrics jsonb,
+    error_code text,
+    error_message text,
+    result_schema_version text,
+    result_s3_object_id uuid,
+    result_msg_id text,
+    group_schema jsonb,
+    CONSTRAINT recognition_job_attempt_check CHECK ((attempt >= 1)),
+    CONSTRAINT recognition_job_attempt_limit CHECK ((attempt <= max_attempts)),
+    CONSTRAINT recognition_job_error_code CHECK (((status = ANY (ARRAY['error'::arm.job_status, 'timeout'::arm.job_status, 'dlq'::arm.job_status])) = (error_code IS NOT NULL))),
+    CONSTRAINT recognition_job_error_message CHECK (((error_message IS NULL) OR (error_code IS NOT NULL))),
+    CONSTRAINT recognition_job_finished_at CHECK (((status = ANY (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status, 'error'::arm.job_status, 'timeout'::arm.job_status, 'dlq'::arm.job_status])) = (finished_at IS NOT NULL))),
+    CONSTRAINT recognition_job_group_schema CHECK (((group_schema IS NULL) OR (status = ANY (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status])))),
+    CONSTRAINT recognition_job_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT recognition_job_no_result_while_live CHECK (((status <> ALL (ARRAY['queued'::arm.job_status, 'published'::arm.job_status, 'processing'::arm.job_status])) OR ((result_s3_object_id IS NULL) AND (metrics IS NULL) AND (result_schema_version IS NULL)))),
+    CONSTRAINT recognition_job_not_started_yet CHECK (((status <> ALL (ARRAY['queued'::arm.job_status, 'published'::arm.job_status])) OR (started_at IS NULL))),
+    CONSTRAINT recognition_job_published_fields CHECK ((((published_at IS NULL) = (request_msg_id IS NULL)) AND ((published_at IS NULL) = (request_subject IS NULL)) AND ((published_at IS NULL) = (reply_deadline IS NULL)) AND ((published_at IS NULL) = (last_published_at IS NULL)) AND ((status <> 'queued'::arm.job_status) OR (published_at IS NULL)) AND ((status = ANY (ARRAY['queued'::arm.job_status, 'dlq'::arm.job_status])) OR (published_at IS NOT NULL)))),
+    CONSTRAINT recognition_job_republish_count_check CHECK ((republish_count >= 0)),
+    CONSTRAINT recognition_job_republish_only_when_published CHECK (((republish_count = 0) OR (published_at IS NOT NULL))),
+    CONSTRAINT recognition_job_result_msg_id CHECK (((status = ANY (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status, 'error'::arm.job_status])) = (result_msg_id IS NOT NULL))),
+    CONSTRAINT recognition_job_result_object CHECK (((status <> ALL (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status])) OR ((result_s3_object_id IS NOT NULL) AND (result_schema_version IS NOT NULL)))),
+    CONSTRAINT recognition_job_started_fields CHECK (((status <> 'processing'::arm.job_status) OR ((started_at IS NOT NULL) AND (service_name IS NOT NULL))))
+);
+
+
+--
+-- Name: s3_object; Type: TABLE; Schema: arm; Owner: -
+--
+
+CREATE TABLE arm.s3_object (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    bucket text NOT NULL,
+    key text NOT NULL,
+    bucket_role arm.bucket_role NOT NULL,
+    created_by text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT s3_object_bucket_check CHECK ((bucket <> ''::text)),
+    CONSTRAINT s3_object_key_check CHECK ((key <> ''::text))
+);
+
+
+--
+-- Name: stored_file; Type: TABLE; Schema: arm; Owner: -
+--
+
+CREATE TABLE arm.stored_file (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    consolidation_id uuid,
+    original_name text NOT NULL,
+    file_type arm.file_type NOT NULL,
+    s3_object_id uuid NOT NULL,
+    status arm.file_status DEFAULT 'UPLOADED'::arm.file_status NOT NULL,
+    current_recognition_job_id uuid,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT stored_file_original_name_check CHECK ((original_name <> ''::text))
+)
+WITH (fillfactor='70');
+
+
+--
+-- Name: _request_body(arm.recognition_job, arm.stored_file, arm.s3_object, timestamp with time zone); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm._request_body(p_job arm.recognition_job, p_file arm.stored_file, p_source arm.s3_object, p_reply_deadline timestamp with time zone) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT jsonb_build_object(
+        'schema_version', '1.0',
+        'job_id', p_job.id,
+        'file_id', p_file.id,
+        'pipeline', p_job.pipeline,
+        'file_type', p_file.file_type,
+        'original_name', p_file.original_name,
+        's3', jsonb_build_object('bucket', p_source.bucket, 'key', p_source.key),
+        'reply_deadline',
+            to_char(p_reply_deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+        'attempt', p_job.attempt
+    )
+$$;
+
+
+--
+-- Name: apply_ack(uuid, uuid, text, text); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text) RETURNS TABLE(outcome text, attempt integer, status arm.job_status)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    j arm.recognition_job;
+BEGIN
+    SELECT * INTO j FROM arm.recognition_job WHERE id = p_job_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'unknown_job', NULL::integer, NULL::arm.job_status;
+        RETURN;
+    END IF;
+    IF p_file_id IS DISTINCT FROM j.file_id THEN
+        RETURN QUERY SELECT 'file_mismatch', j.attempt, j.status;
+    ELSIF j.status = 'processing' THEN
+        RETURN QUERY SELECT 'duplicate', j.attempt, j.status;
+    ELSIF arm.is_final(j.status) THEN
+        RETURN QUERY SELECT 'already_final', j.attempt, j.status;
+    ELSIF j.status = 'queued' THEN
+        RETURN QUERY SELECT 'not_published', j.attempt, j.status;
+    ELSE
+        UPDATE arm.recognition_job
+        SET status = 'processing',
+            started_at = clock_timestamp(),
+            service_name = p_service_name,
+            service_version = p_service_version
+        WHERE id = j.id;
+        UPDATE arm.stored_file
+        SET status = 'PROCESSING'
+        WHERE id = j.file_id
+          AND current_recognition_job_id = j.id
+          AND status <> 'PROCESSING';
+        RETURN QUERY SELECT 'applied', j.attempt, 'processing'::arm.job_status;
+    END IF;
+END;
+$$;
+
+
+--
+-- Name: apply_envelopes(jsonb); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.apply_envelopes(p_envelopes jsonb) RETURNS TABLE(ord integer, outcome text, attempt integer, status arm.job_status)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_locked uuid[];
+    v_bad record;
+BEGIN
+    IF jsonb_typeof(p_envelopes) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'apply_envelopes takes a JSON array of envelopes, not %',
+            coalesce(jsonb_typeof(p_envelopes), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- What apply_ack / apply_result would raise on, checked for the whole batch first.
+    SELECT x.n, x.env ->> 'status' AS status,
+           CASE
+               WHEN x.env ->> 'status' IS NULL
+                    OR x.env ->> 'status' NOT IN ('processing', 'done', 'needs_check', 'error')
+                   THEN 'has status ' || coalesce(x.env ->> 'status', 'NULL')
+                        || ', not processing, done, needs_check or error'
+               WHEN x.env ->> 'status' = 'processing' THEN NULL
+               WHEN coalesce(x.env ->> 'msg_id', '') = ''
+                   THEN 'is a result without the message''s Nats-Msg-Id'
+               WHEN x.env ->> 'status' = 'error' AND x.env ->> 'error_code' IS NULL
+                   THEN 'is an error result; it needs an error code'
+               WHEN x.env ->> 'status' IN ('done', 'needs_check')
+                    AND (x.env ->> 'result_bucket' IS NULL OR x.env ->> 'result_key' IS NULL
+                         OR x.env ->> 'result_schema_version' IS NULL)
+                   THEN 'is a ' || (x.env ->> 'status')
+                        || ' result; it needs result_s3 and result_schema_version'
+           END AS problem
+    INTO v_bad
+    FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)
+    WHERE x.env ->> 'status' IS DISTINCT FROM 'processing'
+      AND (x.env ->> 'status' IS NULL
+           OR x.env ->> 'status' NOT IN ('done', 'needs_check', 'error')
+           OR coalesce(x.env ->> 'msg_id', '') = ''
+           OR (x.env ->> 'status' = 'error' AND x.env ->> 'error_code' IS NULL)
+           OR (x.env ->> 'status' IN ('done', 'needs_check')
+               AND (x.env ->> 'result_bucket' IS NULL OR x.env ->> 'result_key' IS NULL
+                    OR x.env ->> 'result_schema_version' IS NULL)))
+    ORDER BY x.n
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'apply_envelopes: element % %', v_bad.n, v_bad.problem
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    v_locked := ARRAY(SELECT j.id FROM arm.recognition_job j
+                      WHERE j.id IN (SELECT (x.env ->> 'job_id')::uuid
+                                     FROM jsonb_array_elements(p_envelopes) AS x(env))
+                      ORDER BY j.id
+                      FOR UPDATE SKIP LOCKED);
+
+    RETURN QUERY
+    WITH e AS (
+        SELECT x.n::integer AS n, x.env,
+               (x.env ->> 'job_id')::uuid AS job_id,
+               (x.env ->> 'file_id')::uuid AS file_id,
+               x.env ->> 'msg_id' AS msg_id,
+               x.env ->> 'status' = 'processing' AS is_ack,
+               j.id IS NOT NULL AS found,
+               j.id = ANY (v_locked) AS held,
+               j.file_id AS job_file_id, j.attempt AS job_attempt,
+               j.status AS s0, j.result_msg_id AS m0
+        FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)
+        LEFT JOIN arm.recognition_job j ON j.id = (x.env ->> 'job_id')::uuid
+    ), c AS (
+        -- Elements that act on their job: found, held, same file, the job not queued.
+        SELECT e.*,
+               e.found AND e.held AND e.file_id IS NOT DISTINCT FROM e.job_file_id
+               AND e.s0 <> 'queued' AS acts
+        FROM e
+    ), first_result AS (
+        -- The result that finishes a live job; gen_random_uuid() (volatile) keeps this
+        -- CTE evaluated once, so its object id is the same wherever it is read.
+        SELECT DISTINCT ON (c.job_id)
+               c.job_id, c.n AS r_n, c.env AS r_env, c.msg_id AS r_msg,
+               (c.env ->> 'status')::arm.job_status AS r_status,
+               CASE WHEN c.env ->> 'result_bucket' IS NOT NULL
+                         AND c.env ->> 'result_key' IS NOT NULL
+                    THEN gen_random_uuid() END AS object_id
+        FROM c
+        WHERE c.acts AND NOT c.is_ack AND c.s0 IN ('published', 'processing')
+        ORDER BY c.job_id, c.n
+    ), first_ack AS (
+        -- The ack that starts a published job: the first one, if before its result.
+        SELECT DISTINCT ON (c.job_id) c.job_id, c.n AS a_n, c.env AS a_env
+        FROM c
+        LEFT JOIN first_result r ON r.job_id = c.job_id
+        WHERE c.acts AND c.is_ack AND c.s0 = 'published' AND (r.r_n IS NULL OR c.n < r.r_n)
+        ORDER BY c.job_id, c.n
+    ), changed AS (
+        SELECT c.job_id, c.job_file_id, a.a_n, a.a_env, r.r_n, r.r_env, r.r_status,
+               r.r_msg, r.object_id
+        FROM (SELECT DISTINCT job_id, job_file_id FROM c WHERE c.acts) c
+        LEFT JOIN first_ack a ON a.job_id = c.job_id
+        LEFT JOIN first_result r ON r.job_id = c.job_id
+        WHERE a.a_n IS NOT NULL OR r.r_n IS NOT NULL
+    ), objects AS (
+        INSERT INTO arm.s3_object (id, bucket, key, bucket_role, created_by)
+        SELECT ch.object_id, ch.r_env ->> 'result_bucket', ch.r_env ->> 'result_key',
+               'results', ch.r_env ->> 'service_name'
+        FROM changed ch
+        WHERE ch.object_id IS NOT NULL
+    ), jobs AS (
+        UPDATE arm.recognition_job j
+        SET status = coalesce(ch.r_status, 'processing'),
+            started_at = CASE WHEN ch.a_n IS NOT NULL THEN v_now ELSE j.started_at END,
+            service_name = coalesce(ch.r_env, ch.a_env) ->> 'service_name',
+            service_version = coalesce(ch.r_env, ch.a_env) ->> 'service_version',
+            finished_at = CASE WHEN ch.r_n IS NOT NULL THEN v_now END,
+            metrics = CASE WHEN ch.r_n IS NOT NULL
+                           THEN nullif(ch.r_env -> 'metrics', 'null'::jsonb) END,
+            error_code = CASE WHEN ch.r_status = 'error' THEN ch.r_env ->> 'error_code' END,
+            error_message = CASE WHEN ch.r_status = 'error'
+                                 THEN ch.r_env ->> 'error_message' END,
+            result_schema_version = ch.r_env ->> 'result_schema_version',
+            result_s3_object_id = ch.object_id,
+            result_msg_id = ch.r_msg
+        FROM changed ch
+        WHERE j.id = ch.job_id
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = CASE WHEN ch.r_status = 'error' THEN 'ERROR'
+                          ELSE 'PROCESSING' END::arm.file_status
+        FROM changed ch
+        WHERE f.id = ch.job_file_id
+          AND f.current_recognition_job_id = ch.job_id
+          AND (ch.r_n IS NOT NULL OR f.status <> 'PROCESSING')
+    )
+    SELECT c.n,
+           CASE
+               WHEN NOT c.found THEN 'unknown_job'
+               WHEN NOT c.held THEN 'busy'
+               WHEN c.file_id IS DISTINCT FROM c.job_file_id THEN 'file_mismatch'
+               WHEN c.s0 = 'queued' THEN 'not_published'
+               WHEN c.is_ack THEN
+                   CASE WHEN c.n = a.a_n THEN 'applied'
+                        WHEN r.r_n < c.n OR arm.is_final(c.s0) THEN 'already_final'
+                        ELSE 'duplicate' END
+               WHEN arm.is_final(c.s0) THEN
+                   CASE WHEN c.msg_id = c.m0 THEN 'duplicate' ELSE 'already_final' END
+               WHEN c.n = r.r_n THEN 'applied'
+               WHEN c.msg_id = r.r_msg THEN 'duplicate'
+               ELSE 'already_final'
+           END,
+           CASE WHEN c.found AND c.held THEN c.job_attempt END,
+           CASE
+               WHEN NOT (c.found AND c.held) THEN NULL
+               WHEN r.r_n <= c.n THEN r.r_status
+               WHEN a.a_n <= c.n THEN 'processing'::arm.job_status
+               ELSE c.s0
+           END
+    FROM c
+    LEFT JOIN first_ack a ON a.job_id = c.job_id
+    LEFT JOIN first_result r ON r.job_id = c.job_id
+    ORDER BY c.n;
+END;
+$$;
+
+
+--
+-- Name: apply_result(uuid, uuid, text, arm.job_status, text, text, text, text, text, text, text, jsonb); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text DEFAULT NULL::text, p_result_key text DEFAULT NULL::text, p_result_schema_version text DEFAULT NULL::text, p_error_code text DEFAULT NULL::text, p_error_message text DEFAULT NULL::text, p_metrics jsonb DEFAULT NULL::jsonb) RETURNS TABLE(outcome text, attempt integer, status arm.job_status)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    j arm.recognition_job;
+    v_object_id uuid;
+BEGIN
+    IF p_status NOT IN ('done', 'needs_check', 'error') THEN
+        RAISE EXCEPTION 'apply_result takes done, needs_check or error, not %', p_status
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_msg_id IS NULL OR p_msg_id = '' THEN
+        RAISE EXCEPTION 'apply_result needs the message''s Nats-Msg-Id'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_status = 'error' AND p_error_code IS NULL THEN
+        RAISE EXCEPTION 'an error result needs an error code' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_status IN ('done', 'needs_check')
+       AND (p_result_bucket IS NULL OR p_result_key IS NULL OR p_result_schema_version IS NULL) THEN
+        RAISE EXCEPTION 'a % result needs result_s3 and result_schema_version', p_status
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT * INTO j FROM arm.recognition_job WHERE id = p_job_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'unknown_job', NULL::integer, NULL::arm.job_status;
+        RETURN;
+    END IF;
+    IF p_file_id IS DISTINCT FROM j.file_id THEN
+        RETURN QUERY SELECT 'file_mismatch', j.attempt, j.status;
+        RETURN;
+    END IF;
+    IF j.result_msg_id = p_msg_id THEN
+        RETURN QUERY SELECT 'duplicate', j.attempt, j.status;
+        RETURN;
+    END IF;
+    IF arm.is_final(j.status) THEN
+        RETURN QUERY SELECT 'already_final', j.attempt, j.status;
+        RETURN;
+    END IF;
+    IF j.status = 'queued' THEN
+        RETURN QUERY SELECT 'not_published', j.attempt, j.status;
+        RETURN;
+    END IF;
+
+    IF p_result_bucket IS NOT NULL AND p_result_key IS NOT NULL THEN
+        INSERT INTO arm.s3_object (bucket, key, bucket_role, created_by)
+        VALUES (p_result_bucket, p_result_key, 'results', p_service_name)
+        RETURNING id INTO v_object_id;
+    END IF;
+
+    UPDATE arm.recognition_job
+    SET status = p_status,
+        service_name = p_service_name,
+        service_version = p_service_version,
+        finished_at = clock_timestamp(),
+        metrics = p_metrics,
+        error_code = CASE WHEN p_status = 'error' THEN p_error_code END,
+        error_message = CASE WHEN p_status = 'error' THEN p_error_message END,
+        result_schema_version = p_result_schema_version,
+        result_s3_object_id = v_object_id,
+        result_msg_id = p_msg_id
+    WHERE id = j.id;
+
+    UPDATE arm.stored_file
+    SET status = CASE WHEN p_status = 'error' THEN 'ERROR' ELSE 'PROCESSING' END::arm.file_status
+    WHERE id = j.file_id
+      AND current_recognition_job_id = j.id;
+
+    RETURN QUERY SELECT 'applied', j.attempt, p_status;
+END;
+$$;
+
+
+--
+-- Name: claim_queued_jobs(integer, interval, interval); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval DEFAULT '00:10:00'::interval, p_image_reply_timeout interval DEFAULT '00:30:00'::interval) RETURNS TABLE(job_id uuid, attempt integer, pipeline arm.pipeline, msg_id text, reply_deadline timestamp with time zone, request jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH claimed AS (
+        SELECT j AS job,
+               date_trunc('milliseconds', clock_timestamp()
+                   + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
+                                     ELSE p_image_reply_timeout END) AS deadline
+        FROM arm.recognition_job j
+        WHERE j.status = 'queued'
+        ORDER BY j.requested_at, j.id
+        LIMIT p_limit
+        FOR UPDATE OF j SKIP LOCKED
+    )
+    SELECT (c.job).id, (c.job).attempt, (c.job).pipeline,
+           (c.job).id::text || ':' || (c.job).attempt,
+           c.deadline,
+           arm._request_body(c.job, f, o, c.deadline)
+    FROM claimed c
+    JOIN arm.stored_file f ON f.id = (c.job).file_id
+    JOIN arm.s3_object o ON o.id = f.s3_object_id
+    ORDER BY (c.job).requested_at, (c.job).id;
+END;
+$$;
+
+
+--
+-- Name: claim_unacked_jobs(integer, interval, integer); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.claim_unacked_jobs(p_limit integer, p_ack_timeout interval, p_max_republish integer) RETURNS TABLE(job_id uuid, attempt integer, subject text, msg_id text, republish_count integer, request jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_due_before timestamptz := clock_timestamp() - p_ack_timeout;
+    -- Each batch starts after (v_after_at, v_after_id), the last row of the one before.
+    v_after_at timestamptz := '-infinity';
+    v_after_id uuid := '00000000-0000-0000-0000-000000000000';
+    v_claimed integer := 0;
+    v_batch uuid[];
+BEGIN
+    LOOP
+        SELECT array_agg(d.id ORDER BY d.last_published_at, d.id), max(d.last_published_at)
+        INTO v_batch, v_after_at
+        FROM (
+            SELECT j.id, j.last_published_at
+            FROM arm.recognition_job j
+            WHERE j.status = 'published'
+              AND j.last_published_at <= v_due_before
+              AND (j.last_published_at, j.id) > (v_after_at, v_after_id)
+              AND j.republish_count < p_max_republish
+            ORDER BY j.last_published_at, j.id
+            -- At most a batch (keep in step with the EXIT below); NULL p_limit: no limit.
+            LIMIT least(p_limit - v_claimed, 1000)
+            FOR UPDATE SKIP LOCKED
+        ) d;
+        EXIT WHEN v_batch IS NULL;
+        v_after_id := v_batch[cardinality(v_batch)];
+        v_claimed := v_claimed + cardinality(v_batch);
+
+        RETURN QUERY
+        SELECT j.id, j.attempt, j.request_subject, j.request_msg_id, j.republish_count,
+               arm._request_body(j, f, o, j.reply_deadline)
+        FROM arm.recognition_job j
+        JOIN arm.stored_file f ON f.id = j.file_id
+        JOIN arm.s3_object o ON o.id = f.s3_object_id
+        WHERE j.id = ANY (v_batch)
+        ORDER BY j.last_published_at, j.id;
+
+        EXIT WHEN cardinality(v_batch) < 1000 OR v_claimed >= p_limit;
+    END LOOP;
+END;
+$$;
+
+
+--
+-- Name: dead_letter_unacked(interval, integer); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.dead_letter_unacked(p_ack_timeout interval, p_max_republish integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, republish_count integer)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_due_before timestamptz := clock_timestamp() - p_ack_timeout;
+    -- Each batch starts after (v_after_at, v_after_id), the last row of the one before.
+    v_after_at timestamptz := '-infinity';
+    v_after_id uuid := '00000000-0000-0000-0000-000000000000';
+    v_due uuid[];
+    v_jobs uuid[];
+    v_attempts integer[];
+    v_files uuid[];
+    v_republished integer[];
+BEGIN
+    LOOP
+        SELECT array_agg(d.id ORDER BY d.last_published_at, d.id), max(d.last_published_at)
+        INTO v_due, v_after_at
+        FROM (
+            SELECT j.id, j.last_published_at
+            FROM arm.recognition_job j
+            WHERE j.status = 'published'
+              AND j.last_published_at <= v_due_before
+              AND (j.last_published_at, j.id) > (v_after_at, v_after_id)
+              AND j.republish_count >= p_max_republish
+            ORDER BY j.last_published_at, j.id
+            LIMIT 1000  -- the batch; keep in step with the EXIT below
+            FOR UPDATE SKIP LOCKED
+        ) d;
+        EXIT WHEN v_due IS NULL;
+        v_after_id := v_due[cardinality(v_due)];
+
+        WITH moved AS (
+            UPDATE arm.recognition_job j
+            SET status = 'dlq',
+                error_code = 'NO_ACK',
+                error_message = format('no ack after %s publishes', j.republish_count + 1),
+                finished_at = clock_timestamp()
+            WHERE j.id = ANY (v_due) AND j.status = 'published'
+            RETURNING j.id, j.attempt, j.file_id, j.republish_count
+        )
+        SELECT array_agg(m.id), array_agg(m.attempt), array_agg(m.file_id),
+               array_agg(m.republish_count)
+        INTO v_jobs, v_attempts, v_files, v_republished
+        FROM moved m;
+
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        WHERE f.id = ANY (v_files)
+          AND f.current_recognition_job_id = ANY (v_jobs);
+
+        RETURN QUERY SELECT * FROM unnest(v_jobs, v_attempts, v_files, v_republished);
+        EXIT WHEN cardinality(v_due) < 1000;
+    END LOOP;
+END;
+$$;
+
+
+--
+-- Name: dead_letter_unpublishable(uuid[], text[], text[]); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
+       OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids) THEN
+        RAISE EXCEPTION 'dead_letter_unpublishable takes one error code and one error message '
+                        'per job id (% ids, % codes, % messages)',
+            cardinality(p_job_ids), cardinality(p_error_codes), cardinality(p_error_messages)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_error_codes) AS c(code) WHERE coalesce(c.code, '') = '') THEN
+        RAISE EXCEPTION 'dead_letter_unpublishable needs an error code for every job'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT DISTINCT ON (u.id) u.id, u.code, u.message
+        FROM unnest(p_job_ids, p_error_codes, p_error_messages)
+             WITH ORDINALITY AS u(id, code, message, n)
+        WHERE u.id IS NOT NULL
+        ORDER BY u.id, u.n
+    ), locked AS (
+        SELECT j.id, w.code, w.message
+        FROM arm.recognition_job j
+        JOIN wanted w ON w.id = j.id
+        WHERE j.status = 'queued'
+        ORDER BY j.id
+        FOR UPDATE OF j
+    ), moved AS (
+        UPDATE arm.recognition_job j
+        SET status = 'dlq',
+            error_code = l.code,
+            error_message = l.message,
+            finished_at = clock_timestamp()
+        FROM locked l
+        WHERE j.id = l.id AND j.status = 'queued'
+        RETURNING j.id, j.attempt, j.file_id
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        FROM moved m
+        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
+        RETURNING f.id
+    )
+    SELECT m.id, m.attempt, m.file_id FROM moved m;
+END;
+$$;
+
+
+--
+-- Name: get_file(uuid); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.get_file(p_file_id uuid) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT jsonb_build_object(
+        'file', jsonb_build_object(
+            'id', f.id,
+            'consolidation_id', f.consolidation_id,
+            'original_name', f.original_name,
+            'file_type', f.file_type,
+            'status', f.status,
+            's3', jsonb_build_object('bucket', o.bucket, 'key', o.key),
+            'current_job_id', f.current_recognition_job_id,
+            'created_at', f.created_at,
+            'updated_at', f.updated_at
+        ),
+        'current_job', (SELECT arm.job_view(j) FROM arm.recognition_job j
+                        WHERE j.id = f.current_recognition_job_id),
+        'attempts', coalesce((SELECT jsonb_agg(arm.job_view(j) ORDER BY j.attempt)
+                              FROM arm.recognition_job j WHERE j.file_id = f.id), '[]'::jsonb)
+    )
+    FROM arm.stored_file f
+    JOIN arm.s3_object o ON o.id = f.s3_object_id
+    WHERE f.id = p_file_id
+$$;
+
+
+--
+-- Name: is_final(arm.job_status); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.is_final(p_status arm.job_status) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT p_status IN ('done', 'needs_check', 'error', 'timeout', 'dlq')
+$$;
+
+
+--
+-- Name: job_view(arm.recognition_job); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.job_view(j arm.recognition_job) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT jsonb_build_object(
+        'job_id', j.id,
+        'attempt', j.attempt,
+        'max_attempts', j.max_attempts,
+        'pipeline', j.pipeline,
+        'status', j.status,
+        'requested_at', j.requested_at,
+        'published_at', j.published_at,
+        'reply_deadline', j.reply_deadline,
+        'started_at', j.started_at,
+        'finished_at', j.finished_at,
+        'request_msg_id', j.request_msg_id,
+        'republish_count', j.republish_count,
+        'service', CASE WHEN j.service_name IS NOT NULL THEN
+            jsonb_build_object('name', j.service_name, 'version', j.service_version) END,
+        'error', CASE WHEN j.error_code IS NOT NULL THEN
+            jsonb_build_object('code', j.error_code, 'message', j.error_message) END,
+        'result', (SELECT jsonb_build_object('bucket', o.bucket, 'key', o.key,
+                                             'schema_version', j.result_schema_version,
+                                             'msg_id', j.result_msg_id)
+                   FROM arm.s3_object o WHERE o.id = j.result_s3_object_id),
+        'metrics', j.metrics
+    )
+$$;
+
+
+--
+-- Name: mark_published(uuid[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p_reply_deadlines timestamp with time zone[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE arm.recognition_job j
+    SET status = 'published',
+        published_at = clock_timestamp(),
+        last_published_at = clock_timestamp(),
+        request_msg_id = j.id::text || ':' || j.attempt,
+        request_subject = u.subject,
+        reply_deadline = u.reply_deadline
+    FROM unnest(p_job_ids, p_subjects, p_reply_deadlines) AS u(job_id, subject, reply_deadline)
+    WHERE j.id = u.job_id
+      AND j.status = 'queued';
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+
+
+--
+-- Name: mark_republished(uuid[]); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.mark_republished(p_job_ids uuid[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE arm.recognition_job
+    SET republish_count = republish_count + 1,
+        last_published_at = clock_timestamp()
+    WHERE id = ANY (p_job_ids)
+      AND status = 'published';
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+
+
+--
+-- Name: pipeline_for(arm.file_type); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.pipeline_for(p_file_type arm.file_type) RETURNS arm.pipeline
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN p_file_type IN ('XLS', 'XLSX', 'XLSB')
+                THEN 'tabular'::arm.pipeline
+                ELSE 'image'::arm.pipeline END
+$$;
+
+
+--
+-- Name: publish_queued_jobs(integer, interval, interval, text, text, integer); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, outcome text, subject text, msg_id text, request text, error_message text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    RETURN QUERY
+    WITH claimed AS (
+        SELECT j.id
+        FROM arm.recognition_job j
+        WHERE j.status = 'queued'
+        ORDER BY j.requested_at, j.id
+        LIMIT p_limit
+        FOR UPDATE OF j SKIP LOCKED
+    ), built AS (
+        SELECT j.id, j.file_id, j.attempt, j.requested_at,
+               j.id::text || ':' || j.attempt AS msg_id,
+               CASE j.pipeline WHEN 'tabular' THEN p_tabular_subject
+                               ELSE p_image_subject END AS subject,
+               d.deadline,
+               -- jsonb's text form: byte for byte what a republish sends again.
+               arm._request_body(j, f, o, d.deadline)::text AS request
+        FROM claimed c
+        JOIN arm.recognition_job j ON j.id = c.id
+        JOIN arm.stored_file f ON f.id = j.file_id
+        JOIN arm.s3_object o ON o.id = f.s3_object_id
+        CROSS JOIN LATERAL (
+            SELECT date_trunc('milliseconds', v_now
+                + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
+                                  ELSE p_image_reply_timeout END) AS deadline
+        ) d
+    ), sized AS (
+        -- What the server counts against max_payload: the payload and the header block
+        -- "NATS/1.0\r\nNats-Msg-Id: <id>\r\n\r\n" that nats-py sends with it.
+        SELECT b.*,
+               octet_length(b.request) + 12 + octet_length('Nats-Msg-Id: ' || b.msg_id) + 4
+                   AS bytes
+        FROM built b
+    ), marked AS (
+        UPDATE arm.recognition_job j
+        SET status = CASE WHEN s.bytes <= p_max_bytes THEN 'published'
+                          ELSE 'dlq' END::arm.job_status,
+            published_at = CASE WHEN s.bytes <= p_max_bytes THEN v_now END,
+            last_published_at = CASE WHEN s.bytes <= p_max_bytes THEN v_now END,
+            request_msg_id = CASE WHEN s.bytes <= p_max_bytes THEN s.msg_id END,
+            request_subject = CASE WHEN s.bytes <= p_max_bytes THEN s.subject END,
+            reply_deadline = CASE WHEN s.bytes <= p_max_bytes THEN s.deadline END,
+            error_code = CASE WHEN s.bytes > p_max_bytes THEN 'REQUEST_TOO_LARGE' END,
+            error_message = CASE WHEN s.bytes > p_max_bytes THEN format(
+                'the request is %s bytes; the NATS server accepts at most %s (max_payload)',
+                s.bytes, p_max_bytes) END,
+            finished_at = CASE WHEN s.bytes > p_max_bytes THEN v_now END
+        FROM sized s
+        WHERE j.id = s.id
+        RETURNING j.id, j.status, j.error_message
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        FROM marked m JOIN sized s ON s.id = m.id
+        WHERE m.status = 'dlq' AND f.id = s.file_id AND f.current_recognition_job_id = m.id
+    )
+    SELECT s.id, s.attempt, s.file_id, m.status::text,
+           s.subject, s.msg_id,
+           CASE WHEN m.status = 'published' THEN s.request END,
+           m.error_message
+    FROM sized s
+    JOIN marked m ON m.id = s.id
+    ORDER BY s.requested_at, s.id;
+END;
+$$;
+
+
+--
+-- Name: retry_file(uuid, text); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.retry_file(p_file_id uuid, p_actor text) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    f arm.stored_file;
+    j arm.recognition_job;
+    v_new_id uuid;
+BEGIN
+    IF p_actor IS NULL OR btrim(p_actor) = '' THEN
+        RAISE EXCEPTION 'retry_file needs an actor (who retries)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    SELECT * INTO f FROM arm.stored_file WHERE id = p_file_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT p_file_id, 'not_found', 'file_not_found',
+            NULL::uuid, NULL::integer, NULL::uuid, NULL::arm.job_status, NULL::integer,
+            NULL::integer;
+        RETURN;
+    END IF;
+
+    SELECT * INTO j FROM arm.recognition_job WHERE id = f.current_recognition_job_id;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT f.id, 'not_retryable', 'no_job',
+            NULL::uuid, NULL::integer, NULL::uuid, NULL::arm.job_status, NULL::integer,
+            NULL::integer;
+        RETURN;
+    END IF;
+    IF j.status NOT IN ('timeout', 'dlq', 'error') THEN
+        RETURN QUERY SELECT f.id, 'not_retryable', 'not_failed',
+            NULL::uuid, NULL::integer, j.id, j.status, j.attempt, j.max_attempts;
+        RETURN;
+    END IF;
+    IF j.attempt >= j.max_attempts THEN
+        RETURN QUERY SELECT f.id, 'not_retryable', 'attempts_exhausted',
+            NULL::uuid, NULL::integer, j.id, j.status, j.attempt, j.max_attempts;
+        RETURN;
+    END IF;
+
+    INSERT INTO arm.recognition_job (file_id, pipeline, attempt, max_attempts, status, requested_at)
+    VALUES (f.id, j.pipeline, j.attempt + 1, j.max_attempts, 'queued', clock_timestamp())
+    RETURNING id INTO v_new_id;
+
+    UPDATE arm.stored_file
+    SET current_recognition_job_id = v_new_id,
+        status = 'UPLOADED'
+    WHERE id = f.id;
+
+    INSERT INTO arm.retry_audit (file_id, old_job_id, new_job_id, new_attempt, actor)
+    VALUES (f.id, j.id, v_new_id, j.attempt + 1, p_actor);
+
+    RETURN QUERY SELECT f.id, 'retried', NULL::text,
+        v_new_id, j.attempt + 1, j.id, j.status, j.attempt, j.max_attempts;
+END;
+$$;
+
+
+--
+-- Name: retry_files(uuid[], text); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_id uuid;
+BEGIN
+    FOR v_id IN
+        SELECT DISTINCT u.id FROM unnest(p_file_ids) AS u(id) WHERE u.id IS NOT NULL ORDER BY u.id
+    LOOP
+        RETURN QUERY SELECT * FROM arm.retry_file(v_id, p_actor);
+    END LOOP;
+END;
+$$;
+
+
+--
+-- Name: run_due_tasks(); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.run_due_tasks() RETURNS TABLE(task text, result text, error text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    t arm.periodic_task;
+    v_started timestamptz;
+    v_result text;
+    v_error text;
+BEGIN
+    FOR t IN
+        SELECT * FROM arm.periodic_task p
+        WHERE p.enabled AND p.next_run_at <= clock_timestamp()
+        ORDER BY p.next_run_at
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        v_started := clock_timestamp();
+        v_result := NULL;
+        v_error := NULL;
+        BEGIN
+            EXECUTE format('SELECT (%s)::text', t.function_name::text) INTO v_result;
+        EXCEPTION WHEN OTHERS THEN
+            v_error := SQLSTATE || ': ' || SQLERRM;
+        END;
+        UPDATE arm.periodic_task p
+        SET last_started_at = v_started,
+            last_finished_at = clock_timestamp(),
+            last_result = v_result,
+            last_error = v_error,
+            run_count = p.run_count + 1,
+            next_run_at = v_started + p.run_every
+        WHERE p.name = t.name;
+        task := t.name;
+        result := v_result;
+        error := v_error;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+
+--
+-- Name: schedule_with_pg_cron(); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.schedule_with_pg_cron() RETURNS bigint
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    v_job bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') THEN
+        RAISE EXCEPTION 'pg_cron is not installed in this database; the bridge runs the schedule'
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+    EXECUTE $cron$SELECT cron.schedule('arm-run-due-tasks', '* * * * *',
+                                        'SELECT * FROM arm.run_due_tasks()')$cron$
+        INTO v_job;
+    RETURN v_job;
+END;
+$_$;
+
+
+--
+-- Name: set_periodic_task(text, regprocedure, interval, boolean); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.set_periodic_task(p_name text, p_function regprocedure, p_run_every interval, p_enabled boolean DEFAULT true) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF (SELECT pronargs FROM pg_proc WHERE oid = p_function) <> 0 THEN
+        RAISE EXCEPTION 'periodic task %: % must take no arguments', p_name, p_function
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO arm.periodic_task (name, function_name, run_every, enabled)
+    VALUES (p_name, p_function, p_run_every, p_enabled)
+    ON CONFLICT (name) DO UPDATE
+    SET function_name = EXCLUDED.function_name,
+        run_every = EXCLUDED.run_every,
+        enabled = EXCLUDED.enabled,
+        next_run_at = least(arm.periodic_task.next_run_at, clock_timestamp() + EXCLUDED.run_every);
+END;
+$$;
+
+
+--
+-- Name: set_setting(text, text); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.set_setting(p_name text, p_value text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO arm.setting (name, value) VALUES (p_name, p_value)
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
+$$;
+
+
+--
+-- Name: setting_int(text); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.setting_int(p_name text) RETURNS integer
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    v_value text;
+BEGIN
+    SELECT value INTO v_value FROM arm.setting WHERE name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'arm.setting % is missing', p_name USING ERRCODE = 'no_data_found';
+    END IF;
+    RETURN v_value::integer;
+EXCEPTION
+    WHEN invalid_text_representation THEN
+        RAISE EXCEPTION 'arm.setting % is not an integer: %', p_name, v_value
+            USING ERRCODE = 'invalid_parameter_value';
+END;
+$$;
+
+
+--
+-- Name: sweep_timeouts(); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.sweep_timeouts() RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_from timestamptz := '-infinity';
+    v_due uuid[];
+    v_jobs uuid[];
+    v_files uuid[];
+    v_count integer := 0;
+BEGIN
+    LOOP
+        SELECT array_agg(d.id), max(d.reply_deadline)
+        INTO v_due, v_from
+        FROM (
+            SELECT j.id, j.reply_deadline
+            FROM arm.recognition_job j
+            WHERE j.status IN ('published', 'processing')
+              AND j.reply_deadline < v_now
+              AND j.reply_deadline >= v_from
+            ORDER BY j.reply_deadline
+            LIMIT 1000  -- the batch; keep in step with the EXIT below
+            FOR UPDATE SKIP LOCKED
+        ) d;
+        EXIT WHEN v_due IS NULL;
+
+        WITH moved AS (
+            UPDATE arm.recognition_job j
+            SET status = 'timeout',
+                error_code = 'TIMEOUT',
+                error_message = format('no result by reply_deadline %s', j.reply_deadline),
+                finished_at = clock_timestamp()
+            WHERE j.id = ANY (v_due)
+              AND j.status IN ('published', 'processing')
+            RETURNING j.id, j.file_id
+        )
+        SELECT array_agg(m.id), array_agg(m.file_id) INTO v_jobs, v_files FROM moved m;
+
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        WHERE f.id = ANY (v_files)
+          AND f.current_recognition_job_id = ANY (v_jobs);
+
+        v_count := v_count + coalesce(cardinality(v_jobs), 0);
+        EXIT WHEN cardinality(v_due) < 1000;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+
+
+--
+-- Name: tg_recognition_job__defaults(); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.tg_recognition_job__defaults() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_file_type arm.file_type;
+BEGIN
+    SELECT file_type INTO v_file_type FROM arm.stored_file WHERE id = NEW.file_id;
+    IF FOUND THEN
+        IF NEW.pipeline IS NULL THEN
+            NEW.pipeline := arm.pipeline_for(v_file_type);
+        ELSIF NEW.pipeline <> arm.pipeline_for(v_file_type) THEN
+            RAISE EXCEPTION 'pipeline % does not match file type % of file %',
+                NEW.pipeline, v_file_type, NEW.file_id
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;  -- an unknown file_id is left to the foreign key to report
+    IF NEW.max_attempts IS NULL THEN
+        NEW.max_attempts := arm.setting_int('default_max_attempts');
+    END IF;
+    IF NEW.status <> 'queued' THEN
+        RAISE EXCEPTION 'a new recognition job starts queued, not %', NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+
+--
+-- Name: tg_recognition_job__guard(); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.tg_recognition_job__guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF (NEW.id, NEW.file_id, NEW.attempt, NEW.pipeline, NEW.max_attempts, NEW.requested_at)
+       IS DISTINCT FROM
+       (OLD.id, OLD.file_id, OLD.attempt, OLD.pipeline, OLD.max_attempts, OLD.requested_at)
+    THEN
+        RAISE EXCEPTION 'recognition job %: id, file_id, attempt, pipeline, max_attempts '
+                        'and requested_at never change', OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF arm.is_final(OLD.status) THEN
+        IF (to_jsonb(NEW) - 'group_schema') IS DISTINCT FROM (to_jsonb(OLD) - 'group_schema') THEN
+            RAISE EXCEPTION 'recognition job % is final (%): only group_schema may change',
+                OLD.id, OLD.status
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF NEW.status IS DISTINCT FROM OLD.status AND NOT (
+           (OLD.status = 'queued' AND NEW.status IN ('published', 'dlq'))
+        OR (OLD.status = 'published' AND NEW.status IN
+                ('processing', 'done', 'needs_check', 'error', 'timeout', 'dlq'))
+        OR (OLD.status = 'processing' AND NEW.status IN
+                ('done', 'needs_check', 'error', 'timeout'))
+    ) THEN
+        RAISE EXCEPTION 'recognition job %: no transition % → %', OLD.id, OLD.status, NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+
+--
+-- Name: tg_recognition_job__notify_queued(); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.tg_recognition_job__notify_queued() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM inserted WHERE status = 'queued') THEN
+        PERFORM pg_notify('arm_recognition_job_queued', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+
+--
+-- Name: tg_stored_file__touch(); Type: FUNCTION; Schema: arm; Owner: -
+--
+
+CREATE FUNCTION arm.tg_stored_file__touch() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW IS DISTINCT FROM OLD THEN
+        NEW.updated_at := now();
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+
+--
+-- Name: periodic_task; Type: TABLE; Schema: arm; Owner: -
+--
+
+CREATE TABLE arm.periodic_task (
+    name text NOT NULL,
+    function_name regprocedure NOT NULL,
+    run_every interval NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    next_run_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_started_at timestamp with time zone,
+    last_finished_at timestamp with time zone,
+    last_result text,
+    last_error text,
+    run_count bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT periodic_task_run_every_check CHECK ((run_every >= '00:00:01'::interval))
+);
+
+
+--
+-- Name: retry_audit; Type: TABLE; Schema: arm; Owner: -
+--
+
+CREATE TABLE arm.retry_audit (
+    id bigint NOT NULL,
+    file_id uuid NOT NULL,
+    old_job_id uuid NOT NULL,
+    new_job_id uuid NOT NULL,
+    new_attempt integer NOT NULL,
+    actor text NOT NULL,
+    retried_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT retry_audit_actor_check CHECK ((actor <> ''::text))
+);
+
+
+--
+-- Name: retry_audit_id_seq; Type: SEQUENCE; Schema: arm; Owner: -
+--
+
+ALTER TABLE arm.retry_audit ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME arm.retry_audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: setting; Type: TABLE; Schema: arm; Owner: -
+--
+
+CREATE TABLE arm.setting (
+    name text NOT NULL,
+    value text NOT NULL,
+    description text DEFAULT ''::text NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
+-- Name: periodic_task periodic_task_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.periodic_task
+    ADD CONSTRAINT periodic_task_pkey PRIMARY KEY (name);
+
+
+--
+-- Name: recognition_job recognition_job_file_attempt_key; Type: CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.recognition_job
+    ADD CONSTRAINT recognition_job_file_attempt_key UNIQUE (file_id, attempt);
+
+
+--
+-- Name: recognition_job recognition_job_id_file_key; Type: CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.recognition_job
+    ADD CONSTRAINT recognition_job_id_file_key UNIQUE (id, file_id);
+
+
+--
+-- Name: recognition_job recognition_job_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.recognition_job
+    ADD CONSTRAINT recognition_job_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: retry_audit retry_audit_new_job_id_key; Type: CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.retry_audit
+    ADD CONSTRAINT retry_audit_new_job_id_key UNIQUE (new_job_id);
+
+
+--
+-- Name: retry_audit retry_audit_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.retry_audit
+    ADD CONSTRAINT retry_audit_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: s3_object s3_object_bucket_length; Type: CHECK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE arm.s3_object
+    ADD CONSTRAINT s3_object_bucket_length CHECK ((char_length(bucket) <= 63)) NOT VALID;
+
+
+--
+-- Name: s3_object s3_object_key_length; Type: CHECK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE arm.s3_object
+    ADD CONSTRAINT s3_object_key_length CHECK ((char_length(key) <= 1024)) NOT VALID;
+
+
+--
+-- Name: s3_object s3_object_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.s3_object
+    ADD CONSTRAINT s3_object_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: setting setting_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.setting
+    ADD CONSTRAINT setting_pkey PRIMARY KEY (name);
+
+
+--
+-- Name: stored_file stored_file_original_name_length; Type: CHECK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE arm.stored_file
+    ADD CONSTRAINT stored_file_original_name_length CHECK ((char_length(original_name) <= 1024)) NOT VALID;
+
+
+--
+-- Name: stored_file stored_file_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.stored_file
+    ADD CONSTRAINT stored_file_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: recognition_job_live_deadline_idx; Type: INDEX; Schema: arm; Owner: -
+--
+
+CREATE INDEX recognition_job_live_deadline_idx ON arm.recognition_job USING btree (reply_deadline) WHERE (status = ANY (ARRAY['published'::arm.job_status, 'processing'::arm.job_status]));
+
+
+--
+-- Name: recognition_job_one_live_per_file_idx; Type: INDEX; Schema: arm; Owner: -
+--
+
+CREATE UNIQUE INDEX recognition_job_one_live_per_file_idx ON arm.recognition_job USING btree (file_id) WHERE (status = ANY (ARRAY['queued'::arm.job_status, 'published'::arm.job_status, 'processing'::arm.job_status]));
+
+
+--
+-- Name: recognition_job_queued_idx; Type: INDEX; Schema: arm; Owner: -
+--
+
+CREATE INDEX recognition_job_queued_idx ON arm.recognition_job USING btree (requested_at, id) WHERE (status = 'queued'::arm.job_status);
+
+
+--
+-- Name: recognition_job_result_s3_object_idx; Type: INDEX; Schema: arm; Owner: -
+--
+
+CREATE INDEX recognition_job_result_s3_object_idx ON arm.recognition_job USING btree (result_s3_object_id) WHERE (result_s3_object_id IS NOT NULL);
+
+
+--
+-- Name: recognition_job_unacked_idx; Type: INDEX; Schema: arm; Owner: -
+--
+
+CREATE INDEX recognition_job_unacked_idx ON arm.recognition_job USING btree (last_published_at, id) WHERE (status = 'published'::arm.job_status);
+
+
+--
+-- Name: retry_audit_file_idx; Type: INDEX; Schema: arm; Owner: -
+--
+
+CREATE INDEX retry_audit_file_idx ON arm.retry_audit USING btree (file_id, retried_at);
+
+
+--
+-- Name: s3_object_bucket_key_idx; Type: INDEX; Schema: arm; Owner: -
+--
+
+CREATE INDEX s3_object_bucket_key_idx ON arm.s3_object USING btree (bucket, key);
+
+
+--
+-- Name: stored_file_consolidation_idx; Type: INDEX; Schema: arm; Owner: -
+--
+
+CREATE INDEX stored_file_consolidation_idx ON arm.stored_file USING btree (consolidation_id);
+
+
+--
+-- Name: stored_file_current_job_idx; Type: INDEX; Schema: arm; Owner: -
+--
+
+CREATE INDEX stored_file_current_job_idx ON arm.stored_file USING btree (current_recognition_job_id);
+
+
+--
+-- Name: recognition_job tg_recognition_job__defaults; Type: TRIGGER; Schema: arm; Owner: -
+--
+
+CREATE TRIGGER tg_recognition_job__defaults BEFORE INSERT ON arm.recognition_job FOR EACH ROW EXECUTE FUNCTION arm.tg_recognition_job__defaults();
+
+
+--
+-- Name: recognition_job tg_recognition_job__guard; Type: TRIGGER; Schema: arm; Owner: -
+--
+
+CREATE TRIGGER tg_recognition_job__guard BEFORE UPDATE ON arm.recognition_job FOR EACH ROW EXECUTE FUNCTION arm.tg_recognition_job__guard();
+
+
+--
+-- Name: recognition_job tg_recognition_job__notify_queued; Type: TRIGGER; Schema: arm; Owner: -
+--
+
+CREATE TRIGGER tg_recognition_job__notify_queued AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_recognition_job__notify_queued();
+
+
+--
+-- Name: stored_file tg_stored_file__touch; Type: TRIGGER; Schema: arm; Owner: -
+--
+
+CREATE TRIGGER tg_stored_file__touch BEFORE UPDATE ON arm.stored_file FOR EACH ROW EXECUTE FUNCTION arm.tg_stored_file__touch();
+
+
+--
+-- Name: recognition_job recognition_job_file_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.recognition_job
+    ADD CONSTRAINT recognition_job_file_id_fkey FOREIGN KEY (file_id) REFERENCES arm.stored_file(id);
+
+
+--
+-- Name: recognition_job recognition_job_result_s3_object_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.recognition_job
+    ADD CONSTRAINT recognition_job_result_s3_object_id_fkey FOREIGN KEY (result_s3_object_id) REFERENCES arm.s3_object(id);
+
+
+--
+-- Name: retry_audit retry_audit_file_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.retry_audit
+    ADD CONSTRAINT retry_audit_file_id_fkey FOREIGN KEY (file_id) REFERENCES arm.stored_file(id);
+
+
+--
+-- Name: retry_audit retry_audit_new_job_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.retry_audit
+    ADD CONSTRAINT retry_audit_new_job_id_fkey FOREIGN KEY (new_job_id) REFERENCES arm.recognition_job(id);
+
+
+--
+-- Name: retry_audit retry_audit_old_job_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.retry_audit
+    ADD CONSTRAINT retry_audit_old_job_id_fkey FOREIGN KEY (old_job_id) REFERENCES arm.recognition_job(id);
+
+
+--
+-- Name: stored_file stored_file_current_job_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.stored_file
+    ADD CONSTRAINT stored_file_current_job_fkey FOREIGN KEY (current_recognition_job_id, id) REFERENCES arm.recognition_job(id, file_id);
+
+
+--
+-- Name: stored_file stored_file_s3_object_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+--
+
+ALTER TABLE ONLY arm.stored_file
+    ADD CONSTRAINT stored_file_s3_object_id_fkey FOREIGN KEY (s3_object_id) REFERENCES arm.s3_object(id);
