@@ -20,10 +20,11 @@ install: $(STAMP) ## create .venv and install arm-core with its test tools
 run: $(STAMP) ## run the whole stack on embedded PostgreSQL and NATS (arm-core dev)
 	$(BIN)/arm-core dev
 
-lint: $(STAMP) ## ruff and mypy
+lint: $(STAMP) ## ruff, mypy and the import boundaries (lint-imports)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy -p arm_core -p tests -p benchmarks
+	$(BIN)/lint-imports --no-cache
 
 test: lint ## lint, then the whole test suite against real PostgreSQL and nats-server
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -68,7 +68,7 @@ def cmd_reference(settings: Settings) -> int:
     import asyncio
     import signal
 
-    from arm_core.reference import configs_from_env, run_reference
+    from arm_core.devtools.reference import configs_from_env, run_reference
 
     configs = configs_from_env(settings)  # ConfigError names the bad variable
 
@@ -84,7 +84,7 @@ def cmd_reference(settings: Settings) -> int:
 
 
 def cmd_dev(settings: Settings) -> int:
-    from arm_core.dev import run
+    from arm_core.devtools.stack import run
 
     return run(settings)
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
-from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
+from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
 from benchmarks import lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
 from benchmarks.harness import Bench, Sizes
 from benchmarks.report import Report, machine, markdown

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.migrate import migrate
 from benchmarks import cpu
 from benchmarks.cpu import CpuMeter

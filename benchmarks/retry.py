@@ -14,7 +14,7 @@ from collections import Counter
 
 import aiohttp
 
-from arm_core.embedded import free_port
+from arm_core.devtools.embedded import free_port
 from benchmarks.harness import Bench, connect
 from benchmarks.report import Report
 from benchmarks.uploads import publish_in_sql, upload_files

@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from arm_core.bridge.envelope import Envelope, parse_envelope
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.runner import Bridge
-from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.runtime import bridge_app
 from tests.bridge.test_processes import bridge_env
 from tests.support.bridge import (

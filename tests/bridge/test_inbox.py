@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from arm_core.embedded import EmbeddedNats, EmbeddedPostgres
+from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
 from tests.support.bridge import (
     TcpProxy,
     envelope,

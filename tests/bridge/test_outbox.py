@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from nats.aio.client import Client
 
-from arm_core.embedded import EmbeddedNats
+from arm_core.devtools.embedded import EmbeddedNats
 from tests.support.bridge import collect, fast_settings, running_bridge, wait_for
 from tests.support.sql import (
     dict_conn,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from arm_core.embedded import EmbeddedNats, free_port
+from arm_core.devtools.embedded import EmbeddedNats, free_port
 from tests.support.bridge import envelope, send, wait_for
 from tests.support.processes import ARM_CORE, ArmProcess, log_lines
 from tests.support.sql import dict_conn, job, publish, scalar, upload, upload_many

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from arm_core.bridge.nats_client import auth_options
 from arm_core.config import Settings
-from arm_core.embedded import EmbeddedNats
+from arm_core.devtools.embedded import EmbeddedNats
 from arm_core.http.app import create_app
 from arm_core.runtime import BRIDGE
 from tests.support.bridge import envelope, fast_settings, running_bridge, send, wait_for

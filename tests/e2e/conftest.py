@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from arm_core.embedded import EmbeddedNats
+from arm_core.devtools.embedded import EmbeddedNats
 from tests.support.stack import Stack
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from arm_core.embedded import free_port
+from arm_core.devtools.embedded import free_port
 from tests.support.processes import ARM_CORE
 
 pytestmark = pytest.mark.e2e

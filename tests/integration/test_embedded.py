@@ -1,4 +1,5 @@
-"""Real PostgreSQL and nats-server started by arm_core.embedded (no mocks, no fixed ports)."""
+"""Real PostgreSQL and nats-server started by arm_core.devtools.embedded (no mocks, no
+fixed ports)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import nats
 import psycopg
 import pytest
 
-from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 
 
 @pytest.fixture(scope="module")

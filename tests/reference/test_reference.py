@@ -24,8 +24,8 @@ from nats.aio.msg import Msg
 
 from arm_core.bridge.contracts import CONTRACTS_DIR, RESULT_SCHEMA, validator
 from arm_core.config import ConfigError, Settings
-from arm_core.embedded import EmbeddedNats
-from arm_core.reference import (
+from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.devtools.reference import (
     NOTE,
     SCAN,
     TABULAR,
@@ -165,7 +165,7 @@ def statuses(pairs: list[tuple[str, dict[str, Any]]]) -> list[str]:
 async def test_example_request_is_acked_then_done_after_the_result_file(
     client: Client, seen: Seen, start: Start, results_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="arm_core.reference")
+    caplog.set_level(logging.INFO, logger="arm_core.devtools.reference")
     service = await start(TABULAR)
     body = example("request-tabular.json")
     job_id, file_id = body["job_id"], body["file_id"]

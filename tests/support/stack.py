@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arm_core.embedded import EmbeddedNats, free_port
+from arm_core.devtools.embedded import EmbeddedNats, free_port
 from tests.support.processes import ArmProcess
 
 

@@ -25,7 +25,7 @@ from aiohttp import web
 from psycopg.rows import dict_row
 
 from arm_core.config import Settings
-from arm_core.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.migrate import migrate
 from arm_core.statuses import pipeline_for
 
@@ -165,8 +165,8 @@ def embedded_servers(settings: Settings, root: Path) -> Iterator[tuple[str, str]
 
 
 async def serve_dev(settings: Settings, root: Path) -> None:
+    from arm_core.devtools.reference import configs_from_env, run_reference
     from arm_core.http.app import create_app
-    from arm_core.reference import configs_from_env, run_reference
 
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
