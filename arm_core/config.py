@@ -2,18 +2,29 @@
 
 Every variable is parsed once at start. A bad value raises :class:`ConfigError` whose
 message names the variable, so a misconfigured container fails at once and says why.
+
+This is the one environment parser: a dataclass declares each variable with
+:func:`env_var` (its name, a parser, its default) and :func:`read_env` reads them all.
+:class:`Settings` is one such dataclass; the dev tools' ``REFERENCE_*`` configuration
+(arm_core.devtools.reference) is another, with the same parsers (:func:`parse_bool`,
+:func:`number`, :func:`one_of`, :func:`text`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-T = TypeVar("T")
+N = TypeVar("N", int, float)
+
+# A parser takes the variable's name and its raw value; it returns the value or raises
+# ConfigError naming the variable (never quoting a secret's value).
+Parser = Callable[[str, str], Any]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -23,7 +34,7 @@ class ConfigError(ValueError):
     """A configuration variable is missing or has a value that cannot be used."""
 
 
-def _bool(name: str, raw: str) -> bool:
+def parse_bool(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value in _TRUE:
         return True
@@ -32,21 +43,67 @@ def _bool(name: str, raw: str) -> bool:
     raise ConfigError(f"{name}: expected true or false, got {raw!r}")
 
 
-def _number(kind: Callable[[str], T], minimum: float | None = None) -> Callable[[str, str], T]:
-    def parse(name: str, raw: str) -> T:
+def number(kind: Callable[[str], N], minimum: float | None = None) -> Callable[[str, str], N]:
+    """An int or float parser; nan and inf are not numbers here."""
+
+    def parse(name: str, raw: str) -> N:
         try:
             value = kind(raw.strip())
         except ValueError:
             raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
-        if minimum is not None and value < minimum:  # type: ignore[operator]
+        if not math.isfinite(value):
+            raise ConfigError(f"{name}: expected a number, got {raw!r}")
+        if minimum is not None and value < minimum:
             raise ConfigError(f"{name}: must be at least {minimum}, got {raw!r}")
         return value
 
     return parse
 
 
+def one_of(
+    options: tuple[str, ...], fold: Callable[[str], str] = str.lower
+) -> Callable[[str, str], str]:
+    """One of `options`, compared after stripping and `fold` (lower-case by default)."""
+
+    def parse(name: str, raw: str) -> str:
+        value = fold(raw.strip())
+        if value not in options:
+            raise ConfigError(f"{name}: expected one of {', '.join(options)}, got {raw!r}")
+        return value
+
+    return parse
+
+
+def text(name: str, raw: str) -> str:
+    """Any text, stripped; the one parser for which an empty value counts as given."""
+    return raw.strip()
+
+
+def env_var(env: str, parse: Parser, default: Any) -> Any:
+    """A dataclass field read from the environment variable `env` by :func:`read_env`."""
+    return field(default=default, metadata={"env": env, "parse": parse})
+
+
+def read_env(cls: type, env: Mapping[str, str]) -> tuple[dict[str, Any], frozenset[str]]:
+    """The :func:`env_var` fields of dataclass `cls` that `env` gives, parsed (by field
+    name), and the names of the variables given. A blank value counts as not given,
+    except for :func:`text`. Raises ConfigError naming the first bad variable."""
+    values: dict[str, Any] = {}
+    given: set[str] = set()
+    for f in dataclasses.fields(cls):
+        name = f.metadata.get("env")
+        if name is None:
+            continue
+        raw = env.get(name)
+        if raw is None or (raw.strip() == "" and f.metadata["parse"] is not text):
+            continue
+        values[f.name] = f.metadata["parse"](name, raw)
+        given.add(name)
+    return values, frozenset(given)
+
+
 def _port(name: str, raw: str) -> int:
-    value = _number(int, 0)(name, raw)
+    value = number(int, 0)(name, raw)
     if value > 65535:
         raise ConfigError(f"{name}: not a TCP port: {raw!r}")
     return value
@@ -75,10 +132,6 @@ def _nats_urls(name: str, raw: str) -> tuple[str, ...]:
     return urls
 
 
-def _text(name: str, raw: str) -> str:
-    return raw.strip()
-
-
 def _subject(name: str, raw: str) -> str:
     value = raw.strip()
     if not value or any(c.isspace() for c in value) or value.startswith(".") or ".." in value:
@@ -87,13 +140,6 @@ def _subject(name: str, raw: str) -> str:
 
 
 AUTH_MODES = ("none", "token", "header")
-
-
-def _auth_mode(name: str, raw: str) -> str:
-    value = raw.strip().lower()
-    if value not in AUTH_MODES:
-        raise ConfigError(f"{name}: expected one of {', '.join(AUTH_MODES)}, got {raw!r}")
-    return value
 
 
 def _tokens(name: str, raw: str) -> tuple[tuple[str, str], ...]:
@@ -119,81 +165,68 @@ def _header(name: str, raw: str) -> str:
     return value
 
 
-def _var(env: str, parse: Callable[[str, str], Any], default: Any) -> Any:
-    return field(default=default, metadata={"env": env, "parse": parse})
-
-
-_POSITIVE = _number(float, 0.001)
+_POSITIVE = number(float, 0.001)
 
 
 @dataclass(frozen=True)
 class Settings:
     """Everything the processes read from the environment, with SPEC §12's defaults."""
 
-    database_url: str | None = _var("DATABASE_URL", _database_url, None)
-    db_pool_timeout_seconds: float = _var("DATABASE_POOL_TIMEOUT_SECONDS", _POSITIVE, 5.0)
-    nats_urls: tuple[str, ...] = _var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
-    nats_enabled: bool = _var("NATS_ENABLED", _bool, True)
-    debug: bool = _var("DEBUG", _bool, False)
-    nats_seed: str = _var("OPENBAO__NATS__NATS_SEED", _text, "")
-    nats_jwt: str = _var("OPENBAO__NATS__NATS_JWT", _text, "")
-    outbox_poll_seconds: float = _var("OUTBOX_POLL_SECONDS", _POSITIVE, 5.0)
-    outbox_batch_size: int = _var("OUTBOX_BATCH_SIZE", _number(int, 1), 500)
+    database_url: str | None = env_var("DATABASE_URL", _database_url, None)
+    db_pool_timeout_seconds: float = env_var("DATABASE_POOL_TIMEOUT_SECONDS", _POSITIVE, 5.0)
+    nats_urls: tuple[str, ...] = env_var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
+    nats_enabled: bool = env_var("NATS_ENABLED", parse_bool, True)
+    debug: bool = env_var("DEBUG", parse_bool, False)
+    nats_seed: str = env_var("OPENBAO__NATS__NATS_SEED", text, "")
+    nats_jwt: str = env_var("OPENBAO__NATS__NATS_JWT", text, "")
+    outbox_poll_seconds: float = env_var("OUTBOX_POLL_SECONDS", _POSITIVE, 5.0)
+    outbox_batch_size: int = env_var("OUTBOX_BATCH_SIZE", number(int, 1), 500)
     # Publish batches in flight at once per process (each on its own connection).
-    outbox_publishers: int = _var("OUTBOX_PUBLISHERS", _number(int, 1), 2)
-    ack_timeout_seconds: float = _var("ACK_TIMEOUT_SECONDS", _POSITIVE, 30.0)
-    outbox_max_republish: int = _var("OUTBOX_MAX_REPUBLISH", _number(int, 0), 3)
-    timeout_sweep_seconds: float = _var("TIMEOUT_SWEEP_SECONDS", _number(float, 1), 30.0)
-    schedule_tick_seconds: float = _var("SCHEDULE_TICK_SECONDS", _POSITIVE, 1.0)
-    tabular_reply_timeout_seconds: float = _var("TABULAR_REPLY_TIMEOUT_SECONDS", _POSITIVE, 600.0)
-    image_reply_timeout_seconds: float = _var("IMAGE_REPLY_TIMEOUT_SECONDS", _POSITIVE, 1800.0)
-    default_max_attempts: int = _var("DEFAULT_MAX_ATTEMPTS", _number(int, 1), 3)
-    http_host: str = _var("HTTP_HOST", _text, "127.0.0.1")
-    http_port: int = _var("HTTP_PORT", _port, 8080)
-    bridge_health_port: int = _var("BRIDGE_HEALTH_PORT", _port, 8081)
-    tabular_request_subject: str = _var(
+    outbox_publishers: int = env_var("OUTBOX_PUBLISHERS", number(int, 1), 2)
+    ack_timeout_seconds: float = env_var("ACK_TIMEOUT_SECONDS", _POSITIVE, 30.0)
+    outbox_max_republish: int = env_var("OUTBOX_MAX_REPUBLISH", number(int, 0), 3)
+    timeout_sweep_seconds: float = env_var("TIMEOUT_SWEEP_SECONDS", number(float, 1), 30.0)
+    schedule_tick_seconds: float = env_var("SCHEDULE_TICK_SECONDS", _POSITIVE, 1.0)
+    tabular_reply_timeout_seconds: float = env_var(
+        "TABULAR_REPLY_TIMEOUT_SECONDS", _POSITIVE, 600.0
+    )
+    image_reply_timeout_seconds: float = env_var("IMAGE_REPLY_TIMEOUT_SECONDS", _POSITIVE, 1800.0)
+    default_max_attempts: int = env_var("DEFAULT_MAX_ATTEMPTS", number(int, 1), 3)
+    http_host: str = env_var("HTTP_HOST", text, "127.0.0.1")
+    http_port: int = env_var("HTTP_PORT", _port, 8080)
+    bridge_health_port: int = env_var("BRIDGE_HEALTH_PORT", _port, 8081)
+    tabular_request_subject: str = env_var(
         "TABULAR_REQUEST_SUBJECT", _subject, "files.tabular_uploaded"
     )
-    image_request_subject: str = _var("IMAGE_REQUEST_SUBJECT", _subject, "files.img_uploaded")
-    result_subject: str = _var("RESULT_SUBJECT", _subject, "files.tabular_parsed")
-    nats_queue_group: str = _var("NATS_QUEUE_GROUP", _subject, "arm-core")
-    inbox_max_payload_bytes: int = _var("INBOX_MAX_PAYLOAD_BYTES", _number(int, 1024), 1 << 20)
-    inbox_buffer_size: int = _var("INBOX_BUFFER_SIZE", _number(int, 1), 10_000)
+    image_request_subject: str = env_var("IMAGE_REQUEST_SUBJECT", _subject, "files.img_uploaded")
+    result_subject: str = env_var("RESULT_SUBJECT", _subject, "files.tabular_parsed")
+    nats_queue_group: str = env_var("NATS_QUEUE_GROUP", _subject, "arm-core")
+    inbox_max_payload_bytes: int = env_var("INBOX_MAX_PAYLOAD_BYTES", number(int, 1024), 1 << 20)
+    inbox_buffer_size: int = env_var("INBOX_BUFFER_SIZE", number(int, 1), 10_000)
     # Inbox workers, each with its own connection and share of INBOX_BUFFER_SIZE; a job's
     # envelopes always go to the same one.
-    inbox_workers: int = _var("INBOX_WORKERS", _number(int, 1), 2)
+    inbox_workers: int = env_var("INBOX_WORKERS", number(int, 1), 2)
     # Envelopes applied in one transaction (one SQL call) at most.
-    inbox_batch_size: int = _var("INBOX_BATCH_SIZE", _number(int, 1), 500)
+    inbox_batch_size: int = env_var("INBOX_BATCH_SIZE", number(int, 1), 500)
     # The oldest queued job waiting longer than this while NATS is up makes the health
     # check say "degraded" (outbox stuck).
-    outbox_stuck_seconds: float = _var("OUTBOX_STUCK_SECONDS", _POSITIVE, 60.0)
-    retry_batch_max: int = _var("RETRY_BATCH_MAX", _number(int, 1), 1000)
-    http_max_body_bytes: int = _var("HTTP_MAX_BODY_BYTES", _number(int, 1024), 256 * 1024)
+    outbox_stuck_seconds: float = env_var("OUTBOX_STUCK_SECONDS", _POSITIVE, 60.0)
+    retry_batch_max: int = env_var("RETRY_BATCH_MAX", number(int, 1), 1000)
+    http_max_body_bytes: int = env_var("HTTP_MAX_BODY_BYTES", number(int, 1024), 256 * 1024)
     # Who retried (the audit's actor): none → "anonymous"; token → the actor whose
     # API_TOKENS entry matches `Authorization: Bearer …`; header → the identity an
     # authenticating proxy puts in AUTH_HEADER (e.g. oauth2-proxy's X-Forwarded-User).
-    auth_mode: str = _var("AUTH_MODE", _auth_mode, "none")
-    api_tokens: tuple[tuple[str, str], ...] = _var("API_TOKENS", _tokens, ())
-    auth_header: str = _var("AUTH_HEADER", _header, "X-Forwarded-User")
+    auth_mode: str = env_var("AUTH_MODE", one_of(AUTH_MODES), "none")
+    api_tokens: tuple[tuple[str, str], ...] = env_var("API_TOKENS", _tokens, ())
+    auth_header: str = env_var("AUTH_HEADER", _header, "X-Forwarded-User")
     # Names of the variables that were given explicitly (not defaulted).
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Reads every variable; raises ConfigError naming the first bad one."""
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        given: set[str] = set()
-        for f in dataclasses.fields(cls):
-            name = f.metadata.get("env")
-            if name is None:
-                continue
-            raw = env.get(name)
-            if raw is None or (raw.strip() == "" and f.metadata["parse"] is not _text):
-                continue
-            values[f.name] = f.metadata["parse"](name, raw)
-            given.add(name)
-        settings = cls(**values, explicit=frozenset(given))
+        values, given = read_env(cls, os.environ if environ is None else environ)
+        settings = cls(**values, explicit=given)
         if settings.auth_mode == "token" and not settings.api_tokens:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
         return settings

@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +29,7 @@ from nats.aio.subscription import Subscription
 
 from arm_core.bridge.contracts import REQUEST_SCHEMA, RESULT_SCHEMA, schema, validator
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm, connect
-from arm_core.config import ConfigError, Settings
+from arm_core.config import ConfigError, Settings, env_var, number, one_of, read_env
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +51,35 @@ _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}
 ERROR_CODES = tuple(schema(RESULT_SCHEMA)["properties"]["error"]["properties"]["code"]["enum"])
 
 
+def _path(name: str, raw: str) -> Path:
+    return Path(raw.strip())
+
+
+def _bucket(name: str, raw: str) -> str:
+    value = raw.strip()
+    if len(value) > 63 or any(c.isspace() or c == "/" for c in value):
+        raise ConfigError(f"{name}: not an S3 bucket name: {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class ReferenceConfig:
+    """One service's configuration; REFERENCE_* variables are read by config.read_env,
+    the parser of Settings too."""
+
     service: str  # tabular-parser | scan-gateway
     version: str = "0.1.0-reference"
-    mode: str = "normal"  # normal | fail | never_ack | never_answer
-    delay_seconds: float = 0.5  # between the ack and the result ("reading S3, recognising")
-    fail_code: str = "UNSUPPORTED_FORMAT"  # error.code in mode fail and for "[fail]" files
-    results_dir: Path = Path(".dev/results")  # local stand-in for the results bucket
-    results_bucket: str = "arm-ka"
+    # normal | fail | never_ack | never_answer
+    mode: str = env_var("REFERENCE_MODE", one_of(MODES), "normal")
+    # Between the ack and the result ("reading S3, recognising").
+    delay_seconds: float = env_var("REFERENCE_DELAY_SECONDS", number(float, 0), 0.5)
+    # error.code in mode fail and for "[fail]" files.
+    fail_code: str = env_var(
+        "REFERENCE_FAIL_CODE", one_of(ERROR_CODES, str.upper), "UNSUPPORTED_FORMAT"
+    )
+    # The local stand-in for the results bucket.
+    results_dir: Path = env_var("REFERENCE_RESULTS_DIR", _path, Path(".dev/results"))
+    results_bucket: str = env_var("REFERENCE_RESULTS_BUCKET", _bucket, "arm-ka")
     request_subject: str | None = None  # default by service
     result_subject: str = "files.tabular_parsed"
     queue_group: str | None = None  # default: the service name
@@ -82,49 +101,10 @@ class ReferenceConfig:
     @classmethod
     def from_env(cls, service: str, environ: Mapping[str, str] | None = None) -> ReferenceConfig:
         """REFERENCE_MODE, _DELAY_SECONDS, _FAIL_CODE, _RESULTS_DIR, _RESULTS_BUCKET."""
-        env = os.environ if environ is None else environ
         if service not in PIPELINES:
             raise ConfigError(f"REFERENCE_SERVICES: expected {TABULAR} or {SCAN}, got {service!r}")
-        values: dict[str, Any] = {}
-        for name, (attr, parse) in _ENV.items():
-            raw = env.get(name, "").strip()
-            if raw:
-                values[attr] = parse(name, raw)
+        values, _given = read_env(cls, os.environ if environ is None else environ)
         return cls(service=service, **values)
-
-
-def _one_of(options: tuple[str, ...], fold: Callable[[str], str]) -> Callable[[str, str], str]:
-    def parse(name: str, raw: str) -> str:
-        if fold(raw) not in options:
-            raise ConfigError(f"{name}: expected one of {', '.join(options)}, got {raw!r}")
-        return fold(raw)
-
-    return parse
-
-
-def _seconds(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name}: expected seconds ≥ 0, got {raw!r}")
-    return value
-
-
-def _bucket(name: str, raw: str) -> str:
-    if len(raw) > 63 or any(c.isspace() or c == "/" for c in raw):
-        raise ConfigError(f"{name}: not an S3 bucket name: {raw!r}")
-    return raw
-
-
-_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
-    "REFERENCE_MODE": ("mode", _one_of(MODES, str.lower)),
-    "REFERENCE_DELAY_SECONDS": ("delay_seconds", _seconds),
-    "REFERENCE_FAIL_CODE": ("fail_code", _one_of(ERROR_CODES, str.upper)),
-    "REFERENCE_RESULTS_DIR": ("results_dir", lambda _name, raw: Path(raw)),
-    "REFERENCE_RESULTS_BUCKET": ("results_bucket", _bucket),
-}
 
 
 @dataclass

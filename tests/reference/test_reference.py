@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -35,6 +36,7 @@ from arm_core.devtools.reference import (
     run_reference,
 )
 from tests.support.bridge import Collector, logged, nats_client, wait_for
+from tests.support.processes import ARM_CORE
 
 RESULTS = "files.tabular_parsed"
 SUBJECTS = {TABULAR: "files.tabular_uploaded", SCAN: "files.img_uploaded"}
@@ -574,6 +576,7 @@ def test_from_env_defaults_and_values(tmp_path: Path) -> None:
         ("REFERENCE_DELAY_SECONDS", "soon"),
         ("REFERENCE_DELAY_SECONDS", "-1"),
         ("REFERENCE_DELAY_SECONDS", "nan"),
+        ("REFERENCE_DELAY_SECONDS", "inf"),
         ("REFERENCE_FAIL_CODE", "OOPS"),
         ("REFERENCE_RESULTS_BUCKET", "a bucket"),
     ],
@@ -595,6 +598,28 @@ def test_configs_from_env_take_services_and_subjects() -> None:
     assert [c.service for c in configs_from_env(settings, {"REFERENCE_SERVICES": SCAN})] == [SCAN]
     with pytest.raises(ConfigError, match=r"^REFERENCE_SERVICES: "):
         configs_from_env(settings, {"REFERENCE_SERVICES": "ocr"})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("REFERENCE_MODE", "sometimes"),
+        ("REFERENCE_DELAY_SECONDS", "inf"),
+        ("REFERENCE_SERVICES", "ocr"),
+        ("NATS_ENABLED", "maybe"),
+    ],
+)
+def test_arm_core_reference_fails_at_start_naming_the_variable(variable: str, value: str) -> None:
+    # REFERENCE_* go through the parser of Settings: exit 2, the variable named, and the
+    # NATS seed (a secret) never echoed. Nothing is started, so no server is needed.
+    seed = "SUAKYRHVIOREXV7EUZTBHUHL7NUMHPMAS7QMDU3GTIUWEI5LDNOXD43IZY"
+    env = {"PATH": "/usr/bin:/bin", "OPENBAO__NATS__NATS_SEED": seed, variable: value}
+    done = subprocess.run(
+        [ARM_CORE, "reference"], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"configuration error: {variable}: " in done.stderr
+    assert seed not in done.stdout + done.stderr
 
 
 async def test_run_reference_serves_both_pipelines_until_stopped(

@@ -64,6 +64,8 @@ def test_empty_credentials_mean_none() -> None:
         ("DEBUG", "2"),
         ("OUTBOX_POLL_SECONDS", "0"),
         ("OUTBOX_POLL_SECONDS", "soon"),
+        ("OUTBOX_POLL_SECONDS", "nan"),
+        ("ACK_TIMEOUT_SECONDS", "inf"),
         ("ACK_TIMEOUT_SECONDS", "-1"),
         ("OUTBOX_MAX_REPUBLISH", "1.5"),
         ("OUTBOX_MAX_REPUBLISH", "-1"),
