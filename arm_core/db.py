@@ -1,8 +1,10 @@
 """Database access: the named queries of queries.sql and one boundary for driver errors.
 
 Python never writes the job tables itself; every query here calls a function of
-db/functions. Driver errors become :class:`DatabaseUnavailable` (the server cannot be
-reached; retrying later makes sense) or :class:`DatabaseError` (anything else).
+db/functions. The runtime sends them only through arm_core.store, which types their
+parameters and rows; query(name) is for the store (and for tests that run a query as
+it is). Driver errors become :class:`DatabaseUnavailable` (the server cannot be reached;
+retrying later makes sense) or :class:`DatabaseError` (anything else).
 """
 
 from __future__ import annotations

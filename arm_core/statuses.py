@@ -1,6 +1,8 @@
-"""The names the database's enum types hold, as Python knows them.
+"""The names the database's enum types hold, as Python knows them, and the outcomes its
+functions return.
 
-tests/integration/test_schema.py checks that these equal the database's enums.
+tests/integration/test_schema.py checks that the first equal the database's enums;
+tests/integration/test_store.py that the outcomes are the ones db/functions returns.
 """
 
 from enum import StrEnum
@@ -50,6 +52,49 @@ class BucketRole(StrEnum):
     UPLOADS = "uploads"
     RESULTS = "results"
     RAW = "raw"
+
+
+class ApplyOutcome(StrEnum):
+    """What arm.apply_envelopes (and apply_ack, apply_result) did with an envelope."""
+
+    APPLIED = "applied"
+    # A valid envelope with nothing to change:
+    DUPLICATE = "duplicate"
+    ALREADY_FINAL = "already_final"
+    UNKNOWN_JOB = "unknown_job"
+    FILE_MISMATCH = "file_mismatch"
+    NOT_PUBLISHED = "not_published"
+    # apply_envelopes only: another transaction holds the job; not an outcome yet, the
+    # envelope is applied again.
+    BUSY = "busy"
+    # The inbox's own, never the database's: the database raised on the envelope even
+    # when it was applied alone.
+    FAILED = "failed"
+
+
+class PublishOutcome(StrEnum):
+    """What arm.publish_queued_jobs did with a claimed job."""
+
+    PUBLISHED = "published"
+    # The request exceeds the server's max_payload: dead-lettered, nothing sent.
+    DLQ = "dlq"
+
+
+class RetryOutcome(StrEnum):
+    """What arm.retry_file (and retry_files) did with a file."""
+
+    RETRIED = "retried"
+    NOT_FOUND = "not_found"
+    NOT_RETRYABLE = "not_retryable"
+
+
+class RetryReason(StrEnum):
+    """Why arm.retry_file did not retry (NULL when it did)."""
+
+    FILE_NOT_FOUND = "file_not_found"
+    NO_JOB = "no_job"
+    NOT_FAILED = "not_failed"
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 
 
 # The database enum each Python enum mirrors.
