@@ -18,7 +18,8 @@ import psycopg
 from yoyo import get_backend, read_migrations
 
 from arm_core.config import Settings
-from arm_core.db import query, wrap_db_errors
+from arm_core.db import wrap_db_errors
+from arm_core.store import SyncStore
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +72,11 @@ def apply_functions(conn: psycopg.Connection, root: Path) -> list[str]:
 
 def apply_settings(conn: psycopg.Connection, settings: Settings) -> None:
     """Writes the settings the database needs from the environment, when given there."""
+    store = SyncStore(conn)
     if "DEFAULT_MAX_ATTEMPTS" in settings.explicit:
-        conn.execute(
-            query("set_setting"),
-            {"name": "default_max_attempts", "value": str(settings.default_max_attempts)},
-        )
+        store.set_setting("default_max_attempts", str(settings.default_max_attempts))
     if "TIMEOUT_SWEEP_SECONDS" in settings.explicit:
-        conn.execute(query("set_sweep_interval"), {"seconds": settings.timeout_sweep_seconds})
+        store.set_sweep_interval(settings.timeout_sweep_seconds)
 
 
 def migrate(database_url: str, settings: Settings | None = None) -> MigrateReport:

@@ -12,12 +12,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
-from arm_core.db import query
+from arm_core.db import DatabaseError
+from arm_core.store import Store
 
 log = logging.getLogger(__name__)
 
 SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", AsyncConnectionPool)
+STORE = web.AppKey("store", Store)
 BRIDGE = web.AppKey("bridge", Bridge)
 
 
@@ -37,6 +39,7 @@ async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
     pool = make_pool(app[SETTINGS])
     await pool.open(wait=False)  # a database that is down at start shows in /healthcheck
     app[POOL] = pool
+    app[STORE] = Store(pool)
     yield
     await pool.close()
 
@@ -65,12 +68,13 @@ async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
     db, outbox = "ok", "ok"
     age: float | None = None
     try:
-        async with app[POOL].connection(timeout=min(2.0, settings.db_pool_timeout_seconds)) as conn:
-            cur = await conn.execute(query("outbox_oldest_queued_age"))
-            row = await cur.fetchone()
-            age = float(row[0]) if row is not None else 0.0
+        age = await app[STORE].outbox_oldest_queued_age(
+            pool_timeout=min(2.0, settings.db_pool_timeout_seconds)
+        )
     except Exception as exc:
-        db, outbox = f"unavailable: {type(exc).__name__}", "unknown"
+        # The driver's error names the cause (the store wraps it in DatabaseUnavailable).
+        cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc
+        db, outbox = f"unavailable: {type(cause).__name__}", "unknown"
     if not settings.nats_enabled:
         nats = "off"
     elif BRIDGE in app:

@@ -1,4 +1,5 @@
-"""Request handlers: validate input, call one SQL function, shape the answer."""
+"""Request handlers: validate input, call one SQL function (a method of the store),
+shape the answer."""
 
 from __future__ import annotations
 
@@ -7,21 +8,21 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-from psycopg.rows import dict_row
 
-from arm_core.db import query, wrap_db_errors
 from arm_core.http.auth import ACTOR
 from arm_core.http.errors import ApiError
-from arm_core.runtime import POOL, SETTINGS
+from arm_core.runtime import SETTINGS, STORE
+from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
+from arm_core.store import RetryResult
 
 OPENAPI = web.AppKey("openapi", dict)
 NO_BODY = object()  # an empty request body (JSON null is a body)
 
 # Why a file cannot be retried, as the database says it (arm.retry_file's reason).
 _WHY = {
-    "not_failed": "its current job has not failed (it is live or succeeded)",
-    "attempts_exhausted": "its current job failed on the last allowed attempt",
-    "no_job": "it has no recognition job",
+    RetryReason.NOT_FAILED: "its current job has not failed (it is live or succeeded)",
+    RetryReason.ATTEMPTS_EXHAUSTED: "its current job failed on the last allowed attempt",
+    RetryReason.NO_JOB: "it has no recognition job",
 }
 
 
@@ -33,21 +34,13 @@ def _file_id(request: web.Request) -> uuid.UUID:
         raise ApiError(400, "INVALID_FILE_ID", f"not a uuid: {raw[:64]!r}") from None
 
 
-async def _call(request: web.Request, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    with wrap_db_errors(name):
-        async with request.app[POOL].connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(query(name), params)
-            return await cur.fetchall()
-
-
-def _not_retryable_details(row: dict[str, Any]) -> dict[str, Any]:
+def _not_retryable_details(row: RetryResult) -> dict[str, Any]:
     return {
-        "reason": row["reason"],
-        "current_job_id": str(row["previous_job_id"]) if row["previous_job_id"] else None,
-        "current_status": row["previous_status"],
-        "current_attempt": row["previous_attempt"],
-        "max_attempts": row["max_attempts"],
+        "reason": row.reason,
+        "current_job_id": str(row.previous_job_id) if row.previous_job_id else None,
+        "current_status": row.previous_status,
+        "current_attempt": row.previous_attempt,
+        "max_attempts": row.max_attempts,
     }
 
 
@@ -58,23 +51,24 @@ async def retry_file(request: web.Request) -> web.Response:
         body = await _json_body(request, required=False)
         if body is not NO_BODY and body != {}:
             raise ApiError(400, "VALIDATION_ERROR", "this request takes no body fields")
-    [row] = await _call(request, "retry_file", {"file_id": file_id, "actor": request[ACTOR]})
-    if row["outcome"] == "not_found":
+    row = await request.app[STORE].retry_file(file_id, request[ACTOR])
+    if row.outcome is RetryOutcome.NOT_FOUND:
         raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
-    if row["outcome"] == "not_retryable":
+    if row.outcome is RetryOutcome.NOT_RETRYABLE:
+        why = _WHY.get(row.reason, row.reason) if row.reason else None
         raise ApiError(
             409,
             "FILE_NOT_RETRYABLE",
-            f"file {file_id} cannot be retried: {_WHY.get(row['reason'], row['reason'])}",
+            f"file {file_id} cannot be retried: {why}",
             _not_retryable_details(row),
         )
     return web.json_response(
         {
             "file_id": str(file_id),
-            "job_id": str(row["job_id"]),
-            "attempt": row["attempt"],
-            "status": "queued",
-            "previous_job_id": str(row["previous_job_id"]),
+            "job_id": str(row.job_id),
+            "attempt": row.attempt,
+            "status": JobStatus.QUEUED,
+            "previous_job_id": str(row.previous_job_id),
         },
         status=201,
     )
@@ -113,22 +107,22 @@ async def retry_files(request: web.Request) -> web.Response:
             {"invalid_indexes": bad[:50]},
         )
     distinct = list(dict.fromkeys(ids))  # request order, duplicates once
-    rows = await _call(request, "retry_files", {"file_ids": distinct, "actor": request[ACTOR]})
-    by_id = {row["file_id"]: row for row in rows}
+    rows = await request.app[STORE].retry_files(distinct, request[ACTOR])
+    by_id = {row.file_id: row for row in rows}
     return web.json_response({"results": [_batch_entry(by_id[f]) for f in distinct]})
 
 
-def _batch_entry(row: dict[str, Any]) -> dict[str, Any]:
-    file_id = str(row["file_id"])
-    if row["outcome"] == "retried":
+def _batch_entry(row: RetryResult) -> dict[str, Any]:
+    file_id = str(row.file_id)
+    if row.outcome is RetryOutcome.RETRIED:
         return {
             "file_id": file_id,
-            "outcome": "retried",
-            "job_id": str(row["job_id"]),
-            "attempt": row["attempt"],
-            "status": "queued",
+            "outcome": RetryOutcome.RETRIED,
+            "job_id": str(row.job_id),
+            "attempt": row.attempt,
+            "status": JobStatus.QUEUED,
         }
-    if row["outcome"] == "not_found":
+    if row.outcome is RetryOutcome.NOT_FOUND:
         return {"file_id": file_id, "outcome": "skipped", "reason": "FILE_NOT_FOUND"}
     return {
         "file_id": file_id,
@@ -141,10 +135,10 @@ def _batch_entry(row: dict[str, Any]) -> dict[str, Any]:
 async def get_file(request: web.Request) -> web.Response:
     """GET /api/v1/files/{file_id} → the file, its current job and every attempt."""
     file_id = _file_id(request)
-    [row] = await _call(request, "get_file", {"file_id": file_id})
-    if row["file"] is None:
+    document = await request.app[STORE].get_file(file_id)
+    if document is None:
         raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
-    return web.json_response(row["file"])
+    return web.json_response(document)
 
 
 async def openapi(request: web.Request) -> web.Response:
