@@ -17,6 +17,7 @@ from jsonschema.exceptions import best_match
 
 from arm_core.bridge.contracts import RESULT_SCHEMA, fast_validator, validator
 from arm_core.bridge.nats_client import MSG_ID_HEADER
+from arm_core.statuses import JobStatus
 
 # json.loads joins surrogate pairs; what is left cannot be encoded as UTF-8.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -29,7 +30,7 @@ class Envelope:
     msg_id: str
     job_id: uuid.UUID
     file_id: uuid.UUID
-    status: str
+    status: JobStatus  # processing (an ack), done, needs_check or error
     service_name: str
     service_version: str
     body: dict[str, Any]
@@ -39,10 +40,11 @@ class Envelope:
 
     @property
     def is_ack(self) -> bool:
-        return self.status == "processing"
+        return self.status is JobStatus.PROCESSING
 
     def row(self) -> dict[str, Any]:
-        """The envelope as one element of arm.apply_envelopes' JSON array."""
+        """The envelope as one element of arm.apply_envelopes' JSON array (and as the
+        parameters of apply_ack and apply_result: arm_core.store.Answer)."""
         result_s3 = self.body.get("result_s3") or {}
         error = self.body.get("error") or {}
         return {
@@ -151,7 +153,7 @@ def parse_envelope(
         msg_id=msg_id,
         job_id=uuid.UUID(body["job_id"]),
         file_id=uuid.UUID(body["file_id"]),
-        status=body["status"],
+        status=JobStatus(body["status"]),
         service_name=body["service"]["name"],
         service_version=body["service"]["version"],
         body=body,

@@ -16,31 +16,28 @@ counted (`stats.dropped`, by reason) and logged with its job id. Those jobs reac
 A batch that the database rejects as a whole (one envelope raised inside it) is applied
 again one envelope per transaction, so the one that cannot be applied gets its own
 outcome (`failed`, logged with the error) and never fails the others.
+
+One batch is one step, :meth:`Inbox.run_once`: it applies what a worker has buffered now
+and returns every envelope's outcome. The workers' loops call it; so can a test.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.msg import Msg
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
 from arm_core.config import Settings
-from arm_core.db import (
-    DatabaseError,
-    DatabaseUnavailable,
-    is_transient,
-    query,
-    wrap_db_errors,
-)
+from arm_core.db import DatabaseError, DatabaseUnavailable, is_transient
+from arm_core.statuses import ApplyOutcome, JobStatus
+from arm_core.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +62,37 @@ def _fields(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
     return {"action": action, "job_id": envelope.job_id, "msg_id": envelope.msg_id, **more}
 
 
-def _dumps(value: Any) -> str:
-    # allow_nan=False: envelope.storable() has replaced every non-finite number already;
-    # should one slip through, this raises here instead of inside PostgreSQL.
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+@dataclass(frozen=True, slots=True)
+class EnvelopeOutcome:
+    """What became of one envelope of a batch: the database's outcome (or `failed`, or
+    `busy` when it waits for an earlier envelope of its job), the job's attempt and its
+    status after (both None when the database did not say)."""
+
+    envelope: Envelope
+    outcome: ApplyOutcome
+    attempt: int | None = None
+    status: JobStatus | None = None
+
+
+@dataclass(frozen=True)
+class InboxStep:
+    """What one :meth:`Inbox.run_once` did: every envelope it took, with its outcome, in
+    the order applied; those that came back `busy` and lead the worker's next batch; and
+    those dropped because the process stopped while the database was unreachable."""
+
+    results: tuple[EnvelopeOutcome, ...] = ()
+    deferred: tuple[Envelope, ...] = ()
+    dropped: tuple[Envelope, ...] = ()
+
+    def outcomes(self) -> Counter[ApplyOutcome]:
+        return Counter(r.outcome for r in self.results)
+
+    def __add__(self, other: InboxStep) -> InboxStep:
+        return InboxStep(
+            self.results + other.results,
+            self.deferred + other.deferred,
+            self.dropped + other.dropped,
+        )
 
 
 @dataclass
@@ -85,8 +109,8 @@ class InboxStats:
     made_storable: int = 0
     # Lost before the database saw them, by reason (buffer_full, slow_consumer, shutdown).
     dropped: Counter[str] = field(default_factory=Counter)
-    # Every outcome the database returned, by name.
-    outcomes: Counter[str] = field(default_factory=Counter)
+    # Every outcome the database returned (and `failed`), by name.
+    outcomes: Counter[ApplyOutcome] = field(default_factory=Counter)
     batches: int = 0
     db_retries: int = 0
 
@@ -101,11 +125,17 @@ class Inbox:
     stats: InboxStats = field(default_factory=InboxStats)
     # Set while the worker holds a batch because the database is unreachable.
     db_unreachable: bool = False
+    store: Store = field(init=False)
+    # Per worker, the envelopes that lead its next batch, before anything in its buffer:
+    # those that came back `busy`, or the one its loop waited for.
+    _leading: list[list[Envelope]] = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.settings.inbox_workers
         size = max(1, self.settings.inbox_buffer_size // n)
         self.queues = [asyncio.Queue(maxsize=size) for _ in range(n)]
+        self._leading = [[] for _ in range(n)]
+        self.store = Store(self.pool)
 
     def buffered(self) -> int:
         """Envelopes waiting in the buffers."""
@@ -172,28 +202,49 @@ class Inbox:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Runs one worker per buffer until `stopping` is set and the buffers are drained."""
-        await asyncio.gather(*(self._work(q, stopping) for q in self.queues))
+        await asyncio.gather(*(self._work(w, stopping) for w in range(len(self.queues))))
 
-    async def _work(self, queue: asyncio.Queue[Envelope], stopping: asyncio.Event) -> None:
-        """Applies the envelopes of `queue`, batch by batch, until `stopping` is set and
-        it is drained. Envelopes the database calls `busy` (another transaction
-        holds their job, e.g. a publisher about to commit the request they answer) lead
-        the next batch, so they are applied before anything that arrived after them."""
-        limit = self.settings.inbox_batch_size
-        deferred: list[Envelope] = []
+    async def run_once(
+        self, worker: int | None = None, stopping: asyncio.Event | None = None
+    ) -> InboxStep:
+        """One batch of `worker` (of every worker, one after the other, when None): what
+        leads its next batch, then what its buffer holds now, up to INBOX_BATCH_SIZE, in
+        one arm.apply_envelopes call. Holds the batch while the database is unreachable
+        (dropping it only once `stopping` is set and the backoff has grown past 5 s).
+        Envelopes that come back `busy` are kept to lead the worker's next batch."""
+        if worker is None:
+            step = InboxStep()
+            for w in range(len(self.queues)):
+                step += await self.run_once(w, stopping)
+            return step
+        queue, limit = self.queues[worker], self.settings.inbox_batch_size
+        batch, self._leading[worker] = self._leading[worker], []
+        while len(batch) < limit and not queue.empty():
+            batch.append(queue.get_nowait())
+        if not batch:
+            return InboxStep()
+        results, dropped = await self._apply_until_done(batch, stopping or asyncio.Event())
+        deferred = [r.envelope for r in results if r.outcome is ApplyOutcome.BUSY]
+        self._leading[worker] = deferred
+        return InboxStep(tuple(results), tuple(deferred), tuple(dropped))
+
+    async def _work(self, worker: int, stopping: asyncio.Event) -> None:
+        """Applies the envelopes of the worker's buffer, batch by batch (run_once), until
+        `stopping` is set and it is drained. Envelopes the database calls `busy` (another
+        transaction holds their job, e.g. a publisher about to commit the request they
+        answer) lead the next batch, so they are applied before anything that arrived
+        after them."""
+        queue, leading = self.queues[worker], self._leading
         pause = _BUSY_PAUSE_SECONDS
         try:
-            while not (stopping.is_set() and queue.empty() and not deferred):
-                batch, deferred = deferred, []
-                if not batch:
+            while not (stopping.is_set() and queue.empty() and not leading[worker]):
+                if not leading[worker] and queue.empty():
                     try:
-                        batch.append(await asyncio.wait_for(queue.get(), timeout=0.5))
+                        leading[worker] = [await asyncio.wait_for(queue.get(), timeout=0.5)]
                     except TimeoutError:
                         continue
-                while len(batch) < limit and not queue.empty():
-                    batch.append(queue.get_nowait())
-                deferred = await self._apply_until_done(batch, stopping)
-                if deferred and len(deferred) == len(batch):
+                step = await self.run_once(worker, stopping)
+                if step.deferred and len(step.deferred) == len(step.results):
                     # All waiting on others' commits: a publisher's takes milliseconds;
                     # a lock held longer (a DBA's open transaction) is asked less often.
                     await asyncio.sleep(pause)
@@ -203,25 +254,27 @@ class Inbox:
         except asyncio.CancelledError:
             # Stopped past the shutdown grace: what waited here was never applied. (A
             # batch in flight may or may not have committed, and is not counted.)
+            waiting, leading[worker] = leading[worker], []
             while not queue.empty():
-                deferred.append(queue.get_nowait())
-            for envelope in deferred:
+                waiting.append(queue.get_nowait())
+            for envelope in waiting:
                 self.drop(envelope, "shutdown")
             raise
 
     async def _apply_until_done(
         self, batch: list[Envelope], stopping: asyncio.Event
-    ) -> list[Envelope]:
+    ) -> tuple[list[EnvelopeOutcome], list[Envelope]]:
         """Applies `batch`, holding it while the database is unreachable. A batch the
         database rejects is split into single envelopes, each applied on its own.
-        Returns the envelopes that came back `busy`, in order."""
+        Returns every envelope's outcome in the batch's order (`busy` ones are applied
+        again later), and the envelopes dropped at shutdown."""
         backoff = 0.2
         conflicts = 0
         while True:
             try:
-                outcomes = await self.apply(batch)
+                results = await self.apply(batch)
                 self.db_unreachable = False
-                return [e for e, o in zip(batch, outcomes, strict=True) if o == "busy"]
+                return results, []
             except DatabaseUnavailable as exc:
                 self.db_unreachable = True
                 self.stats.db_retries += 1
@@ -235,7 +288,7 @@ class Inbox:
                 if stopping.is_set() and backoff > 5:
                     for envelope in batch:
                         self.drop(envelope, "shutdown")
-                    return []
+                    return [], batch
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             except DatabaseError as exc:
@@ -251,54 +304,60 @@ class Inbox:
                         exc,
                         extra={"action": "inbox_split", "count": len(batch)},
                     )
-                    busy: list[Envelope] = []
+                    results, dropped = [], []
+                    busy_jobs: set[uuid.UUID] = set()
                     for envelope in batch:
-                        if any(b.job_id == envelope.job_id for b in busy):
-                            busy.append(envelope)  # its job's earlier envelope waits: so does it
-                        else:
-                            busy += await self._apply_until_done([envelope], stopping)
-                    return busy
-                self._record(batch[0], "failed", None, error=str(exc))
-                return []
+                        if envelope.job_id in busy_jobs:
+                            # Its job's earlier envelope waits: so does it.
+                            results.append(EnvelopeOutcome(envelope, ApplyOutcome.BUSY))
+                            continue
+                        alone, lost = await self._apply_until_done([envelope], stopping)
+                        results += alone
+                        dropped += lost
+                        if any(r.outcome is ApplyOutcome.BUSY for r in alone):
+                            busy_jobs.add(envelope.job_id)
+                    return results, dropped
+                self._record(batch[0], ApplyOutcome.FAILED, None, error=str(exc))
+                return [EnvelopeOutcome(batch[0], ApplyOutcome.FAILED)], []
 
-    async def apply(self, batch: list[Envelope]) -> list[str]:
+    async def apply(self, batch: list[Envelope]) -> list[EnvelopeOutcome]:
         """Hands `batch` to arm.apply_envelopes in one transaction; logs and counts each
         outcome. Returns the outcomes in the batch's order."""
-        payload = Jsonb([e.row() for e in batch], dumps=_dumps)
-        with wrap_db_errors("apply_envelopes"):
-            async with self.pool.connection() as conn:
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(query("apply_envelopes"), {"envelopes": payload})
-                rows = await cur.fetchall()
-        if len(rows) != len(batch):
-            raise DatabaseError(f"apply_envelopes returned {len(rows)} rows for {len(batch)}")
+        rows = await self.store.apply_envelopes(batch)
         self.stats.batches += 1
         for envelope, row in zip(batch, rows, strict=True):
-            self._record(envelope, row["outcome"], row["attempt"])
-        outcomes = Counter(row["outcome"] for row in rows)
-        if outcomes["applied"]:
+            self._record(envelope, row.outcome, row.attempt)
+        outcomes = Counter(row.outcome for row in rows)
+        if outcomes[ApplyOutcome.APPLIED]:
             # One line per batch at INFO; one per envelope at DEBUG (a line per envelope
             # cost a fifth of the bridge's CPU in a burst).
             log.info(
                 "applied %d envelopes in one transaction (%s)",
-                outcomes["applied"],
+                outcomes[ApplyOutcome.APPLIED],
                 ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items())),
-                extra={"action": "inbox_batch", "count": outcomes["applied"]},
+                extra={"action": "inbox_batch", "count": outcomes[ApplyOutcome.APPLIED]},
             )
-        return [row["outcome"] for row in rows]
+        return [
+            EnvelopeOutcome(envelope, row.outcome, row.attempt, row.status)
+            for envelope, row in zip(batch, rows, strict=True)
+        ]
 
     def _record(
-        self, envelope: Envelope, outcome: str, attempt: int | None, error: str | None = None
+        self,
+        envelope: Envelope,
+        outcome: ApplyOutcome,
+        attempt: int | None,
+        error: str | None = None,
     ) -> None:
         self.stats.outcomes[outcome] += 1
-        if outcome == "busy":  # not an outcome yet: it is applied again
+        if outcome is ApplyOutcome.BUSY:  # not an outcome yet: it is applied again
             return
         action = "ack" if envelope.is_ack else "result"
         extra = _fields(envelope, action, attempt=attempt, status=envelope.status)
-        if outcome == "applied":
+        if outcome is ApplyOutcome.APPLIED:
             self.stats.applied += 1
             log.debug("%s applied", action, extra=extra)
-        elif outcome == "failed":
+        elif outcome is ApplyOutcome.FAILED:
             self.stats.failed += 1
             log.error(
                 "%s could not be applied: %s",
@@ -308,7 +367,7 @@ class Inbox:
             )
         else:
             self.stats.ignored += 1
-            level = logging.INFO if outcome == "duplicate" else logging.WARNING
+            level = logging.INFO if outcome is ApplyOutcome.DUPLICATE else logging.WARNING
             log.log(
                 level,
                 "%s ignored: %s",

@@ -12,7 +12,8 @@ Then overdue, unacked jobs are republished the same way with the same Nats-Msg-I
 attempt, and jobs past OUTBOX_MAX_REPUBLISH are dead-lettered by the database.
 
 Cycles run every OUTBOX_POLL_SECONDS and at once when a NOTIFY arrives (LISTEN is a
-wake-up, polling is the backstop).
+wake-up, polling is the backstop). One cycle is one step, :meth:`Publisher.run_once`,
+which returns what it did; the loop calls it, and so can a test.
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client
-from psycopg.rows import dict_row
-from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
 from arm_core.config import Settings
-from arm_core.db import DatabaseError, query, wrap_db_errors
+from arm_core.db import DatabaseError, wrap_db_errors
+from arm_core.statuses import PublishOutcome
+from arm_core.store import DeadLetteredJob, PublishedJob, Store, UnackedJob
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,35 @@ class PublisherStats:
     last_cycle_at: float | None = None
 
 
+@dataclass(frozen=True)
+class Cycle:
+    """What one :meth:`Publisher.run_once` did (each batch committed, unless counted in
+    `failed_batches`: those rolled back and changed nothing)."""
+
+    # False: NATS was not connected, so nothing was tried.
+    nats_connected: bool = True
+    # Published and committed, in claim order.
+    published: tuple[PublishedJob, ...] = ()
+    # Dead-lettered at once: the request exceeds the server's max_payload.
+    unpublishable: tuple[PublishedJob, ...] = ()
+    # Batches NATS did not confirm (rolled back: their jobs stay as they were).
+    failed_batches: int = 0
+    # Whether the ack-timeout steps ran (at most every min(1 s, ACK_TIMEOUT / 4)).
+    ack_checked: bool = False
+    # Dead-lettered (NO_ACK) after OUTBOX_MAX_REPUBLISH republishes.
+    dead_lettered: tuple[DeadLetteredJob, ...] = ()
+    # Republished, overdue and unacked, with the same Nats-Msg-Id.
+    republished: tuple[UnackedJob, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One transaction: the rows it claimed (and committed), or failed (rolled back)."""
+
+    claimed: tuple[PublishedJob, ...] = ()
+    failed: bool = False
+
+
 @dataclass
 class Publisher:
     settings: Settings
@@ -66,10 +96,14 @@ class Publisher:
     # NATS unreachable for longer than this is logged as an error (the first connect
     # at start-up takes a moment and is not an error).
     nats_grace_seconds: float = 5.0
+    store: Store = field(init=False)
     _nats_down_since: float | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _nats_down_logged: bool = False
     _ack_checked_at: float = float("-inf")
+
+    def __post_init__(self) -> None:
+        self.store = Store(self.pool)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Cycles until `stopping` is set; the batch in flight always finishes (commits
@@ -77,7 +111,7 @@ class Publisher:
         self._stopping = stopping
         while not stopping.is_set():
             try:
-                await self.cycle()
+                await self.run_once()
             except DatabaseError as exc:
                 self.stats.last_error = str(exc)
                 log.warning("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
@@ -96,8 +130,10 @@ class Publisher:
                 w.cancel()
         self.wake.clear()
 
-    async def cycle(self) -> None:
-        """One pass: publish everything queued, dead-letter, republish what is overdue."""
+    async def run_once(self) -> Cycle:
+        """One cycle: publish everything queued (one batch, more only behind a full one),
+        then, when due, dead-letter and republish what is overdue. Returns what it did;
+        raises DatabaseError when the database failed (what committed before stays)."""
         self.stats.last_cycle_at = time.time()
         if not self.nats.is_connected:
             now = time.monotonic()
@@ -113,56 +149,86 @@ class Publisher:
                     extra={"action": "publish", "reason": "nats_unavailable"},
                 )
                 self._nats_down_logged = True
-            return
+            return Cycle(nats_connected=False)
         if self._nats_down_logged:
             log.info("NATS is back; publishing", extra={"action": "publish"})
         self._nats_down_since, self._nats_down_logged = None, False
         # One batch first; only a full one means a backlog worth more batches in flight
         # (under a steady trickle the others would claim nothing, a wasted round trip).
-        if await self._publish_batch() == self.settings.outbox_batch_size:
-            await asyncio.gather(*(self._drain() for _ in range(self.settings.outbox_publishers)))
+        batches = [await self._publish_batch()]
+        if len(batches[0].claimed) == self.settings.outbox_batch_size:
+            drained = await asyncio.gather(
+                *(self._drain() for _ in range(self.settings.outbox_publishers))
+            )
+            batches += [b for d in drained for b in d]
+        claimed = [c for b in batches for c in b.claimed]
+        published = Cycle(
+            published=tuple(c for c in claimed if c.outcome is PublishOutcome.PUBLISHED),
+            unpublishable=tuple(c for c in claimed if c.outcome is PublishOutcome.DLQ),
+            failed_batches=sum(b.failed for b in batches),
+        )
         if self._stopping.is_set():
-            return
+            return published
         # The ack-timeout steps need not run on every wake-up: under a steady flow of
         # uploads NOTIFY wakes the publisher every few milliseconds, and two more queries
         # each time would only delay the next publish.
         now = time.monotonic()
         if now - self._ack_checked_at < min(1.0, self.settings.ack_timeout_seconds / 4):
-            return
+            return published
         self._ack_checked_at = now
-        await self._dead_letter()
-        full = self.settings.outbox_batch_size
-        while await self._republish_batch() == full and not self._stopping.is_set():
-            pass
+        dead = await self._dead_letter()
+        republished: list[UnackedJob] = []
+        full, failed = self.settings.outbox_batch_size, published.failed_batches
+        while True:
+            sent, batch_failed = await self._republish_batch()
+            republished += sent
+            failed += batch_failed
+            if len(sent) != full or self._stopping.is_set():
+                break
+        return Cycle(
+            published=published.published,
+            unpublishable=published.unpublishable,
+            failed_batches=failed,
+            ack_checked=True,
+            dead_lettered=tuple(dead),
+            republished=tuple(republished),
+        )
 
-    async def _drain(self) -> None:
+    async def _drain(self) -> list[_Batch]:
         """Publishes full batches until the queue is empty. OUTBOX_PUBLISHERS of these run
         at once: SKIP LOCKED gives each its own jobs, and while one batch waits for the
         server's confirmation or its commit, another is being claimed."""
         full = self.settings.outbox_batch_size
-        while await self._publish_batch() == full and not self._stopping.is_set():
-            pass
+        batches = [await self._publish_batch()]
+        while len(batches[-1].claimed) == full and not self._stopping.is_set():
+            batches.append(await self._publish_batch())
+        return batches
 
-    async def _publish_batch(self) -> int:
-        """Publishes one batch of queued jobs; returns how many were claimed (0 when the
-        batch failed). arm.publish_queued_jobs claims and marks them in one statement and
-        dead-letters, in the same statement, any whose request exceeds the server's
-        max_payload, so one such job never holds back the others."""
+    async def _publish_batch(self) -> _Batch:
+        """Publishes one batch of queued jobs in one transaction; returns what was claimed
+        (nothing when the batch failed). arm.publish_queued_jobs claims and marks them in
+        one statement and dead-letters, in the same statement, any whose request exceeds
+        the server's max_payload, so one such job never holds back the others."""
         s = self.settings
-        claimed = await self._claim_send_mark(
-            "publish",
-            "publish_queued_jobs",
-            {
-                "limit": s.outbox_batch_size,
-                "tabular_timeout": s.tabular_reply_timeout_seconds,
-                "image_timeout": s.image_reply_timeout_seconds,
-                "tabular_subject": s.tabular_request_subject,
-                "image_subject": s.image_request_subject,
-                "max_bytes": self.nats.max_payload,
-            },
-            lambda rows: [r for r in rows if r["outcome"] == "published"],
-        )
-        sent = [c for c in claimed if c["outcome"] == "published"]
+        try:
+            with wrap_db_errors("publish"):
+                async with self.store.transaction() as conn:
+                    claimed = await self.store.publish_queued_jobs(
+                        conn,
+                        limit=s.outbox_batch_size,
+                        tabular_timeout=s.tabular_reply_timeout_seconds,
+                        image_timeout=s.image_reply_timeout_seconds,
+                        tabular_subject=s.tabular_request_subject,
+                        image_subject=s.image_request_subject,
+                        max_bytes=self.nats.max_payload,
+                    )
+                    sent = [c for c in claimed if c.outcome is PublishOutcome.PUBLISHED]
+                    if sent:
+                        await self._send(
+                            [(c.subject, c.msg_id, c.request) for c in sent], "publish"
+                        )
+        except PublishFailed:
+            return _Batch(failed=True)
         if sent:
             self.stats.published += len(sent)
             self.stats.batches += 1
@@ -172,116 +238,76 @@ class Publisher:
                 "published %d jobs", len(sent), extra={"action": "publish", "count": len(sent)}
             )
         for c in claimed:
-            if c["outcome"] == "dlq":
+            if c.outcome is PublishOutcome.DLQ:
                 self.stats.unpublishable += 1
                 log.error(
                     "dead-lettered: the request cannot be published: %s",
-                    c["error_message"],
+                    c.error_message,
                     extra={**_job_extra("dlq", c), "reason": "REQUEST_TOO_LARGE"},
                 )
-        return len(claimed)
+        return _Batch(tuple(claimed))
 
-    async def _republish_batch(self) -> int:
-        """Republishes one batch of overdue unacked jobs; returns how many went out. A
-        request that no longer fits the server's max_payload (it was lowered) is left as
-        it is, logged, and times out at its reply deadline."""
+    async def _republish_batch(self) -> tuple[list[UnackedJob], bool]:
+        """Republishes one batch of overdue unacked jobs in one transaction; returns what
+        went out and whether the batch failed. A request that no longer fits the server's
+        max_payload (it was lowered) is left as it is, logged, and times out at its reply
+        deadline."""
         s = self.settings
         limit = self.nats.max_payload
-
-        def fitting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            fit = []
-            for r in rows:
-                if (size := _size(r)) <= limit:
-                    fit.append(r)
-                else:
-                    log.error(
-                        "cannot republish: %d bytes exceed the server's max_payload %d",
-                        size,
-                        limit,
-                        extra={**_job_extra("republish", r), "reason": "REQUEST_TOO_LARGE"},
+        sent: list[UnackedJob] = []
+        try:
+            with wrap_db_errors("republish"):
+                async with self.store.transaction() as conn:
+                    claimed = await self.store.claim_unacked_jobs(
+                        conn,
+                        limit=s.outbox_batch_size,
+                        ack_timeout=s.ack_timeout_seconds,
+                        max_republish=s.outbox_max_republish,
                     )
-            return fit
-
-        sent: list[dict[str, Any]] = []
-
-        def mark(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-            sent.extend(rows)
-            return "mark_republished", {"job_ids": [c["job_id"] for c in rows]}
-
-        await self._claim_send_mark(
-            "republish",
-            "claim_unacked_jobs",
-            {
-                "limit": s.outbox_batch_size,
-                "ack_timeout": s.ack_timeout_seconds,
-                "max_republish": s.outbox_max_republish,
-            },
-            fitting,
-            mark,
-        )
+                    for c in claimed:
+                        if (size := _size(c)) <= limit:
+                            sent.append(c)
+                        else:
+                            log.error(
+                                "cannot republish: %d bytes exceed the server's max_payload %d",
+                                size,
+                                limit,
+                                extra={**_job_extra("republish", c), "reason": "REQUEST_TOO_LARGE"},
+                            )
+                    if sent:
+                        await self._send(
+                            [(c.subject, c.msg_id, c.request) for c in sent], "republish"
+                        )
+                        await self.store.mark_republished(conn, [c.job_id for c in sent])
+        except PublishFailed:
+            return [], True
         self.stats.republished += len(sent)
         for c in sent:
             log.info(
                 "republished: no ack yet",
-                extra={**_job_extra("republish", c), "count": c["republish_count"] + 1},
+                extra={**_job_extra("republish", c), "count": c.republish_count + 1},
             )
-        return len(sent)
+        return sent, False
 
-    async def _claim_send_mark(
-        self,
-        action: str,
-        claim: str,
-        claim_params: dict[str, Any],
-        to_send: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
-        mark: Callable[[list[dict[str, Any]]], tuple[str, dict[str, Any]]] | None = None,
-    ) -> list[dict[str, Any]]:
-        """In one transaction: claim a batch, publish and confirm what `to_send` picks of
-        it, run `mark` on what was sent, commit. Returns the claimed rows, or [] when
-        there was nothing to do or the batch failed (then the transaction rolls back and
-        the batch is untouched for the next cycle)."""
-        try:
-            with wrap_db_errors(action):
-                async with self.pool.connection() as conn, conn.transaction():
-                    cur = conn.cursor(row_factory=dict_row)
-                    # The request goes out as PostgreSQL wrote it: no parse and re-dump.
-                    cur.adapters.register_loader("jsonb", TextLoader)
-                    await cur.execute(query(claim), claim_params)
-                    claimed = await cur.fetchall()
-                    sent = to_send(claimed)
-                    if sent:
-                        await self._send(
-                            [(c["subject"], c["msg_id"], c["request"]) for c in sent], action
-                        )
-                        if mark is not None:
-                            mark_query, mark_params = mark(sent)
-                            await cur.execute(query(mark_query), mark_params)
-                    return claimed
-        except PublishFailed:
-            return []
-
-    async def _dead_letter(self) -> None:
+    async def _dead_letter(self) -> list[DeadLetteredJob]:
         s = self.settings
-        with wrap_db_errors("dead_letter_unacked"):
-            async with self.pool.connection() as conn:
-                cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(
-                    query("dead_letter_unacked"),
-                    {"ack_timeout": s.ack_timeout_seconds, "max_republish": s.outbox_max_republish},
-                )
-                dead = await cur.fetchall()
+        dead = await self.store.dead_letter_unacked(
+            ack_timeout=s.ack_timeout_seconds, max_republish=s.outbox_max_republish
+        )
         self.stats.dead_lettered += len(dead)
         for d in dead:
             log.warning(
                 "dead-lettered: no ack after %d republishes",
-                d["republish_count"],
+                d.republish_count,
                 extra={
                     "action": "dlq",
-                    "job_id": d["job_id"],
-                    "attempt": d["attempt"],
-                    "file_id": d["file_id"],
+                    "job_id": d.job_id,
+                    "attempt": d.attempt,
+                    "file_id": d.file_id,
                     "reason": "NO_ACK",
                 },
             )
+        return dead
 
     async def _send(self, messages: Sequence[tuple[str, str, Any]], action: str) -> None:
         """Publishes and confirms a batch, or raises PublishFailed.
@@ -316,19 +342,19 @@ class Publisher:
             raise
 
 
-def _size(claimed: dict[str, Any]) -> int:
+def _size(claimed: UnackedJob) -> int:
     """What the server counts against max_payload for a claimed request: the payload and
     the header block nats-py sends with it (as arm.publish_queued_jobs counts it)."""
-    header = f"NATS/1.0\r\n{MSG_ID_HEADER}: {claimed['msg_id']}\r\n\r\n"
-    return len(_dumps(claimed["request"])) + len(header.encode())
+    header = f"NATS/1.0\r\n{MSG_ID_HEADER}: {claimed.msg_id}\r\n\r\n"
+    return len(_dumps(claimed.request)) + len(header.encode())
 
 
-def _job_extra(action: str, claimed: dict[str, Any]) -> dict[str, Any]:
+def _job_extra(action: str, claimed: PublishedJob | UnackedJob) -> dict[str, Any]:
     return {
         "action": action,
-        "job_id": claimed["job_id"],
-        "attempt": claimed["attempt"],
-        "msg_id": claimed["msg_id"],
+        "job_id": claimed.job_id,
+        "attempt": claimed.attempt,
+        "msg_id": claimed.msg_id,
     }
 
 

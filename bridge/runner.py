@@ -19,7 +19,7 @@ from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import listen_for_queued_jobs
 from arm_core.bridge.nats_client import confirm, connect
 from arm_core.bridge.publisher import Publisher
-from arm_core.bridge.scheduler import apply_schedule_settings, run_schedule
+from arm_core.bridge.scheduler import Scheduler
 from arm_core.config import Settings
 from arm_core.db import DatabaseError
 
@@ -35,17 +35,19 @@ class Bridge:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     publisher: Publisher = field(init=False)
     inbox: Inbox = field(init=False)
+    scheduler: Scheduler = field(init=False)
     subscription: Subscription | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.settings, self.pool, self.nats)
         self.inbox = Inbox(self.settings, self.pool)
+        self.scheduler = Scheduler(self.settings, self.pool)
 
     async def start(self) -> None:
         """Starts every task; returns at once (NATS may still be connecting)."""
         try:
-            await apply_schedule_settings(self.settings, self.pool)
+            await self.scheduler.apply_settings()
         except DatabaseError as exc:
             log.warning("could not apply TIMEOUT_SWEEP_SECONDS yet: %s", exc)
         url = self.settings.require_database_url()
@@ -56,9 +58,7 @@ class Bridge:
             asyncio.create_task(
                 listen_for_queued_jobs(url, self.publisher.wake, self.stopping), name="listen"
             ),
-            asyncio.create_task(
-                run_schedule(self.settings, self.pool, self.stopping), name="schedule"
-            ),
+            asyncio.create_task(self.scheduler.run(self.stopping), name="schedule"),
         ]
 
     async def _connect(self) -> None:
