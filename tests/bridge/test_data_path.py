@@ -23,6 +23,7 @@ from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.runner import Bridge
 from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.runtime import bridge_app
+from arm_core.statuses import ApplyOutcome
 from tests.bridge.test_processes import bridge_env
 from tests.support.bridge import (
     TcpProxy,
@@ -376,7 +377,7 @@ async def test_an_early_answer_waits_as_busy_and_is_applied_after_the_commit(
                 await send(client, envelope(up.job_id, up.file_id, "processing"), f"a:{up.job_id}")
                 await send(client, envelope(up.job_id, up.file_id, "done"), f"r:{up.job_id}")
             await wait_for(lambda: bridge.inbox.stats.applied == 2, 10, "the other job applied")
-            assert bridge.inbox.stats.outcomes["busy"] >= 2
+            assert bridge.inbox.stats.outcomes[ApplyOutcome.BUSY] >= 2
             with dict_conn(db_url) as conn:
                 assert job(conn, racing.job_id)["status"] == "published"
                 assert job(conn, other.job_id)["status"] == "done"
@@ -408,7 +409,7 @@ async def test_an_answer_still_waiting_at_shutdown_is_counted_and_logged_as_lost
                 "SELECT 1 FROM arm.recognition_job WHERE id = %s FOR UPDATE", (up.job_id,)
             )
             await send(client, envelope(up.job_id, up.file_id, "processing"), f"a:{up.job_id}")
-            await wait_for(lambda: bridge.inbox.stats.outcomes["busy"] >= 1, 10, "busy")
+            await wait_for(lambda: bridge.inbox.stats.outcomes[ApplyOutcome.BUSY] >= 1, 10, "busy")
             await bridge.stop(grace=1)
     finally:
         await pool.close()
