@@ -1,0 +1,292 @@
+"""The bridge's steps, driven one at a time (issue 9): Publisher.run_once,
+Inbox.run_once and Scheduler.run_once against a real PostgreSQL and a real nats-server,
+each asserted on what it returns and on what it left in the database. Nothing here runs
+the bridge's loops, so nothing waits for a poll or a tick."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from psycopg_pool import AsyncConnectionPool
+
+from arm_core.bridge.inbox import Inbox
+from arm_core.bridge.publisher import Publisher
+from arm_core.bridge.scheduler import Scheduler
+from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.statuses import ApplyOutcome, JobStatus, PublishOutcome
+from arm_core.store import TaskRun
+from tests.support.bridge import collect, envelope, fast_settings, nats_client, send, wait_for
+from tests.support.sql import dict_conn, job, publish, stored_file, upload
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    async with AsyncConnectionPool(
+        db_url, open=False, min_size=1, max_size=3, kwargs={"autocommit": True}
+    ) as pool:
+        yield pool
+
+
+async def _publisher(
+    db_url: str, server: EmbeddedNats, pool: AsyncConnectionPool[Any], **settings: Any
+) -> Publisher:
+    """A publisher on a NATS connection of its own (the caller closes publisher.nats)."""
+    return Publisher(
+        fast_settings(db_url, server.url(), **settings), pool, await nats_client(server.url())
+    )
+
+
+async def test_a_publisher_step_publishes_the_queued_jobs_and_they_arrive(
+    db_url: str, nats_server: EmbeddedNats, client: Client, pool: AsyncConnectionPool[Any]
+) -> None:
+    tabular = await collect(client, "files.tabular_uploaded")
+    image = await collect(client, "files.img_uploaded")
+    with dict_conn(db_url) as conn:
+        ups = [upload(conn, "XLSX"), upload(conn, "PDF"), upload(conn, "XLSB")]
+    publisher = await _publisher(db_url, nats_server, pool)
+    try:
+        cycle = await publisher.run_once()
+        again = await publisher.run_once()
+    finally:
+        await publisher.nats.close()
+
+    assert cycle.nats_connected and cycle.failed_batches == 0
+    assert [p.job_id for p in cycle.published] == [u.job_id for u in ups]  # oldest first
+    assert {p.outcome for p in cycle.published} == {PublishOutcome.PUBLISHED}
+    assert cycle.unpublishable == ()
+    # The ack-timeout steps ran (the first cycle is always due) and found nothing.
+    assert cycle.ack_checked and cycle.dead_lettered == () and cycle.republished == ()
+    assert again.published == () and again.failed_batches == 0
+
+    with dict_conn(db_url) as conn:
+        for p in cycle.published:
+            row = job(conn, p.job_id)
+            assert row["status"] == "published"
+            assert (row["request_msg_id"], row["request_subject"]) == (p.msg_id, p.subject)
+    await wait_for(lambda: len(tabular.messages) + len(image.messages) == 3, 10, "3 requests")
+    tabular.assert_valid_requests()
+    image.assert_valid_requests()
+    sent = {p.msg_id: p for p in cycle.published}
+    for msg in tabular.messages + image.messages:
+        p = sent[(msg.headers or {})["Nats-Msg-Id"]]
+        assert msg.subject == p.subject
+        assert p.request is not None and json.loads(msg.data) == json.loads(p.request)
+    assert [m.subject for m in image.messages] == ["files.img_uploaded"]
+
+
+@pytest.fixture
+def small_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A nats-server that takes messages of at most 3 KiB (max_payload)."""
+    config = tmp_path / "small.conf"
+    config.write_text("max_payload: 3072\n")
+    server = EmbeddedNats(log_dir=tmp_path / "small-nats", extra_args=["-c", str(config)]).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_a_publisher_step_dead_letters_a_request_too_large_for_the_server(
+    db_url: str, small_nats: EmbeddedNats, pool: AsyncConnectionPool[Any]
+) -> None:
+    listener = await nats_client(small_nats.url())
+    seen = await collect(listener, "files.tabular_uploaded")
+    with dict_conn(db_url) as conn:
+        big = upload(conn, name="Ж" * 965 + ".xlsx")  # about 4 KB of request
+        small = [upload(conn), upload(conn)]
+    publisher = await _publisher(db_url, small_nats, pool)
+    try:
+        cycle = await publisher.run_once()
+        await wait_for(lambda: len(seen.messages) == 2, 10, "the two that fit")
+    finally:
+        await publisher.nats.close()
+        await listener.close()
+
+    [dead] = cycle.unpublishable
+    assert (dead.job_id, dead.outcome, dead.request) == (big.job_id, PublishOutcome.DLQ, None)
+    assert dead.error_message is not None and "max_payload" in dead.error_message
+    assert [p.job_id for p in cycle.published] == [u.job_id for u in small]
+    assert cycle.failed_batches == 0
+    assert publisher.stats.unpublishable == 1
+    assert sorted(seen.msg_ids()) == sorted(p.msg_id for p in cycle.published)
+    with dict_conn(db_url) as conn:
+        row = job(conn, big.job_id)
+        assert (row["status"], row["error_code"]) == ("dlq", "REQUEST_TOO_LARGE")
+        assert row["published_at"] is None and row["finished_at"] is not None
+        assert stored_file(conn, big.file_id)["status"] == "ERROR"
+
+
+async def test_publisher_steps_republish_an_unacked_job_then_dead_letter_it(
+    db_url: str, nats_server: EmbeddedNats, client: Client, pool: AsyncConnectionPool[Any]
+) -> None:
+    """ACK_TIMEOUT_SECONDS=0: every cycle runs the ack-timeout steps and every published
+    job is overdue at once; OUTBOX_MAX_REPUBLISH=1."""
+    requests = await collect(client, "files.tabular_uploaded")
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+    publisher = await _publisher(
+        db_url, nats_server, pool, ack_timeout_seconds=0, outbox_max_republish=1
+    )
+    try:
+        first = await publisher.run_once()
+        second = await publisher.run_once()
+    finally:
+        await publisher.nats.close()
+
+    [published] = first.published
+    [republished] = first.republished
+    assert published.job_id == republished.job_id == up.job_id
+    assert republished.msg_id == published.msg_id and republished.republish_count == 0
+    assert republished.request == published.request  # byte for byte the same request
+    assert first.ack_checked and first.dead_lettered == ()
+
+    assert second.published == () and second.republished == () and second.ack_checked
+    [dead] = second.dead_lettered
+    assert (dead.job_id, dead.file_id, dead.attempt) == (up.job_id, up.file_id, 1)
+    assert dead.republish_count == 1
+    with dict_conn(db_url) as conn:
+        row = job(conn, up.job_id)
+        assert (row["status"], row["error_code"], row["republish_count"]) == ("dlq", "NO_ACK", 1)
+        assert stored_file(conn, up.file_id)["status"] == "ERROR"
+    await wait_for(lambda: len(requests.messages) == 2, 10, "the publish and the republish")
+    assert requests.msg_ids() == [f"{up.job_id}:1"] * 2
+
+
+async def _buffering_inbox(db_url: str, pool: AsyncConnectionPool[Any], client: Client) -> Inbox:
+    """An inbox of one worker subscribed to the result subject, its loop not running:
+    what arrives stays in its buffer until a step takes it."""
+    inbox = Inbox(fast_settings(db_url, "nats://127.0.0.1:1", inbox_workers=1), pool)
+    await client.subscribe("files.tabular_parsed", cb=inbox.on_message)
+    await client.flush()
+    await client.flush()
+    return inbox
+
+
+async def test_an_inbox_step_applies_a_batch_of_acks_and_results(
+    db_url: str, nats_server: EmbeddedNats, client: Client, pool: AsyncConnectionPool[Any]
+) -> None:
+    with dict_conn(db_url) as conn:
+        done, failed = upload(conn), upload(conn)
+        publish(conn)
+        queued = upload(conn)
+    inbox = await _buffering_inbox(db_url, pool, client)
+    sender = await nats_client(nats_server.url())
+    error = {"code": "UNSUPPORTED_FORMAT", "message": "not a balance sheet"}
+    try:
+        for body, msg_id in [
+            (envelope(done.job_id, done.file_id, "processing"), f"ack:{done.job_id}:1"),
+            (envelope(done.job_id, done.file_id, "done"), f"result:{done.job_id}:1"),
+            (envelope(done.job_id, done.file_id, "done"), f"result:{done.job_id}:1"),
+            (envelope(failed.job_id, failed.file_id, "processing"), f"ack:{failed.job_id}:1"),
+            (envelope(failed.job_id, failed.file_id, "error", error=error), "result:f:1"),
+            (envelope(uuid.uuid4(), done.file_id, "done"), "result:nobody:1"),
+            (envelope(queued.job_id, queued.file_id, "processing"), f"ack:{queued.job_id}:1"),
+        ]:
+            await send(sender, body, msg_id)
+        await wait_for(lambda: inbox.buffered() == 7, 10, "7 envelopes buffered")
+        step = await inbox.run_once()
+        empty = await inbox.run_once()
+    finally:
+        await sender.close()
+
+    A = ApplyOutcome
+    assert [(r.outcome, r.status) for r in step.results] == [
+        (A.APPLIED, JobStatus.PROCESSING),
+        (A.APPLIED, JobStatus.DONE),
+        (A.DUPLICATE, JobStatus.DONE),
+        (A.APPLIED, JobStatus.PROCESSING),
+        (A.APPLIED, JobStatus.ERROR),
+        (A.UNKNOWN_JOB, None),
+        (A.NOT_PUBLISHED, JobStatus.QUEUED),
+    ]
+    assert [r.attempt for r in step.results] == [1, 1, 1, 1, 1, None, 1]
+    assert [r.envelope.job_id for r in step.results][:2] == [done.job_id, done.job_id]
+    assert step.deferred == () and step.dropped == ()
+    assert step.outcomes() == Counter(
+        {A.APPLIED: 4, A.DUPLICATE: 1, A.UNKNOWN_JOB: 1, A.NOT_PUBLISHED: 1}
+    )
+    assert inbox.stats.batches == 1 and inbox.stats.applied == 4 and inbox.stats.ignored == 3
+    assert empty.results == () and inbox.buffered() == 0
+    with dict_conn(db_url) as conn:
+        assert job(conn, done.job_id)["status"] == "done"
+        assert job(conn, done.job_id)["started_at"] is not None  # the ack came first
+        assert stored_file(conn, done.file_id)["status"] == "PROCESSING"
+        assert (job(conn, failed.job_id)["status"], job(conn, failed.job_id)["error_code"]) == (
+            "error",
+            "UNSUPPORTED_FORMAT",
+        )
+        assert stored_file(conn, failed.file_id)["status"] == "ERROR"
+        assert job(conn, queued.job_id)["status"] == "queued"
+
+
+async def test_an_inbox_step_keeps_busy_envelopes_to_lead_the_next_one(
+    db_url: str, nats_server: EmbeddedNats, client: Client, pool: AsyncConnectionPool[Any]
+) -> None:
+    """An envelope whose job another transaction holds comes back `busy`, is not
+    applied, and leads the worker's next batch, ahead of what arrived after it."""
+    with dict_conn(db_url) as conn:
+        held, free = upload(conn), upload(conn)
+        publish(conn)
+    inbox = await _buffering_inbox(db_url, pool, client)
+    ack_held = envelope(held.job_id, held.file_id, "processing")
+    await send(client, ack_held, f"ack:{held.job_id}:1")
+    await send(client, envelope(free.job_id, free.file_id, "processing"), f"ack:{free.job_id}:1")
+    await wait_for(lambda: inbox.buffered() == 2, 10, "2 envelopes buffered")
+    with dict_conn(db_url) as locker, locker.transaction():
+        locker.execute("SELECT 1 FROM arm.recognition_job WHERE id = %s FOR UPDATE", (held.job_id,))
+        step = await inbox.run_once()
+    assert [r.outcome for r in step.results] == [ApplyOutcome.BUSY, ApplyOutcome.APPLIED]
+    assert [e.job_id for e in step.deferred] == [held.job_id]
+
+    await send(client, envelope(held.job_id, held.file_id, "done"), f"result:{held.job_id}:1")
+    await wait_for(lambda: inbox.buffered() == 1, 10, "the result buffered")
+    after = await inbox.run_once()
+    assert [(r.envelope.status, r.outcome) for r in after.results] == [
+        (JobStatus.PROCESSING, ApplyOutcome.APPLIED),  # the held ack first
+        (JobStatus.DONE, ApplyOutcome.APPLIED),
+    ]
+    assert after.deferred == ()
+    with dict_conn(db_url) as conn:
+        row = job(conn, held.job_id)
+        assert row["status"] == "done" and row["started_at"] is not None
+        assert job(conn, free.job_id)["status"] == "processing"
+
+
+async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
+    db_url: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+        publish(conn, tabular_timeout=0)  # its reply deadline is now
+        conn.execute(
+            "UPDATE arm.periodic_task SET next_run_at = clock_timestamp() + interval '1 hour'"
+        )
+    scheduler = Scheduler(fast_settings(db_url, "nats://127.0.0.1:1"), pool)
+
+    assert await scheduler.run_once() == []  # nothing due
+    with dict_conn(db_url) as conn:
+        assert job(conn, up.job_id)["status"] == "published"
+        conn.execute(
+            "UPDATE arm.periodic_task SET next_run_at = clock_timestamp() "
+            "WHERE name = 'sweep_timeouts'"
+        )
+    assert await scheduler.run_once() == [TaskRun("sweep_timeouts", "1", None)]
+    assert await scheduler.run_once() == []  # the next run is a period away
+
+    with dict_conn(db_url) as conn:
+        row = job(conn, up.job_id)
+        assert (row["status"], row["error_code"]) == ("timeout", "TIMEOUT")
+        assert stored_file(conn, up.file_id)["status"] == "ERROR"
+        task = conn.execute(
+            "SELECT run_count, last_result FROM arm.periodic_task WHERE name = 'sweep_timeouts'"
+        ).fetchone()
+    assert task == {"run_count": 1, "last_result": "1"}
