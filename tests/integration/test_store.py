@@ -1,0 +1,360 @@
+"""The typed store (arm_core/store.py, issue 9): one method per named query and one
+query per method; each row class is the columns a real database returns; every method
+runs against a real database and returns its rows typed; the outcome enums are the
+texts db/functions returns; and nothing else in the runtime sends a named query."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import datetime as dt
+import inspect
+import json
+import re
+import typing
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+import arm_core.store as store_module
+from arm_core.bridge.envelope import Envelope, parse_envelope
+from arm_core.db import queries
+from arm_core.statuses import (
+    ApplyOutcome,
+    JobStatus,
+    Pipeline,
+    PublishOutcome,
+    RetryOutcome,
+    RetryReason,
+)
+from arm_core.store import (
+    AppliedAnswer,
+    AppliedEnvelope,
+    RetryResult,
+    Store,
+    SyncStore,
+    TaskRun,
+    typed_row,
+)
+from tests.support.bridge import envelope
+from tests.support.sql import Conn, dict_conn, job, scalar, stored_file, upload
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+FUNCTIONS = ROOT / "db" / "functions"
+
+
+def store_methods(cls: type[Any]) -> dict[str, Any]:
+    """The public methods of a store class that send a query (not transaction())."""
+    return {
+        name: member
+        for name, member in vars(cls).items()
+        if not name.startswith("_") and inspect.isfunction(member) and name != "transaction"
+    }
+
+
+def test_every_named_query_has_one_store_method_and_every_method_a_query() -> None:
+    assert sorted(store_methods(Store)) == sorted(queries())
+    for name in store_methods(Store):
+        assert inspect.iscoroutinefunction(getattr(Store, name)), name
+    # SyncStore: the synchronous twins of some of them, with the same parameters.
+    for name, method in store_methods(SyncStore).items():
+        assert name in queries(), name
+        async_params = inspect.signature(getattr(Store, name)).parameters
+        assert inspect.signature(method).parameters == async_params, name
+
+
+def row_class(method: Any) -> type[Any] | None:
+    """The dataclass a store method returns rows of (alone or in a list), or None for a
+    scalar or nothing."""
+    returned = typing.get_type_hints(method)["return"]
+    if typing.get_origin(returned) is list:
+        [returned] = typing.get_args(returned)
+    return returned if isinstance(returned, type) and dataclasses.is_dataclass(returned) else None
+
+
+# Harmless parameters for every query: on a fresh database they change nothing that
+# matters, and they are enough for PostgreSQL to say which columns come back.
+SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
+    "claim_queued_jobs": {"limit": 10, "tabular_timeout": 600, "image_timeout": 1800},
+    "publish_queued_jobs": {
+        "limit": 10,
+        "tabular_timeout": 600,
+        "image_timeout": 1800,
+        "tabular_subject": "files.tabular_uploaded",
+        "image_subject": "files.img_uploaded",
+        "max_bytes": 1 << 20,
+    },
+    "mark_published": {"job_ids": [], "subjects": [], "reply_deadlines": []},
+    "dead_letter_unacked": {"ack_timeout": 3600, "max_republish": 3},
+    "claim_unacked_jobs": {"limit": 10, "ack_timeout": 3600, "max_republish": 3},
+    "dead_letter_unpublishable": {"job_ids": [], "error_codes": [], "error_messages": []},
+    "outbox_oldest_queued_age": {},
+    "mark_republished": {"job_ids": []},
+    "apply_ack": {
+        "job_id": uuid.uuid4(),
+        "file_id": uuid.uuid4(),
+        "service_name": "tabular-parser",
+        "service_version": "1.4.2",
+    },
+    "apply_result": {
+        "job_id": uuid.uuid4(),
+        "file_id": uuid.uuid4(),
+        "msg_id": "result:x:1",
+        "status": "error",
+        "service_name": "tabular-parser",
+        "service_version": "1.4.2",
+        "result_bucket": None,
+        "result_key": None,
+        "result_schema_version": None,
+        "error_code": "X",
+        "error_message": None,
+        "metrics": None,
+    },
+    "apply_envelopes": {"envelopes": Jsonb([])},
+    "run_due_tasks": {},
+    "set_sweep_interval": {"seconds": 30},
+    "set_setting": {"name": "default_max_attempts", "value": "3"},
+    "retry_file": {"file_id": uuid.uuid4(), "actor": "test"},
+    "retry_files": {"file_ids": [uuid.uuid4()], "actor": "test"},
+    "ping": {},
+    "get_file": {"file_id": uuid.uuid4()},
+}
+
+
+def test_each_row_class_is_the_columns_the_database_returns(conn: Conn) -> None:
+    assert sorted(SAMPLE_PARAMS) == sorted(queries())
+    for name, sql in queries().items():
+        params = SAMPLE_PARAMS[name]
+        assert set(re.findall(r"%\((\w+)\)s", sql)) == set(params), name
+        with conn.transaction(force_rollback=True):
+            cur = conn.execute(sql, params)
+            assert cur.description is not None, name
+            columns = [c.name for c in cur.description]
+        cls = row_class(getattr(Store, name))
+        if cls is None:  # a scalar (or a function returning void): one column
+            assert len(columns) == 1, (name, columns)
+        else:
+            assert columns == [f.name for f in dataclasses.fields(cls)], name
+
+
+def test_a_row_class_that_is_not_the_query_s_columns_is_refused(conn: Conn) -> None:
+    with conn.cursor(row_factory=typed_row(TaskRun)) as cur:
+        with pytest.raises(TypeError, match=r"TaskRun has the fields .*the query returns"):
+            cur.execute("SELECT 'sweep' AS task, NULL::text AS error")
+        cur.execute("SELECT 'sweep' AS task, '1' AS result, NULL::text AS error")
+        assert cur.fetchall() == [TaskRun("sweep", "1", None)]
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    async with AsyncConnectionPool(
+        db_url, open=False, min_size=1, max_size=2, kwargs={"autocommit": True}
+    ) as pool:
+        yield Store(pool)
+
+
+def answer(body: dict[str, Any], msg_id: str) -> Envelope:
+    parsed = parse_envelope(json.dumps(body).encode(), {"Nats-Msg-Id": msg_id}, 1 << 20)
+    assert isinstance(parsed, Envelope), parsed
+    return parsed
+
+
+async def test_every_store_method_runs_against_a_real_database_and_types_its_rows(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One short life of three files through every method, each query recorded as it
+    goes out."""
+    sent: list[str] = []
+    original = store_module.query
+
+    def recording(name: str) -> str:
+        sent.append(name)
+        return original(name)
+
+    monkeypatch.setattr(store_module, "query", recording)
+    with dict_conn(db_url) as conn:
+        a, b, c = upload(conn), upload(conn, "PDF"), upload(conn)
+
+    # The two-step publish (claim, then mark in the same transaction), for a.
+    async with store.transaction() as tx:
+        [claimed] = await store.claim_queued_jobs(
+            tx, limit=1, tabular_timeout=600, image_timeout=1800
+        )
+        assert (claimed.job_id, claimed.attempt, claimed.pipeline) == (
+            a.job_id,
+            1,
+            Pipeline.TABULAR,
+        )
+        assert claimed.msg_id == f"{a.job_id}:1"
+        assert isinstance(claimed.reply_deadline, dt.datetime)
+        assert json.loads(claimed.request)["job_id"] == str(a.job_id)  # JSON text
+        subjects, deadlines = ["files.tabular_uploaded"], [claimed.reply_deadline]
+        assert await store.mark_published(tx, [a.job_id], subjects, deadlines) == 1
+    # The publisher's one-statement publish, for b and c.
+    async with store.transaction() as tx:
+        published = await store.publish_queued_jobs(
+            tx,
+            limit=10,
+            tabular_timeout=600,
+            image_timeout=1800,
+            tabular_subject="files.tabular_uploaded",
+            image_subject="files.img_uploaded",
+            max_bytes=1 << 20,
+        )
+    assert [(p.job_id, p.outcome, p.subject) for p in published] == [
+        (b.job_id, PublishOutcome.PUBLISHED, "files.img_uploaded"),
+        (c.job_id, PublishOutcome.PUBLISHED, "files.tabular_uploaded"),
+    ]
+    assert all(p.request and p.error_message is None for p in published)
+
+    # a: an ack, then a result, each on its own.
+    ack_a = answer(envelope(a.job_id, a.file_id, "processing"), f"ack:{a.job_id}:1")
+    done_a = answer(envelope(a.job_id, a.file_id, "done", metrics={"rows": 3}), "result:a")
+    assert await store.apply_ack(ack_a) == AppliedAnswer(
+        ApplyOutcome.APPLIED, 1, JobStatus.PROCESSING
+    )
+    assert await store.apply_result(done_a) == AppliedAnswer(
+        ApplyOutcome.APPLIED, 1, JobStatus.DONE
+    )
+    assert await store.apply_ack(ack_a) == AppliedAnswer(
+        ApplyOutcome.ALREADY_FINAL, 1, JobStatus.DONE
+    )
+    # b: an ack and an error in one batch.
+    error = {"code": "UNSUPPORTED_FORMAT", "message": "m"}
+    batch = [
+        answer(envelope(b.job_id, b.file_id, "processing", "scan-gateway"), "ack:b"),
+        answer(envelope(b.job_id, b.file_id, "error", "scan-gateway", error=error), "result:b"),
+        answer(envelope(uuid.uuid4(), b.file_id, "done"), "result:nobody"),
+    ]
+    assert await store.apply_envelopes(batch) == [
+        AppliedEnvelope(1, ApplyOutcome.APPLIED, 1, JobStatus.PROCESSING),
+        AppliedEnvelope(2, ApplyOutcome.APPLIED, 1, JobStatus.ERROR),
+        AppliedEnvelope(3, ApplyOutcome.UNKNOWN_JOB, None, None),
+    ]
+
+    document = await store.get_file(a.file_id)
+    assert document is not None and document["current_job"]["status"] == "done"
+    assert document["current_job"]["metrics"] == {"rows": 3}
+    assert await store.get_file(uuid.uuid4()) is None
+
+    retried = await store.retry_file(b.file_id, "test")
+    assert (retried.outcome, retried.reason, retried.attempt) == (RetryOutcome.RETRIED, None, 2)
+    assert (retried.previous_job_id, retried.previous_status) == (b.job_id, JobStatus.ERROR)
+    assert retried.job_id is not None
+    unknown = uuid.uuid4()
+    assert await store.retry_file(unknown, "test") == RetryResult(
+        unknown, RetryOutcome.NOT_FOUND, RetryReason.FILE_NOT_FOUND, *[None] * 6
+    )
+    refused, missing = await store.retry_files([a.file_id, unknown], "test")
+    assert {refused.file_id, missing.file_id} == {a.file_id, unknown}
+    if refused.file_id != a.file_id:
+        refused, missing = missing, refused
+    assert (refused.outcome, refused.reason) == (RetryOutcome.NOT_RETRYABLE, RetryReason.NOT_FAILED)
+    assert (refused.previous_status, refused.previous_attempt) == (JobStatus.DONE, 1)
+    assert missing.outcome is RetryOutcome.NOT_FOUND
+
+    # c: overdue at once (ack timeout 0): republished once, then dead-lettered.
+    async with store.transaction() as tx:
+        [unacked] = await store.claim_unacked_jobs(tx, limit=10, ack_timeout=0, max_republish=1)
+        assert (unacked.job_id, unacked.republish_count) == (c.job_id, 0)
+        assert unacked.msg_id == f"{c.job_id}:1" and unacked.subject == "files.tabular_uploaded"
+        assert json.loads(unacked.request)["job_id"] == str(c.job_id)
+        assert await store.mark_republished(tx, [c.job_id]) == 1
+    [dead] = await store.dead_letter_unacked(ack_timeout=0, max_republish=1)
+    assert (dead.job_id, dead.attempt, dead.file_id, dead.republish_count) == (
+        c.job_id,
+        1,
+        c.file_id,
+        1,
+    )
+
+    # b's new attempt is queued: it waits, then cannot be published.
+    assert await store.outbox_oldest_queued_age() >= 0.0
+    [unpublishable] = await store.dead_letter_unpublishable(
+        [retried.job_id], ["REQUEST_TOO_LARGE"], [None]
+    )
+    assert (unpublishable.job_id, unpublishable.attempt) == (retried.job_id, 2)
+    assert await store.outbox_oldest_queued_age() == 0.0  # nothing queued any more
+
+    assert all(isinstance(t, TaskRun) for t in await store.run_due_tasks())
+    await store.set_sweep_interval(7)
+    await store.set_setting("default_max_attempts", "4")
+    assert await store.ping() is True
+
+    with dict_conn(db_url) as conn:
+        assert job(conn, c.job_id)["status"] == "dlq"
+        assert stored_file(conn, b.file_id)["status"] == "ERROR"
+        run_every = "SELECT run_every FROM arm.periodic_task WHERE name = 'sweep_timeouts'"
+        assert scalar(conn, run_every) == dt.timedelta(seconds=7)
+        setting = "SELECT value FROM arm.setting WHERE name = 'default_max_attempts'"
+        assert scalar(conn, setting) == "4"
+    assert set(sent) == set(queries())
+
+
+def test_the_sync_store_writes_what_migrate_writes(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        sync = SyncStore(conn)
+        sync.set_sweep_interval(11)
+        sync.set_setting("default_max_attempts", "6")
+    with dict_conn(db_url) as conn:
+        run_every = "SELECT run_every FROM arm.periodic_task WHERE name = 'sweep_timeouts'"
+        assert scalar(conn, run_every) == dt.timedelta(seconds=11)
+        setting = "SELECT value FROM arm.setting WHERE name = 'default_max_attempts'"
+        assert scalar(conn, setting) == "6"
+
+
+def _source(name: str) -> str:
+    """A functions file without its comments."""
+    return re.sub(r"--[^\n]*", "", (FUNCTIONS / name).read_text(encoding="utf-8"))
+
+
+def test_the_outcome_enums_are_the_texts_the_functions_return() -> None:
+    inbox = _source("30_inbox.sql")
+    returned = set(re.findall(r"(?:RETURN QUERY SELECT|THEN|ELSE)\s+'([a-z_]+)'(?!::)", inbox))
+    # `failed` is the inbox's own: the database raised on the envelope.
+    assert returned == {o.value for o in ApplyOutcome} - {ApplyOutcome.FAILED}
+
+    retry = re.findall(
+        r"RETURN QUERY SELECT [\w.]+, '(\w+)', (?:'(\w+)'|NULL::text)", _source("50_retry.sql")
+    )
+    assert {outcome for outcome, _ in retry} == {o.value for o in RetryOutcome}
+    assert {reason for _, reason in retry} - {""} == {r.value for r in RetryReason}
+
+    publish = re.findall(
+        r"THEN '(\w+)'\s+ELSE '(\w+)' END::arm.job_status", _source("21_publish_queued.sql")
+    )
+    assert publish == [(PublishOutcome.PUBLISHED.value, PublishOutcome.DLQ.value)]
+    assert {o.value for o in PublishOutcome} <= {s.value for s in JobStatus}
+
+
+def runtime_modules() -> list[Path]:
+    """The runtime's sources: arm_core, bridge/ and http/, but not the store and db.py
+    themselves nor the development tools."""
+    found = [*(ROOT / "arm_core").glob("*.py"), *(ROOT / "bridge").glob("*.py")]
+    found += (ROOT / "http").glob("*.py")
+    return sorted(p for p in found if p.name not in ("store.py", "db.py"))
+
+
+def test_only_the_store_sends_named_queries_or_reads_dict_rows() -> None:
+    modules = runtime_modules()
+    assert {"runtime.py", "migrate.py", "inbox.py", "publisher.py", "handlers.py"} <= {
+        p.name for p in modules
+    }
+    for path in modules:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "arm_core.db":
+                assert not {a.name for a in node.names} & {"query", "queries"}, path
+            if isinstance(node, ast.ImportFrom) and node.module == "psycopg.rows":
+                raise AssertionError(f"{path} builds rows itself (psycopg.rows)")
+            if isinstance(node, ast.Name | ast.Attribute):
+                name = node.id if isinstance(node, ast.Name) else node.attr
+                assert name not in ("dict_row", "query"), f"{path}:{node.lineno}: {name}"
