@@ -38,4 +38,10 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP) ## figures next to same-run references (BENCH_ARGS=--quick, --only sweep,retry)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
-.PHONY: help install run lint test bench
+schema: $(STAMP) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
+	$(BIN)/python -m arm_core.devtools.schema_snapshot --write
+
+docs: ## render docs/architecture.svg from docs/architecture.dot (needs graphviz)
+	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
+
+.PHONY: help install run lint test bench schema docs
