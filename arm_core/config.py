@@ -213,6 +213,13 @@ class Settings:
     outbox_stuck_seconds: float = env_var("OUTBOX_STUCK_SECONDS", _POSITIVE, 60.0)
     retry_batch_max: int = env_var("RETRY_BATCH_MAX", number(int, 1), 1000)
     http_max_body_bytes: int = env_var("HTTP_MAX_BODY_BYTES", number(int, 1024), 256 * 1024)
+    # A client gets this long to send a request's line and headers, and then this long for
+    # its body; a slower one is answered 408 and disconnected, never held forever.
+    http_header_timeout_seconds: float = env_var("HTTP_HEADER_TIMEOUT_SECONDS", _POSITIVE, 10.0)
+    http_body_timeout_seconds: float = env_var("HTTP_BODY_TIMEOUT_SECONDS", _POSITIVE, 30.0)
+    # AUTH_MODE=none on a non-loopback HTTP_HOST refuses to start unless this says that
+    # anonymous access from the network is intended.
+    auth_allow_anonymous: bool = env_var("AUTH_ALLOW_ANONYMOUS", parse_bool, False)
     # Who retried (the audit's actor): none → "anonymous"; token → the actor whose
     # API_TOKENS entry matches `Authorization: Bearer …`; header → the identity an
     # authenticating proxy puts in AUTH_HEADER (e.g. oauth2-proxy's X-Forwarded-User).
