@@ -1,5 +1,6 @@
 """Credentials for a real nats-server in operator (decentralised JWT) mode: an operator,
-an account and a user, each an nkey, with JWTs signed by hand as nsc would sign them."""
+an account and a user, each an nkey, with JWTs signed by hand as nsc would sign them; and
+nkey users for a configuration file's `authorization` block (docs/nats-permissions.conf)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,3 +87,28 @@ def operator_mode() -> OperatorMode:
         f'resolver_preload: {{\n  {account.public_key.decode()}: "{account_jwt}"\n}}\n'
     )
     return OperatorMode(config, user_seed, user_jwt)
+
+
+@dataclass(frozen=True)
+class NkeyUsers:
+    """A nats-server configuration: `snippet` verbatim, after a fresh nkey user for each
+    `$NAME` it refers to, defined as a variable above it (as an operator would)."""
+
+    server_config: str
+    seeds: dict[str, str]  # variable name (ARM_CORE_NKEY) → that user's seed
+
+    def write_config(self, directory: Path) -> Path:
+        path = directory / "users.conf"
+        path.write_text(self.server_config)
+        return path
+
+
+def nkey_users(snippet: str) -> NkeyUsers:
+    lines = [line for line in snippet.splitlines() if not line.lstrip().startswith("#")]
+    names = sorted(set(re.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", "\n".join(lines))))
+    seeds, defined = {}, []
+    for name in names:
+        seed, user = _key(nkeys.PREFIX_BYTE_USER)
+        seeds[name] = seed
+        defined.append(f'{name}: "{user.public_key.decode()}"\n')
+    return NkeyUsers("".join(defined) + snippet, seeds)
