@@ -37,6 +37,9 @@ class Bridge:
     inbox: Inbox = field(init=False)
     scheduler: Scheduler = field(init=False)
     subscription: Subscription | None = None
+    # The server's word when it refused the subscription (NATS user without subscribe
+    # permission on RESULT_SUBJECT in NATS_QUEUE_GROUP): the bridge would hear nothing.
+    subscription_refused: str | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -71,6 +74,7 @@ class Bridge:
                 self.inbox.slow_consumer()
 
         await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
+        error_before = self.nats.last_error
         self.subscription = await self.nats.subscribe(
             s.result_subject,
             queue=s.nats_queue_group,
@@ -81,6 +85,24 @@ class Bridge:
             # inbox counts each drop as `slow_consumer`.
         )
         await confirm(self.nats)  # the server has the SUB before we say we are subscribed
+        # A refused SUB leaves the connection up; the server's -ERR comes before the PONG
+        # and nats-py only passes it to the error callback (and keeps it as last_error).
+        error = self.nats.last_error
+        refusal = f'permissions violation for subscription to "{s.result_subject}"'.lower()
+        if error is not None and error is not error_before and refusal in str(error).lower():
+            self.subscription_refused = str(error)
+            log.error(
+                "NATS refused the subscription to %s in queue group %s (%s): this bridge "
+                'receives no acks and no results; allow its user to subscribe to "%s %s" '
+                "(docs/nats-permissions.conf) and restart it",
+                s.result_subject,
+                s.nats_queue_group,
+                error,
+                s.result_subject,
+                s.nats_queue_group,
+                extra={"action": "nats_subscribe_refused"},
+            )
+            return
         log.info(
             "connected to NATS %s, subscribed to %s in queue group %s",
             self.nats.connected_url.netloc if self.nats.connected_url else "?",
@@ -91,9 +113,10 @@ class Bridge:
         self.publisher.wake.set()
 
     def nats_state(self) -> str:
-        """`ok` when connected and subscribed; otherwise what it is doing."""
+        """`ok` when connected and subscribed, `refused` when connected but the server
+        refused the subscription; otherwise what it is doing."""
         if self.nats.is_connected and self.subscription is not None:
-            return "ok"
+            return "refused" if self.subscription_refused else "ok"
         if self.nats.is_reconnecting:
             return "reconnecting"
         if self.nats.is_closed and self.subscription is not None:
