@@ -12,13 +12,23 @@ This is the one environment parser: a dataclass declares each variable with
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import dataclasses
+import ipaddress
+import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+
+import nkeys
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 N = TypeVar("N", int, float)
 
@@ -32,6 +42,65 @@ _FALSE = {"0", "false", "no", "off"}
 
 class ConfigError(ValueError):
     """A configuration variable is missing or has a value that cannot be used."""
+
+
+# --- secrets in messages ----------------------------------------------------------------
+# A message about a URL shows it with the password replaced by ***; a message about a
+# token, a seed or a JWT shows none of it (its position, its length, what is wrong).
+
+_PASSWORD_PARAM = re.compile(r"(?i)\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)")
+# scheme://userinfo@ inside a longer text (a driver's message).
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/?#@\"']*)@")
+
+
+def _split_userinfo(url: str) -> tuple[str, str | None, str | None, str]:
+    """(scheme://, user, password, the rest after @) of `url`, cut at the *last* @ so a
+    password with an unencoded @ stays whole; user and password are None without an @,
+    password is None without a colon."""
+    scheme, sep, rest = url.partition("://")
+    head = scheme + sep if sep else ""
+    if not sep:
+        rest = url
+    userinfo, at, location = rest.rpartition("@")
+    if not at:
+        return head, None, None, rest
+    user, colon, password = userinfo.partition(":")
+    return head, user, (password if colon else None), location
+
+
+def mask_url(url: str, bare_user_is_secret: bool = False) -> str:
+    """`url` for a message: postgresql://admin:***@host/db. A password in the query
+    (`?password=…`, libpq's `password=…` form) becomes *** too. A userinfo without a
+    colon is a user name for PostgreSQL but a token for NATS (nats://token@host): with
+    `bare_user_is_secret` it is masked as well."""
+    head, user, password, location = _split_userinfo(url)
+    if user is not None:
+        if password is not None:
+            userinfo = f"{user}:***"
+        else:
+            userinfo = "***" if bare_user_is_secret or not head else user
+        location = f"{userinfo}@{location}"
+    return head + _PASSWORD_PARAM.sub(r"\1***", location)
+
+
+def mask_urls_in(text: str) -> str:
+    """`text` (a driver's error message, say) with every scheme://user:password@ in it
+    masked and every password=… parameter replaced by ***."""
+
+    def userinfo(m: re.Match[str]) -> str:
+        user, colon, _ = m.group(2).partition(":")
+        return f"{m.group(1)}{user}{':***' if colon else ''}@"
+
+    return _PASSWORD_PARAM.sub(r"\1***", _URL_USERINFO.sub(userinfo, text))
+
+
+def _url_secrets(url: str, bare_user_is_secret: bool) -> list[str]:
+    """The password of `url` (or its token) as written and percent-decoded."""
+    _, user, password, _ = _split_userinfo(url)
+    secret = password if password is not None else (user if bare_user_is_secret else None)
+    found = [secret, unquote(secret)] if secret else []
+    found += [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
+    return found
 
 
 def parse_bool(name: str, raw: str) -> bool:
@@ -111,25 +180,150 @@ def _port(name: str, raw: str) -> int:
 
 def _database_url(name: str, raw: str) -> str:
     value = raw.strip()
-    scheme = urlsplit(value).scheme
-    if scheme not in ("postgresql", "postgres"):
-        raise ConfigError(f"{name}: expected a postgresql://… connection string, got {raw!r}")
+    scheme, sep, _ = value.partition("://")
+    if not sep or scheme not in ("postgresql", "postgres"):
+        raise ConfigError(
+            f"{name}: expected a postgresql://… connection string, got {mask_url(value)!r}"
+        )
+    try:  # libpq's own parser: a URL it cannot read fails here, not at the first query
+        conninfo_to_dict(value)
+    except psycopg.Error as exc:
+        # libpq quotes the part it could not read, which may be the password.
+        said = str(exc).strip()
+        for secret in _url_secrets(value, bare_user_is_secret=False):
+            said = said.replace(secret, "***")
+        raise ConfigError(
+            f"{name}: not a valid connection URL ({mask_url(value)!r}): {mask_urls_in(said)}"
+        ) from None
     return value
+
+
+_NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
 def _nats_urls(name: str, raw: str) -> tuple[str, ...]:
     urls = tuple(part.strip() for part in raw.split(",") if part.strip())
     if not urls:
-        raise ConfigError(f"{name}: expected one or more nats://host:port URLs, got {raw!r}")
+        raise ConfigError(f"{name}: expected one or more nats://host:port URLs")
     for url in urls:
-        parts = urlsplit(url)
-        if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
-            raise ConfigError(f"{name}: not a NATS URL: {url!r}")
+        shown = mask_url(url, bare_user_is_secret=True)
+        try:
+            parts = urlsplit(url)
+            if parts.scheme not in _NATS_SCHEMES or not parts.hostname:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(
+                f"{name}: not a NATS URL ({'|'.join(_NATS_SCHEMES)}://host:port): {shown!r}"
+            ) from None
         try:
             parts.port  # noqa: B018 - raises ValueError on a bad port
         except ValueError:
-            raise ConfigError(f"{name}: bad port in {url!r}") from None
+            raise ConfigError(f"{name}: bad port in {shown!r}") from None
+    websocket = {urlsplit(url).scheme in ("ws", "wss") for url in urls}
+    if len(websocket) > 1:  # nats-py refuses the mix at every connect
+        raise ConfigError(f"{name}: websocket (ws, wss) and nats/tls URLs cannot be mixed")
     return urls
+
+
+# --- NATS credentials -------------------------------------------------------------------
+
+SEED_VAR = "OPENBAO__NATS__NATS_SEED"
+JWT_VAR = "OPENBAO__NATS__NATS_JWT"
+_SEED_KINDS = {
+    nkeys.PREFIX_BYTE_OPERATOR: "an operator",
+    nkeys.PREFIX_BYTE_ACCOUNT: "an account",
+    nkeys.PREFIX_BYTE_SERVER: "a server",
+    nkeys.PREFIX_BYTE_CLUSTER: "a cluster",
+}
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def user_keypair(name: str, seed: str) -> nkeys.KeyPair:
+    """The key pair of a NATS *user* nkey seed (SU…, 58 characters, base32 with a
+    CRC-16 checksum), or ConfigError naming `name` that says what is wrong and quotes
+    no part of the seed. (nkeys.from_seed checks neither the checksum nor the role.)"""
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{name}: not a valid nkey seed ({why})")
+
+    if seed.startswith("eyJ"):
+        raise bad(f"it looks like a JWT, which belongs in {JWT_VAR}")
+    if not seed.isascii() or len(seed) != 58:
+        raise bad(f"a user seed has 58 characters, this has {len(seed)}")
+    if seed[0] != "S":
+        raise bad("a seed starts with S; a public key or another secret was given")
+    try:
+        raw = base64.b32decode(seed + "======")
+    except binascii.Error:
+        raise bad("not base32: only A-Z and 2-7") from None
+    # A last character that differs only in base32's unused bits decodes the same:
+    # still a typo, and not the seed that was issued.
+    canonical = base64.b32encode(raw).rstrip(b"=") == seed.encode()
+    if not canonical or nkeys.crc16_checksum(raw[:-2]) != raw[-2:]:
+        raise bad("its checksum does not match: a character is wrong, swapped or cut off")
+    try:
+        prefix, _ = nkeys.decode_seed(seed.encode())
+    except nkeys.NkeysError:
+        raise bad("not a seed of any nkey kind") from None
+    if prefix != nkeys.PREFIX_BYTE_USER:
+        kind = _SEED_KINDS.get(prefix, "another kind of")
+        raise bad(f"{kind} seed; arm-core connects as a user, whose seed starts with SU")
+    return nkeys.from_seed(seed.encode())
+
+
+def _b64_json_object(part: str) -> bool:
+    try:
+        value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (binascii.Error, ValueError):
+        return False
+    return isinstance(value, dict)
+
+
+def jwt_payload(name: str, jwt: str) -> dict[str, Any]:
+    """The claims of a JWT of the right shape — three base64url parts, the header and
+    the payload JSON objects — or ConfigError naming `name` (quoting none of it)."""
+    parts = jwt.split(".")
+    if len(parts) != 3 or not all(_BASE64URL.fullmatch(p) for p in parts):
+        raise ConfigError(
+            f"{name}: not a JWT (three base64url parts joined by dots; a .creds file's "
+            "JWT line alone is wanted)"
+        )
+    if not _b64_json_object(parts[0]):
+        raise ConfigError(f"{name}: not a JWT (its header is not a base64url JSON object)")
+    if not _b64_json_object(parts[1]):
+        raise ConfigError(f"{name}: not a JWT (its payload is not a base64url JSON object)")
+    payload: dict[str, Any] = json.loads(base64.urlsafe_b64decode(parts[1] + "==="))
+    return payload
+
+
+def nats_keypair(seed: str, jwt: str) -> nkeys.KeyPair | None:
+    """Checks the NATS credentials together: a JWT needs the seed of the user it was
+    issued to. None when there are no credentials."""
+    if jwt and not seed:
+        raise ConfigError(f"{SEED_VAR}: required when {JWT_VAR} is set")
+    if not seed:
+        return None
+    keypair = user_keypair(SEED_VAR, seed)
+    if jwt:
+        subject = jwt_payload(JWT_VAR, jwt).get("sub")
+        if isinstance(subject, str) and subject != keypair.public_key.decode():
+            raise ConfigError(
+                f"{JWT_VAR}: issued to another user than the key of {SEED_VAR} "
+                "(its sub is not that seed's public key)"
+            )
+    return keypair
+
+
+def _nats_seed(name: str, raw: str) -> str:
+    seed = raw.strip()
+    user_keypair(name, seed)
+    return seed
+
+
+def _nats_jwt(name: str, raw: str) -> str:
+    jwt = raw.strip()
+    jwt_payload(name, jwt)
+    return jwt
 
 
 def _subject(name: str, raw: str) -> str:
@@ -143,19 +337,39 @@ AUTH_MODES = ("none", "token", "header")
 
 
 def _tokens(name: str, raw: str) -> tuple[tuple[str, str], ...]:
-    """`actor=token,actor2=token2` → ((actor, token), …)."""
-    pairs = []
-    for part in raw.split(","):
-        if not part.strip():
-            continue
-        actor, sep, token = part.strip().partition("=")
-        if not sep or not actor.strip() or len(token.strip()) < 16:
-            raise ConfigError(
-                f"{name}: expected actor=token pairs, comma-separated, tokens of 16+ "
-                f"characters; got an entry starting {part.strip()[:12]!r}"
-            )
-        pairs.append((actor.strip(), token.strip()))
+    """`actor=token,actor2=token2` → ((actor, token), …). A bad entry is named by its
+    position: any part of it may be a token."""
+    entries = [part.strip() for part in raw.split(",") if part.strip()]
+    pairs: list[tuple[str, str]] = []
+    for n, entry in enumerate(entries, 1):
+        actor, sep, token = entry.partition("=")
+        actor, token = actor.strip(), token.strip()
+        where = f"{name}: entry {n} of {len(entries)}"
+        if not sep:
+            raise ConfigError(f"{where}: expected actor=token (no = in it)")
+        if not actor:
+            raise ConfigError(f"{where}: expected actor=token (the actor is empty)")
+        if len(token) < 16:
+            raise ConfigError(f"{where}: the token is shorter than 16 characters")
+        for m, (_, earlier) in enumerate(pairs, 1):
+            if earlier == token:
+                raise ConfigError(
+                    f"{where}: the same token as entry {m}; the audit could not tell who"
+                )
+        pairs.append((actor, token))
     return tuple(pairs)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen address is reachable from this machine only: localhost,
+    127.0.0.0/8, ::1. An empty host (every interface) or any other name is not."""
+    value = host.strip().strip("[]").lower()
+    if value == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(value).is_loopback
+    except ValueError:
+        return False
 
 
 def _header(name: str, raw: str) -> str:
@@ -168,7 +382,7 @@ def _header(name: str, raw: str) -> str:
 _POSITIVE = number(float, 0.001)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Settings:
     """Everything the processes read from the environment, with SPEC §12's defaults."""
 
@@ -177,8 +391,9 @@ class Settings:
     nats_urls: tuple[str, ...] = env_var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
     nats_enabled: bool = env_var("NATS_ENABLED", parse_bool, True)
     debug: bool = env_var("DEBUG", parse_bool, False)
-    nats_seed: str = env_var("OPENBAO__NATS__NATS_SEED", text, "")
-    nats_jwt: str = env_var("OPENBAO__NATS__NATS_JWT", text, "")
+    # A user nkey seed (SU…) and its JWT: checked at start, never shown (see secrets()).
+    nats_seed: str = env_var(SEED_VAR, _nats_seed, "")
+    nats_jwt: str = env_var(JWT_VAR, _nats_jwt, "")
     outbox_poll_seconds: float = env_var("OUTBOX_POLL_SECONDS", _POSITIVE, 5.0)
     outbox_batch_size: int = env_var("OUTBOX_BATCH_SIZE", number(int, 1), 500)
     # Publish batches in flight at once per process (each on its own connection).
@@ -236,7 +451,49 @@ class Settings:
         settings = cls(**values, explicit=given)
         if settings.auth_mode == "token" and not settings.api_tokens:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
+        nats_keypair(settings.nats_seed, settings.nats_jwt)
         return settings
+
+    def __repr__(self) -> str:
+        """Every field, with passwords, tokens, the seed and the JWT as ***."""
+        shown: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.database_url:
+            shown["database_url"] = mask_url(self.database_url)
+        shown["nats_urls"] = tuple(mask_url(u, bare_user_is_secret=True) for u in self.nats_urls)
+        for name in ("nats_seed", "nats_jwt"):
+            shown[name] = "***" if shown[name] else ""
+        shown["api_tokens"] = tuple((actor, "***") for actor, _ in self.api_tokens)
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret value configured — passwords of DATABASE_URL and NATS_URL (as
+        written and percent-decoded), a token in a NATS URL, the NATS seed and JWT, the
+        API tokens — for arm_core.logs.Redactor to keep out of every line."""
+        found: list[str] = []
+        if self.database_url:
+            found += _url_secrets(self.database_url, bare_user_is_secret=False)
+            with contextlib.suppress(psycopg.Error):
+                params = conninfo_to_dict(self.database_url)
+                found += [str(params[k]) for k in ("password", "sslpassword") if params.get(k)]
+        for url in self.nats_urls:
+            found += _url_secrets(url, bare_user_is_secret=True)
+        found += [s for s in (self.nats_seed, self.nats_jwt) if s]
+        found += [token for _, token in self.api_tokens]
+        return tuple(dict.fromkeys(found))
+
+    def require_safe_exposure(self) -> None:
+        """`arm-core serve` with AUTH_MODE=none on an address other machines can reach
+        would let anyone retry files, audited as "anonymous": refused unless
+        AUTH_ALLOW_ANONYMOUS=true says that is intended."""
+        if self.auth_mode != "none" or self.auth_allow_anonymous or is_loopback(self.http_host):
+            return
+        raise ConfigError(
+            f"HTTP_HOST: {self.http_host!r} is not a loopback address and AUTH_MODE=none, "
+            'so anyone who can reach it could retry files, audited as "anonymous". Set '
+            "AUTH_MODE=token (with API_TOKENS) or AUTH_MODE=header (behind an "
+            "authenticating proxy), listen on HTTP_HOST=127.0.0.1, or set "
+            "AUTH_ALLOW_ANONYMOUS=true if anonymous access from the network is intended"
+        )
 
     def require_database_url(self) -> str:
         if not self.database_url:

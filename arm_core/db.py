@@ -17,6 +17,8 @@ from importlib import resources
 
 import psycopg
 
+from arm_core.config import mask_urls_in
+
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -71,6 +73,8 @@ def wrap_db_errors(action: str) -> Iterator[None]:
     try:
         yield
     except psycopg.Error as exc:
+        # libpq may quote the connection string it could not use: never its password.
+        said = mask_urls_in(str(exc))
         if is_unavailable(exc):
-            raise DatabaseUnavailable(f"{action}: database unavailable: {exc}") from exc
-        raise DatabaseError(f"{action}: {exc}") from exc
+            raise DatabaseUnavailable(f"{action}: database unavailable: {said}") from exc
+        raise DatabaseError(f"{action}: {said}") from exc

@@ -13,11 +13,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import nkeys
 from nats.aio.client import Client
 from nats.errors import SlowConsumerError
 
-from arm_core.config import ConfigError, Settings
+from arm_core.config import Settings, mask_urls_in, nats_keypair
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +38,16 @@ async def confirm(nc: Client) -> None:
 
 
 def auth_options(settings: Settings) -> dict[str, Any]:
-    """nats.connect keyword arguments for the configured credentials."""
+    """nats.connect keyword arguments for the configured credentials.
+
+    Settings.from_env has already checked them (arm-core stops at start, exit 2, on a
+    seed or JWT that cannot work); the same check runs here for Settings built in code,
+    so a bad seed is a ConfigError naming the variable, never a connection that retries
+    forever."""
     seed, jwt = settings.nats_seed, settings.nats_jwt
-    if not seed and not jwt:
+    keypair = nats_keypair(seed, jwt)
+    if keypair is None:
         return {}
-    if jwt and not seed:
-        raise ConfigError("OPENBAO__NATS__NATS_SEED: required when OPENBAO__NATS__NATS_JWT is set")
-    try:
-        keypair = nkeys.from_seed(seed.encode())
-    except Exception as exc:
-        raise ConfigError(f"OPENBAO__NATS__NATS_SEED: not a valid nkey seed ({exc})") from None
     if not jwt:
         return {"nkeys_seed_str": seed}
 
@@ -91,7 +90,7 @@ async def connect(
             await state("slow_consumer")
         # While the server is down nats-py reports every failed attempt: log each kind of
         # error once per 30 s, not twice a second.
-        text = f"{type(exc).__name__}: {exc}"
+        text = mask_urls_in(f"{type(exc).__name__}: {exc}")  # a ws:// error names its URL
         now = time.monotonic()
         if not closing() and now - last_error.get(text, -1e9) >= 30:
             last_error[text] = now

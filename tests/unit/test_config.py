@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import os
+
+import nkeys
 import pytest
 
-from arm_core.config import ConfigError, Settings
+from arm_core.config import ConfigError, Settings, mask_url, mask_urls_in
+from tests.support.natsauth import operator_mode
 
 
 def test_defaults_are_the_specs() -> None:
@@ -95,9 +101,202 @@ def test_auth_settings() -> None:
     assert s.api_tokens == (("ivanova", "0123456789abcdef"), ("ops", "fedcba9876543210"))
     with pytest.raises(ConfigError, match=r"^API_TOKENS: required when AUTH_MODE=token"):
         Settings.from_env({"AUTH_MODE": "token"})
-    with pytest.raises(ConfigError, match=r"^API_TOKENS: expected actor=token"):
+    with pytest.raises(ConfigError, match=r"^API_TOKENS: entry 1 of 1: the token is shorter"):
         Settings.from_env({"API_TOKENS": "ivanova=short"})
     with pytest.raises(ConfigError, match=r"^AUTH_MODE: expected one of"):
         Settings.from_env({"AUTH_MODE": "ldap"})
     with pytest.raises(ConfigError, match=r"^AUTH_HEADER: not an HTTP header"):
         Settings.from_env({"AUTH_HEADER": "X User"})
+
+
+# --- secrets never shown (issue 10, part 2) ------------------------------------------
+
+
+def no_part_of(secret: str, text: str, width: int = 5) -> bool:
+    """Whether `text` holds no run of `width` characters of `secret`."""
+    return all(secret[i : i + width] not in text for i in range(len(secret) - width + 1))
+
+
+def error_of(env: dict[str, str]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(env)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "shown"),
+    [
+        ("DATABASE_URL", "mysql://admin:Pw9xQ2vL7k@db.example/arm", "mysql://admin:***@db.example"),
+        ("DATABASE_URL", "admin:Pw9xQ2vL7k@db.example/arm", "admin:***@db.example/arm"),
+        ("DATABASE_URL", "host=db user=admin password=Pw9xQ2vL7k", "password=***"),
+        # libpq's parser quotes what it cannot read, here the password itself
+        ("DATABASE_URL", "postgresql://admin:Pw9x Q2vL7k@db/arm", 'spaces found in "***"'),
+        ("DATABASE_URL", "postgresql://admin:Pw9x%zzQ2vL7k@db/arm", "percent-encoded token"),
+        ("DATABASE_URL", "postgresql://admin:Pw9xQ2vL7k@[::1/arm", "admin:***@[::1/arm"),
+        ("NATS_URL", "http://arm:Pw9xQ2vL7k@nats:4222", "http://arm:***@nats:4222"),
+        ("NATS_URL", "nats://arm:Pw9xQ2vL7k@nats:99999", "nats://arm:***@nats:99999"),
+        ("NATS_URL", "nats://Pw9xQ2vL7k@nats:99999", "nats://***@nats:99999"),  # a token
+        ("API_TOKENS", "ivanova=Pw9xQ2vL7k", "entry 1 of 1: the token is shorter"),
+        (
+            "API_TOKENS",
+            "ops=abcdefghijklmnop0,Pw9xQ2vL7kZZZZZZZZ",
+            "entry 2 of 2: expected actor=token",
+        ),
+        ("API_TOKENS", "=Pw9xQ2vL7kZZZZZZZZ", "the actor is empty"),
+    ],
+)
+def test_a_secret_in_a_bad_value_is_never_shown(name: str, value: str, shown: str) -> None:
+    message = error_of({name: value})
+    assert message.startswith(f"{name}: ") and shown in message, message
+    assert no_part_of("Pw9xQ2vL7k", message), message
+
+
+def test_two_actors_with_one_token_are_refused_without_showing_it() -> None:
+    token = "Pw9xQ2vL7kZZZZZZZZ"
+    message = error_of({"API_TOKENS": f"a={token},b=0123456789abcdef,c={token}"})
+    assert message.startswith("API_TOKENS: entry 3 of 3: the same token as entry 1")
+    assert no_part_of(token, message)
+
+
+def test_url_masking_keeps_user_host_and_database() -> None:
+    assert (
+        mask_url("postgresql://admin:S3cretPW@db:5432/arm") == "postgresql://admin:***@db:5432/arm"
+    )
+    assert mask_url("postgresql://admin@db/arm") == "postgresql://admin@db/arm"
+    assert mask_url("postgresql://db/arm?user=a&password=S3cretPW") == (
+        "postgresql://db/arm?user=a&password=***"
+    )
+    assert mask_url("postgresql://admin:p@ss/w@rd@db/arm") == "postgresql://admin:***@db/arm"
+    assert mask_url("nats://tok3n@nats:4222", bare_user_is_secret=True) == "nats://***@nats:4222"
+    assert mask_url("nats://nats:4222", bare_user_is_secret=True) == "nats://nats:4222"
+    said = 'bad "postgresql://admin:S3cretPW@db/arm" and password=S3cretPW here'
+    assert mask_urls_in(said) == 'bad "postgresql://admin:***@db/arm" and password=*** here'
+
+
+def user_seed() -> str:
+    return nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
+
+
+def _flip(seed: str, at: int) -> str:
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+    other = alphabet[(alphabet.index(seed[at]) + 1) % 32]
+    return seed[:at] + other + seed[at + 1 :]
+
+
+GOOD_SEED = user_seed()
+
+
+@pytest.mark.parametrize(
+    ("seed", "why"),
+    [
+        ("SUAMXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX", "a user seed has 58 characters, this has 36"),
+        (GOOD_SEED[:-1], "58 characters, this has 57"),
+        (GOOD_SEED + "A", "58 characters, this has 59"),
+        (_flip(GOOD_SEED, 20), "checksum does not match"),
+        (GOOD_SEED[:30] + GOOD_SEED[31] + GOOD_SEED[30] + GOOD_SEED[32:], "checksum"),
+        (_flip(GOOD_SEED, 57), "checksum does not match"),  # only base32's unused bits
+        (GOOD_SEED[:10] + "1" + GOOD_SEED[11:], "not base32"),
+        (GOOD_SEED.lower(), "starts with S"),
+        (nkeys.from_seed(GOOD_SEED.encode()).public_key.decode() + "AA", "starts with S"),
+        (nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT).decode(), "an account seed"),
+        (nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_OPERATOR).decode(), "an operator"),
+        (operator_mode().user_jwt, "looks like a JWT"),
+    ],
+)
+def test_a_seed_that_cannot_work_fails_at_start_quoting_none_of_it(seed: str, why: str) -> None:
+    message = error_of({"OPENBAO__NATS__NATS_SEED": seed})
+    assert message.startswith("OPENBAO__NATS__NATS_SEED: not a valid nkey seed ("), message
+    assert why in message
+    assert no_part_of(seed, message), message
+
+
+def _b64(value: object) -> str:
+    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize(
+    ("jwt", "why"),
+    [
+        ("eyJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJzdWIiOiJVIn0", "three base64url parts"),
+        ("a.b.c.d", "three base64url parts"),
+        (f"{_b64({'alg': 'x'})}.{_b64({'sub': 'U'})}.", "three base64url parts"),
+        (f"{_b64({'alg': 'x'})}.{_b64({'sub': 'U'})}.si+g/", "three base64url parts"),
+        (f"{_b64(b'not json')}.{_b64({'sub': 'U'})}.c2ln", "its header is not"),
+        (f"{_b64({'alg': 'x'})}.{_b64(['a list'])}.c2ln", "its payload is not"),
+        (f"{_b64({'alg': 'x'})}.{_b64(b'{broken')}.c2ln", "its payload is not"),
+    ],
+)
+def test_a_malformed_jwt_fails_at_start_quoting_none_of_it(jwt: str, why: str) -> None:
+    message = error_of({"OPENBAO__NATS__NATS_SEED": GOOD_SEED, "OPENBAO__NATS__NATS_JWT": jwt})
+    assert message.startswith("OPENBAO__NATS__NATS_JWT: not a JWT ("), message
+    assert why in message
+    assert no_part_of(jwt, message, width=8) and no_part_of(GOOD_SEED, message)
+
+
+def test_nats_credentials_are_checked_together() -> None:
+    creds = operator_mode()
+    s = Settings.from_env(
+        {"OPENBAO__NATS__NATS_SEED": creds.user_seed, "OPENBAO__NATS__NATS_JWT": creds.user_jwt}
+    )
+    assert (s.nats_seed, s.nats_jwt) == (creds.user_seed, creds.user_jwt)
+    assert Settings.from_env({"OPENBAO__NATS__NATS_SEED": f"  {GOOD_SEED}\n"}).nats_seed == (
+        GOOD_SEED
+    )
+    message = error_of({"OPENBAO__NATS__NATS_JWT": creds.user_jwt})
+    assert message.startswith("OPENBAO__NATS__NATS_SEED: required when OPENBAO__NATS__NATS_JWT")
+    # a JWT issued to another user than the seed's key can never authenticate
+    message = error_of(
+        {"OPENBAO__NATS__NATS_SEED": GOOD_SEED, "OPENBAO__NATS__NATS_JWT": creds.user_jwt}
+    )
+    assert message.startswith("OPENBAO__NATS__NATS_JWT: issued to another user")
+    assert no_part_of(creds.user_jwt, message, 8) and no_part_of(GOOD_SEED, message)
+
+
+def test_mixing_websocket_and_nats_urls_fails_at_start() -> None:
+    assert error_of({"NATS_URL": "nats://a:4222,wss://b:443"}).startswith("NATS_URL: websocket")
+
+
+def test_repr_and_secrets_hide_and_list_every_secret() -> None:
+    creds = operator_mode()
+    s = Settings.from_env(
+        {
+            "DATABASE_URL": "postgresql://admin:Db%2Fpw9xQ2@db/arm?sslpassword=SslPw9xQ2",
+            "NATS_URL": "nats://arm:NatsPw9xQ2@a:4222,nats://NatsTok9xQ2@b:4222",
+            "OPENBAO__NATS__NATS_SEED": creds.user_seed,
+            "OPENBAO__NATS__NATS_JWT": creds.user_jwt,
+            "API_TOKENS": "ivanova=Tok9xQ2Zr8mW4pK0",
+        }
+    )
+    secrets = ["Db%2Fpw9xQ2", "Db/pw9xQ2", "SslPw9xQ2", "NatsPw9xQ2", "NatsTok9xQ2"]
+    secrets += [creds.user_seed, creds.user_jwt, "Tok9xQ2Zr8mW4pK0"]
+    assert set(secrets) <= set(s.secrets())
+    shown = repr(s)
+    assert all(no_part_of(secret, shown, 6) for secret in secrets), shown
+    assert "postgresql://admin:***@db/arm?sslpassword=***" in shown
+    assert "nats://arm:***@a:4222" in shown and "nats://***@b:4222" in shown
+    assert "api_tokens=(('ivanova', '***'),)" in shown and "nats_seed='***'" in shown
+    assert "auth_mode='none'" in shown  # the rest as a dataclass shows it
+    assert Settings().secrets() == ()
+
+
+# --- safe by default on the network (issue 10, part 3) ---------------------------------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "localhost", "::1", "[::1]"])
+def test_anonymous_access_on_loopback_needs_nothing(host: str) -> None:
+    Settings.from_env({"HTTP_HOST": host}).require_safe_exposure()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "", "::", "10.1.2.3", "api.internal"])
+def test_anonymous_access_from_the_network_must_be_asked_for(host: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"HTTP_HOST": host}).require_safe_exposure()
+    message = str(caught.value)
+    assert message.startswith("HTTP_HOST: ")
+    assert "AUTH_MODE=none" in message and "AUTH_ALLOW_ANONYMOUS=true" in message
+    Settings.from_env({"HTTP_HOST": host, "AUTH_ALLOW_ANONYMOUS": "true"}).require_safe_exposure()
+    Settings.from_env({"HTTP_HOST": host, "AUTH_MODE": "header"}).require_safe_exposure()
+    Settings.from_env(
+        {"HTTP_HOST": host, "AUTH_MODE": "token", "API_TOKENS": "ops=0123456789abcdef"}
+    ).require_safe_exposure()
