@@ -7,9 +7,9 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from arm_core.config import ConfigError, Settings
+from arm_core.config import ConfigError, Settings, is_loopback
 from arm_core.db import DatabaseError
-from arm_core.logs import setup_logging
+from arm_core.logs import Redactor, escape, setup_logging
 
 log = logging.getLogger("arm_core")
 
@@ -37,6 +37,15 @@ def cmd_serve(settings: Settings) -> int:
     from arm_core.http.app import create_app
 
     settings.require_database_url()
+    settings.require_safe_exposure()  # AUTH_MODE=none off loopback needs AUTH_ALLOW_ANONYMOUS
+    if settings.auth_mode == "none" and not is_loopback(settings.http_host):
+        log.warning(
+            "AUTH_ALLOW_ANONYMOUS=true: anyone who can reach %s:%d may retry files, "
+            'audited as "anonymous"',
+            settings.http_host,
+            settings.http_port,
+            extra={"action": "serve"},
+        )
     log.info(
         "serving on http://%s:%d (NATS %s)",
         settings.http_host,
@@ -86,6 +95,7 @@ def cmd_reference(settings: Settings) -> int:
 def cmd_dev(settings: Settings) -> int:
     from arm_core.devtools.stack import run
 
+    settings.require_safe_exposure()  # dev serves the API (retry included) as well
     return run(settings)
 
 
@@ -110,21 +120,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        settings = Settings.from_env()
+        settings = Settings.from_env()  # its messages quote no secret
     except ConfigError as exc:
-        print(f"arm-core: configuration error: {exc}", file=sys.stderr)
+        print(f"arm-core: configuration error: {escape(exc)}", file=sys.stderr)
         return 2
-    setup_logging(settings.debug)
+    # Every configured secret is kept out of every log line and message from here on,
+    # whatever a driver puts in its error.
+    redact = Redactor(settings.secrets())
+    setup_logging(settings.debug, redact)
     try:
         return COMMANDS[args.command][1](settings)
     except ConfigError as exc:
-        print(f"arm-core: configuration error: {exc}", file=sys.stderr)
+        print(f"arm-core: configuration error: {escape(redact(str(exc)))}", file=sys.stderr)
         return 2
     except DatabaseError as exc:
-        print(f"arm-core: {exc}", file=sys.stderr)
+        print(f"arm-core: {escape(redact(str(exc)))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception:
+        # A port in use, a bug: the traceback goes through the log, redacted.
+        log.critical("arm-core %s failed", args.command, exc_info=True)
+        return 1
 
 
 if __name__ == "__main__":
