@@ -1,17 +1,26 @@
 """The inbox over a real nats-server (SPEC §6, §7, §9): acks, results, duplicates, late
-answers, garbage of every kind, and a database outage while envelopes arrive."""
+answers, garbage of every kind, and a database outage while envelopes arrive.
+
+Each envelope goes through a real nats-server into the bridge's subscription callback
+(`Inbox.on_message`), and one inbox step (`Inbox.run_once`) applies what it buffered:
+the tests assert on each envelope's outcome and on the database, and wait for no poll.
+Only the outage runs the whole bridge, because its worker holding a batch while the
+callback keeps receiving is the point."""
 
 from __future__ import annotations
 
 import json
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from psycopg_pool import AsyncConnectionPool
 
 from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
+from arm_core.statuses import ApplyOutcome, JobStatus
 from tests.support.bridge import (
     TcpProxy,
     envelope,
@@ -32,8 +41,28 @@ from tests.support.sql import (
     stored_file,
     upload,
 )
+from tests.support.steps import inbox_feed, outcomes, step_pool
 
 pytestmark = pytest.mark.integration
+
+APPLIED, DUPLICATE, ALREADY_FINAL = (
+    ApplyOutcome.APPLIED,
+    ApplyOutcome.DUPLICATE,
+    ApplyOutcome.ALREADY_FINAL,
+)
+PROCESSING, DONE, ERROR, TIMEOUT = (
+    JobStatus.PROCESSING,
+    JobStatus.DONE,
+    JobStatus.ERROR,
+    JobStatus.TIMEOUT,
+)
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    async with step_pool(db_url) as pool:
+        yield pool
+
 
 TABLES = ("arm.s3_object", "arm.stored_file", "arm.recognition_job", "arm.retry_audit")
 
@@ -51,50 +80,49 @@ def published_job(db_url: str, file_type: str = "XLSX") -> Any:
 
 
 async def test_S_ACK_1_ack_over_nats(
-    db_url: str, nats_server: EmbeddedNats, client: Client
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any]
 ) -> None:
     """S-ACK-1: job processing, started_at, service_name tabular-parser, file PROCESSING."""
     up = published_job(db_url)
-    async with running_bridge(fast_settings(db_url, nats_server.url())):
-        await send(client, envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1")
-        with dict_conn(db_url) as conn:
-            await wait_for(lambda: job(conn, up.job_id)["status"] == "processing", 10)
-            row = job(conn, up.job_id)
-            assert row["started_at"] is not None
-            assert row["service_name"] == "tabular-parser"
-            assert stored_file(conn, up.file_id)["status"] == "PROCESSING"
+    feed = await inbox_feed(client, db_url, pool)
+    await feed.put(envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1")
+    step = await feed.step()
+
+    [applied] = step.results
+    assert (applied.outcome, applied.status, applied.attempt) == (APPLIED, PROCESSING, 1)
+    assert applied.envelope.job_id == up.job_id and step.deferred == step.dropped == ()
+    with dict_conn(db_url) as conn:
+        row = job(conn, up.job_id)
+        assert row["status"] == "processing"
+        assert row["started_at"] is not None
+        assert row["service_name"] == "tabular-parser"
+        assert stored_file(conn, up.file_id)["status"] == "PROCESSING"
 
 
 async def test_S_IN_1_to_3_results_over_nats(
-    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     """S-IN-1 (done registers the result object), S-IN-2 (the same message again changes
     nothing), S-IN-3 (error without result_s3 → job error, file ERROR)."""
     caplog.set_level(logging.INFO)
     done, failed = published_job(db_url), published_job(db_url)
-    async with running_bridge(fast_settings(db_url, nats_server.url())) as bridge:
-        await send(
-            client, envelope(done.job_id, done.file_id, "processing"), f"ack:{done.job_id}:1"
-        )
-        result = envelope(done.job_id, done.file_id, "done", metrics={"rows": 412})
-        await send(client, result, f"result:{done.job_id}:1")
-        with dict_conn(db_url) as conn:
-            await wait_for(lambda: job(conn, done.job_id)["status"] == "done", 10)
-        before = tables(db_url)
-        await send(client, result, f"result:{done.job_id}:1")  # S-IN-2: redelivery
-        await send(
-            client,
-            envelope(
-                failed.job_id,
-                failed.file_id,
-                "error",
-                error={"code": "UNSUPPORTED_FORMAT", "message": "XLSB 2.0 не поддержан"},
-            ),
-            f"result:{failed.job_id}:1",
-        )
-        with dict_conn(db_url) as conn:
-            await wait_for(lambda: job(conn, failed.job_id)["status"] == "error", 10)
-        await wait_for(lambda: bridge.inbox.stats.ignored == 1, 5, "duplicate handled")
+    feed = await inbox_feed(client, db_url, pool)
+    await feed.put(envelope(done.job_id, done.file_id, "processing"), f"ack:{done.job_id}:1")
+    result = envelope(done.job_id, done.file_id, "done", metrics={"rows": 412})
+    await feed.put(result, f"result:{done.job_id}:1")
+    first = await feed.step()
+    assert outcomes(first) == [(APPLIED, PROCESSING), (APPLIED, DONE)]
+
+    before = tables(db_url)
+    await feed.put(result, f"result:{done.job_id}:1")  # S-IN-2: redelivery
+    error = {"code": "UNSUPPORTED_FORMAT", "message": "XLSB 2.0 не поддержан"}
+    await feed.put(
+        envelope(failed.job_id, failed.file_id, "error", error=error), f"result:{failed.job_id}:1"
+    )
+    second = await feed.step()
+    assert outcomes(second) == [(DUPLICATE, DONE), (APPLIED, ERROR)]
+    assert feed.inbox.stats.ignored == 1 and feed.inbox.stats.applied == 3
+
     after = tables(db_url)
     assert after["arm.s3_object"] == before["arm.s3_object"]
     done_row = next(r for r in after["arm.recognition_job"] if r["id"] == done.job_id)
@@ -117,22 +145,26 @@ async def test_S_IN_1_to_3_results_over_nats(
 
 
 async def test_S_IN_4_done_after_timeout_is_logged_not_applied(
-    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     """S-IN-4: the job is already timeout when a done arrives: unchanged, logged."""
     with dict_conn(db_url) as conn:
         up = upload(conn)
         fail_by_timeout(conn, up)
     before = tables(db_url)
-    async with running_bridge(fast_settings(db_url, nats_server.url())) as bridge:
-        await send(client, envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
-        await wait_for(lambda: bridge.inbox.stats.ignored == 1, 10)
+    feed = await inbox_feed(client, db_url, pool)
+    await feed.put(envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+    step = await feed.step()
+
+    [ignored] = step.results
+    assert (ignored.outcome, ignored.status, ignored.attempt) == (ALREADY_FINAL, TIMEOUT, 1)
+    assert feed.inbox.stats.ignored == 1 and feed.inbox.stats.applied == 0
     assert tables(db_url) == before
     assert len(logged(caplog.records, reason="already_final", job_id=up.job_id, attempt=1)) == 1
 
 
 async def test_S_RT_2_late_answers_of_attempt_1_after_the_retry(
-    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     """S-RT-2: after attempt 2 exists, an ack and a done for attempt 1 (timeout) leave the
     current job and the file unchanged; both are logged and ignored."""
@@ -143,10 +175,14 @@ async def test_S_RT_2_late_answers_of_attempt_1_after_the_retry(
         publish(conn)
         ack(conn, new_id, up.file_id)
     before = tables(db_url)
-    async with running_bridge(fast_settings(db_url, nats_server.url())) as bridge:
-        await send(client, envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1")
-        await send(client, envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
-        await wait_for(lambda: bridge.inbox.stats.ignored == 2, 10)
+    feed = await inbox_feed(client, db_url, pool)
+    await feed.put(envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1")
+    await feed.put(envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+    step = await feed.step()
+
+    assert outcomes(step) == [(ALREADY_FINAL, TIMEOUT)] * 2
+    assert [r.attempt for r in step.results] == [1, 1]
+    assert feed.inbox.stats.ignored == 2 and feed.inbox.stats.applied == 0
     assert tables(db_url) == before
     ignored = logged(caplog.records, reason="already_final", job_id=up.job_id)
     assert sorted(r.action for r in ignored) == ["ack", "result"]
@@ -181,29 +217,40 @@ def garbage_for(up: Any) -> list[tuple[str, bytes | dict[str, Any], str | None]]
 
 
 async def test_garbage_is_logged_and_dropped_and_the_next_good_message_applies(
-    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Bad input never crashes the bridge: each kind is logged with its reason and
-    dropped, nothing in the database changes, and a good message afterwards applies."""
+    """Bad input never crashes the bridge: the subscription callback takes each kind
+    without raising, logs it with its reason and drops it before the buffer, so the
+    inbox step after the flood has nothing to apply and nothing in the database changes;
+    a good message afterwards applies."""
     caplog.set_level(logging.WARNING)
     up = published_job(db_url)
     before = tables(db_url)
-    settings = fast_settings(db_url, nats_server.url(), inbox_max_payload_bytes=512 * 1024)
+    feed = await inbox_feed(client, db_url, pool, inbox_max_payload_bytes=512 * 1024)
     cases = garbage_for(up)
-    async with running_bridge(settings) as bridge:
-        for _ in range(20):  # a flood, not a trickle
-            for _, body, msg_id in cases:
-                await send(client, body, msg_id)
-        await wait_for(lambda: bridge.inbox.stats.rejected == 20 * len(cases), 20)
-        assert tables(db_url) == before
-        await send(client, envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
-        with dict_conn(db_url) as conn:
-            await wait_for(lambda: job(conn, up.job_id)["status"] == "done", 10)
-        assert bridge.nats_state() == "ok"
+    for _ in range(20):  # a flood, not a trickle
+        for _, body, msg_id in cases:
+            await feed.send(body, msg_id)
+    assert await feed.deliver() == 20 * len(cases)  # the callback raised on none of them
+    stats = feed.inbox.stats
+    assert (stats.received, stats.rejected) == (20 * len(cases), 20 * len(cases))
+    assert feed.inbox.buffered() == 0
+    flood = await feed.step()
+    assert flood.results == () and stats.batches == 0  # nothing reached the database
+    assert tables(db_url) == before
+
     drops = logged(caplog.records, action="inbox_drop")
-    assert {r.reason for r in drops} == {reason for reason, _, _ in cases}
+    assert len(drops) == 20 * len(cases)
+    for reason, _, msg_id in cases:  # each message is rejected for its own reason
+        assert [r.reason for r in drops if r.msg_id == msg_id] == [reason] * 20, msg_id
     [schema_drop, *_] = logged(drops, msg_id="g2")
     assert "job_id" in schema_drop.getMessage()
+
+    await feed.put(envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+    good = await feed.step()
+    assert outcomes(good) == [(APPLIED, DONE)]
+    with dict_conn(db_url) as conn:
+        assert job(conn, up.job_id)["status"] == "done"
 
 
 async def test_envelopes_are_held_while_the_database_is_unreachable(
