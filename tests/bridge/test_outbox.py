@@ -1,16 +1,25 @@
 """The outbox over a real nats-server (SPEC §5, §6): publish, NOTIFY wake-up, NATS
-outages, ack timeouts with republish and dead-lettering, a publish burst."""
+outages, ack timeouts with republish and dead-lettering, a publish burst.
+
+Most tests drive one publisher step (`Publisher.run_once`) and assert on the cycle it
+returned, on what a real subscriber received and on the database. Two run the whole
+bridge, because its loop is the point: NOTIFY waking the publisher, and a NATS outage
+noticed, logged and recovered from on its own."""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from psycopg_pool import AsyncConnectionPool
 
+from arm_core.bridge.publisher import Cycle
 from arm_core.devtools.embedded import EmbeddedNats
-from tests.support.bridge import collect, fast_settings, running_bridge, wait_for
+from tests.support.bridge import collect, fast_settings, nats_client, running_bridge, wait_for
 from tests.support.sql import (
     dict_conn,
     fail_by_no_ack,
@@ -22,28 +31,44 @@ from tests.support.sql import (
     upload,
     upload_many,
 )
+from tests.support.steps import publisher, receive, step_pool
 
 pytestmark = pytest.mark.integration
 
 
-async def test_S_OUT_1_queued_xlsx_job_is_published_within_10_s(
-    db_url: str, nats_server: EmbeddedNats, client: Client
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    async with step_pool(db_url) as pool:
+        yield pool
+
+
+async def test_S_OUT_1_a_publisher_step_publishes_a_queued_xlsx_job(
+    db_url: str, nats_server: EmbeddedNats, client: Client, pool: AsyncConnectionPool[Any]
 ) -> None:
     """S-OUT-1: a message on files.tabular_uploaded passes the request schema, carries
-    job_id, file_id, s3.key, reply_deadline, attempt 1; the row is published."""
-    requests = await collect(client, "files.tabular_uploaded")
-    async with running_bridge(fast_settings(db_url, nats_server.url())):
-        with dict_conn(db_url) as conn:
-            up = upload(conn, "XLSX")
-            await wait_for(lambda: len(requests.messages) == 1, 10, "request published")
-            await wait_for(lambda: job(conn, up.job_id)["status"] == "published", 5)
-            row = job(conn, up.job_id)
+    job_id, file_id, s3.key, reply_deadline, attempt 1; the row is published. One step
+    does it (the loop runs one at least every OUTBOX_POLL_SECONDS, and at once on NOTIFY:
+    test_notify_wakes_the_publisher_long_before_the_poll)."""
+    requests = await receive(client)
+    with dict_conn(db_url) as conn:
+        up = upload(conn, "XLSX")
+    async with publisher(db_url, nats_server.url(), pool) as pub:
+        cycle = await pub.run_once()
+    [sent] = cycle.published
+    assert (sent.job_id, sent.file_id, sent.attempt) == (up.job_id, up.file_id, 1)
+    assert (sent.msg_id, sent.subject) == (f"{up.job_id}:1", "files.tabular_uploaded")
+    assert cycle.failed_batches == 0 and cycle.unpublishable == ()
+
+    await requests.take()
     requests.assert_valid_requests()
     [body] = requests.bodies()
     assert body["job_id"] == str(up.job_id) and body["file_id"] == str(up.file_id)
     assert body["s3"]["key"] == up.key
     assert body["attempt"] == 1 and body["reply_deadline"]
     assert requests.msg_ids() == [f"{up.job_id}:1"]
+    with dict_conn(db_url) as conn:
+        row = job(conn, up.job_id)
+    assert row["status"] == "published"
     assert row["request_msg_id"] == f"{up.job_id}:1"
     assert row["request_subject"] == "files.tabular_uploaded"
 
@@ -84,8 +109,6 @@ async def test_S_OUT_2_nats_down_jobs_stay_queued_then_publish(
             assert job(conn, up.job_id)["status"] == "queued"
 
             nats_server.start()  # same port
-            from tests.support.bridge import nats_client
-
             listener = await nats_client(nats_server.url())
             try:
                 requests = await collect(listener, "files.tabular_uploaded")
@@ -98,91 +121,136 @@ async def test_S_OUT_2_nats_down_jobs_stay_queued_then_publish(
 
 
 async def test_S_ACK_2_republished_every_ack_timeout_then_dlq(
-    db_url: str, nats_server: EmbeddedNats, client: Client
+    db_url: str, nats_server: EmbeddedNats, client: Client, pool: AsyncConnectionPool[Any]
 ) -> None:
     """S-ACK-2: nobody acks → the request goes out again every ACK_TIMEOUT_SECONDS with
     the same Nats-Msg-Id and attempt, OUTBOX_MAX_REPUBLISH times; then dlq/NO_ACK,
-    request_msg_id unchanged, file ERROR."""
-    requests = await collect(client, "files.tabular_uploaded")
-    settings = fast_settings(
-        db_url,
-        nats_server.url(),
-        ack_timeout_seconds=0.4,
-        outbox_max_republish=3,
-        outbox_poll_seconds=0.1,
-    )
-    async with running_bridge(settings):
+    request_msg_id unchanged, file ERROR. A publisher with ACK_TIMEOUT_SECONDS=30 publishes
+    and, the job not yet overdue, republishes nothing; then one with
+    ACK_TIMEOUT_SECONDS=0 (the time has passed: every step checks, and the job is
+    overdue again after every republish) takes it from there."""
+    requests = await receive(client, "files.tabular_uploaded")
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+    msg_id = f"{up.job_id}:1"
+
+    def republish_count() -> int:
         with dict_conn(db_url) as conn:
-            up = upload(conn)
-            await wait_for(lambda: job(conn, up.job_id)["status"] == "dlq", 15, "dead-lettered")
-            row, f = job(conn, up.job_id), stored_file(conn, up.file_id)
-    assert requests.msg_ids() == [f"{up.job_id}:1"] * 4  # first publish + 3 republishes
+            count: int = job(conn, up.job_id)["republish_count"]
+        return count
+
+    async with publisher(
+        db_url, nats_server.url(), pool, ack_timeout_seconds=30, outbox_max_republish=3
+    ) as pub:
+        first = await pub.run_once()
+    [published] = first.published
+    assert published.msg_id == msg_id
+    assert first.ack_checked and first.republished == first.dead_lettered == ()
+    assert len(await requests.take()) == 1 and republish_count() == 0
+
+    async with publisher(
+        db_url, nats_server.url(), pool, ack_timeout_seconds=0, outbox_max_republish=3
+    ) as pub:
+        for n in (1, 2, 3):
+            cycle = await pub.run_once()
+            [again] = cycle.republished
+            assert (again.job_id, again.msg_id, again.attempt) == (up.job_id, msg_id, 1)
+            assert again.republish_count == n - 1  # before this republish
+            assert again.request == published.request  # byte for byte the same request
+            assert cycle.ack_checked and cycle.dead_lettered == () and cycle.published == ()
+            assert republish_count() == n
+            assert len(await requests.take()) == 1
+        last = await pub.run_once()
+        after = await pub.run_once()
+
+    [dead] = last.dead_lettered
+    assert (dead.job_id, dead.file_id, dead.attempt) == (up.job_id, up.file_id, 1)
+    assert dead.republish_count == 3
+    assert last.republished == () and last.published == ()
+    assert after.dead_lettered == after.republished == after.published == ()
+    assert await requests.take() == []  # nothing after the third republish
+    assert requests.msg_ids() == [msg_id] * 4  # first publish + 3 republishes
     assert len({m.data for m in requests.messages}) == 1  # the same request every time
     requests.assert_valid_requests()
-    assert row["error_code"] == "NO_ACK"
-    assert row["request_msg_id"] == f"{up.job_id}:1"
+    with dict_conn(db_url) as conn:
+        row, f = job(conn, up.job_id), stored_file(conn, up.file_id)
+    assert (row["status"], row["error_code"]) == ("dlq", "NO_ACK")
+    assert row["request_msg_id"] == msg_id
     assert row["republish_count"] == 3
     assert f["status"] == "ERROR"
 
 
 async def test_S_RT_3_retry_while_nats_is_down_publishes_after_it_returns(
-    db_url: str, nats_server: EmbeddedNats
+    db_url: str, nats_server: EmbeddedNats, pool: AsyncConnectionPool[Any]
 ) -> None:
-    """S-RT-3: a retry accepted while NATS is down stays queued; once NATS is back it is
-    published with a fresh deadline and a new Nats-Msg-Id."""
+    """S-RT-3: a retry accepted while NATS is down stays queued (a step without NATS
+    tries nothing); once NATS is back the next step publishes it with a fresh deadline
+    and a new Nats-Msg-Id."""
     with dict_conn(db_url) as conn:
         up = upload(conn)
         publish(conn)
         fail_by_no_ack(conn)
         old = job(conn, up.job_id)
-    settings = fast_settings(db_url, nats_server.url())
-    async with running_bridge(settings) as bridge:
+    async with publisher(db_url, nats_server.url(), pool) as pub:
         nats_server.stop()
-        await wait_for(lambda: not bridge.nats.is_connected, 10)
+        await wait_for(lambda: not pub.nats.is_connected, 10, "the publisher saw NATS go")
         with dict_conn(db_url) as conn:
             new_id = retry(conn, up.file_id)["job_id"]
-            cycles = bridge.publisher.stats.last_cycle_at
-            await wait_for(lambda: bridge.publisher.stats.last_cycle_at != cycles, 5)
+        down = await pub.run_once()
+        assert down == Cycle(nats_connected=False)
+        assert pub.stats.last_error == "NATS not connected"
+        with dict_conn(db_url) as conn:
             assert job(conn, new_id)["status"] == "queued"
 
-            nats_server.start()
-            await wait_for(lambda: job(conn, new_id)["status"] == "published", 15)
-            new = job(conn, new_id)
+        nats_server.start()  # same port
+        await wait_for(lambda: pub.nats.is_connected, 15, "the publisher reconnected")
+        listener = await nats_client(nats_server.url())
+        try:
+            requests = await receive(listener, "files.tabular_uploaded")
+            back = await pub.run_once()
+            await requests.take()
+        finally:
+            await listener.close()
+
+    [sent] = back.published
+    assert (sent.job_id, sent.attempt, sent.msg_id) == (new_id, 2, f"{new_id}:2")
+    assert requests.msg_ids() == [f"{new_id}:2"]
+    requests.assert_valid_requests()
+    with dict_conn(db_url) as conn:
+        new = job(conn, new_id)
+    assert new["status"] == "published"
     assert new["request_msg_id"] == f"{new_id}:2" != old["request_msg_id"]
     assert new["reply_deadline"] > old["reply_deadline"]
     assert new["published_at"] > old["finished_at"]
 
 
 async def test_publish_burst_arrives_exactly_once_in_few_transactions(
-    db_url: str, nats_server: EmbeddedNats, client: Client
+    db_url: str, nats_server: EmbeddedNats, client: Client, pool: AsyncConnectionPool[Any]
 ) -> None:
-    """3,000 queued jobs: every request arrives exactly once, in batches of
-    OUTBOX_BATCH_SIZE (one transaction each), not one transaction per job."""
-    tabular = await collect(client, "files.tabular_uploaded")
-    image = await collect(client, "files.img_uploaded")
+    """3,000 queued jobs: one publisher step publishes them all, every request arrives
+    exactly once, in batches of OUTBOX_BATCH_SIZE (one transaction each), not one
+    transaction per job."""
+    requests = await receive(client)
     n = 3000
     with dict_conn(db_url) as conn:
         upload_many(conn, n, mixed=True)
-    settings = fast_settings(db_url, nats_server.url(), outbox_batch_size=500)
-    async with running_bridge(settings) as bridge:
-        with dict_conn(db_url) as conn:
-            await wait_for(
-                lambda: (
-                    scalar(
-                        conn, "SELECT count(*) FROM arm.recognition_job WHERE status = 'published'"
-                    )
-                    == n
-                ),
-                60,
-                "all published",
-            )
-        await wait_for(lambda: len(tabular.messages) + len(image.messages) >= n, 10)
-        await client.flush()
-        batches = bridge.publisher.stats.batches
-    ids = Counter(tabular.msg_ids() + image.msg_ids())
-    assert len(ids) == n
+        queued = {r["id"] for r in conn.execute("SELECT id FROM arm.recognition_job")}
+    async with publisher(db_url, nats_server.url(), pool, outbox_batch_size=500) as pub:
+        cycle = await pub.run_once()
+        again = await pub.run_once()
+        batches, publishers = pub.stats.batches, pub.settings.outbox_publishers
+
+    assert cycle.failed_batches == 0 and cycle.unpublishable == ()
+    assert {p.job_id for p in cycle.published} == queued and len(cycle.published) == n
+    assert again.published == ()
+    await requests.take()
+    ids = Counter(requests.msg_ids())
+    assert ids.keys() == {p.msg_id for p in cycle.published}
     assert set(ids.values()) == {1}
     # Full batches, plus at most one partial batch per publisher in flight.
-    assert n // 500 <= batches <= n // 500 + settings.outbox_publishers
-    tabular.assert_valid_requests()
-    image.assert_valid_requests()
+    assert n // 500 <= batches <= n // 500 + publishers
+    requests.assert_valid_requests()
+    with dict_conn(db_url) as conn:
+        assert (
+            scalar(conn, "SELECT count(*) FROM arm.recognition_job WHERE status = 'published'") == n
+        )
