@@ -41,7 +41,8 @@ async def step_pool(
     db_url: str, pool_timeout: float = 5.0
 ) -> AsyncIterator[AsyncConnectionPool[Any]]:
     """A connection pool as the bridge opens one (autocommit; `pool_timeout` is how long a
-    step waits for a connection before the database counts as unreachable)."""
+    step waits for a connection before the database counts as unreachable), its first
+    connection made before the body runs."""
     async with AsyncConnectionPool(
         db_url,
         open=False,
@@ -50,6 +51,7 @@ async def step_pool(
         timeout=pool_timeout,
         kwargs={"autocommit": True},
     ) as pool:
+        await pool.wait()
         yield pool
 
 
