@@ -1,7 +1,12 @@
 """The data path under load and with bad input (issue 8): a burst through a real
 `arm-core bridge` loses nothing, the inbox waits instead of dropping while the database is
 up, a batch with bad envelopes still applies the good ones, results PostgreSQL cannot store
-as given are made storable, and one unpublishable request never holds back the rest."""
+as given are made storable, and one unpublishable request never holds back the rest.
+
+Most of these drive the bridge's steps (an inbox fed through its subscription callback,
+`Inbox.run_once`, `Publisher.run_once`) and assert on what each returned. Three run more:
+the 20,000-file burst a real `arm-core bridge` process, the health check the bridge's
+app, and the answer lost at shutdown a whole bridge that is stopped."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,29 +24,35 @@ from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.envelope import Envelope, parse_envelope
-from arm_core.bridge.inbox import Inbox
+from arm_core.bridge.inbox import InboxStep
 from arm_core.bridge.runner import Bridge
 from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from arm_core.runtime import bridge_app
-from arm_core.statuses import ApplyOutcome
+from arm_core.statuses import ApplyOutcome, JobStatus
 from tests.bridge.test_processes import bridge_env
 from tests.support.bridge import (
     TcpProxy,
-    collect,
     envelope,
     fast_settings,
     instant_service,
     logged,
     nats_client,
-    running_bridge,
     send,
     wait_for,
 )
 from tests.support.processes import ArmProcess, log_lines
 from tests.support.sql import dict_conn, job, publish, scalar, stored_file, upload, upload_many
+from tests.support.steps import inbox_feed, outcomes, publisher, receive, step_pool
 
 pytestmark = pytest.mark.integration
+
+APPLIED = ApplyOutcome.APPLIED
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    async with step_pool(db_url) as pool:
+        yield pool
 
 
 def counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
@@ -97,26 +109,40 @@ async def test_a_burst_of_20000_files_through_a_real_bridge_loses_nothing(
 
 
 async def test_the_inbox_waits_for_room_instead_of_dropping_while_the_database_is_up(
-    db_url: str, nats_server: EmbeddedNats, client: Client
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any]
 ) -> None:
     """A buffer of 5 and batches of 2 against 300 envelopes sent at once: the callback
-    waits for room (the database is reachable), so nothing is dropped and all apply."""
+    waits for room (the database is reachable), so nothing is dropped, and inbox steps
+    of at most 2 apply them all."""
     with dict_conn(db_url) as conn:
         ups = [upload(conn) for _ in range(150)]
         publish(conn)
-    settings = fast_settings(db_url, nats_server.url(), inbox_buffer_size=5, inbox_batch_size=2)
-    async with running_bridge(settings) as bridge:
-        for up in ups:
-            for status, kind in (("processing", "ack"), ("done", "result")):
-                await client.publish(
-                    "files.tabular_parsed",
-                    json.dumps(envelope(up.job_id, up.file_id, status)).encode(),
-                    headers={"Nats-Msg-Id": f"{kind}:{up.job_id}:1"},
-                )
-        await client.flush()
-        await wait_for(lambda: bridge.inbox.stats.applied == 300, 60, "all applied")
-        assert not bridge.inbox.stats.dropped
-        assert bridge.inbox.stats.batches < 300  # they were batched
+    feed = await inbox_feed(client, db_url, pool, inbox_buffer_size=5, inbox_batch_size=2)
+    inbox = feed.inbox
+    for up in ups:
+        for status, kind in (("processing", "ack"), ("done", "result")):
+            await feed.send(envelope(up.job_id, up.file_id, status), f"{kind}:{up.job_id}:1")
+    delivering = asyncio.create_task(feed.deliver())
+    try:
+        # The callback has filled the buffer and waits for room: it neither returned
+        # nor dropped the 6th envelope.
+        await wait_for(lambda: inbox.buffered() == 5, 10, "the buffer filled")
+        assert not delivering.done() and not inbox.stats.dropped
+        steps: list[InboxStep] = []
+        while not delivering.done() or inbox.buffered():
+            if not inbox.buffered():  # the callback is between two messages
+                await wait_for(lambda: inbox.buffered() > 0 or delivering.done(), 10, "more")
+                continue
+            steps.append(step := await inbox.run_once())
+            assert 1 <= len(step.results) <= 2
+        assert await delivering == 300
+    finally:
+        delivering.cancel()
+    results = [r for step in steps for r in step.results]
+    assert [r.outcome for r in results] == [APPLIED] * 300
+    assert len(steps) >= 150  # they were batched, two at most at a time
+    assert inbox.stats.applied == 300 and inbox.stats.batches == len(steps)
+    assert not inbox.stats.dropped
     with dict_conn(db_url) as conn:
         assert counts(conn) == {"done": 150}
 
@@ -124,14 +150,13 @@ async def test_the_inbox_waits_for_room_instead_of_dropping_while_the_database_i
 async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_outage(
     db_url: str,
     pg_server: EmbeddedPostgres,
-    nats_server: EmbeddedNats,
     client: Client,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """While the database is unreachable the inbox (one worker) holds a batch and a buffer
-    of 4; what
-    arrives beyond that is dropped, and each drop is counted and logged with its job id.
-    What was held is applied once the database is back."""
+    """While the database is unreachable an inbox step (one worker) holds its batch and
+    the buffer takes 4 more; what arrives beyond that is dropped at once (the callback
+    does not wait for a database that is gone), and each drop is counted and logged with
+    its job id. What was held is applied once the database is back, in order."""
     with dict_conn(db_url) as conn:
         ups = [upload(conn) for _ in range(10)]
         publish(conn)
@@ -140,18 +165,28 @@ async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_
     proxied = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
     caplog.set_level(logging.INFO, logger="arm_core")
     try:
-        settings = fast_settings(proxied, nats_server.url(), inbox_buffer_size=4, inbox_workers=1)
-        async with running_bridge(settings) as bridge:
+        async with step_pool(proxied, pool_timeout=1) as pool:
+            feed = await inbox_feed(client, proxied, pool, inbox_buffer_size=4)
+            inbox = feed.inbox
             proxy.block()
-            await send(client, envelope(ups[0].job_id, ups[0].file_id, "processing"), "ack:0")
-            await wait_for(lambda: bridge.inbox.db_unreachable, 20, "outage noticed")
+            await feed.put(envelope(ups[0].job_id, ups[0].file_id, "processing"), "ack:0")
+            holding = asyncio.create_task(inbox.run_once())
+            await wait_for(lambda: inbox.db_unreachable, 20, "outage noticed")
             for i, up in enumerate(ups[1:], 1):
-                await send(client, envelope(up.job_id, up.file_id, "processing"), f"ack:{i}")
-            await wait_for(lambda: bridge.inbox.stats.dropped["buffer_full"] == 5, 10)
+                await feed.send(envelope(up.job_id, up.file_id, "processing"), f"ack:{i}")
+            assert await feed.deliver() == 9  # none of them waited
+            assert inbox.stats.dropped == {"buffer_full": 5} and inbox.buffered() == 4
+            assert not holding.done() and inbox.stats.db_retries >= 1
             proxy.unblock()
-            await wait_for(lambda: bridge.inbox.stats.applied == 5, 30, "held ones applied")
+            held = await asyncio.wait_for(holding, 30)
+            rest = await inbox.run_once()
     finally:
         await proxy.close()
+    assert [(r.envelope.msg_id, r.outcome) for r in held.results] == [("ack:0", APPLIED)]
+    assert held.dropped == () and held.deferred == ()
+    assert [(r.envelope.msg_id, r.outcome) for r in rest.results] == [
+        (f"ack:{i}", APPLIED) for i in range(1, 5)
+    ]
     drops = logged(caplog.records, action="inbox_drop", reason="buffer_full")
     assert {str(r.job_id) for r in drops} == {str(up.job_id) for up in ups[5:]}
     with dict_conn(db_url) as conn:
@@ -160,20 +195,14 @@ async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_
         ] * 5
 
 
-def _parsed(body: dict[str, Any] | bytes, msg_id: str) -> Envelope:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    parsed = parse_envelope(data, {"Nats-Msg-Id": msg_id}, 1 << 20)
-    assert isinstance(parsed, Envelope), parsed
-    return parsed
-
-
 async def test_a_batch_applies_the_good_envelopes_and_gives_each_bad_one_its_outcome(
-    db_url: str, caplog: pytest.LogCaptureFixture
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """One batch: valid acks and results, an unknown job, a file mismatch, duplicates
-    inside the batch, and a result that fails inside the database. The database rejects
-    the batch as a whole; the inbox applies it again one by one: the valid ones are
-    applied, each other one gets its own outcome, the failing one `failed`."""
+    """One inbox step, one batch: valid acks and results, an unknown job, a file
+    mismatch, duplicates inside the batch, and a result that fails inside the database.
+    The database rejects the batch as a whole; the inbox applies it again one by one: the
+    valid ones are applied, each other one gets its own outcome, the failing one
+    `failed`, each in the batch's order."""
     with dict_conn(db_url) as conn:
         ok1, ok2, bad = upload(conn), upload(conn), upload(conn)
         publish(conn)
@@ -194,28 +223,36 @@ async def test_a_batch_applies_the_good_envelopes_and_gives_each_bad_one_its_out
     refused = envelope(
         bad.job_id, bad.file_id, "done", result_s3={"bucket": "arm-ka", "key": "x/refused.json"}
     )
+    error = {"code": "UNSUPPORTED_FORMAT", "message": "m"}
     batch = [
-        _parsed(envelope(ok1.job_id, ok1.file_id, "processing"), f"ack:{ok1.job_id}:1"),
-        _parsed(envelope(ok1.job_id, ok1.file_id, "processing"), f"ack:{ok1.job_id}:1"),
-        _parsed(envelope(ok1.job_id, ok1.file_id, "done"), f"result:{ok1.job_id}:1"),
-        _parsed(envelope(ok1.job_id, ok1.file_id, "done"), f"result:{ok1.job_id}:1"),
-        _parsed(envelope(uuid.uuid4(), ok2.file_id, "done"), "result:unknown"),
-        _parsed(envelope(ok2.job_id, uuid.uuid4(), "done"), "result:mismatch"),
-        _parsed(refused, f"result:{bad.job_id}:1"),
-        _parsed(
-            envelope(
-                ok2.job_id,
-                ok2.file_id,
-                "error",
-                error={"code": "UNSUPPORTED_FORMAT", "message": "m"},
-            ),
-            f"result:{ok2.job_id}:1",
-        ),
+        (envelope(ok1.job_id, ok1.file_id, "processing"), f"ack:{ok1.job_id}:1"),
+        (envelope(ok1.job_id, ok1.file_id, "processing"), f"ack:{ok1.job_id}:1"),
+        (envelope(ok1.job_id, ok1.file_id, "done"), f"result:{ok1.job_id}:1"),
+        (envelope(ok1.job_id, ok1.file_id, "done"), f"result:{ok1.job_id}:1"),
+        (envelope(uuid.uuid4(), ok2.file_id, "done"), "result:unknown"),
+        (envelope(ok2.job_id, uuid.uuid4(), "done"), "result:mismatch"),
+        (refused, f"result:{bad.job_id}:1"),
+        (envelope(ok2.job_id, ok2.file_id, "error", error=error), f"result:{ok2.job_id}:1"),
     ]
     caplog.set_level(logging.INFO, logger="arm_core")
-    async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, min_size=1) as pool:
-        inbox = Inbox(fast_settings(db_url, "nats://127.0.0.1:1"), pool)
-        await inbox._apply_until_done(batch, asyncio.Event())
+    feed = await inbox_feed(client, db_url, pool)
+    for body, msg_id in batch:
+        await feed.send(body, msg_id)
+    assert await feed.deliver() == len(batch)
+    step = await feed.step()
+    A = ApplyOutcome
+    assert [(r.envelope.msg_id, r.outcome) for r in step.results] == [
+        (f"ack:{ok1.job_id}:1", A.APPLIED),
+        (f"ack:{ok1.job_id}:1", A.DUPLICATE),
+        (f"result:{ok1.job_id}:1", A.APPLIED),
+        (f"result:{ok1.job_id}:1", A.DUPLICATE),
+        ("result:unknown", A.UNKNOWN_JOB),
+        ("result:mismatch", A.FILE_MISMATCH),
+        (f"result:{bad.job_id}:1", A.FAILED),
+        (f"result:{ok2.job_id}:1", A.APPLIED),
+    ]
+    assert step.deferred == step.dropped == ()
+    inbox = feed.inbox
     assert inbox.stats.outcomes == {
         "applied": 3,
         "duplicate": 2,
@@ -236,7 +273,7 @@ async def test_a_batch_applies_the_good_envelopes_and_gives_each_bad_one_its_out
 
 
 async def test_results_postgresql_cannot_store_as_given_are_made_storable(
-    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Schema-valid results with NUL in error.message, \\u0000 in metrics (key and value)
     and NaN/Infinity in metrics (Python's json.dumps writes them) are recorded, the
@@ -245,24 +282,25 @@ async def test_results_postgresql_cannot_store_as_given_are_made_storable(
         err, nan = upload(conn), upload(conn)
         publish(conn)
     caplog.set_level(logging.INFO, logger="arm_core")
-    async with running_bridge(fast_settings(db_url, nats_server.url())) as bridge:
-        with_nul = envelope(
-            err.job_id,
-            err.file_id,
-            "error",
-            error={"code": "UNSUPPORTED_FORMAT", "message": "broken\u0000 sheet"},
-            metrics={"note\u0000": "a\u0000b"},
-        )
-        await send(client, json.dumps(with_nul).encode(), f"result:{err.job_id}:1")
-        not_finite = envelope(
-            nan.job_id,
-            nan.file_id,
-            "done",
-            metrics={"rows": float("nan"), "ratio": float("inf"), "ok": 1.5, "l": [float("-inf")]},
-        )
-        await send(client, json.dumps(not_finite).encode(), f"result:{nan.job_id}:1")
-        await wait_for(lambda: bridge.inbox.stats.applied == 2, 10, "both applied")
-        assert bridge.inbox.stats.made_storable == 2
+    feed = await inbox_feed(client, db_url, pool)
+    with_nul = envelope(
+        err.job_id,
+        err.file_id,
+        "error",
+        error={"code": "UNSUPPORTED_FORMAT", "message": "broken\u0000 sheet"},
+        metrics={"note\u0000": "a\u0000b"},
+    )
+    await feed.put(json.dumps(with_nul).encode(), f"result:{err.job_id}:1")
+    not_finite = envelope(
+        nan.job_id,
+        nan.file_id,
+        "done",
+        metrics={"rows": float("nan"), "ratio": float("inf"), "ok": 1.5, "l": [float("-inf")]},
+    )
+    await feed.put(json.dumps(not_finite).encode(), f"result:{nan.job_id}:1")
+    assert feed.inbox.stats.made_storable == 2  # by the callback, before the buffer
+    step = await feed.step()
+    assert outcomes(step) == [(APPLIED, JobStatus.ERROR), (APPLIED, JobStatus.DONE)]
     with dict_conn(db_url) as conn:
         e = job(conn, err.job_id)
         assert (e["status"], e["error_code"], e["error_message"]) == (
@@ -291,11 +329,14 @@ def small_nats(tmp_path: Path) -> Any:
 
 
 async def test_an_unpublishable_request_dead_letters_alone_and_the_rest_go_out_at_once(
-    db_url: str, small_nats: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+    db_url: str,
+    small_nats: EmbeddedNats,
+    pool: AsyncConnectionPool[Any],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The oldest queued job's request exceeds the server's max_payload: it goes to dlq
     with REQUEST_TOO_LARGE and its file to ERROR, while the 300 uploaded with it are
-    published in the same cycle — no waiting for OUTBOX_POLL_SECONDS (here an hour)."""
+    published in the same publisher step — no waiting for the next one."""
     # Long, but within the upload bounds (1,024 characters of name and of key; the key
     # is "uploads/<uuid>/<name>"): about 4 KB of request in UTF-8.
     name = "Ж" * 965 + ".xlsx"
@@ -304,23 +345,29 @@ async def test_an_unpublishable_request_dead_letters_alone_and_the_rest_go_out_a
         upload_many(conn, 300)
     caplog.set_level(logging.INFO, logger="arm_core")
     listener = await nats_client(small_nats.url())
-    seen = await collect(listener, "files.tabular_uploaded")
-    settings = fast_settings(db_url, small_nats.url(), outbox_poll_seconds=3600)
     try:
-        async with running_bridge(settings) as bridge:
-            await wait_for(lambda: len(seen.messages) == 300, 20, "the others published")
-            with dict_conn(db_url) as conn:
-                assert counts(conn) == {"published": 300, "dlq": 1}
-                dead = job(conn, big.job_id)
-                assert dead["status"] == "dlq" and dead["error_code"] == "REQUEST_TOO_LARGE"
-                assert "max_payload" in dead["error_message"]
-                assert dead["published_at"] is None and dead["finished_at"] is not None
-                assert stored_file(conn, big.file_id)["status"] == "ERROR"
-            assert bridge.publisher.stats.unpublishable == 1
-            assert bridge.publisher.stats.failed_batches == 0
-            assert bridge.nats_state() == "ok"  # the server never saw the oversized message
+        seen = await receive(listener, "files.tabular_uploaded")
+        async with publisher(db_url, small_nats.url(), pool) as pub:
+            cycle = await pub.run_once()
+            # The server never saw the oversized message (it would have closed the
+            # connection: "maximum payload exceeded").
+            assert pub.nats.is_connected and pub.nats.stats["reconnects"] == 0
+            stats = pub.stats
+        await seen.take()
     finally:
         await listener.close()
+    [dead] = cycle.unpublishable
+    assert dead.job_id == big.job_id
+    assert len(cycle.published) == 300 and big.job_id not in {p.job_id for p in cycle.published}
+    assert sorted(seen.msg_ids()) == sorted(p.msg_id for p in cycle.published)
+    assert stats.unpublishable == 1 and stats.failed_batches == cycle.failed_batches == 0
+    with dict_conn(db_url) as conn:
+        assert counts(conn) == {"published": 300, "dlq": 1}
+        row = job(conn, big.job_id)
+        assert row["status"] == "dlq" and row["error_code"] == "REQUEST_TOO_LARGE"
+        assert "max_payload" in row["error_message"]
+        assert row["published_at"] is None and row["finished_at"] is not None
+        assert stored_file(conn, big.file_id)["status"] == "ERROR"
     [line] = logged(caplog.records, action="dlq", reason="REQUEST_TOO_LARGE")
     assert line.job_id == big.job_id
 
@@ -359,30 +406,42 @@ async def test_health_says_degraded_while_the_outbox_is_stuck_and_ok_after(
 
 
 async def test_an_early_answer_waits_as_busy_and_is_applied_after_the_commit(
-    db_url: str, nats_server: EmbeddedNats, client: Client
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any]
 ) -> None:
-    """The early-ack race under batching, through the bridge: while another transaction
-    holds the job (as a publisher does until its commit), the ack and the result that
-    answer it come back `busy` and wait, in order, while other envelopes are applied;
-    after the commit both are applied, the ack first."""
+    """The early-ack race under batching: while another transaction holds the job (as a
+    publisher does until its commit), the ack and the result that answer it come back
+    `busy` and wait, in order, while the other job's envelopes in the same step are
+    applied; the step after the commit applies both, the ack first."""
     with dict_conn(db_url) as conn:
         racing, other = upload(conn), upload(conn)
         publish(conn)
-    async with running_bridge(fast_settings(db_url, nats_server.url())) as bridge:
-        with psycopg.connect(db_url) as holder:
-            holder.execute(
-                "SELECT 1 FROM arm.recognition_job WHERE id = %s FOR UPDATE", (racing.job_id,)
-            )
-            for up in (racing, other):
-                await send(client, envelope(up.job_id, up.file_id, "processing"), f"a:{up.job_id}")
-                await send(client, envelope(up.job_id, up.file_id, "done"), f"r:{up.job_id}")
-            await wait_for(lambda: bridge.inbox.stats.applied == 2, 10, "the other job applied")
-            assert bridge.inbox.stats.outcomes[ApplyOutcome.BUSY] >= 2
-            with dict_conn(db_url) as conn:
-                assert job(conn, racing.job_id)["status"] == "published"
-                assert job(conn, other.job_id)["status"] == "done"
-        await wait_for(lambda: bridge.inbox.stats.applied == 4, 10, "applied after the commit")
-        assert bridge.inbox.stats.ignored == 0  # the ack was not overtaken by the result
+    feed = await inbox_feed(client, db_url, pool)
+    with psycopg.connect(db_url) as holder:
+        holder.execute(
+            "SELECT 1 FROM arm.recognition_job WHERE id = %s FOR UPDATE", (racing.job_id,)
+        )
+        for up in (racing, other):
+            await feed.put(envelope(up.job_id, up.file_id, "processing"), f"a:{up.job_id}")
+            await feed.put(envelope(up.job_id, up.file_id, "done"), f"r:{up.job_id}")
+        held = await feed.step()
+        assert [(r.envelope.job_id, r.outcome) for r in held.results] == [
+            (racing.job_id, ApplyOutcome.BUSY),
+            (racing.job_id, ApplyOutcome.BUSY),
+            (other.job_id, APPLIED),
+            (other.job_id, APPLIED),
+        ]
+        assert [e.msg_id for e in held.deferred] == [f"a:{racing.job_id}", f"r:{racing.job_id}"]
+        with dict_conn(db_url) as conn:
+            assert job(conn, racing.job_id)["status"] == "published"
+            assert job(conn, other.job_id)["status"] == "done"
+    after = await feed.step()  # the holder has committed
+    assert [(r.envelope.msg_id, r.outcome, r.status) for r in after.results] == [
+        (f"a:{racing.job_id}", APPLIED, JobStatus.PROCESSING),
+        (f"r:{racing.job_id}", APPLIED, JobStatus.DONE),
+    ]
+    assert after.deferred == ()
+    assert feed.inbox.stats.applied == 4
+    assert feed.inbox.stats.ignored == 0  # the ack was not overtaken by the result
     with dict_conn(db_url) as conn:
         assert job(conn, racing.job_id)["status"] == "done"
         assert job(conn, racing.job_id)["started_at"] is not None
