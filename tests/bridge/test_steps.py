@@ -1,7 +1,8 @@
 """The bridge's steps, driven one at a time (issue 9): Publisher.run_once,
 Inbox.run_once and Scheduler.run_once against a real PostgreSQL and a real nats-server,
 each asserted on what it returns and on what it left in the database. Nothing here runs
-the bridge's loops, so nothing waits for a poll or a tick."""
+the bridge's loops, so nothing waits for a poll or a tick; and nothing waits for a
+message either (tests/support/steps.py: a flush proves a subscription has it all)."""
 
 from __future__ import annotations
 
@@ -16,48 +17,33 @@ import pytest
 from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.inbox import Inbox
-from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.devtools.embedded import EmbeddedNats
 from arm_core.statuses import ApplyOutcome, JobStatus, PublishOutcome
 from arm_core.store import TaskRun
-from tests.support.bridge import collect, envelope, fast_settings, nats_client, send, wait_for
+from tests.support.bridge import envelope, fast_settings, nats_client
 from tests.support.sql import dict_conn, job, publish, stored_file, upload
+from tests.support.steps import NO_NATS, inbox_feed, publisher, receive, step_pool
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    async with AsyncConnectionPool(
-        db_url, open=False, min_size=1, max_size=3, kwargs={"autocommit": True}
-    ) as pool:
+    async with step_pool(db_url) as pool:
         yield pool
-
-
-async def _publisher(
-    db_url: str, server: EmbeddedNats, pool: AsyncConnectionPool[Any], **settings: Any
-) -> Publisher:
-    """A publisher on a NATS connection of its own (the caller closes publisher.nats)."""
-    return Publisher(
-        fast_settings(db_url, server.url(), **settings), pool, await nats_client(server.url())
-    )
 
 
 async def test_a_publisher_step_publishes_the_queued_jobs_and_they_arrive(
     db_url: str, nats_server: EmbeddedNats, client: Client, pool: AsyncConnectionPool[Any]
 ) -> None:
-    tabular = await collect(client, "files.tabular_uploaded")
-    image = await collect(client, "files.img_uploaded")
+    tabular = await receive(client, "files.tabular_uploaded")
+    image = await receive(client, "files.img_uploaded")
     with dict_conn(db_url) as conn:
         ups = [upload(conn, "XLSX"), upload(conn, "PDF"), upload(conn, "XLSB")]
-    publisher = await _publisher(db_url, nats_server, pool)
-    try:
-        cycle = await publisher.run_once()
-        again = await publisher.run_once()
-    finally:
-        await publisher.nats.close()
+    async with publisher(db_url, nats_server.url(), pool) as pub:
+        cycle = await pub.run_once()
+        again = await pub.run_once()
 
     assert cycle.nats_connected and cycle.failed_batches == 0
     assert [p.job_id for p in cycle.published] == [u.job_id for u in ups]  # oldest first
@@ -72,7 +58,7 @@ async def test_a_publisher_step_publishes_the_queued_jobs_and_they_arrive(
             row = job(conn, p.job_id)
             assert row["status"] == "published"
             assert (row["request_msg_id"], row["request_subject"]) == (p.msg_id, p.subject)
-    await wait_for(lambda: len(tabular.messages) + len(image.messages) == 3, 10, "3 requests")
+    assert (len(await tabular.take()), len(await image.take())) == (2, 1)
     tabular.assert_valid_requests()
     image.assert_valid_requests()
     sent = {p.msg_id: p for p in cycle.published}
@@ -99,16 +85,15 @@ async def test_a_publisher_step_dead_letters_a_request_too_large_for_the_server(
     db_url: str, small_nats: EmbeddedNats, pool: AsyncConnectionPool[Any]
 ) -> None:
     listener = await nats_client(small_nats.url())
-    seen = await collect(listener, "files.tabular_uploaded")
-    with dict_conn(db_url) as conn:
-        big = upload(conn, name="Ж" * 965 + ".xlsx")  # about 4 KB of request
-        small = [upload(conn), upload(conn)]
-    publisher = await _publisher(db_url, small_nats, pool)
     try:
-        cycle = await publisher.run_once()
-        await wait_for(lambda: len(seen.messages) == 2, 10, "the two that fit")
+        seen = await receive(listener, "files.tabular_uploaded")
+        with dict_conn(db_url) as conn:
+            big = upload(conn, name="Ж" * 965 + ".xlsx")  # about 4 KB of request
+            small = [upload(conn), upload(conn)]
+        async with publisher(db_url, small_nats.url(), pool) as pub:
+            cycle = await pub.run_once()
+        assert len(await seen.take()) == 2  # the two that fit
     finally:
-        await publisher.nats.close()
         await listener.close()
 
     [dead] = cycle.unpublishable
@@ -116,7 +101,7 @@ async def test_a_publisher_step_dead_letters_a_request_too_large_for_the_server(
     assert dead.error_message is not None and "max_payload" in dead.error_message
     assert [p.job_id for p in cycle.published] == [u.job_id for u in small]
     assert cycle.failed_batches == 0
-    assert publisher.stats.unpublishable == 1
+    assert pub.stats.unpublishable == 1
     assert sorted(seen.msg_ids()) == sorted(p.msg_id for p in cycle.published)
     with dict_conn(db_url) as conn:
         row = job(conn, big.job_id)
@@ -130,17 +115,14 @@ async def test_publisher_steps_republish_an_unacked_job_then_dead_letter_it(
 ) -> None:
     """ACK_TIMEOUT_SECONDS=0: every cycle runs the ack-timeout steps and every published
     job is overdue at once; OUTBOX_MAX_REPUBLISH=1."""
-    requests = await collect(client, "files.tabular_uploaded")
+    requests = await receive(client, "files.tabular_uploaded")
     with dict_conn(db_url) as conn:
         up = upload(conn)
-    publisher = await _publisher(
-        db_url, nats_server, pool, ack_timeout_seconds=0, outbox_max_republish=1
-    )
-    try:
-        first = await publisher.run_once()
-        second = await publisher.run_once()
-    finally:
-        await publisher.nats.close()
+    async with publisher(
+        db_url, nats_server.url(), pool, ack_timeout_seconds=0, outbox_max_republish=1
+    ) as pub:
+        first = await pub.run_once()
+        second = await pub.run_once()
 
     [published] = first.published
     [republished] = first.republished
@@ -157,18 +139,8 @@ async def test_publisher_steps_republish_an_unacked_job_then_dead_letter_it(
         row = job(conn, up.job_id)
         assert (row["status"], row["error_code"], row["republish_count"]) == ("dlq", "NO_ACK", 1)
         assert stored_file(conn, up.file_id)["status"] == "ERROR"
-    await wait_for(lambda: len(requests.messages) == 2, 10, "the publish and the republish")
-    assert requests.msg_ids() == [f"{up.job_id}:1"] * 2
-
-
-async def _buffering_inbox(db_url: str, pool: AsyncConnectionPool[Any], client: Client) -> Inbox:
-    """An inbox of one worker subscribed to the result subject, its loop not running:
-    what arrives stays in its buffer until a step takes it."""
-    inbox = Inbox(fast_settings(db_url, "nats://127.0.0.1:1", inbox_workers=1), pool)
-    await client.subscribe("files.tabular_parsed", cb=inbox.on_message)
-    await client.flush()
-    await client.flush()
-    return inbox
+    await requests.take()
+    assert requests.msg_ids() == [f"{up.job_id}:1"] * 2  # the publish and the republish
 
 
 async def test_an_inbox_step_applies_a_batch_of_acks_and_results(
@@ -178,25 +150,22 @@ async def test_an_inbox_step_applies_a_batch_of_acks_and_results(
         done, failed = upload(conn), upload(conn)
         publish(conn)
         queued = upload(conn)
-    inbox = await _buffering_inbox(db_url, pool, client)
-    sender = await nats_client(nats_server.url())
+    feed = await inbox_feed(client, db_url, pool)
+    inbox = feed.inbox
     error = {"code": "UNSUPPORTED_FORMAT", "message": "not a balance sheet"}
-    try:
-        for body, msg_id in [
-            (envelope(done.job_id, done.file_id, "processing"), f"ack:{done.job_id}:1"),
-            (envelope(done.job_id, done.file_id, "done"), f"result:{done.job_id}:1"),
-            (envelope(done.job_id, done.file_id, "done"), f"result:{done.job_id}:1"),
-            (envelope(failed.job_id, failed.file_id, "processing"), f"ack:{failed.job_id}:1"),
-            (envelope(failed.job_id, failed.file_id, "error", error=error), "result:f:1"),
-            (envelope(uuid.uuid4(), done.file_id, "done"), "result:nobody:1"),
-            (envelope(queued.job_id, queued.file_id, "processing"), f"ack:{queued.job_id}:1"),
-        ]:
-            await send(sender, body, msg_id)
-        await wait_for(lambda: inbox.buffered() == 7, 10, "7 envelopes buffered")
-        step = await inbox.run_once()
-        empty = await inbox.run_once()
-    finally:
-        await sender.close()
+    for body, msg_id in [
+        (envelope(done.job_id, done.file_id, "processing"), f"ack:{done.job_id}:1"),
+        (envelope(done.job_id, done.file_id, "done"), f"result:{done.job_id}:1"),
+        (envelope(done.job_id, done.file_id, "done"), f"result:{done.job_id}:1"),
+        (envelope(failed.job_id, failed.file_id, "processing"), f"ack:{failed.job_id}:1"),
+        (envelope(failed.job_id, failed.file_id, "error", error=error), "result:f:1"),
+        (envelope(uuid.uuid4(), done.file_id, "done"), "result:nobody:1"),
+        (envelope(queued.job_id, queued.file_id, "processing"), f"ack:{queued.job_id}:1"),
+    ]:
+        await feed.send(body, msg_id)
+    assert await feed.deliver() == 7 and inbox.buffered() == 7
+    step = await inbox.run_once()
+    empty = await inbox.run_once()
 
     A = ApplyOutcome
     assert [(r.outcome, r.status) for r in step.results] == [
@@ -236,19 +205,17 @@ async def test_an_inbox_step_keeps_busy_envelopes_to_lead_the_next_one(
     with dict_conn(db_url) as conn:
         held, free = upload(conn), upload(conn)
         publish(conn)
-    inbox = await _buffering_inbox(db_url, pool, client)
-    ack_held = envelope(held.job_id, held.file_id, "processing")
-    await send(client, ack_held, f"ack:{held.job_id}:1")
-    await send(client, envelope(free.job_id, free.file_id, "processing"), f"ack:{free.job_id}:1")
-    await wait_for(lambda: inbox.buffered() == 2, 10, "2 envelopes buffered")
+    feed = await inbox_feed(client, db_url, pool)
+    inbox = feed.inbox
+    await feed.put(envelope(held.job_id, held.file_id, "processing"), f"ack:{held.job_id}:1")
+    await feed.put(envelope(free.job_id, free.file_id, "processing"), f"ack:{free.job_id}:1")
     with dict_conn(db_url) as locker, locker.transaction():
         locker.execute("SELECT 1 FROM arm.recognition_job WHERE id = %s FOR UPDATE", (held.job_id,))
         step = await inbox.run_once()
     assert [r.outcome for r in step.results] == [ApplyOutcome.BUSY, ApplyOutcome.APPLIED]
     assert [e.job_id for e in step.deferred] == [held.job_id]
 
-    await send(client, envelope(held.job_id, held.file_id, "done"), f"result:{held.job_id}:1")
-    await wait_for(lambda: inbox.buffered() == 1, 10, "the result buffered")
+    await feed.put(envelope(held.job_id, held.file_id, "done"), f"result:{held.job_id}:1")
     after = await inbox.run_once()
     assert [(r.envelope.status, r.outcome) for r in after.results] == [
         (JobStatus.PROCESSING, ApplyOutcome.APPLIED),  # the held ack first
@@ -261,6 +228,40 @@ async def test_an_inbox_step_keeps_busy_envelopes_to_lead_the_next_one(
         assert job(conn, free.job_id)["status"] == "processing"
 
 
+async def test_one_inbox_step_takes_every_worker_and_keeps_each_jobs_order(
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any]
+) -> None:
+    """INBOX_WORKERS=3: a job's envelopes share one worker's buffer (chosen by job id), so
+    a step over every worker (run_once without a worker) applies them all, one batch per
+    worker that had any, and each job's ack before its result although all the acks
+    arrived before all the results."""
+    with dict_conn(db_url) as conn:
+        ups = [upload(conn) for _ in range(12)]
+        publish(conn)
+    feed = await inbox_feed(client, db_url, pool, inbox_workers=3)
+    for status, kind in (("processing", "ack"), ("done", "result")):
+        for up in ups:
+            await feed.send(envelope(up.job_id, up.file_id, status), f"{kind}:{up.job_id}:1")
+    assert await feed.deliver() == 24
+    for n, queue in enumerate(feed.inbox.queues):
+        mine = [up for up in ups if up.job_id.int % 3 == n]
+        assert queue.qsize() == 2 * len(mine)
+    busy_workers = sum(not q.empty() for q in feed.inbox.queues)
+
+    step = await feed.step()
+    assert step.outcomes() == Counter({ApplyOutcome.APPLIED: 24})
+    assert feed.inbox.stats.batches == busy_workers and feed.inbox.buffered() == 0
+    order = [(r.envelope.job_id, r.status) for r in step.results]
+    for up in ups:
+        assert order.index((up.job_id, JobStatus.PROCESSING)) < order.index(
+            (up.job_id, JobStatus.DONE)
+        )
+    with dict_conn(db_url) as conn:
+        for up in ups:
+            row = job(conn, up.job_id)
+            assert row["status"] == "done" and row["started_at"] is not None
+
+
 async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
     db_url: str, pool: AsyncConnectionPool[Any]
 ) -> None:
@@ -270,7 +271,7 @@ async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
         conn.execute(
             "UPDATE arm.periodic_task SET next_run_at = clock_timestamp() + interval '1 hour'"
         )
-    scheduler = Scheduler(fast_settings(db_url, "nats://127.0.0.1:1"), pool)
+    scheduler = Scheduler(fast_settings(db_url, NO_NATS), pool)
 
     assert await scheduler.run_once() == []  # nothing due
     with dict_conn(db_url) as conn:
