@@ -101,8 +101,11 @@ async def healthcheck(request: web.Request) -> web.Response:
 
 
 def bridge_app(settings: Settings) -> web.Application:
-    """`arm-core bridge`: the bridge alone, with its own small health endpoint."""
-    app = web.Application()
+    """`arm-core bridge`: the bridge alone, with its own small health endpoint (its
+    errors JSON like the API's, served by arm_core.http.server like the API)."""
+    from arm_core.http.errors import error_middleware
+
+    app = web.Application(middlewares=[error_middleware])
     app[SETTINGS] = settings
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
     app.router.add_get("/healthcheck", healthcheck)

@@ -29,5 +29,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/api/v1/openapi.json", handlers.openapi)
     app.router.add_post("/api/v1/files/retry", handlers.retry_files)
     app.router.add_post("/api/v1/files/{file_id}/retry", handlers.retry_file)
-    app.router.add_get("/api/v1/files/{file_id}", handlers.get_file)
+    # "retry" is the batch route's, not a file id: GET /api/v1/files/retry is then a 405
+    # with Allow: POST (and OPTIONS does not advertise GET) instead of a 400 on the id.
+    app.router.add_get(r"/api/v1/files/{file_id:(?!retry$)[^{}/]+}", handlers.get_file)
     return app

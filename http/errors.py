@@ -2,7 +2,9 @@
 
 The middleware turns aiohttp's own HTTP errors (unknown route, method not allowed, body
 too large) and the project's database errors into that shape; an unexpected exception
-becomes a 500 with a logged traceback, never an HTML page.
+becomes a 500 with a logged traceback, never an HTML page. What aiohttp answers before
+any middleware runs (an unparsable request, a slow client) is answered in the same shape
+by arm_core.http.server.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ _HTTP_CODES = {
     401: "UNAUTHORIZED",
     404: "NOT_FOUND",
     405: "METHOD_NOT_ALLOWED",
+    408: "REQUEST_TIMEOUT",
     413: "PAYLOAD_TOO_LARGE",
+    414: "URI_TOO_LONG",
     415: "UNSUPPORTED_MEDIA_TYPE",
+    431: "HEADER_TOO_LARGE",
 }
 
 
@@ -36,6 +41,19 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.details = status, code, message, details
+
+
+class RequestTimeout(ApiError):
+    """The request's body did not arrive within HTTP_BODY_TIMEOUT_SECONDS: the server
+    (arm_core.http.server) sets it on the body, so a handler reading it gets this; the
+    answer is a 408 and the connection is closed (what is left of the body never comes)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            408,
+            "REQUEST_TIMEOUT",
+            f"the request body did not arrive within HTTP_BODY_TIMEOUT_SECONDS={seconds:g}",
+        )
 
 
 def error_response(
@@ -56,7 +74,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.code, exc.message, exc.details)
+        response = error_response(exc.status, exc.code, exc.message, exc.details)
+        if isinstance(exc, RequestTimeout):
+            response.force_close()
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

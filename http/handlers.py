@@ -155,5 +155,7 @@ async def _json_body(request: web.Request, required: bool) -> Any:
         return NO_BODY
     try:
         return json.loads(raw)
+    except RecursionError:  # e.g. 100,000 nested [ — the decoder recurses once a level
+        raise ApiError(400, "INVALID_JSON", "the body is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, "INVALID_JSON", f"the body is not valid JSON: {exc}"[:300]) from None

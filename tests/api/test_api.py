@@ -253,7 +253,9 @@ async def test_unknown_routes_and_methods_answer_json(http: TestClient) -> None:
     err = await http.delete(f"/api/v1/files/{uuid.uuid4()}")
     await error_of(err, 405, "METHOD_NOT_ALLOWED")
     assert "GET" in err.headers["Allow"]
-    await error_of(await http.get("/api/v1/files/retry"), 400, "INVALID_FILE_ID")
+    batch = await http.get("/api/v1/files/retry")  # the batch route, not a file id
+    await error_of(batch, 405, "METHOD_NOT_ALLOWED")
+    assert batch.headers["Allow"] == "POST"
     await error_of(
         await http.post(
             f"/api/v1/files/{uuid.uuid4()}/retry",
