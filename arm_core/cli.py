@@ -26,10 +26,13 @@ def cmd_migrate(settings: Settings) -> int:
 def _run(app: object, host: str, port: int) -> int:
     from aiohttp import web
 
+    from arm_core.http.server import run
+
     assert isinstance(app, web.Application)
-    # run_app handles SIGINT and SIGTERM: cleanup contexts stop the bridge (the batch in
-    # flight commits or rolls back) and close the pool.
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    # run handles SIGINT and SIGTERM: cleanup contexts stop the bridge (the batch in
+    # flight commits or rolls back) and close the pool. Its server answers unparsable
+    # requests in JSON and cuts off slow clients (HTTP_*_TIMEOUT_SECONDS).
+    run(app, host, port)
     return 0
 
 
