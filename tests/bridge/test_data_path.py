@@ -164,6 +164,7 @@ async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_
     proxy = await TcpProxy(pg_server.port).start()
     proxied = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
     caplog.set_level(logging.INFO, logger="arm_core")
+    holding: asyncio.Task[InboxStep] | None = None
     try:
         async with step_pool(proxied, pool_timeout=1) as pool:
             feed = await inbox_feed(client, proxied, pool, inbox_buffer_size=4)
@@ -174,13 +175,16 @@ async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_
             await wait_for(lambda: inbox.db_unreachable, 20, "outage noticed")
             for i, up in enumerate(ups[1:], 1):
                 await feed.send(envelope(up.job_id, up.file_id, "processing"), f"ack:{i}")
-            assert await feed.deliver() == 9  # none of them waited
+            # None of them waits for room (a deadline, not a timing: it would wait forever).
+            assert await asyncio.wait_for(feed.deliver(), 10) == 9
             assert inbox.stats.dropped == {"buffer_full": 5} and inbox.buffered() == 4
             assert not holding.done() and inbox.stats.db_retries >= 1
             proxy.unblock()
             held = await asyncio.wait_for(holding, 30)
             rest = await inbox.run_once()
     finally:
+        if holding is not None:
+            holding.cancel()  # a no-op unless the test failed while it held
         await proxy.close()
     assert [(r.envelope.msg_id, r.outcome) for r in held.results] == [("ack:0", APPLIED)]
     assert held.dropped == () and held.deferred == ()
