@@ -20,7 +20,7 @@ from arm_core.bridge.listener import listen_for_queued_jobs
 from arm_core.bridge.nats_client import confirm, connect
 from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.scheduler import Scheduler
-from arm_core.config import Settings
+from arm_core.config import Settings, mask_url
 from arm_core.db import DatabaseError
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ class Bridge:
             return
         log.info(
             "connected to NATS %s, subscribed to %s in queue group %s",
-            self.nats.connected_url.netloc if self.nats.connected_url else "?",
+            # user:password@host:port as nats-py has it: the password (or token) masked
+            mask_url(self.nats.connected_url.netloc) if self.nats.connected_url else "?",
             s.result_subject,
             s.nats_queue_group,
             extra={"action": "nats_connected"},
