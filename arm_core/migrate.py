@@ -1,8 +1,19 @@
-"""`arm-core migrate`: numbered migrations (yoyo), then the current functions.
+"""`arm-core migrate`: the roles, numbered migrations (yoyo), then the current functions
+and who may call them.
 
-Tables, types and indexes change only through db/migrations; the functions and
-triggers in db/functions are applied after them on every run (CREATE OR REPLACE), so
-running migrate twice changes nothing. Concurrent runs queue on an advisory lock.
+1. The group roles of db/roles.sql (cluster-wide) are created where missing, and the
+   migrating user is made a member of arm_owner. Where the migrating user may do neither
+   (no CREATEROLE), migrate changes nothing and stops with :class:`RolesMissing`, whose
+   message is the SQL a DBA runs once.
+2. Tables, types and indexes change only through db/migrations.
+3. The functions and triggers in db/functions are applied on every run (CREATE OR
+   REPLACE), then db/grants.sql gives everything in schema arm to arm_owner and grants
+   each role what it may do, all in one transaction: a function never shows its default
+   owner or PUBLIC's EXECUTE to anyone else.
+
+Running migrate twice changes nothing. Concurrent runs on one database queue on an
+advisory lock; runs on other databases of the cluster may create the roles at the same
+time (db/roles.sql tolerates that).
 """
 
 from __future__ import annotations
@@ -15,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from yoyo import get_backend, read_migrations
 
 from arm_core.config import Settings
-from arm_core.db import wrap_db_errors
+from arm_core.db import DatabaseError, wrap_db_errors
 from arm_core.store import SyncStore
 
 log = logging.getLogger(__name__)
@@ -35,6 +47,16 @@ class MigrateReport:
 
 # db/ of the checkout (arm_core/sql is a symlink to it) or of the installed package.
 SQL_DIR = Path(__file__).resolve().parent / "sql"
+
+# The group roles db/roles.sql creates (README "Database roles"), the owner first.
+OWNER_ROLE = "arm_owner"
+ROLES = (OWNER_ROLE, "arm_bridge", "arm_api", "arm_uploader", "arm_readonly")
+
+
+class RolesMissing(DatabaseError):
+    """The roles are missing, or the migrating user is not a member of arm_owner, and the
+    migrating user may not change that. Nothing was migrated; the message ends with the
+    SQL a DBA runs once (as a superuser or a role with CREATEROLE)."""
 
 
 def yoyo_url(database_url: str) -> str:
@@ -60,13 +82,88 @@ def function_files(root: Path) -> list[Path]:
     return sorted((root / "functions").glob("*.sql"))
 
 
+def _state(conn: psycopg.Connection) -> tuple[str, list[str], bool, bool]:
+    """The migrating user, the roles still missing, whether it may create roles, and
+    whether it has arm_owner's privileges."""
+    row = conn.execute(
+        """
+        SELECT current_user::text,
+               array(SELECT r FROM unnest(%(roles)s::text[]) WITH ORDINALITY AS u(r, n)
+                     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r)
+                     ORDER BY n),
+               (SELECT rolsuper OR rolcreaterole FROM pg_catalog.pg_roles
+                WHERE rolname = current_user),
+               CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %(owner)s)
+                    THEN pg_catalog.pg_has_role(current_user, %(owner)s, 'USAGE')
+                    ELSE false END
+        """,
+        {"roles": list(ROLES), "owner": OWNER_ROLE},
+    ).fetchone()
+    assert row is not None
+    user, missing, may_create, owner = row
+    return user, list(missing), bool(may_create), bool(owner)
+
+
+def dba_sql(conn: psycopg.Connection, user: str, missing: list[str]) -> str:
+    """What a DBA runs once for `user` to migrate: db/roles.sql when roles are missing,
+    and the membership in arm_owner."""
+    grant = sql.SQL("GRANT {} TO {};").format(sql.Identifier(OWNER_ROLE), sql.Identifier(user))
+    parts = [(SQL_DIR / "roles.sql").read_text(encoding="utf-8").strip()] if missing else []
+    return "\n\n".join([*parts, grant.as_string(conn)]) + "\n"
+
+
+def ensure_roles(conn: psycopg.Connection) -> list[str]:
+    """Creates the roles of db/roles.sql that are missing and makes the migrating user a
+    member of arm_owner (it owns what the migrations create, and alters it later).
+    Returns the roles it created. Raises :class:`RolesMissing` before the migrations,
+    naming what a DBA runs once, when the migrating user may not do that."""
+    user, missing, may_create, owner = _state(conn)
+    if missing and not may_create:
+        raise RolesMissing(
+            f"migrate: the roles {', '.join(missing)} do not exist, and the migrating user "
+            f'"{user}" may not create roles (it is neither a superuser nor has CREATEROLE). '
+            "Nothing was changed. A DBA runs this once for the cluster, as a superuser or a "
+            "role with CREATEROLE, then `arm-core migrate` runs again:\n\n"
+            + dba_sql(conn, user, missing)
+        )
+    if missing:
+        conn.execute((SQL_DIR / "roles.sql").read_text(encoding="utf-8"))
+        log.info("created roles %s", ", ".join(missing), extra={"action": "migrate"})
+        owner = _state(conn)[3]
+    if owner:
+        return missing
+    try:
+        conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(OWNER_ROLE)))
+    except psycopg.errors.UniqueViolation:
+        pass  # a migrate of another database made the same grant meanwhile
+    except psycopg.errors.InsufficientPrivilege:
+        raise RolesMissing(
+            f'migrate: the migrating user "{user}" is not a member of {OWNER_ROLE}, which '
+            "owns schema arm, and may not make itself one. No migration was applied. A DBA "
+            "runs this once, then `arm-core migrate` runs again:\n\n" + dba_sql(conn, user, [])
+        ) from None
+    if not _state(conn)[3]:
+        alter = sql.SQL("ALTER ROLE {} INHERIT;").format(sql.Identifier(user))
+        raise RolesMissing(
+            f'migrate: the migrating user "{user}" is a member of {OWNER_ROLE} but does not '
+            "inherit its privileges (NOINHERIT). No migration was applied. A DBA runs this "
+            "once, then `arm-core migrate` runs again:\n\n" + alter.as_string(conn) + "\n"
+        )
+    log.info("made %s a member of %s", user, OWNER_ROLE, extra={"action": "migrate"})
+    return missing
+
+
 def apply_functions(conn: psycopg.Connection, root: Path) -> list[str]:
-    """Applies every db/functions file, in name order, in one transaction."""
+    """Applies every db/functions file, in name order, then db/grants.sql (owners and
+    privileges), in one transaction, with search_path = pg_catalog, pg_temp: the
+    migrating user's own path cannot change what they mean. Needs db/roles.sql's roles."""
     names = []
     with conn.transaction():
+        conn.execute("SET LOCAL search_path = pg_catalog, pg_temp")
         for path in function_files(root):
             conn.execute(path.read_text(encoding="utf-8"))
             names.append(path.name)
+        conn.execute((root / "grants.sql").read_text(encoding="utf-8"))
     return names
 
 
@@ -86,6 +183,7 @@ def migrate(database_url: str, settings: Settings | None = None) -> MigrateRepor
     with wrap_db_errors("migrate"), psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
         try:
+            ensure_roles(conn)
             with _yoyo(database_url) as (backend, migrations):
                 pending = backend.to_apply(migrations)
                 backend.apply_migrations(pending)

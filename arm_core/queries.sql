@@ -60,8 +60,7 @@ FROM arm.apply_envelopes(%(envelopes)s::jsonb) ORDER BY ord;
 SELECT task, result, error FROM arm.run_due_tasks();
 
 -- name: set_sweep_interval
-SELECT arm.set_periodic_task('sweep_timeouts', 'arm.sweep_timeouts()',
-                             make_interval(secs => %(seconds)s));
+SELECT arm.set_sweep_interval(make_interval(secs => %(seconds)s));
 
 -- name: set_setting
 SELECT arm.set_setting(%(name)s, %(value)s);

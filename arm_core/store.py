@@ -435,7 +435,8 @@ class Store:
         return await self._pooled_rows("run_due_tasks", TaskRun)
 
     async def set_sweep_interval(self, seconds: float) -> None:
-        """Sets the period of the sweep_timeouts task."""
+        """Sets the period of the sweep_timeouts task (only that: whether it is enabled
+        stays as a DBA set it)."""
         await self._pooled_scalar("set_sweep_interval", {"seconds": seconds})
 
     async def set_setting(self, name: str, value: str) -> None:
@@ -475,7 +476,8 @@ class SyncStore:
         self.conn.execute(query(name), params)
 
     def set_sweep_interval(self, seconds: float) -> None:
-        """Sets the period of the sweep_timeouts task."""
+        """Sets the period of the sweep_timeouts task (only that: whether it is enabled
+        stays as a DBA set it)."""
         self._execute("set_sweep_interval", {"seconds": seconds})
 
     def set_setting(self, name: str, value: str) -> None:

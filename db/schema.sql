@@ -1,18 +1,20 @@
 -- db/schema.sql: schema arm as a fresh `arm-core migrate` leaves it (db/migrations,
--- then db/functions). Generated, do not edit: regenerate with
+-- then db/functions and db/grants.sql). Generated, do not edit: regenerate with
 --     python -m arm_core.devtools.schema_snapshot --write
 -- and review its diff with the change that caused it (db/README.md).
--- PostgreSQL 15, pg_dump 15 --schema-only --no-owner --no-privileges --schema=arm
+-- PostgreSQL 15, pg_dump 15 --schema-only --schema=arm
 
 --
--- Name: arm; Type: SCHEMA; Schema: -; Owner: -
+-- Name: arm; Type: SCHEMA; Schema: -; Owner: arm_owner
 --
 
 CREATE SCHEMA arm;
 
 
+ALTER SCHEMA arm OWNER TO arm_owner;
+
 --
--- Name: bucket_role; Type: TYPE; Schema: arm; Owner: -
+-- Name: bucket_role; Type: TYPE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TYPE arm.bucket_role AS ENUM (
@@ -22,8 +24,10 @@ CREATE TYPE arm.bucket_role AS ENUM (
 );
 
 
+ALTER TYPE arm.bucket_role OWNER TO arm_owner;
+
 --
--- Name: file_status; Type: TYPE; Schema: arm; Owner: -
+-- Name: file_status; Type: TYPE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TYPE arm.file_status AS ENUM (
@@ -33,8 +37,10 @@ CREATE TYPE arm.file_status AS ENUM (
 );
 
 
+ALTER TYPE arm.file_status OWNER TO arm_owner;
+
 --
--- Name: file_type; Type: TYPE; Schema: arm; Owner: -
+-- Name: file_type; Type: TYPE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TYPE arm.file_type AS ENUM (
@@ -47,8 +53,10 @@ CREATE TYPE arm.file_type AS ENUM (
 );
 
 
+ALTER TYPE arm.file_type OWNER TO arm_owner;
+
 --
--- Name: job_status; Type: TYPE; Schema: arm; Owner: -
+-- Name: job_status; Type: TYPE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TYPE arm.job_status AS ENUM (
@@ -63,8 +71,10 @@ CREATE TYPE arm.job_status AS ENUM (
 );
 
 
+ALTER TYPE arm.job_status OWNER TO arm_owner;
+
 --
--- Name: pipeline; Type: TYPE; Schema: arm; Owner: -
+-- Name: pipeline; Type: TYPE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TYPE arm.pipeline AS ENUM (
@@ -73,8 +83,11 @@ CREATE TYPE arm.pipeline AS ENUM (
 );
 
 
+ALTER TYPE arm.pipeline OWNER TO arm_owner;
+
+
 --
--- Name: recognition_job; Type: TABLE; Schema: arm; Owner: -
+-- Name: recognition_job; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TABLE arm.recognition_job (
@@ -120,8 +133,10 @@ CREATE TABLE arm.recognition_job (
 );
 
 
+ALTER TABLE arm.recognition_job OWNER TO arm_owner;
+
 --
--- Name: s3_object; Type: TABLE; Schema: arm; Owner: -
+-- Name: s3_object; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TABLE arm.s3_object (
@@ -136,8 +151,10 @@ CREATE TABLE arm.s3_object (
 );
 
 
+ALTER TABLE arm.s3_object OWNER TO arm_owner;
+
 --
--- Name: stored_file; Type: TABLE; Schema: arm; Owner: -
+-- Name: stored_file; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TABLE arm.stored_file (
@@ -155,8 +172,10 @@ CREATE TABLE arm.stored_file (
 WITH (fillfactor='70');
 
 
+ALTER TABLE arm.stored_file OWNER TO arm_owner;
+
 --
--- Name: _request_body(arm.recognition_job, arm.stored_file, arm.s3_object, timestamp with time zone); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: _request_body(arm.recognition_job, arm.stored_file, arm.s3_object, timestamp with time zone); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm._request_body(p_job arm.recognition_job, p_file arm.stored_file, p_source arm.s3_object, p_reply_deadline timestamp with time zone) RETURNS jsonb
@@ -177,12 +196,15 @@ CREATE FUNCTION arm._request_body(p_job arm.recognition_job, p_file arm.stored_f
 $$;
 
 
+ALTER FUNCTION arm._request_body(p_job arm.recognition_job, p_file arm.stored_file, p_source arm.s3_object, p_reply_deadline timestamp with time zone) OWNER TO arm_owner;
+
 --
--- Name: apply_ack(uuid, uuid, text, text); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: apply_ack(uuid, uuid, text, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text) RETURNS TABLE(outcome text, attempt integer, status arm.job_status)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -219,12 +241,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text) OWNER TO arm_owner;
+
 --
--- Name: apply_envelopes(jsonb); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: apply_envelopes(jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.apply_envelopes(p_envelopes jsonb) RETURNS TABLE(ord integer, outcome text, attempt integer, status arm.job_status)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -387,12 +412,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.apply_envelopes(p_envelopes jsonb) OWNER TO arm_owner;
+
 --
--- Name: apply_result(uuid, uuid, text, arm.job_status, text, text, text, text, text, text, text, jsonb); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: apply_result(uuid, uuid, text, arm.job_status, text, text, text, text, text, text, text, jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text DEFAULT NULL::text, p_result_key text DEFAULT NULL::text, p_result_schema_version text DEFAULT NULL::text, p_error_code text DEFAULT NULL::text, p_error_message text DEFAULT NULL::text, p_metrics jsonb DEFAULT NULL::jsonb) RETURNS TABLE(outcome text, attempt integer, status arm.job_status)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -467,12 +495,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text, p_result_key text, p_result_schema_version text, p_error_code text, p_error_message text, p_metrics jsonb) OWNER TO arm_owner;
+
 --
--- Name: claim_queued_jobs(integer, interval, interval); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: claim_queued_jobs(integer, interval, interval); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval DEFAULT '00:10:00'::interval, p_image_reply_timeout interval DEFAULT '00:30:00'::interval) RETURNS TABLE(job_id uuid, attempt integer, pipeline arm.pipeline, msg_id text, reply_deadline timestamp with time zone, request jsonb)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -500,12 +531,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval) OWNER TO arm_owner;
+
 --
--- Name: claim_unacked_jobs(integer, interval, integer); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: claim_unacked_jobs(integer, interval, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.claim_unacked_jobs(p_limit integer, p_ack_timeout interval, p_max_republish integer) RETURNS TABLE(job_id uuid, attempt integer, subject text, msg_id text, republish_count integer, request jsonb)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -550,12 +584,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.claim_unacked_jobs(p_limit integer, p_ack_timeout interval, p_max_republish integer) OWNER TO arm_owner;
+
 --
--- Name: dead_letter_unacked(interval, integer); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: dead_letter_unacked(interval, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.dead_letter_unacked(p_ack_timeout interval, p_max_republish integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, republish_count integer)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -612,12 +649,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.dead_letter_unacked(p_ack_timeout interval, p_max_republish integer) OWNER TO arm_owner;
+
 --
--- Name: dead_letter_unpublishable(uuid[], text[], text[]); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: dead_letter_unpublishable(uuid[], text[], text[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -668,12 +708,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) OWNER TO arm_owner;
+
 --
--- Name: get_file(uuid); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: get_file(uuid); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.get_file(p_file_id uuid) RETURNS jsonb
-    LANGUAGE sql STABLE
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
     SELECT jsonb_build_object(
         'file', jsonb_build_object(
@@ -698,8 +741,10 @@ CREATE FUNCTION arm.get_file(p_file_id uuid) RETURNS jsonb
 $$;
 
 
+ALTER FUNCTION arm.get_file(p_file_id uuid) OWNER TO arm_owner;
+
 --
--- Name: is_final(arm.job_status); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: is_final(arm.job_status); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.is_final(p_status arm.job_status) RETURNS boolean
@@ -709,8 +754,10 @@ CREATE FUNCTION arm.is_final(p_status arm.job_status) RETURNS boolean
 $$;
 
 
+ALTER FUNCTION arm.is_final(p_status arm.job_status) OWNER TO arm_owner;
+
 --
--- Name: job_view(arm.recognition_job); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: job_view(arm.recognition_job); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.job_view(j arm.recognition_job) RETURNS jsonb
@@ -742,12 +789,15 @@ CREATE FUNCTION arm.job_view(j arm.recognition_job) RETURNS jsonb
 $$;
 
 
+ALTER FUNCTION arm.job_view(j arm.recognition_job) OWNER TO arm_owner;
+
 --
--- Name: mark_published(uuid[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: mark_published(uuid[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p_reply_deadlines timestamp with time zone[]) RETURNS integer
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 DECLARE
     v_count integer;
@@ -768,12 +818,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p_reply_deadlines timestamp with time zone[]) OWNER TO arm_owner;
+
 --
--- Name: mark_republished(uuid[]); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: mark_republished(uuid[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.mark_republished(p_job_ids uuid[]) RETURNS integer
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 DECLARE
     v_count integer;
@@ -789,8 +842,10 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.mark_republished(p_job_ids uuid[]) OWNER TO arm_owner;
+
 --
--- Name: pipeline_for(arm.file_type); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: pipeline_for(arm.file_type); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.pipeline_for(p_file_type arm.file_type) RETURNS arm.pipeline
@@ -802,12 +857,15 @@ CREATE FUNCTION arm.pipeline_for(p_file_type arm.file_type) RETURNS arm.pipeline
 $$;
 
 
+ALTER FUNCTION arm.pipeline_for(p_file_type arm.file_type) OWNER TO arm_owner;
+
 --
--- Name: publish_queued_jobs(integer, interval, interval, text, text, integer); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: publish_queued_jobs(integer, interval, interval, text, text, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, outcome text, subject text, msg_id text, request text, error_message text)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -879,12 +937,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) OWNER TO arm_owner;
+
 --
--- Name: retry_file(uuid, text); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: retry_file(uuid, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.retry_file(p_file_id uuid, p_actor text) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -941,12 +1002,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.retry_file(p_file_id uuid, p_actor text) OWNER TO arm_owner;
+
 --
--- Name: retry_files(uuid[], text); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: retry_files(uuid[], text); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -961,12 +1025,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) OWNER TO arm_owner;
+
 --
--- Name: run_due_tasks(); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: run_due_tasks(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.run_due_tasks() RETURNS TABLE(task text, result text, error text)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -1006,12 +1073,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.run_due_tasks() OWNER TO arm_owner;
+
 --
--- Name: schedule_with_pg_cron(); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: schedule_with_pg_cron(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.schedule_with_pg_cron() RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $_$
 DECLARE
     v_job bigint;
@@ -1028,12 +1098,15 @@ END;
 $_$;
 
 
+ALTER FUNCTION arm.schedule_with_pg_cron() OWNER TO arm_owner;
+
 --
--- Name: set_periodic_task(text, regprocedure, interval, boolean); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: set_periodic_task(text, regprocedure, interval, boolean); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.set_periodic_task(p_name text, p_function regprocedure, p_run_every interval, p_enabled boolean DEFAULT true) RETURNS void
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 BEGIN
     IF (SELECT pronargs FROM pg_proc WHERE oid = p_function) <> 0 THEN
@@ -1051,20 +1124,43 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.set_periodic_task(p_name text, p_function regprocedure, p_run_every interval, p_enabled boolean) OWNER TO arm_owner;
+
 --
--- Name: set_setting(text, text); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: set_setting(text, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.set_setting(p_name text, p_value text) RETURNS void
-    LANGUAGE sql
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
     INSERT INTO arm.setting (name, value) VALUES (p_name, p_value)
     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()
 $$;
 
 
+ALTER FUNCTION arm.set_setting(p_name text, p_value text) OWNER TO arm_owner;
+
 --
--- Name: setting_int(text); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: set_sweep_interval(interval); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.set_sweep_interval(p_run_every interval) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    INSERT INTO arm.periodic_task (name, function_name, run_every)
+    VALUES ('sweep_timeouts', 'arm.sweep_timeouts()', p_run_every)
+    ON CONFLICT (name) DO UPDATE
+    SET run_every = EXCLUDED.run_every,
+        next_run_at = least(arm.periodic_task.next_run_at, clock_timestamp() + EXCLUDED.run_every)
+$$;
+
+
+ALTER FUNCTION arm.set_sweep_interval(p_run_every interval) OWNER TO arm_owner;
+
+--
+-- Name: setting_int(text); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.setting_int(p_name text) RETURNS integer
@@ -1086,12 +1182,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.setting_int(p_name text) OWNER TO arm_owner;
+
 --
--- Name: sweep_timeouts(); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: sweep_timeouts(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.sweep_timeouts() RETURNS integer
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
@@ -1141,12 +1240,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.sweep_timeouts() OWNER TO arm_owner;
+
 --
--- Name: tg_recognition_job__defaults(); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: tg_recognition_job__defaults(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.tg_recognition_job__defaults() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 DECLARE
     v_file_type arm.file_type;
@@ -1173,12 +1275,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.tg_recognition_job__defaults() OWNER TO arm_owner;
+
 --
--- Name: tg_recognition_job__guard(); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: tg_recognition_job__guard(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.tg_recognition_job__guard() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 BEGIN
     IF (NEW.id, NEW.file_id, NEW.attempt, NEW.pipeline, NEW.max_attempts, NEW.requested_at)
@@ -1212,12 +1317,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.tg_recognition_job__guard() OWNER TO arm_owner;
+
 --
--- Name: tg_recognition_job__notify_queued(); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: tg_recognition_job__notify_queued(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.tg_recognition_job__notify_queued() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM inserted WHERE status = 'queued') THEN
@@ -1228,12 +1336,15 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.tg_recognition_job__notify_queued() OWNER TO arm_owner;
+
 --
--- Name: tg_stored_file__touch(); Type: FUNCTION; Schema: arm; Owner: -
+-- Name: tg_stored_file__touch(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.tg_stored_file__touch() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 BEGIN
     IF NEW IS DISTINCT FROM OLD THEN
@@ -1244,8 +1355,10 @@ END;
 $$;
 
 
+ALTER FUNCTION arm.tg_stored_file__touch() OWNER TO arm_owner;
+
 --
--- Name: periodic_task; Type: TABLE; Schema: arm; Owner: -
+-- Name: periodic_task; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TABLE arm.periodic_task (
@@ -1263,8 +1376,10 @@ CREATE TABLE arm.periodic_task (
 );
 
 
+ALTER TABLE arm.periodic_task OWNER TO arm_owner;
+
 --
--- Name: retry_audit; Type: TABLE; Schema: arm; Owner: -
+-- Name: retry_audit; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TABLE arm.retry_audit (
@@ -1279,8 +1394,10 @@ CREATE TABLE arm.retry_audit (
 );
 
 
+ALTER TABLE arm.retry_audit OWNER TO arm_owner;
+
 --
--- Name: retry_audit_id_seq; Type: SEQUENCE; Schema: arm; Owner: -
+-- Name: retry_audit_id_seq; Type: SEQUENCE; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE arm.retry_audit ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -1294,7 +1411,7 @@ ALTER TABLE arm.retry_audit ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 
 
 --
--- Name: setting; Type: TABLE; Schema: arm; Owner: -
+-- Name: setting; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TABLE arm.setting (
@@ -1305,8 +1422,10 @@ CREATE TABLE arm.setting (
 );
 
 
+ALTER TABLE arm.setting OWNER TO arm_owner;
+
 --
--- Name: periodic_task periodic_task_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+-- Name: periodic_task periodic_task_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.periodic_task
@@ -1314,7 +1433,7 @@ ALTER TABLE ONLY arm.periodic_task
 
 
 --
--- Name: recognition_job recognition_job_file_attempt_key; Type: CONSTRAINT; Schema: arm; Owner: -
+-- Name: recognition_job recognition_job_file_attempt_key; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.recognition_job
@@ -1322,7 +1441,7 @@ ALTER TABLE ONLY arm.recognition_job
 
 
 --
--- Name: recognition_job recognition_job_id_file_key; Type: CONSTRAINT; Schema: arm; Owner: -
+-- Name: recognition_job recognition_job_id_file_key; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.recognition_job
@@ -1330,7 +1449,7 @@ ALTER TABLE ONLY arm.recognition_job
 
 
 --
--- Name: recognition_job recognition_job_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+-- Name: recognition_job recognition_job_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.recognition_job
@@ -1338,7 +1457,7 @@ ALTER TABLE ONLY arm.recognition_job
 
 
 --
--- Name: retry_audit retry_audit_new_job_id_key; Type: CONSTRAINT; Schema: arm; Owner: -
+-- Name: retry_audit retry_audit_new_job_id_key; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.retry_audit
@@ -1346,7 +1465,7 @@ ALTER TABLE ONLY arm.retry_audit
 
 
 --
--- Name: retry_audit retry_audit_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+-- Name: retry_audit retry_audit_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.retry_audit
@@ -1354,7 +1473,7 @@ ALTER TABLE ONLY arm.retry_audit
 
 
 --
--- Name: s3_object s3_object_bucket_length; Type: CHECK CONSTRAINT; Schema: arm; Owner: -
+-- Name: s3_object s3_object_bucket_length; Type: CHECK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE arm.s3_object
@@ -1362,7 +1481,7 @@ ALTER TABLE arm.s3_object
 
 
 --
--- Name: s3_object s3_object_key_length; Type: CHECK CONSTRAINT; Schema: arm; Owner: -
+-- Name: s3_object s3_object_key_length; Type: CHECK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE arm.s3_object
@@ -1370,7 +1489,7 @@ ALTER TABLE arm.s3_object
 
 
 --
--- Name: s3_object s3_object_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+-- Name: s3_object s3_object_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.s3_object
@@ -1378,7 +1497,7 @@ ALTER TABLE ONLY arm.s3_object
 
 
 --
--- Name: setting setting_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+-- Name: setting setting_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.setting
@@ -1386,7 +1505,7 @@ ALTER TABLE ONLY arm.setting
 
 
 --
--- Name: stored_file stored_file_original_name_length; Type: CHECK CONSTRAINT; Schema: arm; Owner: -
+-- Name: stored_file stored_file_original_name_length; Type: CHECK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE arm.stored_file
@@ -1394,7 +1513,7 @@ ALTER TABLE arm.stored_file
 
 
 --
--- Name: stored_file stored_file_pkey; Type: CONSTRAINT; Schema: arm; Owner: -
+-- Name: stored_file stored_file_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.stored_file
@@ -1402,98 +1521,98 @@ ALTER TABLE ONLY arm.stored_file
 
 
 --
--- Name: recognition_job_live_deadline_idx; Type: INDEX; Schema: arm; Owner: -
+-- Name: recognition_job_live_deadline_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE INDEX recognition_job_live_deadline_idx ON arm.recognition_job USING btree (reply_deadline) WHERE (status = ANY (ARRAY['published'::arm.job_status, 'processing'::arm.job_status]));
 
 
 --
--- Name: recognition_job_one_live_per_file_idx; Type: INDEX; Schema: arm; Owner: -
+-- Name: recognition_job_one_live_per_file_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE UNIQUE INDEX recognition_job_one_live_per_file_idx ON arm.recognition_job USING btree (file_id) WHERE (status = ANY (ARRAY['queued'::arm.job_status, 'published'::arm.job_status, 'processing'::arm.job_status]));
 
 
 --
--- Name: recognition_job_queued_idx; Type: INDEX; Schema: arm; Owner: -
+-- Name: recognition_job_queued_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE INDEX recognition_job_queued_idx ON arm.recognition_job USING btree (requested_at, id) WHERE (status = 'queued'::arm.job_status);
 
 
 --
--- Name: recognition_job_result_s3_object_idx; Type: INDEX; Schema: arm; Owner: -
+-- Name: recognition_job_result_s3_object_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE INDEX recognition_job_result_s3_object_idx ON arm.recognition_job USING btree (result_s3_object_id) WHERE (result_s3_object_id IS NOT NULL);
 
 
 --
--- Name: recognition_job_unacked_idx; Type: INDEX; Schema: arm; Owner: -
+-- Name: recognition_job_unacked_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE INDEX recognition_job_unacked_idx ON arm.recognition_job USING btree (last_published_at, id) WHERE (status = 'published'::arm.job_status);
 
 
 --
--- Name: retry_audit_file_idx; Type: INDEX; Schema: arm; Owner: -
+-- Name: retry_audit_file_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE INDEX retry_audit_file_idx ON arm.retry_audit USING btree (file_id, retried_at);
 
 
 --
--- Name: s3_object_bucket_key_idx; Type: INDEX; Schema: arm; Owner: -
+-- Name: s3_object_bucket_key_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE INDEX s3_object_bucket_key_idx ON arm.s3_object USING btree (bucket, key);
 
 
 --
--- Name: stored_file_consolidation_idx; Type: INDEX; Schema: arm; Owner: -
+-- Name: stored_file_consolidation_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE INDEX stored_file_consolidation_idx ON arm.stored_file USING btree (consolidation_id);
 
 
 --
--- Name: stored_file_current_job_idx; Type: INDEX; Schema: arm; Owner: -
+-- Name: stored_file_current_job_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE INDEX stored_file_current_job_idx ON arm.stored_file USING btree (current_recognition_job_id);
 
 
 --
--- Name: recognition_job tg_recognition_job__defaults; Type: TRIGGER; Schema: arm; Owner: -
+-- Name: recognition_job tg_recognition_job__defaults; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
 CREATE TRIGGER tg_recognition_job__defaults BEFORE INSERT ON arm.recognition_job FOR EACH ROW EXECUTE FUNCTION arm.tg_recognition_job__defaults();
 
 
 --
--- Name: recognition_job tg_recognition_job__guard; Type: TRIGGER; Schema: arm; Owner: -
+-- Name: recognition_job tg_recognition_job__guard; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
 CREATE TRIGGER tg_recognition_job__guard BEFORE UPDATE ON arm.recognition_job FOR EACH ROW EXECUTE FUNCTION arm.tg_recognition_job__guard();
 
 
 --
--- Name: recognition_job tg_recognition_job__notify_queued; Type: TRIGGER; Schema: arm; Owner: -
+-- Name: recognition_job tg_recognition_job__notify_queued; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
 CREATE TRIGGER tg_recognition_job__notify_queued AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_recognition_job__notify_queued();
 
 
 --
--- Name: stored_file tg_stored_file__touch; Type: TRIGGER; Schema: arm; Owner: -
+-- Name: stored_file tg_stored_file__touch; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
 CREATE TRIGGER tg_stored_file__touch BEFORE UPDATE ON arm.stored_file FOR EACH ROW EXECUTE FUNCTION arm.tg_stored_file__touch();
 
 
 --
--- Name: recognition_job recognition_job_file_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+-- Name: recognition_job recognition_job_file_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.recognition_job
@@ -1501,7 +1620,7 @@ ALTER TABLE ONLY arm.recognition_job
 
 
 --
--- Name: recognition_job recognition_job_result_s3_object_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+-- Name: recognition_job recognition_job_result_s3_object_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.recognition_job
@@ -1509,7 +1628,7 @@ ALTER TABLE ONLY arm.recognition_job
 
 
 --
--- Name: retry_audit retry_audit_file_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+-- Name: retry_audit retry_audit_file_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.retry_audit
@@ -1517,7 +1636,7 @@ ALTER TABLE ONLY arm.retry_audit
 
 
 --
--- Name: retry_audit retry_audit_new_job_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+-- Name: retry_audit retry_audit_new_job_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.retry_audit
@@ -1525,7 +1644,7 @@ ALTER TABLE ONLY arm.retry_audit
 
 
 --
--- Name: retry_audit retry_audit_old_job_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+-- Name: retry_audit retry_audit_old_job_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.retry_audit
@@ -1533,7 +1652,7 @@ ALTER TABLE ONLY arm.retry_audit
 
 
 --
--- Name: stored_file stored_file_current_job_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+-- Name: stored_file stored_file_current_job_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.stored_file
@@ -1541,8 +1660,360 @@ ALTER TABLE ONLY arm.stored_file
 
 
 --
--- Name: stored_file stored_file_s3_object_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: -
+-- Name: stored_file stored_file_s3_object_id_fkey; Type: FK CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.stored_file
     ADD CONSTRAINT stored_file_s3_object_id_fkey FOREIGN KEY (s3_object_id) REFERENCES arm.s3_object(id);
+
+
+--
+-- Name: SCHEMA arm; Type: ACL; Schema: -; Owner: arm_owner
+--
+
+GRANT USAGE ON SCHEMA arm TO arm_bridge;
+GRANT USAGE ON SCHEMA arm TO arm_api;
+GRANT USAGE ON SCHEMA arm TO arm_uploader;
+GRANT USAGE ON SCHEMA arm TO arm_readonly;
+
+
+--
+-- Name: TABLE recognition_job; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.recognition_job TO arm_readonly;
+
+
+--
+-- Name: COLUMN recognition_job.id; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT(id),INSERT(id) ON TABLE arm.recognition_job TO arm_uploader;
+
+
+--
+-- Name: COLUMN recognition_job.file_id; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(file_id) ON TABLE arm.recognition_job TO arm_uploader;
+
+
+--
+-- Name: COLUMN recognition_job.pipeline; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(pipeline) ON TABLE arm.recognition_job TO arm_uploader;
+
+
+--
+-- Name: COLUMN recognition_job.attempt; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(attempt) ON TABLE arm.recognition_job TO arm_uploader;
+
+
+--
+-- Name: COLUMN recognition_job.max_attempts; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(max_attempts) ON TABLE arm.recognition_job TO arm_uploader;
+
+
+--
+-- Name: COLUMN recognition_job.status; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT(status) ON TABLE arm.recognition_job TO arm_bridge;
+GRANT SELECT(status) ON TABLE arm.recognition_job TO arm_api;
+
+
+--
+-- Name: COLUMN recognition_job.requested_at; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT(requested_at) ON TABLE arm.recognition_job TO arm_bridge;
+GRANT SELECT(requested_at) ON TABLE arm.recognition_job TO arm_api;
+
+
+--
+-- Name: TABLE s3_object; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.s3_object TO arm_readonly;
+
+
+--
+-- Name: COLUMN s3_object.id; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT(id),INSERT(id) ON TABLE arm.s3_object TO arm_uploader;
+
+
+--
+-- Name: COLUMN s3_object.bucket; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(bucket) ON TABLE arm.s3_object TO arm_uploader;
+
+
+--
+-- Name: COLUMN s3_object.key; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(key) ON TABLE arm.s3_object TO arm_uploader;
+
+
+--
+-- Name: COLUMN s3_object.bucket_role; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(bucket_role) ON TABLE arm.s3_object TO arm_uploader;
+
+
+--
+-- Name: COLUMN s3_object.created_by; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(created_by) ON TABLE arm.s3_object TO arm_uploader;
+
+
+--
+-- Name: TABLE stored_file; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.stored_file TO arm_readonly;
+
+
+--
+-- Name: COLUMN stored_file.id; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT(id),INSERT(id) ON TABLE arm.stored_file TO arm_uploader;
+
+
+--
+-- Name: COLUMN stored_file.consolidation_id; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(consolidation_id) ON TABLE arm.stored_file TO arm_uploader;
+
+
+--
+-- Name: COLUMN stored_file.original_name; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(original_name) ON TABLE arm.stored_file TO arm_uploader;
+
+
+--
+-- Name: COLUMN stored_file.file_type; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(file_type) ON TABLE arm.stored_file TO arm_uploader;
+
+
+--
+-- Name: COLUMN stored_file.s3_object_id; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT INSERT(s3_object_id) ON TABLE arm.stored_file TO arm_uploader;
+
+
+--
+-- Name: COLUMN stored_file.current_recognition_job_id; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT UPDATE(current_recognition_job_id) ON TABLE arm.stored_file TO arm_uploader;
+
+
+--
+-- Name: FUNCTION apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION apply_envelopes(p_envelopes jsonb); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.apply_envelopes(p_envelopes jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.apply_envelopes(p_envelopes jsonb) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text, p_result_key text, p_result_schema_version text, p_error_code text, p_error_message text, p_metrics jsonb); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text, p_result_key text, p_result_schema_version text, p_error_code text, p_error_message text, p_metrics jsonb) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION claim_unacked_jobs(p_limit integer, p_ack_timeout interval, p_max_republish integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.claim_unacked_jobs(p_limit integer, p_ack_timeout interval, p_max_republish integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.claim_unacked_jobs(p_limit integer, p_ack_timeout interval, p_max_republish integer) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION dead_letter_unacked(p_ack_timeout interval, p_max_republish integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.dead_letter_unacked(p_ack_timeout interval, p_max_republish integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.dead_letter_unacked(p_ack_timeout interval, p_max_republish integer) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION dead_letter_unpublishable(p_job_ids uuid[], p_error_codes text[], p_error_messages text[]); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION get_file(p_file_id uuid); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.get_file(p_file_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.get_file(p_file_id uuid) TO arm_api;
+GRANT ALL ON FUNCTION arm.get_file(p_file_id uuid) TO arm_readonly;
+
+
+--
+-- Name: FUNCTION mark_published(p_job_ids uuid[], p_subjects text[], p_reply_deadlines timestamp with time zone[]); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p_reply_deadlines timestamp with time zone[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION mark_republished(p_job_ids uuid[]); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION retry_file(p_file_id uuid, p_actor text); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.retry_file(p_file_id uuid, p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.retry_file(p_file_id uuid, p_actor text) TO arm_api;
+
+
+--
+-- Name: FUNCTION retry_files(p_file_ids uuid[], p_actor text); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) TO arm_api;
+
+
+--
+-- Name: FUNCTION run_due_tasks(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.run_due_tasks() FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.run_due_tasks() TO arm_bridge;
+
+
+--
+-- Name: FUNCTION schedule_with_pg_cron(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.schedule_with_pg_cron() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION set_periodic_task(p_name text, p_function regprocedure, p_run_every interval, p_enabled boolean); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.set_periodic_task(p_name text, p_function regprocedure, p_run_every interval, p_enabled boolean) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION set_setting(p_name text, p_value text); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.set_setting(p_name text, p_value text) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION set_sweep_interval(p_run_every interval); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.set_sweep_interval(p_run_every interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.set_sweep_interval(p_run_every interval) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION sweep_timeouts(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.sweep_timeouts() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION tg_recognition_job__defaults(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.tg_recognition_job__defaults() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION tg_recognition_job__guard(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.tg_recognition_job__guard() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION tg_recognition_job__notify_queued(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.tg_recognition_job__notify_queued() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION tg_stored_file__touch(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.tg_stored_file__touch() FROM PUBLIC;
+
+
+--
+-- Name: TABLE periodic_task; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.periodic_task TO arm_readonly;
+
+
+--
+-- Name: TABLE retry_audit; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.retry_audit TO arm_readonly;
+
+
+--
+-- Name: TABLE setting; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.setting TO arm_readonly;

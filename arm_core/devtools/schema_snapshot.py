@@ -1,9 +1,10 @@
 """db/schema.sql: the schema a fresh `arm-core migrate` leaves, as pg_dump writes it.
 
 The snapshot is checked in so that a reviewer sees, in the diff of db/schema.sql, what a
-change to db/migrations or db/functions does to the schema (tables, indexes, constraints,
-function signatures and bodies, triggers); tests/integration/test_schema_snapshot.py
-fails when the snapshot and the migrations disagree. See db/README.md.
+change to db/migrations, db/functions or db/grants.sql does to the schema (tables,
+indexes, constraints, function signatures and bodies, triggers, owners and privileges);
+tests/integration/test_schema_snapshot.py fails when the snapshot and the migrations
+disagree. See db/README.md.
 
     python -m arm_core.devtools.schema_snapshot            # print the snapshot
     python -m arm_core.devtools.schema_snapshot --write    # rewrite db/schema.sql
@@ -14,11 +15,12 @@ By default it migrates a database of an embedded PostgreSQL of its own (the bina
 database on that server instead, migrates and dumps it, and drops it again (the database
 of the URL itself is only used to connect, never changed).
 
-The dump is `pg_dump --schema-only --no-owner --no-privileges --schema=arm`: yoyo's own
-tables live in `public` and stay out. It is normalised so that it is the same run to run:
-pg_dump's version lines, its session `SET`s and its random `\\restrict` tokens go, and a
-header names the PostgreSQL major version that produced it (pg_dump's output differs
-between majors).
+The dump is `pg_dump --schema-only --schema=arm`: yoyo's own tables live in `public` and
+stay out. Owners and privileges are in it, so a review sees a grant change too; they name
+only the roles of db/roles.sql (db/grants.sql gives everything to arm_owner, never to the
+user who migrated). It is normalised so that it is the same run to run: pg_dump's version
+lines, its session `SET`s and its random `\\restrict` tokens go, and a header names the
+PostgreSQL major version that produced it (pg_dump's output differs between majors).
 """
 
 from __future__ import annotations
@@ -75,11 +77,10 @@ _NOISE = re.compile(
 def header(server_major: int, dump_major: int) -> str:
     return (
         "-- db/schema.sql: schema arm as a fresh `arm-core migrate` leaves it (db/migrations,\n"
-        "-- then db/functions). Generated, do not edit: regenerate with\n"
+        "-- then db/functions and db/grants.sql). Generated, do not edit: regenerate with\n"
         f"--     {REGENERATE}\n"
         "-- and review its diff with the change that caused it (db/README.md).\n"
-        f"-- PostgreSQL {server_major}, pg_dump {dump_major} --schema-only --no-owner "
-        "--no-privileges --schema=arm\n"
+        f"-- PostgreSQL {server_major}, pg_dump {dump_major} --schema-only --schema=arm\n"
     )
 
 
@@ -104,7 +105,7 @@ def _major(version_num: int) -> int:
 def dump_schema(database_url: str) -> str:
     """The normalised schema-only dump of the project's schemas of database_url."""
     tool = pg_dump_path()
-    args = [str(tool), "--schema-only", "--no-owner", "--no-privileges"]
+    args = [str(tool), "--schema-only"]
     args += [f"--schema={schema}" for schema in SCHEMAS]
     result = subprocess.run(
         [*args, f"--dbname={database_url}"],

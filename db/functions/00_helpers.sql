@@ -1,4 +1,13 @@
 -- Small helpers shared by the other function files.
+--
+-- Owners, search_path and grants (db/grants.sql, db/README.md): every function that
+-- writes, and every SECURITY DEFINER one, carries SET search_path = pg_catalog, arm,
+-- pg_temp, so a caller's own schemas, functions and operators never reach its body.
+-- The read-only helpers below but set_setting (is_final, pipeline_for, setting_int,
+-- _request_body) have no SET clause on purpose: they are called once per row inside the
+-- hot functions, where a SET would stop the SQL ones from being inlined; they write
+-- nothing, run with their caller's rights, stay executable by PUBLIC, and resolve names
+-- under the path their (pinned) caller runs with.
 
 -- Whether a job status is final: a final job's status, result and error never change.
 CREATE OR REPLACE FUNCTION arm.is_final(p_status arm.job_status)
@@ -43,6 +52,8 @@ $$;
 CREATE OR REPLACE FUNCTION arm.set_setting(p_name text, p_value text)
 RETURNS void
 LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
     INSERT INTO arm.setting (name, value) VALUES (p_name, p_value)
     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()

@@ -27,6 +27,8 @@ RETURNS TABLE (
     request jsonb
 )
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -63,6 +65,8 @@ CREATE OR REPLACE FUNCTION arm.mark_published(
 )
 RETURNS integer
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 DECLARE
     v_count integer;
@@ -112,6 +116,8 @@ CREATE OR REPLACE FUNCTION arm.dead_letter_unacked(
 )
 RETURNS TABLE (job_id uuid, attempt integer, file_id uuid, republish_count integer)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -186,6 +192,8 @@ CREATE OR REPLACE FUNCTION arm.dead_letter_unpublishable(
 )
 RETURNS TABLE (job_id uuid, attempt integer, file_id uuid)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -268,6 +276,8 @@ RETURNS TABLE (
     request jsonb
 )
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -316,6 +326,8 @@ $$;
 CREATE OR REPLACE FUNCTION arm.mark_republished(p_job_ids uuid[])
 RETURNS integer
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 DECLARE
     v_count integer;

@@ -39,6 +39,8 @@ RETURNS TABLE (
     error_message text
 )
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -27,6 +27,8 @@ CREATE OR REPLACE FUNCTION arm.apply_ack(
 )
 RETURNS TABLE (outcome text, attempt integer, status arm.job_status)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -85,6 +87,8 @@ CREATE OR REPLACE FUNCTION arm.apply_result(
 )
 RETURNS TABLE (outcome text, attempt integer, status arm.job_status)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -205,6 +209,8 @@ $$;
 CREATE OR REPLACE FUNCTION arm.apply_envelopes(p_envelopes jsonb)
 RETURNS TABLE (ord integer, outcome text, attempt integer, status arm.job_status)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -31,6 +31,8 @@
 CREATE OR REPLACE FUNCTION arm.sweep_timeouts()
 RETURNS integer
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();

@@ -31,6 +31,8 @@ RETURNS TABLE (
     max_attempts integer
 )
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -102,6 +104,8 @@ RETURNS TABLE (
     max_attempts integer
 )
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -1,10 +1,13 @@
 -- Periodic tasks (R-TO-1 scheduling). arm.periodic_task is the schedule a DBA reads and
--- changes with SQL:
+-- changes with SQL — reading it takes arm_readonly, changing it the owner role, because
+-- every bridge runs the function a row names (as the owner, in arm.run_due_tasks):
 --   SELECT name, run_every, enabled, next_run_at, last_finished_at, last_result, last_error
 --   FROM arm.periodic_task;
+--   SET ROLE arm_owner;
 --   UPDATE arm.periodic_task SET run_every = interval '10 seconds' WHERE name = 'sweep_timeouts';
 -- arm.run_due_tasks() runs whatever is due. The bridge calls it about every second;
--- where pg_cron is installed it may call it too (arm.schedule_with_pg_cron()).
+-- where pg_cron is installed it may call it too (arm.schedule_with_pg_cron()). The one
+-- change the bridge makes is the sweep's period, through arm.set_sweep_interval.
 
 -- Runs every enabled task whose next_run_at has come, each in a subtransaction: a
 -- failing task records last_error and the others still run. A task row stays locked
@@ -14,6 +17,8 @@
 CREATE OR REPLACE FUNCTION arm.run_due_tasks()
 RETURNS TABLE (task text, result text, error text)
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -62,6 +67,8 @@ CREATE OR REPLACE FUNCTION arm.set_periodic_task(
 )
 RETURNS void
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 BEGIN
     IF (SELECT pronargs FROM pg_proc WHERE oid = p_function) <> 0 THEN
@@ -78,12 +85,31 @@ BEGIN
 END;
 $$;
 
+-- Sets the period of the timeout sweep from TIMEOUT_SWEEP_SECONDS (`arm-core migrate`, and
+-- every bridge at start). The one function of the schedule granted to arm_bridge: it
+-- changes sweep_timeouts' run_every and nothing else — never which function the task
+-- runs, nor whether it is enabled — and the next run comes one period from now at the
+-- latest. A missing row is created as 60_schedule.sql ships it.
+CREATE OR REPLACE FUNCTION arm.set_sweep_interval(p_run_every interval)
+RETURNS void
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+    INSERT INTO arm.periodic_task (name, function_name, run_every)
+    VALUES ('sweep_timeouts', 'arm.sweep_timeouts()', p_run_every)
+    ON CONFLICT (name) DO UPDATE
+    SET run_every = EXCLUDED.run_every,
+        next_run_at = least(arm.periodic_task.next_run_at, clock_timestamp() + EXCLUDED.run_every)
+$$;
+
 -- Asks pg_cron, where installed, to call arm.run_due_tasks() every minute (pg_cron 1.4
 -- schedules by the minute; the bridge's one-second tick is the primary scheduler).
 -- Returns the cron job id; raises when pg_cron is not installed in this database.
 CREATE OR REPLACE FUNCTION arm.schedule_with_pg_cron()
 RETURNS bigint
 LANGUAGE plpgsql
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 DECLARE
     v_job bigint;

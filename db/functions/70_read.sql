@@ -1,4 +1,7 @@
 -- Read models for the API and for DBAs. Read-only.
+-- get_file is SECURITY DEFINER, executable by arm_api and arm_readonly (db/grants.sql);
+-- job_view, a helper of it, stays PUBLIC without a SET clause and reads arm.s3_object
+-- with its caller's rights.
 
 -- One job as the API shows it: status, times, service, error, result, republishes.
 CREATE OR REPLACE FUNCTION arm.job_view(j arm.recognition_job)
@@ -35,6 +38,8 @@ $$;
 CREATE OR REPLACE FUNCTION arm.get_file(p_file_id uuid)
 RETURNS jsonb
 LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
     SELECT jsonb_build_object(
         'file', jsonb_build_object(

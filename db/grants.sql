@@ -1,0 +1,121 @@
+-- Who owns schema arm, and what each role of db/roles.sql may do in it (README "Database
+-- roles"). `arm-core migrate` runs this on every run, after db/functions and in the same
+-- transaction: a function a function file has just created belongs to the migrating user
+-- and is executable by PUBLIC — until this, before anyone else can see it. So everything
+-- here is stated in full each time: ownership is moved to arm_owner where it is not
+-- already, then every privilege of PUBLIC and of the runtime roles is revoked and granted
+-- again as listed. Grants to other roles (a DBA's own) are left alone.
+--
+-- Adding a function: without a line here it is the owner's alone. A function a runtime
+-- role calls gets a GRANT below, and is SECURITY DEFINER with
+-- SET search_path = pg_catalog, arm, pg_temp (db/README.md); tests/integration/
+-- test_roles.py holds the same table of who may call what, and fails until both agree.
+
+-- 1. Owner. The migrations run as the migrating user, so what they create is that user's
+-- until it moves here (on an upgraded database, everything moves once). ALTER … OWNER
+-- locks a table briefly; it runs only where the owner is not arm_owner yet.
+DO $owner$
+DECLARE
+    v_stmt text;
+BEGIN
+    IF (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'arm')
+       <> 'arm_owner'::regrole THEN
+        ALTER SCHEMA arm OWNER TO arm_owner;
+    END IF;
+    FOR v_stmt IN
+        -- Tables, views and free-standing sequences (an identity or serial sequence
+        -- moves with its table; indexes too).
+        SELECT format('ALTER %s %I.%I OWNER TO arm_owner',
+                      CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
+                                     WHEN 'm' THEN 'MATERIALIZED VIEW'
+                                     WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,
+                      n.nspname, c.relname)
+        FROM pg_catalog.pg_class c
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'arm'
+          AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+          AND c.relowner <> 'arm_owner'::regrole
+          AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                          WHERE d.classid = 'pg_catalog.pg_class'::regclass
+                            AND d.objid = c.oid
+                            AND d.refclassid = 'pg_catalog.pg_class'::regclass
+                            AND d.deptype IN ('a', 'i'))
+        UNION ALL
+        -- Enums, domains and composite types (not a table's row type, not array types).
+        SELECT format('ALTER TYPE %I.%I OWNER TO arm_owner', n.nspname, t.typname)
+        FROM pg_catalog.pg_type t
+        JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+        WHERE n.nspname = 'arm'
+          AND t.typowner <> 'arm_owner'::regrole
+          AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_catalog.pg_class c
+                                  WHERE c.oid = t.typrelid) = 'c')
+          AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_type e WHERE e.typarray = t.oid)
+        UNION ALL
+        SELECT format('ALTER ROUTINE %I.%I(%s) OWNER TO arm_owner', n.nspname, p.proname,
+                      pg_catalog.pg_get_function_identity_arguments(p.oid))
+        FROM pg_catalog.pg_proc p
+        JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'arm' AND p.proowner <> 'arm_owner'::regrole
+    LOOP
+        EXECUTE v_stmt;
+    END LOOP;
+END;
+$owner$;
+
+-- A function the owner role creates by hand (SET ROLE arm_owner) is not PUBLIC's either.
+ALTER DEFAULT PRIVILEGES FOR ROLE arm_owner REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+
+-- 2. Start from nothing: PUBLIC and the runtime roles lose every privilege in arm.
+REVOKE ALL ON SCHEMA arm FROM PUBLIC, arm_bridge, arm_api, arm_uploader, arm_readonly;
+REVOKE ALL ON ALL TABLES IN SCHEMA arm
+    FROM PUBLIC, arm_bridge, arm_api, arm_uploader, arm_readonly;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA arm
+    FROM PUBLIC, arm_bridge, arm_api, arm_uploader, arm_readonly;
+REVOKE ALL ON ALL ROUTINES IN SCHEMA arm
+    FROM PUBLIC, arm_bridge, arm_api, arm_uploader, arm_readonly;
+
+GRANT USAGE ON SCHEMA arm TO arm_bridge, arm_api, arm_uploader, arm_readonly;
+
+-- 3. Read-only helpers, called per row inside the functions: executable by anyone, with
+-- the caller's rights and no SET clause (db/functions/00_helpers.sql says why).
+GRANT EXECUTE ON FUNCTION
+    arm.is_final, arm.pipeline_for, arm.setting_int, arm._request_body, arm.job_view
+TO PUBLIC;
+
+-- 4. arm_bridge: exactly what the bridge calls (arm_core/queries.sql through its steps).
+GRANT EXECUTE ON FUNCTION
+    arm.publish_queued_jobs,   -- publisher step
+    arm.claim_unacked_jobs,    -- ack-timeout step: republish …
+    arm.mark_republished,
+    arm.dead_letter_unacked,   -- … and dead-letter
+    arm.apply_envelopes,       -- inbox step
+    arm.run_due_tasks,         -- scheduler tick
+    arm.set_sweep_interval     -- TIMEOUT_SWEEP_SECONDS at start; not the rest of the schedule
+TO arm_bridge;
+
+-- 5. arm_api: retry and the file view (http/handlers.py).
+GRANT EXECUTE ON FUNCTION arm.retry_file, arm.retry_files, arm.get_file TO arm_api;
+
+-- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job.
+GRANT SELECT (status, requested_at) ON arm.recognition_job TO arm_bridge, arm_api;
+
+-- 6. arm_uploader: the plain-SQL upload (README) and nothing else — a file's object, the
+-- file, its first job (the defaults trigger fills pipeline and max_attempts as the
+-- owner), then the file's current job. The ids may be read back (RETURNING id, and the
+-- WHERE of that UPDATE); status, timestamps and every later field are not theirs.
+GRANT INSERT (id, bucket, key, bucket_role, created_by) ON arm.s3_object TO arm_uploader;
+GRANT INSERT (id, consolidation_id, original_name, file_type, s3_object_id)
+    ON arm.stored_file TO arm_uploader;
+GRANT INSERT (id, file_id, pipeline, attempt, max_attempts)
+    ON arm.recognition_job TO arm_uploader;
+GRANT UPDATE (current_recognition_job_id) ON arm.stored_file TO arm_uploader;
+GRANT SELECT (id) ON arm.s3_object, arm.stored_file, arm.recognition_job TO arm_uploader;
+
+-- 7. arm_readonly: every table, and the file view.
+GRANT SELECT ON ALL TABLES IN SCHEMA arm TO arm_readonly;
+GRANT EXECUTE ON FUNCTION arm.get_file TO arm_readonly;
+
+-- Everything else — set_setting, set_periodic_task, sweep_timeouts, claim_queued_jobs,
+-- mark_published, dead_letter_unpublishable, apply_ack, apply_result,
+-- schedule_with_pg_cron, the triggers' functions — and every write to a table directly,
+-- arm.periodic_task included, is the owner's: DBAs run them as a member of arm_owner.
