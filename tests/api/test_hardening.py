@@ -229,9 +229,12 @@ async def test_keep_alive_and_pipelined_requests_are_served(port: int, db_url: s
             await asyncio.wait_for(reader.readexactly(int(answer.headers["content-length"])), WAIT)
         body = b'{"file_ids": ["' + str(up.file_id).encode() + b'"]}'
         batch = request(
-            "POST", "/api/v1/files/retry", "Content-Type: application/json",
-            f"Content-Length: {len(body)}", body=body,
-        )  # fmt: skip
+            "POST",
+            "/api/v1/files/retry",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            body=body,
+        )
         writer.write(batch + request("GET", "/healthcheck", "Connection: close"))
         raw = await asyncio.wait_for(reader.read(), WAIT)
     finally:
@@ -252,9 +255,12 @@ async def test_100000_nested_brackets_are_400_invalid_json(port: int, db_url: st
         (f"/api/v1/files/{up.file_id}/retry", deep),
     ]:
         head = request(
-            "POST", path, "Content-Type: application/json", f"Content-Length: {len(body)}",
+            "POST",
+            path,
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
             "Connection: close",
-        )  # fmt: skip
+        )
         answer = await send(port, head + body)
         assert answer.status == 400, answer
         assert answer.error()["code"] == "INVALID_JSON"
