@@ -12,8 +12,8 @@ answers those as {"error": {"code", "message"}} with the fitting status (414 URI
   first request): else a JSON 408 and the connection is closed;
 * **body** — its body must be complete within HTTP_BODY_TIMEOUT_SECONDS of its headers:
   else the handler reading it gets :class:`~arm_core.http.errors.RequestTimeout` (a JSON
-  408, the connection closed); a handler that does not read it has answered already, and
-  the connection is closed.
+  408, the connection closed); a handler that does not read it answers as it would, and
+  the connection is then closed.
 
 A keep-alive connection idle between two requests is closed after KEEPALIVE_SECONDS (what
 `web.run_app` used). That clock also bounds the one case the header deadline cannot see:
