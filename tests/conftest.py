@@ -1,6 +1,12 @@
 """Shared fixtures: a real PostgreSQL started by the suite on a free loopback port, a
 migrated template database, and a fresh clone of it for every test (as Procrastinate's
 conftest does). Nothing here depends on a server already running on the machine.
+
+`db_url` is the superuser's, for setup and assertions. The bridge and the API under test
+connect as logins of their roles (tests/support/sql.py LOGINS, created with the
+template): tests/support/bridge.py fast_settings, api.py api_settings and processes.py
+ArmProcess switch the URL; `bridge_db_url` is the same database as the bridge's login,
+for a pool a test builds itself.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pytest_postgresql.janitor import DatabaseJanitor
 from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import nats_client
-from tests.support.sql import Conn
+from tests.support.sql import BRIDGE_LOGIN, Conn, as_login, ensure_logins
 
 TEMPLATE_DB = "arm_template"
 
@@ -53,6 +59,7 @@ def template_db(pg_server: EmbeddedPostgres) -> Iterator[str]:
     janitor = _janitor(pg_server, TEMPLATE_DB, as_template=True)
     janitor.init()
     migrate(pg_server.url(TEMPLATE_DB))
+    ensure_logins(pg_server.url(TEMPLATE_DB))  # the roles exist now; so do their logins
     try:
         yield TEMPLATE_DB
     finally:
@@ -73,6 +80,12 @@ def _fresh_database(server: EmbeddedPostgres, prefix: str, template: str | None)
 def db_url(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[str]:
     """A fresh, migrated database of this test's own."""
     yield from _fresh_database(pg_server, "arm_test", template_db)
+
+
+@pytest.fixture
+def bridge_db_url(db_url: str) -> str:
+    """The test's database as the bridge's login (a member of arm_bridge only)."""
+    return as_login(db_url, BRIDGE_LOGIN)
 
 
 @pytest.fixture

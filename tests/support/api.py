@@ -1,4 +1,6 @@
-"""Running the real aiohttp app (real sockets) against a real PostgreSQL."""
+"""Running the real aiohttp app (real sockets) against a real PostgreSQL, connected as a
+login of arm_api (and of arm_bridge too when the app runs the bridge: `serve` with
+NATS_ENABLED=true)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from arm_core.config import Settings
 from arm_core.http.app import create_app
+from tests.support.sql import API_LOGIN, SERVE_LOGIN, as_login
 
 
 def api_settings(db_url: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {"database_url": db_url, "nats_enabled": False}
     values.update(overrides)
+    login = SERVE_LOGIN if values["nats_enabled"] else API_LOGIN
+    values["database_url"] = as_login(values["database_url"], login)
     return Settings(**values)
 
 

@@ -1,5 +1,9 @@
 """Test support for the bridge: condition waits with deadlines, a NATS collector, a TCP
-proxy that can cut the database off, and envelope builders."""
+proxy that can cut the database off, and envelope builders.
+
+The bridge under test connects as a login of arm_bridge (tests/support/sql.py), not as
+the superuser the test's own connections use: fast_settings and running_bridge turn the
+superuser's URL into that login's, so every bridge path runs with the role's privileges."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
+from tests.support.sql import BRIDGE_LOGIN, as_login
 
 
 async def wait_for(
@@ -42,9 +47,10 @@ async def wait_for(
 
 
 def fast_settings(db_url: str, nats_url: str, **overrides: Any) -> Settings:
-    """Settings with short periods so the tests wait seconds, not minutes."""
+    """Settings with short periods so the tests wait seconds, not minutes; the database
+    as the bridge's login."""
     values: dict[str, Any] = {
-        "database_url": db_url,
+        "database_url": as_login(db_url, BRIDGE_LOGIN),
         "nats_urls": (nats_url,),
         "outbox_poll_seconds": 0.2,
         "schedule_tick_seconds": 0.2,
@@ -56,9 +62,10 @@ def fast_settings(db_url: str, nats_url: str, **overrides: Any) -> Settings:
 
 @contextlib.asynccontextmanager
 async def running_bridge(settings: Settings, pool_url: str | None = None) -> AsyncIterator[Bridge]:
-    """A bridge in this event loop, connected and subscribed before the body runs."""
+    """A bridge in this event loop, connected and subscribed before the body runs; its
+    pool connects as the bridge's login."""
     pool = AsyncConnectionPool(
-        pool_url or settings.require_database_url(),
+        as_login(pool_url or settings.require_database_url(), BRIDGE_LOGIN),
         open=False,
         min_size=1,
         max_size=5,

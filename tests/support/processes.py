@@ -1,8 +1,14 @@
 """Running `arm-core` as users run it: a real subprocess with its own environment, its
-log in a file, health polled over HTTP."""
+log in a file, health polled over HTTP.
+
+`serve` and `bridge` connect as logins of their roles, as a deployment runs them
+(README "Database roles"): a DATABASE_URL of the suite's superuser becomes the login of
+arm_bridge (`bridge`), of arm_api (`serve` with NATS_ENABLED=false) or of both (`serve`
+with the bridge). `migrate` keeps the URL it is given."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +19,29 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
+from tests.support.sql import API_LOGIN, BRIDGE_LOGIN, SERVE_LOGIN, as_login, ensure_logins
+
 ARM_CORE = str(Path(sys.executable).with_name("arm-core"))
+
+
+def runtime_env(command: str, env: dict[str, str]) -> dict[str, str]:
+    """env with DATABASE_URL as the login of the roles `command` needs (unchanged for
+    other commands and for a URL that is not the suite's superuser's)."""
+    url = env.get("DATABASE_URL")
+    if url is None or command not in ("serve", "bridge"):
+        return env
+    off = ("0", "false", "no", "off")
+    with_bridge = env.get("NATS_ENABLED", "true").strip().lower() not in off
+    login = BRIDGE_LOGIN if command == "bridge" else SERVE_LOGIN if with_bridge else API_LOGIN
+    as_role = as_login(url, login)
+    if as_role != url:
+        # The suite made them with its template; a benchmark's own cluster may not have.
+        # A server that is down is the test's business: the process will say so.
+        with contextlib.suppress(psycopg.OperationalError):
+            ensure_logins(url)
+    return {**env, "DATABASE_URL": as_role}
 
 
 class ArmProcess:
@@ -21,7 +49,7 @@ class ArmProcess:
         self.command = command
         self.log_path = log_path
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "OUTBOX_"))}
-        full_env.update(env)
+        full_env.update(runtime_env(command, env))
         self._log = open(log_path, "ab")  # closed in stop() or kill()
         self.proc = subprocess.Popen(
             [ARM_CORE, command],

@@ -1,13 +1,22 @@
 """Test helpers that act as upstream and as a DBA would: plain-SQL uploads (SPEC §13)
-and calls of the arm.* functions. They write nothing the functions would not write."""
+and calls of the arm.* functions. They write nothing the functions would not write.
+
+And the logins the tests connect as (README "Database roles"): one login member of each
+group role of db/roles.sql, created once per cluster (:func:`ensure_logins`, by the
+conftest's template_db fixture). :func:`as_login` turns the suite's superuser URL into a
+login's, which is how the bridge, the API and the `arm-core` processes under test run
+with their roles' privileges and no more (tests/support/bridge.py, api.py, processes.py);
+setup code keeps the superuser (or the uploader's login)."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
@@ -16,6 +25,62 @@ from arm_core.statuses import pipeline_for
 
 # Connections in tests return dict rows (conftest `conn`, dict_conn) or tuples.
 Conn = psycopg.Connection[Any]
+
+
+# The superuser of the suite's embedded PostgreSQL (arm_core.devtools.embedded).
+SUPERUSER = "postgres"
+
+
+@dataclass(frozen=True)
+class Login:
+    """A login role of the tests and the group roles it is a member of."""
+
+    name: str
+    roles: tuple[str, ...]
+
+
+BRIDGE_LOGIN = Login("arm_test_bridge", ("arm_bridge",))
+API_LOGIN = Login("arm_test_api", ("arm_api",))
+# `arm-core serve` with NATS_ENABLED=true runs the API and the bridge in one process.
+SERVE_LOGIN = Login("arm_test_serve", ("arm_api", "arm_bridge"))
+UPLOADER_LOGIN = Login("arm_test_uploader", ("arm_uploader",))
+READONLY_LOGIN = Login("arm_test_readonly", ("arm_readonly",))
+# A DBA who changes the schedule or calls the owner's functions (SET ROLE is not needed:
+# members inherit).
+OWNER_LOGIN = Login("arm_test_owner", ("arm_owner",))
+LOGINS = (BRIDGE_LOGIN, API_LOGIN, SERVE_LOGIN, UPLOADER_LOGIN, READONLY_LOGIN, OWNER_LOGIN)
+
+_SERVERS_WITH_LOGINS: set[tuple[str | None, int | None]] = set()
+
+
+def ensure_logins(url: str) -> None:
+    """Creates the logins of LOGINS on url's server (url: a superuser's, of a migrated
+    database, so the group roles exist). Once per server and process; safe to repeat."""
+    parts = urlsplit(url)
+    server = (parts.hostname, parts.port)
+    if server in _SERVERS_WITH_LOGINS:
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        for login in LOGINS:
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (login.name,))
+            if exists.fetchone() is None:
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                        sql.Identifier(login.name),
+                        sql.SQL(", ").join(map(sql.Identifier, login.roles)),
+                    )
+                )
+    _SERVERS_WITH_LOGINS.add(server)
+
+
+def as_login(url: str, login: Login) -> str:
+    """url with the suite's superuser replaced by `login` (the server trusts loopback
+    connections, so no password); any other URL is returned as it is."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres") or parts.username != SUPERUSER:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{login.name}@{host}"))
 
 
 @dataclass(frozen=True)
