@@ -15,9 +15,14 @@ log = logging.getLogger("arm_core")
 
 
 def cmd_migrate(settings: Settings) -> int:
-    from arm_core.migrate import migrate
+    from arm_core.migrate import RolesMissing, migrate
 
-    report = migrate(settings.require_database_url(), settings)
+    try:
+        report = migrate(settings.require_database_url(), settings)
+    except RolesMissing as exc:
+        # The SQL is ours (db/roles.sql, a quoted role name): printed as it is, to be run.
+        print(f"arm-core: {escape(exc)}\n\n{exc.sql}", file=sys.stderr, end="")
+        return 1
     applied = ", ".join(report.applied_migrations) or "none pending"
     print(f"migrations: {applied}; functions: {len(report.function_files)} files applied")
     return 0
