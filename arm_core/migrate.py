@@ -3,8 +3,8 @@ and who may call them.
 
 1. The group roles of db/roles.sql (cluster-wide) are created where missing, and the
    migrating user is made a member of arm_owner. Where the migrating user may do neither
-   (no CREATEROLE), migrate changes nothing and stops with :class:`RolesMissing`, whose
-   message is the SQL a DBA runs once.
+   (no CREATEROLE), migrate changes nothing and stops with :class:`RolesMissing`, which
+   carries the SQL a DBA runs once (`arm-core migrate` prints it).
 2. Tables, types and indexes change only through db/migrations.
 3. The functions and triggers in db/functions are applied on every run (CREATE OR
    REPLACE), then db/grants.sql gives everything in schema arm to arm_owner and grants
@@ -55,8 +55,13 @@ ROLES = (OWNER_ROLE, "arm_bridge", "arm_api", "arm_uploader", "arm_readonly")
 
 class RolesMissing(DatabaseError):
     """The roles are missing, or the migrating user is not a member of arm_owner, and the
-    migrating user may not change that. Nothing was migrated; the message ends with the
-    SQL a DBA runs once (as a superuser or a role with CREATEROLE)."""
+    migrating user may not change that. Nothing was migrated. The message (one line)
+    says what is missing; `sql` is what a DBA runs once (as a superuser or a role with
+    CREATEROLE), printed by `arm-core migrate` after it."""
+
+    def __init__(self, message: str, sql: str) -> None:
+        super().__init__(message)
+        self.sql = sql
 
 
 def yoyo_url(database_url: str) -> str:
@@ -107,9 +112,19 @@ def _state(conn: psycopg.Connection) -> tuple[str, list[str], bool, bool]:
 def dba_sql(conn: psycopg.Connection, user: str, missing: list[str]) -> str:
     """What a DBA runs once for `user` to migrate: db/roles.sql when roles are missing,
     and the membership in arm_owner."""
-    grant = sql.SQL("GRANT {} TO {};").format(sql.Identifier(OWNER_ROLE), sql.Identifier(user))
+    grant = _format(conn, "GRANT %I TO %I;", OWNER_ROLE, user)
     parts = [(SQL_DIR / "roles.sql").read_text(encoding="utf-8").strip()] if missing else []
-    return "\n\n".join([*parts, grant.as_string(conn)]) + "\n"
+    return "\n\n".join([*parts, grant]) + "\n"
+
+
+def _format(conn: psycopg.Connection, template: str, *names: str) -> str:
+    """SQL for a DBA to read and run: PostgreSQL's format(), which quotes an identifier
+    only where it must."""
+    args = sql.SQL("").join(sql.SQL(", %s::text") for _ in names)
+    row = conn.execute(sql.SQL("SELECT format(%s::text{})").format(args), (template, *names))
+    found = row.fetchone()
+    assert found is not None
+    return str(found[0])
 
 
 def ensure_roles(conn: psycopg.Connection) -> list[str]:
@@ -122,9 +137,9 @@ def ensure_roles(conn: psycopg.Connection) -> list[str]:
         raise RolesMissing(
             f"migrate: the roles {', '.join(missing)} do not exist, and the migrating user "
             f'"{user}" may not create roles (it is neither a superuser nor has CREATEROLE). '
-            "Nothing was changed. A DBA runs this once for the cluster, as a superuser or a "
-            "role with CREATEROLE, then `arm-core migrate` runs again:\n\n"
-            + dba_sql(conn, user, missing)
+            "Nothing was changed. A DBA runs the SQL below once for the cluster, as a "
+            "superuser or a role with CREATEROLE; then run `arm-core migrate` again.",
+            dba_sql(conn, user, missing),
         )
     if missing:
         conn.execute((SQL_DIR / "roles.sql").read_text(encoding="utf-8"))
@@ -140,14 +155,15 @@ def ensure_roles(conn: psycopg.Connection) -> list[str]:
         raise RolesMissing(
             f'migrate: the migrating user "{user}" is not a member of {OWNER_ROLE}, which '
             "owns schema arm, and may not make itself one. No migration was applied. A DBA "
-            "runs this once, then `arm-core migrate` runs again:\n\n" + dba_sql(conn, user, [])
+            "runs the SQL below once; then run `arm-core migrate` again.",
+            dba_sql(conn, user, []),
         ) from None
     if not _state(conn)[3]:
-        alter = sql.SQL("ALTER ROLE {} INHERIT;").format(sql.Identifier(user))
         raise RolesMissing(
             f'migrate: the migrating user "{user}" is a member of {OWNER_ROLE} but does not '
-            "inherit its privileges (NOINHERIT). No migration was applied. A DBA runs this "
-            "once, then `arm-core migrate` runs again:\n\n" + alter.as_string(conn) + "\n"
+            "inherit its privileges (NOINHERIT). No migration was applied. A DBA runs the "
+            "SQL below once; then run `arm-core migrate` again.",
+            _format(conn, "ALTER ROLE %I INHERIT;", user) + "\n",
         )
     log.info("made %s a member of %s", user, OWNER_ROLE, extra={"action": "migrate"})
     return missing
