@@ -321,6 +321,7 @@ class Publisher:
             if not nc.is_connected:
                 raise PublishFailed("NATS not connected")
             reconnects = nc.stats["reconnects"]
+            error_before = nc.last_error
             try:
                 for subject, msg_id, body in messages:
                     await nc.publish(subject, _dumps(body), headers={MSG_ID_HEADER: msg_id})
@@ -329,6 +330,16 @@ class Publisher:
                 raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
             if not nc.is_connected or nc.stats["reconnects"] != reconnects:
                 raise PublishFailed("NATS connection dropped during the batch")
+            # A publish the user may not make is dropped by the server, which keeps the
+            # connection and sends -ERR ahead of confirm()'s PONG; nats-py hands it to
+            # the error callback and keeps it as last_error. Those messages never
+            # arrived: the batch must not commit as published.
+            error = nc.last_error
+            if error is not None and error is not error_before and _refused(error):
+                raise PublishFailed(
+                    f"NATS refused the publish ({error}): allow this bridge's user to "
+                    "publish on the request subjects (docs/nats-permissions.conf)"
+                )
         except PublishFailed as exc:
             self.stats.failed_batches += 1
             self.stats.last_error = str(exc)
@@ -340,6 +351,10 @@ class Publisher:
                 extra={"action": action, "count": len(messages), "error": str(exc)},
             )
             raise
+
+
+def _refused(error: Exception) -> bool:
+    return "permissions violation for publish" in str(error).lower()
 
 
 def _size(claimed: UnackedJob) -> int:

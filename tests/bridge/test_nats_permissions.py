@@ -221,3 +221,41 @@ async def test_a_bridge_whose_subscription_is_refused_says_so_and_is_not_healthy
     assert '"files.tabular_parsed arm-core"' in message
     assert "permissions violation for subscription" in message
     assert logged(caplog.records, action="nats_connected") == []
+
+
+def _without_image_publish(snippet: str) -> str:
+    """The documented block with the core's publish allowance reduced to the tabular
+    subject: an image request is refused by the server."""
+    right = '"files.tabular_uploaded", "files.img_uploaded"'
+    assert snippet.count(right) == 1, "the core's publish list changed shape"
+    return snippet.replace(right, '"files.tabular_uploaded"')
+
+
+async def test_a_refused_publish_leaves_the_jobs_queued_and_says_why(
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server drops a publish the user may not make and keeps the connection: without
+    a check, the batch would be confirmed and committed as published, and the job would
+    end dlq/NO_ACK. The publisher sees the -ERR that came before its PONG, rolls the
+    batch back (the job stays queued, nothing is lost) and logs the refusal."""
+    caplog.set_level(logging.INFO)
+    async with permissioned_server(tmp_path, _without_image_publish(documented())) as (
+        server,
+        users,
+    ):
+        settings = fast_settings(db_url, server.url(), nats_seed=users.seeds["ARM_CORE_NKEY"])
+        with dict_conn(db_url) as conn:
+            scan = upload(conn, file_type="PDF")
+        async with running_bridge(settings) as bridge:
+            await wait_for(
+                lambda: bridge.publisher.stats.failed_batches >= 2,
+                10,
+                "two refused publish batches",
+            )
+            with dict_conn(db_url) as conn:
+                assert job(conn, scan.job_id)["status"] == "queued"
+    refusals = [r for r in logged(caplog.records, action="publish") if r.levelno == logging.ERROR]
+    assert refusals, "the refused publish was not logged"
+    message = refusals[0].getMessage()
+    assert "NATS refused the publish" in message
+    assert "files.img_uploaded" in message
