@@ -122,6 +122,13 @@ def functions(conn: Conn) -> dict[str, dict[str, Any]]:
 
 
 def test_every_function_is_owned_pinned_and_granted_as_listed(conn: Conn) -> None:
+    assert_functions_owned_pinned_and_granted(conn)
+
+
+def assert_functions_owned_pinned_and_granted(conn: Conn) -> None:
+    """Every function of arm is arm_owner's; the PUBLIC helpers are read-only, unpinned
+    and anyone's; every other one is pinned, not PUBLIC's, SECURITY DEFINER unless
+    listed in INVOKER, and callable by exactly the roles CALLERS names."""
     found = functions(conn)
     assert set(CALLERS) | PUBLIC_HELPERS | INVOKER <= set(found)
     for name, f in found.items():
@@ -188,6 +195,12 @@ def table_privileges(conn: Conn) -> dict[tuple[str, str], list[str]]:
 
 
 def test_only_the_uploader_writes_a_table_and_only_what_an_upload_writes(conn: Conn) -> None:
+    assert_table_privileges(conn)
+
+
+def assert_table_privileges(conn: Conn) -> None:
+    """What each runtime role may do to each table (and column) of arm, and in the
+    schema; PUBLIC nothing."""
     expected = {("arm_readonly", t): ["SELECT"] for t in TABLES}
     expected |= {
         ("arm_bridge", "recognition_job"): ["SELECT"],  # status, requested_at: the health check

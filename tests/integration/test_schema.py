@@ -1,6 +1,6 @@
-"""The schema: migrations apply, roll back and re-apply; functions re-apply without
-change; concurrent migrate runs don't corrupt; enums agree with Python; constraints and
-triggers state the invariants for every write path, plain SQL included."""
+"""The schema: migrations apply, roll back and re-apply; functions, owners and privileges
+re-apply without change; concurrent migrate runs don't corrupt; enums agree with Python;
+constraints and triggers state the invariants for every write path, plain SQL included."""
 
 from __future__ import annotations
 
@@ -32,6 +32,21 @@ FROM pg_constraint WHERE connamespace = 'arm'::regnamespace
 UNION ALL
 SELECT 'column', table_name || '.' || column_name, md5(data_type || coalesce(column_default, ''))
 FROM information_schema.columns WHERE table_schema = 'arm'
+UNION ALL
+SELECT 'privileges', 'schema arm', md5(nspowner::regrole::text || coalesce(nspacl::text, ''))
+FROM pg_namespace WHERE nspname = 'arm'
+UNION ALL
+SELECT 'privileges', c.oid::regclass::text,
+       md5(c.relowner::regrole::text || coalesce(c.relacl::text, '')
+           || coalesce((SELECT string_agg(a.attname || coalesce(a.attacl::text, ''), ','
+                                          ORDER BY a.attnum)
+                        FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attacl IS NOT NULL),
+                       ''))
+FROM pg_class c WHERE c.relnamespace = 'arm'::regnamespace
+UNION ALL
+SELECT 'privileges', p.oid::regprocedure::text,
+       md5(p.proowner::regrole::text || coalesce(p.proacl::text, ''))
+FROM pg_proc p WHERE p.pronamespace = 'arm'::regnamespace
 ORDER BY 1, 2
 """
 
@@ -54,7 +69,7 @@ def test_migrate_empty_then_rollback_then_reapply(empty_db_url: str) -> None:
     assert first.applied_migrations == MIGRATIONS
     applied = snapshot(empty_db_url)
     kinds = {kind for kind, _, _ in applied}
-    assert kinds == {"function", "trigger", "index", "constraint", "column"}
+    assert kinds == {"function", "trigger", "index", "constraint", "column", "privileges"}
 
     assert rollback_all(empty_db_url) == MIGRATIONS[::-1]
     with psycopg.connect(empty_db_url) as conn:

@@ -1,10 +1,15 @@
 """An upgrade from the previous release (tests/fixtures/previous_release): a database
 created by that release's migrations and functions, holding jobs in every state written
 through that release's own queries, is migrated to the current release. The migration
-succeeds, no row changes, the schema is db/schema.sql, and the previous release's named
-queries — what its bridges send — still prepare with the same result columns and still
-do their work: during a rolling deploy `arm-core migrate` runs first, while bridges of the
-previous release are still running (db/README.md)."""
+succeeds, no row changes, the schema is db/schema.sql (owners and grants included), and
+the previous release's named queries — what its bridges send — still prepare with the
+same result columns and still do their work: during a rolling deploy `arm-core migrate`
+runs first, while bridges of the previous release are still running (db/README.md).
+
+The previous release had no roles: everything ran as the user that owned the schema.
+After the upgrade the roles' grants are in place and the new release runs under them,
+while the old bridges, still connected as that user, keep working — as a superuser, and
+as an ordinary owner login, which the DBA makes a member of arm_owner once."""
 
 from __future__ import annotations
 
@@ -23,9 +28,24 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from yoyo import get_backend, read_migrations
 
+from arm_core.db import query
 from arm_core.devtools.schema_snapshot import overloads
-from arm_core.migrate import SQL_DIR, migrate
+from arm_core.migrate import SQL_DIR, RolesMissing, migrate
+from tests.integration.test_roles import (
+    assert_functions_owned_pinned_and_granted,
+    assert_table_privileges,
+)
 from tests.integration.test_schema_snapshot import assert_matches_snapshot
+from tests.support.sql import (
+    API_LOGIN,
+    BRIDGE_LOGIN,
+    UPLOADER_LOGIN,
+    Login,
+    as_login,
+    dict_conn,
+    ensure_logins,
+)
+from tests.support.sql import upload as new_upload
 
 pytestmark = pytest.mark.integration
 
@@ -334,8 +354,95 @@ def test_the_previous_release_bridges_keep_working_after_the_upgrade(empty_db_ur
     and new uploads, with every query of their queries.sql."""
     ups = previous_release_with_data(empty_db_url)
     migrate(empty_db_url)
+    the_previous_release_keeps_working(empty_db_url, ups)
 
-    with old_bridge(empty_db_url) as bridge:
+
+def test_after_the_upgrade_the_roles_grants_are_in_place_and_the_new_release_runs_under_them(
+    empty_db_url: str,
+) -> None:
+    previous_release_with_data(empty_db_url)
+    migrate(empty_db_url)
+    with dict_conn(empty_db_url) as conn:
+        assert_functions_owned_pinned_and_granted(conn)
+        assert_table_privileges(conn)
+    the_new_release_runs_under_its_roles(empty_db_url)
+
+
+def test_a_deployment_that_ran_as_the_schema_owner_keeps_its_old_bridges_through_the_upgrade(
+    empty_db_url: str,
+) -> None:
+    """The previous release installed and run by one ordinary login that owns the
+    database (no superuser, no CREATEROLE) — what the issue calls every deployment. Its
+    migrate stops, changing nothing, until the DBA's one GRANT; then it migrates, the old
+    bridges on that login keep working through the membership, and the new release runs
+    under the roles."""
+    app = f"arm_app_{uuid.uuid4().hex[:8]}"
+    dbname = empty_db_url.rsplit("/", 1)[1]
+    with psycopg.connect(empty_db_url, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{app}" LOGIN')
+        admin.execute(f'ALTER DATABASE "{dbname}" OWNER TO "{app}"')
+    app_url = as_login(empty_db_url, Login(app, ()))
+    ups = previous_release_with_data(app_url)
+    before = rows(empty_db_url)
+
+    with pytest.raises(RolesMissing) as refused:
+        migrate(app_url)
+    assert rows(empty_db_url) == before
+    with psycopg.connect(empty_db_url, autocommit=True) as dba:
+        assert dba.execute(
+            "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'arm'"
+        ).fetchone() == (app,)
+        dba.execute(refused.value.sql)  # GRANT arm_owner TO <app>, once
+
+    migrate(app_url)
+    assert rows(empty_db_url) == before
+    assert_matches_snapshot(empty_db_url, "a database upgraded by its owner login")
+    the_previous_release_keeps_working(app_url, ups)
+    the_new_release_runs_under_its_roles(empty_db_url)
+
+
+def the_new_release_runs_under_its_roles(url: str) -> None:
+    """The current release on an upgraded database: an upload as the uploader, published
+    and answered as the bridge, retried and read as the API."""
+    ensure_logins(url)  # a test of empty databases may be the session's first
+    with dict_conn(as_login(url, UPLOADER_LOGIN)) as uploader:
+        up = new_upload(uploader)
+    with dict_conn(as_login(url, BRIDGE_LOGIN)) as bridge:
+        with bridge.transaction():
+            sent = bridge.execute(
+                query("publish_queued_jobs"),
+                {
+                    "limit": 100,
+                    "tabular_timeout": 600,
+                    "image_timeout": 1800,
+                    "tabular_subject": "files.tabular_uploaded",
+                    "image_subject": "files.img_uploaded",
+                    "max_bytes": 1 << 20,
+                },
+            ).fetchall()
+        assert up.job_id in {row["job_id"] for row in sent}
+        answer = {
+            "job_id": str(up.job_id),
+            "file_id": str(up.file_id),
+            "status": "error",
+            "msg_id": f"result:{up.job_id}",
+            "service_name": "tabular-parser",
+            "error_code": "UNREADABLE",
+        }
+        [applied] = bridge.execute(query("apply_envelopes"), {"envelopes": Jsonb([answer])})
+        assert applied["outcome"] == "applied"
+        bridge.execute(query("set_sweep_interval"), {"seconds": 30})
+        bridge.execute(query("run_due_tasks")).fetchall()
+    with dict_conn(as_login(url, API_LOGIN)) as api:
+        [retried] = api.execute(query("retry_file"), {"file_id": up.file_id, "actor": "ops"})
+        assert retried["outcome"] == "retried"
+        document = api.execute(query("get_file"), {"file_id": up.file_id}).fetchone()
+        assert document is not None and len(document["file"]["attempts"]) == 2
+
+
+def the_previous_release_keeps_working(url: str, ups: dict[str, Upload]) -> None:
+    """The previous release's bridges, connected as `url`'s user, after the upgrade."""
+    with old_bridge(url) as bridge:
         conn = bridge.conn
         # Jobs published by the previous release: acked, finished.
         assert ack(bridge, ups["published"]) == "applied"
