@@ -29,6 +29,7 @@ from arm_core.bridge.inbox import Inbox, InboxStep
 from arm_core.bridge.publisher import Publisher
 from arm_core.statuses import ApplyOutcome, JobStatus
 from tests.support.bridge import fast_settings, nats_client
+from tests.support.sql import BRIDGE_LOGIN, as_login
 
 # Settings for a step that never connects to NATS itself (an inbox, a scheduler).
 NO_NATS = "nats://127.0.0.1:1"
@@ -40,11 +41,13 @@ REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
 async def step_pool(
     db_url: str, pool_timeout: float = 5.0
 ) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    """A connection pool as the bridge opens one (autocommit; `pool_timeout` is how long a
-    step waits for a connection before the database counts as unreachable), its first
-    connection made before the body runs."""
+    """A connection pool as the bridge opens one: as the bridge's login (a member of
+    arm_bridge only, so a step has the bridge's privileges and no more), autocommit,
+    `pool_timeout` the wait for a connection before the database counts as unreachable;
+    its first connection made before the body runs. `db_url` is the superuser's URL the
+    test's own connections use."""
     async with AsyncConnectionPool(
-        db_url,
+        as_login(db_url, BRIDGE_LOGIN),
         open=False,
         min_size=1,
         max_size=3,
