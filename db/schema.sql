@@ -1283,7 +1283,6 @@ ALTER FUNCTION arm.tg_recognition_job__defaults() OWNER TO arm_owner;
 
 CREATE FUNCTION arm.tg_recognition_job__guard() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 BEGIN
     IF (NEW.id, NEW.file_id, NEW.attempt, NEW.pipeline, NEW.max_attempts, NEW.requested_at)
@@ -1325,7 +1324,6 @@ ALTER FUNCTION arm.tg_recognition_job__guard() OWNER TO arm_owner;
 
 CREATE FUNCTION arm.tg_recognition_job__notify_queued() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM inserted WHERE status = 'queued') THEN
@@ -1344,7 +1342,6 @@ ALTER FUNCTION arm.tg_recognition_job__notify_queued() OWNER TO arm_owner;
 
 CREATE FUNCTION arm.tg_stored_file__touch() RETURNS trigger
     LANGUAGE plpgsql
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 BEGIN
     IF NEW IS DISTINCT FROM OLD THEN

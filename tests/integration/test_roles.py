@@ -74,13 +74,16 @@ CALLERS: dict[str, set[str]] = {
 # Read-only helpers called per row inside the functions: PUBLIC, no SET clause (so the SQL
 # ones inline), the caller's rights.
 PUBLIC_HELPERS = {"is_final", "pipeline_for", "setting_int", "_request_body", "job_view"}
-# Pinned but with the caller's rights: triggers that read no table, and pg_cron's
-# scheduling, which needs the caller's rights on schema cron.
-INVOKER = {
+# Pinned but with the caller's rights: pg_cron's scheduling, which needs the caller's
+# rights on schema cron (a DBA's).
+INVOKER = {"schedule_with_pg_cron"}
+# Triggers that read and write no table: the writer's rights, no SET clause (they fire
+# per row; inside the functions they run under the functions' pinned path), nobody's to
+# call (a trigger function is only ever fired, and CREATE TRIGGER needs EXECUTE).
+ROW_TRIGGERS = {
     "tg_recognition_job__guard",
     "tg_recognition_job__notify_queued",
     "tg_stored_file__touch",
-    "schedule_with_pg_cron",
 }
 PINNED = ["search_path=pg_catalog, arm, pg_temp"]
 RUNTIME_ROLES = ("arm_bridge", "arm_api", "arm_uploader", "arm_readonly")
@@ -127,12 +130,17 @@ def test_every_function_is_owned_pinned_and_granted_as_listed(conn: Conn) -> Non
 
 def assert_functions_owned_pinned_and_granted(conn: Conn) -> None:
     """Every function of arm is arm_owner's; the PUBLIC helpers are read-only, unpinned
-    and anyone's; every other one is pinned, not PUBLIC's, SECURITY DEFINER unless
-    listed in INVOKER, and callable by exactly the roles CALLERS names."""
+    and anyone's; the ROW_TRIGGERS unpinned, invoker and nobody's; every other one is
+    pinned, not PUBLIC's, SECURITY DEFINER unless listed in INVOKER, and callable by
+    exactly the roles CALLERS names."""
     found = functions(conn)
-    assert set(CALLERS) | PUBLIC_HELPERS | INVOKER <= set(found)
+    assert set(CALLERS) | PUBLIC_HELPERS | INVOKER | ROW_TRIGGERS <= set(found)
     for name, f in found.items():
         assert f["owner"] == "arm_owner", name
+        if name in ROW_TRIGGERS:
+            assert f["is_trigger"] and (f["definer"], f["config"]) == (False, None), name
+            assert not f["public_execute"] and f["callers"] == [], name
+            continue
         if name in PUBLIC_HELPERS:
             # Read-only (IMMUTABLE or STABLE), no SET, the caller's rights, anyone's.
             assert (f["volatility"], f["definer"], f["config"]) in (
