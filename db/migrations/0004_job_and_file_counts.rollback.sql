@@ -1,0 +1,2 @@
+-- Rolls back 0004 (skeleton).
+SELECT 1;
