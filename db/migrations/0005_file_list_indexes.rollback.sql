@@ -1,0 +1,1 @@
+-- Rolls back 0005: nothing yet.

@@ -1,0 +1,3 @@
+-- Indexes of the file list, GET /api/v1/files (issue 11, part 4): reserved (skeleton, so
+-- migration numbers do not collide); the indexes follow.
+-- depends: 0004_job_and_file_counts
