@@ -13,7 +13,10 @@ from arm_core.config import Settings
 from arm_core.http.errors import ApiError, Handler
 
 ACTOR = web.RequestKey("actor", str)
-PUBLIC_PATHS = ("/healthcheck", "/api/v1/openapi.json")
+# The console's shell ("/", "/console/…") holds no data; /api/v1/whoami answers
+# {"actor": null} without credentials, so the console knows to show its sign-in form.
+PUBLIC_PATHS = ("/healthcheck", "/api/v1/openapi.json", "/", "/api/v1/whoami")
+PUBLIC_PREFIXES = ("/console/",)
 
 
 def _digest(token: str) -> bytes:
@@ -57,7 +60,7 @@ def auth_middleware(settings: Settings) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in PUBLIC_PATHS:
+        if request.path not in PUBLIC_PATHS and not request.path.startswith(PUBLIC_PREFIXES):
             request[ACTOR] = authenticate(request, settings, tokens)
         return await handler(request)
 
