@@ -380,6 +380,7 @@ def _header(name: str, raw: str) -> str:
 
 
 _POSITIVE = number(float, 0.001)
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True, repr=False)
@@ -391,6 +392,8 @@ class Settings:
     nats_urls: tuple[str, ...] = env_var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
     nats_enabled: bool = env_var("NATS_ENABLED", parse_bool, True)
     debug: bool = env_var("DEBUG", parse_bool, False)
+    # Log lines on stderr: "text" (key=value, for people) or "json" (one object a line).
+    log_format: str = env_var("LOG_FORMAT", one_of(LOG_FORMATS), "text")
     # A user nkey seed (SU…) and its JWT: checked at start, never shown (see secrets()).
     nats_seed: str = env_var(SEED_VAR, _nats_seed, "")
     nats_jwt: str = env_var(JWT_VAR, _nats_jwt, "")
