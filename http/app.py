@@ -8,6 +8,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+import arm_core
 from arm_core.config import Settings
 from arm_core.http import handlers
 from arm_core.http.auth import auth_middleware
@@ -15,6 +16,54 @@ from arm_core.http.errors import error_middleware
 from arm_core.runtime import SETTINGS, bridge_ctx, healthcheck, pool_ctx
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
+# The operator console (issue 11): static files, no build step. index.html at /, the rest
+# at /console/<name>; only these names are served, read once when the app is built.
+CONSOLE_DIR = Path(arm_core.__file__).with_name("console")
+CONSOLE_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}
+CONSOLE = web.AppKey("console", dict)
+# The console's pages run only their own files: no inline script or style, no other
+# origin (it runs offline), no framing; data only from this server's API.
+CONSOLE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
+
+
+def _console_files() -> dict[str, tuple[bytes, str]]:
+    return {
+        path.name: (path.read_bytes(), CONSOLE_TYPES[path.suffix])
+        for path in sorted(CONSOLE_DIR.iterdir())
+        if path.suffix in CONSOLE_TYPES
+    }
+
+
+def _console_response(request: web.Request, name: str) -> web.Response:
+    found = request.app[CONSOLE].get(name)
+    if found is None:
+        raise web.HTTPNotFound()
+    body, content_type = found
+    return web.Response(
+        body=body,
+        content_type=content_type,
+        charset="utf-8",
+        headers={
+            "Content-Security-Policy": CONSOLE_CSP,
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-cache",
+        },
+    )
+
+
+async def console_index(request: web.Request) -> web.Response:
+    """GET / → the operator console's page (the data comes from /api/v1/*)."""
+    return _console_response(request, "index.html")
+
+
+async def console_file(request: web.Request) -> web.Response:
+    """GET /console/<name> → one of the console's static files."""
+    return _console_response(request, request.match_info["name"])
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -24,9 +73,13 @@ def create_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[handlers.OPENAPI] = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
+    app[CONSOLE] = _console_files()
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
     app.router.add_get("/healthcheck", healthcheck)
     app.router.add_get("/api/v1/openapi.json", handlers.openapi)
+    app.router.add_get("/", console_index)
+    app.router.add_get("/console/{name}", console_file)
+    app.router.add_get("/api/v1/whoami", handlers.whoami)
     app.router.add_post("/api/v1/files/retry", handlers.retry_files)
     app.router.add_post("/api/v1/files/{file_id}/retry", handlers.retry_file)
     # "retry" is the batch route's, not a file id: GET /api/v1/files/retry is then a 405

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from arm_core.http.auth import ACTOR
+from arm_core.http.auth import ACTOR, authenticate
 from arm_core.http.errors import ApiError
 from arm_core.runtime import SETTINGS, STORE
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
@@ -139,6 +139,17 @@ async def get_file(request: web.Request) -> web.Response:
     if document is None:
         raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
     return web.json_response(document)
+
+
+async def whoami(request: web.Request) -> web.Response:
+    """GET /api/v1/whoami → {"actor": who the credentials say (null without valid ones),
+    "auth_mode"}. Public: the console asks it to know whether to show its sign-in form."""
+    settings = request.app[SETTINGS]
+    try:
+        actor: str | None = authenticate(request, settings)
+    except ApiError:
+        actor = None
+    return web.json_response({"actor": actor, "auth_mode": settings.auth_mode})
 
 
 async def openapi(request: web.Request) -> web.Response:
