@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Every configured secret is kept out of every log line and message from here on,
     # whatever a driver puts in its error.
     redact = Redactor(settings.secrets())
-    setup_logging(settings.debug, redact)
+    setup_logging(settings.debug, redact, settings.log_format)  # LOG_FORMAT=text|json
     try:
         return COMMANDS[args.command][1](settings)
     except ConfigError as exc:

@@ -1,17 +1,28 @@
-"""Structured logs: one line per event, `key=value` fields after the message.
+"""Structured logs: one line per event, for people (``LOG_FORMAT=text``, the default) or
+for machines (``LOG_FORMAT=json``), on stderr.
 
-Every line about a job carries job_id, attempt and an action; ignored messages add a
-reason (pass them with ``extra=``, as Procrastinate does).
+Code logs through the standard library, its fields passed with ``extra=`` (as
+Procrastinate does): every line about a job carries job_id, attempt and an action;
+ignored messages add a reason. structlog's ProcessorFormatter renders each record — every
+``extra=`` field, whatever its name, not a fixed list:
 
-Two rules hold for every line, whatever a value holds, and live here in one place so a
-different log format (structlog, JSON) can call them too:
+- text: ``2026-11-30T05:00:00.123+00:00 INFO arm_core.bridge.inbox: result applied
+  action=result job_id=… attempt=1`` — the time in UTC with its offset, the known fields
+  (FIELDS) first, then any other in the order given; a traceback on the lines below,
+  indented by two spaces;
+- json: ``{"timestamp": "2026-11-30T05:00:00.123Z", "level": "info", "logger": …,
+  "message": …, "action": "result", "job_id": "…", "attempt": 1}`` — one object a line,
+  values typed (numbers stay numbers, a UUID is its text, anything else its str()), a
+  traceback as ``exception``.
+
+Two rules hold for every line in both formats, whatever a value holds:
 
 - **One event, one line.** :func:`escape` writes a newline, a carriage return and every
   other control character as an escape (``\\n``, ``\\r``, ``\\x1b``, …) in the message,
-  in its arguments and in every field, so no value — a job_id read from a rejected
-  envelope, an error text from a driver — can start a line that looks like another
-  event. A traceback follows its event on lines that start with two spaces, never with
-  a timestamp.
+  in its arguments and in every field of a text line, so no value — a job_id read from a
+  rejected envelope, an error text from a driver — can start a line that looks like
+  another event. JSON escapes the C0 controls by nature; the other line breakers
+  (NEL, U+2028, U+2029) and the bidirectional overrides are written as ``\\uNNNN`` too.
 - **No secret.** :class:`Redactor` replaces every configured secret (passwords of
   DATABASE_URL and NATS_URL, the NATS seed and JWT, the API tokens; see
   ``Settings.secrets``) by ``***`` wherever it turns up: a driver that echoes the
@@ -20,10 +31,17 @@ different log format (structlog, JSON) can call them too:
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from structlog.typing import EventDict
 
 FIELDS = (
     "action",
@@ -93,48 +111,146 @@ def _quote(value: object) -> str:
     return text
 
 
-class KeyValueFormatter(logging.Formatter):
-    """`2026-11-29T21:00:00 INFO arm_core.bridge.inbox: result ignored action=… job_id=…`
+# The attributes every LogRecord has (and those a formatter or structlog adds): whatever
+# else a record carries came from ``extra=``.
+_RECORD_KEYS = frozenset(vars(logging.makeLogRecord({}))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "_logger",
+    "_name",
+    "_from_structlog",
+    "_record",
+}
+CORE = ("timestamp", "level", "logger", "message")
+_BELOW = ("exception", "stack")
 
-    The message (with its arguments), the logger's name and every field are redacted
-    and escaped (see the module's docstring); a traceback or stack follows on lines
-    indented by two spaces."""
+# Characters json.dumps leaves as they are but that break a line for some readers
+# (str.splitlines, editors, terminals) or read differently from what they are.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
-    def __init__(self, redact: Redactor | None = None) -> None:
-        super().__init__(None, "%Y-%m-%dT%H:%M:%S")
+
+def extras(record: logging.LogRecord) -> dict[str, Any]:
+    """The record's ``extra=`` fields: FIELDS first (in that order), then the others in
+    the order given."""
+    given = {k: v for k, v in vars(record).items() if k not in _RECORD_KEYS}
+    known = {k: given.pop(k) for k in FIELDS if k in given}
+    return known | given
+
+
+class _FromRecord:
+    """structlog's foreign_pre_chain step: the record's time (UTC, milliseconds), level,
+    logger, message and every extra field, in that order. An extra named like one of the
+    line's own keys (``level``, ``exception``, …) is kept as ``extra_<name>``."""
+
+    def __init__(self, utc_suffix: str) -> None:
+        self.utc_suffix = utc_suffix
+
+    def __call__(self, _: Any, __: str, event_dict: EventDict) -> EventDict:
+        record: logging.LogRecord = event_dict["_record"]
+        stamp = datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        out: EventDict = {
+            "timestamp": f"{stamp}.{int(record.msecs):03d}{self.utc_suffix}",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": event_dict.pop("event"),
+        }
+        for key, value in extras(record).items():
+            out[f"extra_{key}" if key in CORE or key in _BELOW else key] = value
+        stack = event_dict.pop("stack_info", None)
+        out.update(event_dict)  # _record, _from_structlog, exc_info
+        if stack:
+            out["stack"] = stack
+        return out
+
+
+def _jsonable(value: object, redact: Redactor) -> object:
+    """`value` as JSON can hold it, every text redacted: numbers, booleans and null as
+    they are; a mapping or a sequence item by item; anything else (a UUID, a datetime, an
+    exception) as its text."""
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {redact(str(k)): _jsonable(v, redact) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v, redact) for v in value]
+    return redact(str(value))
+
+
+class _Redact:
+    """The step before the renderer: every value of the line redacted (and, for JSON,
+    made JSON-typed)."""
+
+    def __init__(self, redact: Redactor, typed: bool) -> None:
+        self.redact = redact
+        self.typed = typed
+
+    def __call__(self, _: Any, __: str, event_dict: EventDict) -> EventDict:
+        if self.typed:
+            return {self.redact(k): _jsonable(v, self.redact) for k, v in event_dict.items()}
+        return {self.redact(k): self.redact(str(v)) for k, v in event_dict.items()}
+
+
+def _dumps(event_dict: EventDict, **_: Any) -> str:
+    text = json.dumps(event_dict, ensure_ascii=False, default=str)
+    if _JSON_UNSAFE.search(text) is None:
+        return text
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _render_text(_: Any, __: str, event_dict: EventDict) -> str:
+    """`2026-11-30T05:00:00.123+00:00 INFO arm_core.bridge.inbox: result ignored action=…
+    job_id=…`, a traceback or stack on the lines below indented by two spaces; every
+    value already redacted, escaped here."""
+    d = dict(event_dict)
+    line = f"{d.pop('timestamp')} {d.pop('level').upper()} "
+    line += f"{escape(d.pop('logger'))}: {escape(d.pop('message'))}"
+    below = [text for key in _BELOW for text in d.pop(key, "").splitlines()]
+    if d:
+        line += " " + " ".join(f"{escape(k)}={_quote(v)}" for k, v in d.items())
+    return line + "".join("\n  " + escape(text) for text in below)
+
+
+class LogFormatter(structlog.stdlib.ProcessorFormatter):
+    """A stdlib formatter that renders each record through structlog, as JSON
+    (``fmt="json"``) or key=value text (``fmt="text"``), with `redact`'s secrets masked
+    (see the module's docstring)."""
+
+    def __init__(self, fmt: str = "text", redact: Redactor | None = None) -> None:
+        if fmt not in ("text", "json"):
+            raise ValueError(f"log format {fmt!r}: expected text or json")
+        self.fmt = fmt
         self.redact = redact or Redactor()
-
-    def clean(self, value: object) -> str:
-        return escape(self.redact(str(value)))
-
-    def format(self, record: logging.LogRecord) -> str:
-        message = self.clean(record.getMessage())
-        line = f"{self.formatTime(record, self.datefmt)} {record.levelname} "
-        line += f"{self.clean(record.name)}: {message}"
-        pairs = [
-            f"{k}={_quote(self.redact(str(getattr(record, k))))}"
-            for k in FIELDS
-            if hasattr(record, k)
-        ]
-        if pairs:
-            line += " " + " ".join(pairs)
-        below: list[str] = []
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:
-            below += record.exc_text.splitlines()
-        if record.stack_info:
-            below += self.formatStack(record.stack_info).splitlines()
-        return line + "".join("\n  " + self.clean(text) for text in below)
+        as_json = fmt == "json"
+        super().__init__(
+            foreign_pre_chain=[
+                _FromRecord("Z" if as_json else "+00:00"),
+                structlog.processors.format_exc_info,
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                _Redact(self.redact, typed=as_json),
+                structlog.processors.JSONRenderer(serializer=_dumps) if as_json else _render_text,
+            ],
+        )
 
 
-def setup_logging(debug: bool = False, redact: Redactor | None = None) -> None:
-    """Every log line to stderr through KeyValueFormatter, with `redact`'s secrets
-    masked."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter(redact))
+def setup_logging(
+    debug: bool = False,
+    redact: Redactor | None = None,
+    fmt: str = "text",
+    handlers: list[logging.Handler] | None = None,
+) -> None:
+    """Every log line through LogFormatter (`fmt`: text or json), with `redact`'s secrets
+    masked, to `handlers` (stderr when none are given)."""
+    handlers = handlers or [logging.StreamHandler(sys.stderr)]
+    formatter = LogFormatter(fmt, redact)
+    for handler in handlers:
+        handler.setFormatter(formatter)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = handlers
     root.setLevel(logging.DEBUG if debug else logging.INFO)
     # nats-py and aiohttp's access log are chatty at DEBUG; keep them at INFO.
     for name in ("nats", "aiohttp.access"):
