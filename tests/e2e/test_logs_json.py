@@ -65,7 +65,7 @@ async def test_a_bridge_logs_a_jobs_whole_path_in_json(stack: Stack) -> None:
         up = upload(conn, "XLSX")
     await wait_for(lambda: job_status(stack.db_url, up.job_id) == "done", 30, bridge.log)
     job = str(up.job_id)
-    await wait_for(lambda: about(records(bridge.log()), job_id=job, action="result"), 10)
+    await wait_for(lambda: bool(about(records(bridge.log()), job_id=job, action="result")), 10)
     assert bridge.stop() == 0
     docs = records(bridge.log())
     lines = about(docs, job_id=job)
@@ -87,7 +87,7 @@ async def test_a_forged_job_id_stays_inside_its_json_line(stack: Stack) -> None:
         await send(nc, body, f"{uuid.uuid4()}:1")
     finally:
         await nc.close()
-    await wait_for(lambda: about(records(bridge.log()), action="inbox_drop"), 20, bridge.log)
+    await wait_for(lambda: bool(about(records(bridge.log()), action="inbox_drop")), 20, bridge.log)
     text = bridge.log()
     assert len(text.splitlines()) == text.count("\n")  # only newlines break the lines
     assert "\x1b" not in text and "\r" not in text and "\u2028" not in text
