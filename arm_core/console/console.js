@@ -1,1 +1,696 @@
-// The operator console (issue 11).
+// The operator console of arm-core (issue 11): a file list with filters, a file page with
+// every attempt, single and batch retry, and the exchange's status — all from /api/v1/*.
+// Plain ES module, no build step, no other origin. Data is put in the page as text
+// (textContent), never as HTML.
+
+const POLL_MS = 2000; // statuses update without a reload
+const TOKEN_KEY = "arm-core.token"; // sessionStorage: this tab only
+const LIVE = new Set(["queued", "published", "processing"]);
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  authMode: null,
+  actor: null,
+  items: [], // the list as last loaded
+  nextCursor: null,
+  selected: new Set(), // file ids
+  answers: new Map(), // file id → {kind: "retried"|"skipped"|"error", text}
+  inFlight: new Set(), // file ids being retried
+  batchInFlight: false,
+  listQuery: "", // the list's query string (from the hash)
+  listHash: "#/",
+  file: null, // the file page's document
+  timer: null,
+  generation: 0,
+  fileId: null,
+};
+
+// --- helpers ----------------------------------------------------------------------
+
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (v === true) el.setAttribute(k, "");
+    else el.setAttribute(k, String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function pad(n) {
+  return String(n).padStart(2, "0");
+}
+
+// A timestamp in the browser's time zone, with the zone's offset: "2026-11-30 08:53:25 +01:00".
+function when(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return iso;
+  const off = -d.getTimezoneOffset();
+  const sign = off >= 0 ? "+" : "-";
+  const zone = `${sign}${pad(Math.floor(Math.abs(off) / 60))}:${pad(Math.abs(off) % 60)}`;
+  return (
+    `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())} ${zone}`
+  );
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "—";
+  const s = Math.round(Number(seconds));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+function badge(status, kind) {
+  if (!status) return h("span", { class: "badge none", text: "—" });
+  return h("span", { class: `badge ${kind} s-${status.toLowerCase()}`, text: status });
+}
+
+function show(id, visible) {
+  $(id).hidden = !visible;
+}
+
+// --- the API ----------------------------------------------------------------------
+
+class SignedOut extends Error {}
+
+async function api(path, options = {}) {
+  const headers = { Accept: "application/json", ...(options.headers || {}) };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (options.json !== undefined) headers["Content-Type"] = "application/json";
+  const resp = await fetch(path, {
+    method: options.method || "GET",
+    headers,
+    body: options.json !== undefined ? JSON.stringify(options.json) : undefined,
+    cache: "no-store",
+    credentials: "same-origin",
+  });
+  let body = null;
+  try {
+    body = await resp.json();
+  } catch {
+    body = null;
+  }
+  if (resp.status === 401 && !options.public) {
+    signedOut(state.authMode === "token" ? "Your token is no longer accepted: sign in again." : null);
+    throw new SignedOut();
+  }
+  return { status: resp.status, body };
+}
+
+function errorText(resp) {
+  const err = resp.body && resp.body.error;
+  if (err) return `${err.code}: ${err.message}`;
+  return `HTTP ${resp.status}`;
+}
+
+// --- sign-in ----------------------------------------------------------------------
+
+async function whoami() {
+  const resp = await api("/api/v1/whoami", { public: true });
+  if (resp.status !== 200 || !resp.body) throw new Error(errorText(resp));
+  return resp.body;
+}
+
+function signedOut(message) {
+  stopPolling();
+  sessionStorage.removeItem(TOKEN_KEY);
+  state.actor = null;
+  state.items = [];
+  state.file = null;
+  state.answers.clear();
+  state.selected.clear();
+  $("files").tBodies[0].replaceChildren();
+  $("file").replaceChildren();
+  $("status").replaceChildren();
+  show("console", false);
+  show("signout", false);
+  $("who").textContent = "";
+  $("live").textContent = "";
+  if (state.authMode === "token") {
+    show("signin", true);
+    $("signin-error").textContent = message || "";
+    $("token").value = "";
+    $("token").focus();
+  } else if (state.authMode === "header") {
+    show("denied", true);
+    $("denied-text").textContent =
+      "The authenticating proxy in front of this server did not say who you are. " +
+      "Open the console through the proxy's sign-in.";
+  }
+}
+
+function signedIn(me) {
+  state.actor = me.actor;
+  show("signin", false);
+  show("denied", false);
+  show("console", true);
+  if (state.authMode === "none") {
+    $("who").textContent = "authentication off (AUTH_MODE=none): retries are recorded as anonymous";
+  } else {
+    $("who").textContent = `signed in as ${me.actor}`;
+  }
+  show("signout", state.authMode === "token");
+  route();
+}
+
+async function onSignIn(event) {
+  event.preventDefault();
+  const token = $("token").value.trim();
+  if (!token) return;
+  $("signin-submit").disabled = true;
+  try {
+    sessionStorage.setItem(TOKEN_KEY, token);
+    const me = await whoami();
+    if (me.actor === null) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      $("signin-error").textContent = "That token is not accepted.";
+      return;
+    }
+    $("signin-error").textContent = "";
+    signedIn(me);
+  } catch (err) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    $("signin-error").textContent = `The server did not answer: ${err.message}`;
+  } finally {
+    $("signin-submit").disabled = false;
+  }
+}
+
+// --- routing and polling ----------------------------------------------------------
+
+function route() {
+  if (state.actor === null) return;
+  const hash = location.hash || "#/";
+  const file = hash.match(/^#\/files\/([0-9a-fA-F-]{36})$/);
+  stopPolling();
+  if (file) {
+    show("list-view", false);
+    show("file-view", true);
+    $("back").setAttribute("href", state.listHash);
+    state.file = null;
+    $("file").replaceChildren();
+    $("file-error").textContent = "";
+    state.fileId = file[1];
+  } else {
+    state.fileId = null;
+    state.listHash = hash;
+    state.listQuery = hash.includes("?") ? hash.slice(hash.indexOf("?") + 1) : "";
+    fillFilters(new URLSearchParams(state.listQuery));
+    state.items = [];
+    state.nextCursor = null;
+    show("file-view", false);
+    show("list-view", true);
+  }
+  tick();
+}
+
+function stopPolling() {
+  if (state.timer !== null) clearTimeout(state.timer);
+  state.timer = null;
+}
+
+async function tick() {
+  // Each tick schedules the next only if no newer tick started meanwhile (a retry or a
+  // navigation ticks at once): one polling loop, never two.
+  stopPolling();
+  state.generation += 1;
+  const generation = state.generation;
+  const work = [loadStatus()];
+  work.push(state.fileId ? loadFile() : loadList());
+  const results = await Promise.allSettled(work);
+  if (state.actor === null || generation !== state.generation) return; // superseded
+  const failed = results.find((r) => r.status === "rejected" && !(r.reason instanceof SignedOut));
+  $("live").textContent = failed
+    ? `live · the server did not answer (${failed.reason.message}); trying again`
+    : `live · updated ${when(new Date().toISOString())}`;
+  $("live").classList.toggle("stale", Boolean(failed));
+  if (state.actor !== null && generation === state.generation) {
+    state.timer = setTimeout(tick, POLL_MS);
+  }
+}
+
+// --- status -----------------------------------------------------------------------
+
+function counts(title, map, kind) {
+  const entries = Object.entries(map || {});
+  return h(
+    "div",
+    { class: "counts" },
+    h("span", { class: "label", text: title }),
+    entries.length === 0 ? h("span", { class: "muted", text: "none" }) : null,
+    entries.map(([s, n]) => h("span", { class: "count" }, badge(s, kind), ` ${n}`)),
+  );
+}
+
+function figure(label, value, warn) {
+  return h(
+    "div",
+    { class: warn ? "figure warn" : "figure" },
+    h("span", { class: "label", text: label }),
+    h("span", { class: "value", text: String(value) }),
+  );
+}
+
+async function loadStatus() {
+  const resp = await api("/api/v1/status");
+  const el = $("status");
+  if (resp.status !== 200 || !resp.body) {
+    el.replaceChildren(h("p", { class: "muted", text: `status not available: ${errorText(resp)}` }));
+    return;
+  }
+  const s = resp.body;
+  const sweep = s.last_sweep || {};
+  const bridge = s.bridge;
+  el.replaceChildren(
+    counts("Jobs", s.jobs, "job"),
+    counts("Files", s.files, "file"),
+    h(
+      "div",
+      { class: "figures" },
+      figure("oldest queued", age(s.oldest_queued_age_seconds), s.oldest_queued_age_seconds > 60),
+      figure("unacked overdue", s.unacked_overdue ?? "—", s.unacked_overdue > 0),
+      figure("past deadline, unswept", s.past_deadline_unswept ?? "—", s.past_deadline_unswept > 0),
+      figure(
+        "last sweep",
+        sweep.at ? `${when(sweep.at)} ${sweep.result ?? ""}${sweep.error ? ` — ${sweep.error}` : ""}` : "never",
+        Boolean(sweep.error),
+      ),
+      figure(
+        "bridge",
+        bridge ? `nats ${bridge.nats} · listener ${bridge.listener}` : "not in this process",
+        Boolean(bridge && (bridge.nats !== "ok" || bridge.listener !== "ok")),
+      ),
+    ),
+  );
+}
+
+// --- the file list ----------------------------------------------------------------
+
+function fillFilters(params) {
+  const form = $("filters");
+  for (const box of form.querySelectorAll("input[type=checkbox]")) {
+    box.checked = params.getAll(box.name).includes(box.value);
+  }
+  for (const name of ["q", "file_type", "consolidation_id"]) {
+    form.elements[name].value = params.get(name) || "";
+  }
+  for (const name of ["updated_after", "updated_before"]) {
+    const iso = params.get(name);
+    const d = iso ? new Date(iso) : null;
+    form.elements[name].value =
+      d && !Number.isNaN(d.getTime())
+        ? `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T` +
+          `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`
+        : "";
+  }
+}
+
+function onFilter(event) {
+  event.preventDefault();
+  const form = $("filters");
+  const params = new URLSearchParams();
+  for (const box of form.querySelectorAll("input[type=checkbox]:checked")) {
+    params.append(box.name, box.value);
+  }
+  for (const name of ["q", "file_type", "consolidation_id"]) {
+    const v = form.elements[name].value.trim();
+    if (v) params.set(name, v);
+  }
+  for (const name of ["updated_after", "updated_before"]) {
+    const v = form.elements[name].value;
+    if (v) params.set(name, new Date(v).toISOString()); // local time → UTC
+  }
+  const query = params.toString();
+  location.hash = query ? `#/?${query}` : "#/";
+}
+
+async function loadList(more = false) {
+  const params = new URLSearchParams(state.listQuery);
+  if (more) {
+    params.set("cursor", state.nextCursor);
+    params.set("limit", "50");
+  } else {
+    // A refresh re-reads as many rows as are shown, so "load more" pages stay live.
+    params.set("limit", String(Math.min(500, Math.max(50, state.items.length))));
+  }
+  const generation = state.generation;
+  const resp = await api(`/api/v1/files?${params}`);
+  if (!more && generation !== state.generation) return; // a newer read is on its way
+  if (resp.status !== 200 || !resp.body) {
+    $("list-error").textContent =
+      resp.status === 404 || resp.status === 405
+        ? "This server has no file list (GET /api/v1/files)."
+        : `The file list: ${errorText(resp)}`;
+    if (resp.status >= 500) throw new Error(errorText(resp));
+    return;
+  }
+  $("list-error").textContent = "";
+  state.items = more ? state.items.concat(resp.body.items) : resp.body.items;
+  state.nextCursor = resp.body.next_cursor;
+  renderList();
+}
+
+function answerCell(fileId) {
+  const a = state.answers.get(fileId);
+  if (state.inFlight.has(fileId)) return h("span", { class: "answer pending", text: "retrying…" });
+  if (!a) return "";
+  return h("span", { class: `answer ${a.kind}`, text: a.text });
+}
+
+function renderList() {
+  const rows = state.items.map((item) => {
+    const job = item.current_job || {};
+    const id = item.id;
+    return h(
+      "tr",
+      { "data-file-id": id, class: state.answers.has(id) ? "answered" : null },
+      h(
+        "td",
+        {},
+        h("input", {
+          type: "checkbox",
+          class: "select",
+          "aria-label": `select ${item.original_name}`,
+          checked: state.selected.has(id),
+          onchange: (e) => {
+            if (e.target.checked) state.selected.add(id);
+            else state.selected.delete(id);
+            renderSelection();
+          },
+        }),
+      ),
+      h("td", { class: "name" }, h("a", { href: `#/files/${id}`, text: item.original_name })),
+      h("td", { text: item.file_type }),
+      h("td", {}, badge(item.status, "file")),
+      h("td", {}, badge(job.status, "job")),
+      h("td", { class: "attempt", text: job.attempt ? `${job.attempt} / ${job.max_attempts}` : "—" }),
+      h("td", { class: "code", text: job.error_code || "" }),
+      h("td", { class: "when", text: when(item.updated_at), title: item.updated_at }),
+      h(
+        "td",
+        {},
+        h("button", {
+          type: "button",
+          class: "retry",
+          disabled: !item.retryable || state.inFlight.has(id),
+          title: item.retryable ? "ask for a new attempt" : "not retryable now",
+          onclick: (e) => retryOne(id, e.target),
+          text: "Retry",
+        }),
+      ),
+      h("td", { class: "answer-cell" }, answerCell(id)),
+    );
+  });
+  $("files").tBodies[0].replaceChildren(...rows);
+  show("empty", state.items.length === 0);
+  show("more", Boolean(state.nextCursor));
+  renderSelection();
+}
+
+function renderSelection() {
+  const n = state.selected.size;
+  $("selection").textContent = n ? `${n} selected` : "";
+  $("retry-selected").disabled = n === 0 || state.batchInFlight;
+  $("retry-selected").textContent = n ? `Retry selected (${n})` : "Retry selected";
+  const shown = state.items.map((i) => i.id);
+  $("select-all").checked = shown.length > 0 && shown.every((id) => state.selected.has(id));
+}
+
+function onSelectAll(event) {
+  for (const item of state.items) {
+    if (event.target.checked) state.selected.add(item.id);
+    else state.selected.delete(item.id);
+  }
+  renderList();
+}
+
+// --- retry ------------------------------------------------------------------------
+
+// A refused retry in words (the 409's or the batch entry's details).
+function whySkipped(details) {
+  if (!details) return "skipped: not retryable";
+  switch (details.reason) {
+    case "not_failed":
+      return LIVE.has(details.current_status)
+        ? `skipped: still running (${details.current_status})`
+        : `skipped: not failed (${details.current_status})`;
+    case "attempts_exhausted":
+      return `skipped: attempts exhausted (${details.current_attempt} / ${details.max_attempts})`;
+    case "no_job":
+      return "skipped: the file has no recognition job";
+    default:
+      return `skipped: ${details.reason}`;
+  }
+}
+
+function singleAnswer(resp) {
+  if (resp.status === 201) return { kind: "retried", text: `retried: attempt ${resp.body.attempt} queued` };
+  const err = (resp.body && resp.body.error) || {};
+  if (resp.status === 409) return { kind: "skipped", text: whySkipped(err.details) };
+  if (resp.status === 404) return { kind: "skipped", text: "skipped: not found" };
+  return { kind: "error", text: `failed: ${errorText(resp)}` };
+}
+
+function batchAnswer(entry) {
+  if (entry.outcome === "retried") return { kind: "retried", text: `retried: attempt ${entry.attempt} queued` };
+  if (entry.reason === "FILE_NOT_FOUND") return { kind: "skipped", text: "skipped: not found" };
+  return { kind: "skipped", text: whySkipped(entry.details) };
+}
+
+async function retryOne(fileId, button) {
+  // One click, one request: the button stays disabled until the answer is in, so a double
+  // click asks once (a second ask of a live job would only be refused as still running).
+  if (state.inFlight.has(fileId)) return;
+  state.inFlight.add(fileId);
+  if (button) button.disabled = true;
+  refreshViews();
+  try {
+    const resp = await api(`/api/v1/files/${fileId}/retry`, { method: "POST" });
+    state.answers.set(fileId, singleAnswer(resp));
+  } catch (err) {
+    if (err instanceof SignedOut) return;
+    state.answers.set(fileId, { kind: "error", text: `failed: ${err.message}` });
+  } finally {
+    state.inFlight.delete(fileId);
+  }
+  refreshViews();
+  tick();
+}
+
+async function retrySelected() {
+  if (state.batchInFlight || state.selected.size === 0) return;
+  const ids = [...state.selected];
+  state.batchInFlight = true;
+  for (const id of ids) state.inFlight.add(id);
+  $("batch-summary").textContent = `retrying ${ids.length}…`;
+  renderList();
+  try {
+    const resp = await api("/api/v1/files/retry", { method: "POST", json: { file_ids: ids } });
+    if (resp.status !== 200) {
+      $("batch-summary").textContent = `the batch failed: ${errorText(resp)}`;
+      return;
+    }
+    let retried = 0;
+    for (const entry of resp.body.results) {
+      const answer = batchAnswer(entry);
+      if (answer.kind === "retried") retried += 1;
+      state.answers.set(entry.file_id, answer);
+    }
+    const skipped = resp.body.results.length - retried;
+    $("batch-summary").textContent = `${resp.body.results.length} files: ${retried} retried, ${skipped} skipped`;
+    state.selected.clear();
+  } catch (err) {
+    if (err instanceof SignedOut) return;
+    $("batch-summary").textContent = `the batch failed: ${err.message}`;
+  } finally {
+    state.batchInFlight = false;
+    for (const id of ids) state.inFlight.delete(id);
+  }
+  renderList();
+  tick();
+}
+
+function refreshViews() {
+  if (state.fileId) {
+    if (state.file) renderFile();
+  } else {
+    renderList();
+  }
+}
+
+// --- the file page ----------------------------------------------------------------
+
+async function loadFile() {
+  const id = state.fileId;
+  const generation = state.generation;
+  const resp = await api(`/api/v1/files/${id}`);
+  if (id !== state.fileId || generation !== state.generation) return; // superseded
+  if (resp.status !== 200 || !resp.body) {
+    $("file-error").textContent =
+      resp.status === 404 ? "There is no such file." : `The file: ${errorText(resp)}`;
+    if (resp.status >= 500) throw new Error(errorText(resp));
+    return;
+  }
+  $("file-error").textContent = "";
+  state.file = resp.body;
+  renderFile();
+}
+
+function dl(pairs) {
+  return h(
+    "dl",
+    { class: "facts" },
+    pairs.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", {}, v === null || v === undefined ? "—" : v)]),
+  );
+}
+
+function event(label, at, extra) {
+  return h(
+    "li",
+    { class: at ? "event" : "event missing" },
+    h("span", { class: "event-label", text: label }),
+    h("span", { class: "when", text: when(at), title: at || "" }),
+    extra ? h("span", { class: "muted", text: ` ${extra}` }) : null,
+  );
+}
+
+function attemptCard(job, currentId) {
+  const service = job.service ? `${job.service.name}${job.service.version ? ` ${job.service.version}` : ""}` : null;
+  return h(
+    "li",
+    { class: "attempt-card", "data-attempt": job.attempt },
+    h(
+      "h4",
+      {},
+      `Attempt ${job.attempt} / ${job.max_attempts} `,
+      badge(job.status, "job"),
+      job.job_id === currentId ? h("span", { class: "tag", text: "current" }) : null,
+    ),
+    h(
+      "ol",
+      { class: "timeline" },
+      event("requested", job.requested_at),
+      event(
+        "published",
+        job.published_at,
+        job.republish_count ? `republished ${job.republish_count}×` : null,
+      ),
+      event("acked (started)", job.started_at),
+      event("finished", job.finished_at),
+    ),
+    dl([
+      ["job", h("code", { text: job.job_id })],
+      ["pipeline", job.pipeline],
+      ["reply deadline", when(job.reply_deadline)],
+      ["republish count", String(job.republish_count ?? 0)],
+      ["service", service],
+      [
+        "error",
+        job.error
+          ? h("span", { class: "code" }, job.error.code, job.error.message ? ` — ${job.error.message}` : "")
+          : null,
+      ],
+      ["result", job.result ? h("pre", { text: JSON.stringify(job.result, null, 2) }) : null],
+      ["metrics", job.metrics ? h("pre", { text: JSON.stringify(job.metrics, null, 2) }) : null],
+    ]),
+  );
+}
+
+function renderFile() {
+  const doc = state.file;
+  const f = doc.file;
+  const current = doc.current_job;
+  const retryable =
+    current && ["error", "timeout", "dlq"].includes(current.status) && current.attempt < current.max_attempts;
+  const retries = doc.retries || [];
+  const byJob = new Map(doc.attempts.map((j) => [j.job_id, j.attempt]));
+  $("file").replaceChildren(
+    h("h2", { class: "name", text: f.original_name }),
+    h(
+      "div",
+      { class: "actions" },
+      h("button", {
+        id: "file-retry",
+        type: "button",
+        class: "retry",
+        disabled: !retryable || state.inFlight.has(f.id),
+        onclick: (e) => retryOne(f.id, e.target),
+        text: "Retry this file",
+      }),
+      h("span", { id: "file-answer" }, answerCell(f.id)),
+    ),
+    dl([
+      ["file", h("code", { text: f.id })],
+      ["status", badge(f.status, "file")],
+      ["type", f.file_type],
+      ["consolidation", f.consolidation_id ? h("code", { text: f.consolidation_id }) : null],
+      ["object", h("code", { text: `s3://${f.s3.bucket}/${f.s3.key}` })],
+      ["created", when(f.created_at)],
+      ["updated", when(f.updated_at)],
+    ]),
+    h("h3", { text: `Attempts (${doc.attempts.length})` }),
+    h("ol", { id: "attempts", class: "attempts" }, doc.attempts.map((j) => attemptCard(j, f.current_job_id))),
+    h("h3", { text: `Retries (${retries.length})` }),
+    retries.length === 0
+      ? h("p", { class: "muted", text: "Nobody has retried this file." })
+      : h(
+          "table",
+          { id: "retries", class: "files" },
+          h("thead", {}, h("tr", {}, h("th", { text: "When" }), h("th", { text: "Who" }), h("th", { text: "What" }))),
+          h(
+            "tbody",
+            {},
+            retries.map((r) =>
+              h(
+                "tr",
+                {},
+                h("td", { class: "when", text: when(r.retried_at), title: r.retried_at }),
+                h("td", { text: r.actor }),
+                h("td", {
+                  text: `attempt ${byJob.get(r.old_job_id) ?? "?"} → attempt ${r.new_attempt ?? byJob.get(r.new_job_id) ?? "?"}`,
+                }),
+              ),
+            ),
+          ),
+        ),
+  );
+}
+
+// --- start ------------------------------------------------------------------------
+
+async function start() {
+  $("signin-form").addEventListener("submit", onSignIn);
+  $("signout").addEventListener("click", () => signedOut(null));
+  $("filters").addEventListener("submit", onFilter);
+  $("clear").addEventListener("click", () => {
+    location.hash = "#/";
+  });
+  $("select-all").addEventListener("change", onSelectAll);
+  $("retry-selected").addEventListener("click", retrySelected);
+  $("more").addEventListener("click", () => loadList(true));
+  window.addEventListener("hashchange", route);
+  try {
+    const me = await whoami();
+    state.authMode = me.auth_mode;
+    show("loading", false);
+    if (me.actor === null) signedOut(null);
+    else signedIn(me);
+  } catch (err) {
+    $("loading").textContent = `The server did not answer: ${err.message}. Reload to try again.`;
+  }
+}
+
+start();
