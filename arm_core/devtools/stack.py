@@ -5,6 +5,11 @@ embedded nats-server unless DATABASE_URL / NATS_URL are given; migrates; runs th
 with the bridge and the reference recognition services; uploads a few demo files the
 way upstream does (plain SQL) and prints each file's way to a final status. Ctrl-C (or
 SIGTERM) stops everything it started. A second run reuses .dev/.
+
+Its stdout is for a person: the operator console's URL first, then the banner and the
+status feed. The processes' own logs (API and bridge, reference services) go to files
+under .dev/logs/ in LOG_FORMAT, so they do not bury the feed — unless DEBUG is set: then
+they stay on stderr, as `serve` writes them.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import time
@@ -26,6 +32,7 @@ from psycopg.rows import dict_row
 
 from arm_core.config import Settings
 from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.logs import Redactor, setup_logging
 from arm_core.migrate import migrate
 from arm_core.statuses import pipeline_for
 
@@ -195,12 +202,17 @@ def banner(settings: Settings, base: str, root: Path, files: list[dict[str, Any]
     lines = [
         "",
         "arm-core dev is running — Ctrl-C stops everything it started",
+        f"  console      {base}/",
         f"  API          {base}/api/v1/files/<file_id>   (POST …/retry to retry)",
         f"  OpenAPI      {base}/api/v1/openapi.json",
         f"  health       {base}/healthcheck",
         f"  PostgreSQL   psql '{settings.database_url}'",
         f"  NATS         {settings.nats_urls[0]}",
         f"  results      {root / 'results'} (the reference services' stand-in for S3)",
+        *(
+            f"  {'logs' if i == 0 else '':<12} {text}"
+            for i, text in enumerate(where_logs_go(settings, root))
+        ),
         "",
         "Demo uploads (plain SQL, as upstream does):",
     ]
@@ -219,11 +231,63 @@ def banner(settings: Settings, base: str, root: Path, files: list[dict[str, Any]
     return "\n".join(lines)
 
 
+REFERENCE_LOGGER = "arm_core.devtools.reference"
+
+
+def log_files(root: Path) -> tuple[Path, Path]:
+    """Where the logs go without DEBUG: the API's and the bridge's (and migrate's, and
+    anything else's), and the reference services'."""
+    return root / "logs" / "serve.log", root / "logs" / "reference.log"
+
+
+def where_logs_go(settings: Settings, root: Path) -> list[str]:
+    if settings.debug:
+        return ["stderr (DEBUG is set)"]
+    serve, reference = log_files(root)
+    return [
+        f"{serve} (API, bridge), {reference} (reference services)",
+        f"PostgreSQL's and NATS's under {root / 'postgres'} and {root / 'nats'}",
+    ]
+
+
+@contextlib.contextmanager
+def logs_to_files(settings: Settings, root: Path) -> Iterator[None]:
+    """Without DEBUG: every log record to a file under root/logs (in LOG_FORMAT, secrets
+    masked), the reference services' to their own; an error (a crash included) is also
+    written to stderr, so a failure is never only in a file. With DEBUG: as set up."""
+    if settings.debug:
+        yield
+        return
+    serve_path, reference_path = log_files(root)
+    serve_path.parent.mkdir(parents=True, exist_ok=True)
+    serve = logging.FileHandler(serve_path, encoding="utf-8")
+    serve.addFilter(lambda r: not r.name.startswith(REFERENCE_LOGGER))
+    reference = logging.FileHandler(reference_path, encoding="utf-8")
+    reference.addFilter(logging.Filter(REFERENCE_LOGGER))
+    errors = logging.StreamHandler()  # stderr
+    errors.setLevel(logging.ERROR)
+    root_logger = logging.getLogger()
+    before = root_logger.handlers[:]
+    setup_logging(
+        False, Redactor(settings.secrets()), settings.log_format, [serve, reference, errors]
+    )
+    try:
+        yield
+    finally:
+        root_logger.handlers[:] = before
+        serve.close()
+        reference.close()
+
+
 def run(settings: Settings) -> int:
     root = Path(os.environ.get("ARM_DEV_DIR", ".dev")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     port = settings.http_port if "HTTP_PORT" in settings.explicit else _port_or_free(8080)
-    with embedded_servers(settings, root) as (database_url, nats_url):
+    # The console first, before anything else (it answers once the stack is up).
+    print(f"console: http://{settings.http_host}:{port}/", flush=True)
+    print(f"logs: {where_logs_go(settings, root)[0]}", flush=True)
+    with logs_to_files(settings, root), embedded_servers(settings, root) as urls:
+        database_url, nats_url = urls
         settings = dev_settings(settings, database_url, nats_url, port)
         migrate(database_url, settings)
         asyncio.run(serve_dev(settings, root))

@@ -1,8 +1,12 @@
 """`arm-core dev` as a newcomer runs it: the demo files reach their final statuses, the
-API answers, Ctrl-C stops everything it started, and a second run reuses its data."""
+API answers, Ctrl-C stops everything it started, and a second run reuses its data. Its
+stdout is a readable feed — the console's URL first, then the banner and the status
+changes — with the processes' logs in files under the dev folder, or on stderr when
+DEBUG is set (issue 11, part 6)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -29,13 +33,26 @@ FAST = {
 }
 
 
-def run_dev(dev_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+# A log line of either format: a timestamp first, or a JSON object.
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d|\{)")
+
+
+def run_dev(dev_dir: Path, log: Path, **env: str) -> tuple[subprocess.Popen[bytes], int]:
+    """`arm-core dev`, its stdout in `log`, its stderr in `log` + ".err"."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "NATS_URL")}
-    env.update(FAST, ARM_DEV_DIR=str(dev_dir), HTTP_PORT=str(port))
-    out = open(log, "wb")
-    proc = subprocess.Popen([ARM_CORE, "dev"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "NATS_URL", "DEBUG", "LOG_FORMAT")
+    }
+    full.update(FAST, ARM_DEV_DIR=str(dev_dir), HTTP_PORT=str(port), **env)
+    out, err = open(log, "wb"), open(errors_of(log), "wb")
+    proc = subprocess.Popen([ARM_CORE, "dev"], env=full, stdout=out, stderr=err)
     return proc, port
+
+
+def errors_of(log: Path) -> Path:
+    return log.with_name(log.name + ".err")
 
 
 def wait_text(log: Path, text: str, within: float) -> str:
@@ -75,6 +92,20 @@ def test_dev_runs_the_demo_and_stops_cleanly_twice(tmp_path: Path) -> None:
             assert line in text
         assert f"http://127.0.0.1:{port}/healthcheck" in text
         assert "arm-core dev stopped" in log.read_text()
+        # The feed is readable: the console first, no log line on stdout nor stderr.
+        assert text.splitlines()[0] == f"console: http://127.0.0.1:{port}/"
+        assert [line for line in text.splitlines() if LOG_LINE.match(line)] == []
+        assert errors_of(log).read_text() == ""
+        # The logs are in the files the banner names: the reference services' apart.
+        serve_log, reference_log = (
+            dev_dir / "logs" / "serve.log",
+            dev_dir / "logs" / "reference.log",
+        )
+        assert f"logs         {serve_log} (API, bridge), {reference_log}" in text
+        served, referenced = serve_log.read_text(), reference_log.read_text()
+        assert "action=nats_connected" in served and "action=inbox_batch" in served
+        assert "action=ref_result" in referenced and "arm_core.devtools.reference" not in served
+        assert all(LOG_LINE.match(line) or line.startswith("  ") for line in served.splitlines())
         # Nothing it started is left behind.
         nats_port = re.search(r"NATS\s+nats://127.0.0.1:(\d+)", text)
         assert nats_port is not None
@@ -85,11 +116,12 @@ def test_dev_runs_the_demo_and_stops_cleanly_twice(tmp_path: Path) -> None:
 
 
 def test_dev_second_run_sees_the_first_runs_files(tmp_path: Path) -> None:
+    """The second run with DEBUG and LOG_FORMAT=json: its logs stay on stderr."""
     dev_dir = tmp_path / "dev"
     seen = []
-    for run in (1, 2):
+    for run, env in ((1, {}), (2, {"DEBUG": "true", "LOG_FORMAT": "json"})):
         log = tmp_path / f"dev{run}.log"
-        proc, _ = run_dev(dev_dir, log)
+        proc, _ = run_dev(dev_dir, log, **env)
         try:
             text = wait_text(log, "Status changes:", 60)
             url = re.search(r"psql '(postgresql://[^']+)'", text)
@@ -101,4 +133,12 @@ def test_dev_second_run_sees_the_first_runs_files(tmp_path: Path) -> None:
         finally:
             proc.send_signal(signal.SIGINT)
             assert proc.wait(30) == 0
+        if run == 1:
+            files_after_first = (dev_dir / "logs" / "serve.log").read_text()
     assert seen == [6, 12]
+    # DEBUG: the logs on stderr (here in JSON, debug lines included), not in the files
+    assert (dev_dir / "logs" / "serve.log").read_text() == files_after_first
+    logged = [json.loads(line) for line in errors_of(log).read_text().splitlines()]
+    assert any(d.get("action") == "nats_connected" for d in logged)
+    assert any(d["level"] == "debug" for d in logged)
+    assert "stderr (DEBUG is set)" in text
