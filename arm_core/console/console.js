@@ -244,14 +244,25 @@ async function tick() {
 
 // --- status -----------------------------------------------------------------------
 
+const ORDER = {
+  job: ["queued", "published", "processing", "done", "needs_check", "error", "timeout", "dlq"],
+  file: ["UPLOADED", "PROCESSING", "ERROR"],
+};
+
+// Per-status counts in the path's order (a status this page does not know goes last).
 function counts(title, map, kind) {
-  const entries = Object.entries(map || {});
+  const known = ORDER[kind];
+  const entries = Object.entries(map || {}).sort(
+    ([a], [b]) => (known.indexOf(a) + 1 || 99) - (known.indexOf(b) + 1 || 99),
+  );
   return h(
     "div",
     { class: "counts" },
     h("span", { class: "label", text: title }),
     entries.length === 0 ? h("span", { class: "muted", text: "none" }) : null,
-    entries.map(([s, n]) => h("span", { class: "count" }, badge(s, kind), ` ${n}`)),
+    entries.map(([s, n]) =>
+      h("span", { class: n ? "count" : "count zero", [`data-${kind}-status`]: s }, badge(s, kind), ` ${n}`),
+    ),
   );
 }
 
@@ -434,6 +445,13 @@ function onSelectAll(event) {
     if (event.target.checked) state.selected.add(item.id);
     else state.selected.delete(item.id);
   }
+  renderList();
+}
+
+// Every shown file whose current job failed with attempts left (the list's `retryable`).
+function onSelectRetryable() {
+  state.selected.clear();
+  for (const item of state.items) if (item.retryable) state.selected.add(item.id);
   renderList();
 }
 
@@ -679,6 +697,7 @@ async function start() {
     location.hash = "#/";
   });
   $("select-all").addEventListener("change", onSelectAll);
+  $("select-retryable").addEventListener("click", onSelectRetryable);
   $("retry-selected").addEventListener("click", retrySelected);
   $("more").addEventListener("click", () => loadList(true));
   window.addEventListener("hashchange", route);
