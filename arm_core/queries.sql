@@ -80,3 +80,25 @@ SELECT 1 AS ok;
 
 -- name: get_file
 SELECT arm.get_file(%(file_id)s) AS file;
+
+-- name: publish_queued_jobs_v2
+SELECT job_id, attempt, file_id, outcome, subject, msg_id, request, error_message,
+       queued_seconds
+FROM arm.publish_queued_jobs_v2(%(limit)s, make_interval(secs => %(tabular_timeout)s),
+                                make_interval(secs => %(image_timeout)s),
+                                %(tabular_subject)s, %(image_subject)s, %(max_bytes)s);
+
+-- name: apply_envelopes_v2
+SELECT ord, outcome, attempt, status::text AS status, wait_seconds
+FROM arm.apply_envelopes_v2(%(envelopes)s::jsonb) ORDER BY ord;
+
+-- name: job_counts
+SELECT status, n FROM arm.job_counts();
+
+-- name: compact_counts
+SELECT arm.compact_counts() AS folded;
+
+-- name: status_view
+SELECT jobs, files, oldest_queued_age_seconds, unacked_overdue, past_deadline_unswept,
+       last_sweep_at, last_sweep_result, last_sweep_error
+FROM arm.status_view(make_interval(secs => %(ack_timeout)s));

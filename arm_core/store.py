@@ -23,6 +23,7 @@ sends, on its connection.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import typing
@@ -40,7 +41,7 @@ from psycopg.types.json import Jsonb
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.db import DatabaseError, query, wrap_db_errors
+from arm_core.db import DatabaseError, DatabaseUnavailable, query, wrap_db_errors
 from arm_core.statuses import (
     ApplyOutcome,
     JobStatus,
@@ -137,6 +138,56 @@ class AppliedEnvelope:
     outcome: ApplyOutcome
     attempt: int | None
     status: JobStatus | None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedJobTimed:
+    """publish_queued_jobs_v2: publish_queued_jobs' row, and for a published job the
+    seconds it waited queued (requested_at → the claim; None for a dead-lettered one)."""
+
+    job_id: uuid.UUID
+    attempt: int
+    file_id: uuid.UUID
+    outcome: PublishOutcome
+    subject: str
+    msg_id: str
+    request: str | None
+    error_message: str | None
+    queued_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedEnvelopeTimed:
+    """apply_envelopes_v2: apply_envelopes' row, and for an applied envelope the wait it
+    ended (an ack: published → processing; a result: processing → final; None else)."""
+
+    ord: int
+    outcome: ApplyOutcome
+    attempt: int | None
+    status: JobStatus | None
+    wait_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCount:
+    """job_counts: the number of jobs in one status."""
+
+    status: JobStatus
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    """status_view: GET /api/v1/status's figures (jobs and files as {status: n})."""
+
+    jobs: dict[str, int]
+    files: dict[str, int]
+    oldest_queued_age_seconds: float
+    unacked_overdue: int
+    past_deadline_unswept: int
+    last_sweep_at: dt.datetime | None
+    last_sweep_result: str | None
+    last_sweep_error: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +353,20 @@ class Store:
             async with self.pool.connection(timeout=pool_timeout) as conn:
                 return await self._scalar(conn, name, params)
 
+    async def _bounded_rows(
+        self, name: str, row: type[R], params: dict[str, Any] | None, within: float
+    ) -> list[R]:
+        """_pooled_rows within `within` seconds, the wait for a connection included; past
+        it the statement is cancelled (psycopg sends the server a cancel request) and
+        DatabaseUnavailable raised."""
+        try:
+            async with asyncio.timeout(within):
+                with wrap_db_errors(name):
+                    async with self.pool.connection(timeout=within) as conn:
+                        return await self._rows(conn, name, row, params)
+        except TimeoutError as exc:
+            raise DatabaseUnavailable(f"{name}: no answer within {within:g} s") from exc
+
     # The publisher's, in the caller's transaction --------------------------------------
 
     async def publish_queued_jobs(
@@ -328,6 +393,30 @@ class Store:
         }
         return await self._rows(
             conn, "publish_queued_jobs", PublishedJob, params, json_as_text=True
+        )
+
+    async def publish_queued_jobs_v2(
+        self,
+        conn: AsyncConnection[Any],
+        *,
+        limit: int,
+        tabular_timeout: float,
+        image_timeout: float,
+        tabular_subject: str,
+        image_subject: str,
+        max_bytes: int,
+    ) -> list[PublishedJobTimed]:
+        """publish_queued_jobs, each published job with the seconds it waited queued."""
+        params = {
+            "limit": limit,
+            "tabular_timeout": tabular_timeout,
+            "image_timeout": image_timeout,
+            "tabular_subject": tabular_subject,
+            "image_subject": image_subject,
+            "max_bytes": max_bytes,
+        }
+        return await self._rows(
+            conn, "publish_queued_jobs_v2", PublishedJobTimed, params, json_as_text=True
         )
 
     async def claim_unacked_jobs(
@@ -419,6 +508,33 @@ class Store:
         if len(rows) != len(answers):
             raise DatabaseError(f"apply_envelopes returned {len(rows)} rows for {len(answers)}")
         return rows
+
+    async def apply_envelopes_v2(self, answers: Sequence[Answer]) -> list[AppliedEnvelopeTimed]:
+        """apply_envelopes, each applied envelope with the wait it ended (the inbox's)."""
+        payload = Jsonb([a.row() for a in answers], dumps=_dumps)
+        rows = await self._pooled_rows(
+            "apply_envelopes_v2", AppliedEnvelopeTimed, {"envelopes": payload}
+        )
+        if len(rows) != len(answers):
+            raise DatabaseError(f"apply_envelopes_v2 returned {len(rows)} rows for {len(answers)}")
+        return rows
+
+    async def job_counts(self, within: float) -> list[StatusCount]:
+        """Jobs per status (every status), costing what changed since the last compaction,
+        not the history; `within` bounds the wait for a connection and the statement."""
+        return await self._bounded_rows("job_counts", StatusCount, None, within)
+
+    async def compact_counts(self) -> int:
+        """Folds the per-status count deltas into the counts; returns how many it folded."""
+        return int(await self._pooled_scalar("compact_counts"))
+
+    async def status_view(self, ack_timeout: float, within: float) -> StatusView:
+        """GET /api/v1/status's figures; `within` bounds the wait for a connection and
+        the statement."""
+        [row] = await self._bounded_rows(
+            "status_view", StatusView, {"ack_timeout": ack_timeout}, within
+        )
+        return row
 
     async def apply_ack(self, answer: Answer) -> AppliedAnswer:
         """Applies one ack (status processing) on its own."""

@@ -90,11 +90,17 @@ GRANT EXECUTE ON FUNCTION
     arm.dead_letter_unacked,   -- … and dead-letter
     arm.apply_envelopes,       -- inbox step
     arm.run_due_tasks,         -- scheduler tick
-    arm.set_sweep_interval     -- TIMEOUT_SWEEP_SECONDS at start; not the rest of the schedule
+    arm.set_sweep_interval,    -- TIMEOUT_SWEEP_SECONDS at start; not the rest of the schedule
+    arm.publish_queued_jobs_v2, -- publisher step, with the queued wait (issue 11 metrics)
+    arm.apply_envelopes_v2,    -- inbox step, with the ack and processing waits
+    arm.compact_counts,        -- scheduler tick: folds the per-status count deltas
+    arm.job_counts             -- GET /metrics on the health port: arm_jobs{status}
 TO arm_bridge;
 
 -- 5. arm_api: retry and the file view (http/handlers.py).
 GRANT EXECUTE ON FUNCTION arm.retry_file, arm.retry_files, arm.get_file TO arm_api;
+-- GET /metrics (arm_jobs{status}) and GET /api/v1/status (issue 11).
+GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view TO arm_api;
 
 -- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job.
 GRANT SELECT (status, requested_at) ON arm.recognition_job TO arm_bridge, arm_api;
@@ -113,7 +119,8 @@ GRANT SELECT (id) ON arm.s3_object, arm.stored_file, arm.recognition_job TO arm_
 
 -- 7. arm_readonly: every table, and the file view.
 GRANT SELECT ON ALL TABLES IN SCHEMA arm TO arm_readonly;
-GRANT EXECUTE ON FUNCTION arm.get_file TO arm_readonly;
+GRANT EXECUTE ON FUNCTION arm.get_file, arm.job_counts, arm.file_counts, arm.status_view
+    TO arm_readonly;
 
 -- Everything else — set_setting, set_periodic_task, sweep_timeouts, claim_queued_jobs,
 -- mark_published, dead_letter_unpublishable, apply_ack, apply_result,

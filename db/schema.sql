@@ -415,6 +415,42 @@ $$;
 ALTER FUNCTION arm.apply_envelopes(p_envelopes jsonb) OWNER TO arm_owner;
 
 --
+-- Name: apply_envelopes_v2(jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) RETURNS TABLE(ord integer, outcome text, attempt integer, status arm.job_status, wait_seconds double precision)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_ord integer[];
+    v_outcome text[];
+    v_attempt integer[];
+    v_status arm.job_status[];
+BEGIN
+    SELECT array_agg(a.ord ORDER BY a.ord), array_agg(a.outcome ORDER BY a.ord),
+           array_agg(a.attempt ORDER BY a.ord), array_agg(a.status ORDER BY a.ord)
+    INTO v_ord, v_outcome, v_attempt, v_status
+    FROM arm.apply_envelopes(p_envelopes) AS a;
+    RETURN QUERY
+    SELECT u.ord, u.outcome, u.attempt, u.status,
+           CASE WHEN u.outcome <> 'applied' THEN NULL
+                WHEN u.status = 'processing'
+                    THEN extract(epoch FROM j.started_at - j.published_at)::float8
+                ELSE extract(epoch FROM j.finished_at - j.started_at)::float8 END
+    FROM unnest(v_ord, v_outcome, v_attempt, v_status) AS u(ord, outcome, attempt, status)
+    LEFT JOIN arm.recognition_job j
+        ON u.outcome = 'applied'
+       AND j.id = (p_envelopes -> (u.ord - 1) ->> 'job_id')::uuid
+    ORDER BY u.ord;
+END;
+$$;
+
+
+ALTER FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) OWNER TO arm_owner;
+
+--
 -- Name: apply_result(uuid, uuid, text, arm.job_status, text, text, text, text, text, text, text, jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -587,6 +623,45 @@ $$;
 ALTER FUNCTION arm.claim_unacked_jobs(p_limit integer, p_ack_timeout interval, p_max_republish integer) OWNER TO arm_owner;
 
 --
+-- Name: compact_counts(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.compact_counts() RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+DECLARE
+    v_jobs integer;
+    v_files integer;
+BEGIN
+    WITH d AS (
+        DELETE FROM arm.job_count_delta RETURNING status, n
+    ), s AS (
+        SELECT d.status, sum(d.n) AS n, count(*) AS k FROM d GROUP BY d.status
+    ), up AS (
+        INSERT INTO arm.job_count AS c (status, n)
+        SELECT s.status, s.n FROM s
+        ON CONFLICT (status) DO UPDATE SET n = c.n + EXCLUDED.n
+    )
+    SELECT coalesce(sum(s.k), 0) INTO v_jobs FROM s;
+    WITH d AS (
+        DELETE FROM arm.file_count_delta RETURNING status, n
+    ), s AS (
+        SELECT d.status, sum(d.n) AS n, count(*) AS k FROM d GROUP BY d.status
+    ), up AS (
+        INSERT INTO arm.file_count AS c (status, n)
+        SELECT s.status, s.n FROM s
+        ON CONFLICT (status) DO UPDATE SET n = c.n + EXCLUDED.n
+    )
+    SELECT coalesce(sum(s.k), 0) INTO v_files FROM s;
+    RETURN v_jobs + v_files;
+END;
+$$;
+
+
+ALTER FUNCTION arm.compact_counts() OWNER TO arm_owner;
+
+--
 -- Name: dead_letter_unacked(interval, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -711,6 +786,24 @@ $$;
 ALTER FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) OWNER TO arm_owner;
 
 --
+-- Name: file_counts(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.file_counts() RETURNS TABLE(status text, n bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT s::text,
+           coalesce((SELECT c.n FROM arm.file_count c WHERE c.status = s), 0)
+           + coalesce((SELECT sum(d.n) FROM arm.file_count_delta d WHERE d.status = s), 0)
+    FROM unnest(enum_range(NULL::arm.file_status)) AS s
+    ORDER BY s;
+$$;
+
+
+ALTER FUNCTION arm.file_counts() OWNER TO arm_owner;
+
+--
 -- Name: get_file(uuid); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -755,6 +848,24 @@ $$;
 
 
 ALTER FUNCTION arm.is_final(p_status arm.job_status) OWNER TO arm_owner;
+
+--
+-- Name: job_counts(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.job_counts() RETURNS TABLE(status text, n bigint)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT s::text,
+           coalesce((SELECT c.n FROM arm.job_count c WHERE c.status = s), 0)
+           + coalesce((SELECT sum(d.n) FROM arm.job_count_delta d WHERE d.status = s), 0)
+    FROM unnest(enum_range(NULL::arm.job_status)) AS s
+    ORDER BY s;
+$$;
+
+
+ALTER FUNCTION arm.job_counts() OWNER TO arm_owner;
 
 --
 -- Name: job_view(arm.recognition_job); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -938,6 +1049,28 @@ $$;
 
 
 ALTER FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) OWNER TO arm_owner;
+
+--
+-- Name: publish_queued_jobs_v2(integer, interval, interval, text, text, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, outcome text, subject text, msg_id text, request text, error_message text, queued_seconds double precision)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT p.job_id, p.attempt, p.file_id, p.outcome, p.subject, p.msg_id, p.request,
+           p.error_message,
+           CASE WHEN p.outcome = 'published'
+                THEN extract(epoch FROM clock_timestamp() - j.requested_at)::float8 END
+    FROM arm.publish_queued_jobs(p_limit, p_tabular_reply_timeout, p_image_reply_timeout,
+                                 p_tabular_subject, p_image_subject, p_max_bytes)
+         WITH ORDINALITY AS p
+    JOIN arm.recognition_job j ON j.id = p.job_id
+    ORDER BY p.ordinality;
+$$;
+
+
+ALTER FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) OWNER TO arm_owner;
 
 --
 -- Name: retry_file(uuid, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1185,6 +1318,33 @@ $$;
 ALTER FUNCTION arm.setting_int(p_name text) OWNER TO arm_owner;
 
 --
+-- Name: status_view(interval); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.status_view(p_ack_timeout interval) RETURNS TABLE(jobs jsonb, files jsonb, oldest_queued_age_seconds double precision, unacked_overdue bigint, past_deadline_unswept bigint, last_sweep_at timestamp with time zone, last_sweep_result text, last_sweep_error text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT
+        (SELECT jsonb_object_agg(c.status, c.n) FROM arm.job_counts() c),
+        (SELECT jsonb_object_agg(c.status, c.n) FROM arm.file_counts() c),
+        (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(j.requested_at)), 0)::float8
+         FROM arm.recognition_job j WHERE j.status = 'queued'),
+        (SELECT count(*) FROM arm.recognition_job j
+         WHERE j.status = 'published'
+           AND j.last_published_at < clock_timestamp() - p_ack_timeout),
+        (SELECT count(*) FROM arm.recognition_job j
+         WHERE j.status IN ('published', 'processing')
+           AND j.reply_deadline < clock_timestamp()),
+        t.last_finished_at, t.last_result, t.last_error
+    FROM (SELECT 1) AS one
+    LEFT JOIN arm.periodic_task t ON t.name = 'sweep_timeouts';
+$$;
+
+
+ALTER FUNCTION arm.status_view(p_ack_timeout interval) OWNER TO arm_owner;
+
+--
 -- Name: sweep_timeouts(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -1241,6 +1401,61 @@ $$;
 
 
 ALTER FUNCTION arm.sweep_timeouts() OWNER TO arm_owner;
+
+--
+-- Name: tg_count_statuses(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.tg_count_statuses() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'recognition_job' THEN
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.job_count_delta (status, n)
+            SELECT r.status, count(*) FROM new_rows r GROUP BY r.status;
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.job_count_delta (status, n)
+            SELECT c.status, sum(c.n)
+            FROM (SELECT r.status, 1 AS n FROM new_rows r
+                  UNION ALL
+                  SELECT r.status, -1 FROM old_rows r) c
+            GROUP BY c.status
+            HAVING sum(c.n) <> 0;
+        ELSIF TG_OP = 'DELETE' THEN
+            INSERT INTO arm.job_count_delta (status, n)
+            SELECT r.status, -count(*) FROM old_rows r GROUP BY r.status;
+        ELSE  -- TRUNCATE
+            DELETE FROM arm.job_count_delta;
+            UPDATE arm.job_count SET n = 0 WHERE n <> 0;
+        END IF;
+    ELSE
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.file_count_delta (status, n)
+            SELECT r.status, count(*) FROM new_rows r GROUP BY r.status;
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.file_count_delta (status, n)
+            SELECT c.status, sum(c.n)
+            FROM (SELECT r.status, 1 AS n FROM new_rows r
+                  UNION ALL
+                  SELECT r.status, -1 FROM old_rows r) c
+            GROUP BY c.status
+            HAVING sum(c.n) <> 0;
+        ELSIF TG_OP = 'DELETE' THEN
+            INSERT INTO arm.file_count_delta (status, n)
+            SELECT r.status, -count(*) FROM old_rows r GROUP BY r.status;
+        ELSE
+            DELETE FROM arm.file_count_delta;
+            UPDATE arm.file_count SET n = 0 WHERE n <> 0;
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+
+ALTER FUNCTION arm.tg_count_statuses() OWNER TO arm_owner;
 
 --
 -- Name: tg_recognition_job__defaults(); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1355,6 +1570,84 @@ $$;
 ALTER FUNCTION arm.tg_stored_file__touch() OWNER TO arm_owner;
 
 --
+-- Name: file_count; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.file_count (
+    status arm.file_status NOT NULL,
+    n bigint NOT NULL
+);
+
+
+ALTER TABLE arm.file_count OWNER TO arm_owner;
+
+--
+-- Name: file_count_delta; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.file_count_delta (
+    id bigint NOT NULL,
+    status arm.file_status NOT NULL,
+    n bigint NOT NULL
+);
+
+
+ALTER TABLE arm.file_count_delta OWNER TO arm_owner;
+
+--
+-- Name: file_count_delta_id_seq; Type: SEQUENCE; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE arm.file_count_delta ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME arm.file_count_delta_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: job_count; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.job_count (
+    status arm.job_status NOT NULL,
+    n bigint NOT NULL
+);
+
+
+ALTER TABLE arm.job_count OWNER TO arm_owner;
+
+--
+-- Name: job_count_delta; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.job_count_delta (
+    id bigint NOT NULL,
+    status arm.job_status NOT NULL,
+    n bigint NOT NULL
+);
+
+
+ALTER TABLE arm.job_count_delta OWNER TO arm_owner;
+
+--
+-- Name: job_count_delta_id_seq; Type: SEQUENCE; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE arm.job_count_delta ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME arm.job_count_delta_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
 -- Name: periodic_task; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
@@ -1420,6 +1713,38 @@ CREATE TABLE arm.setting (
 
 
 ALTER TABLE arm.setting OWNER TO arm_owner;
+
+--
+-- Name: file_count_delta file_count_delta_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.file_count_delta
+    ADD CONSTRAINT file_count_delta_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: file_count file_count_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.file_count
+    ADD CONSTRAINT file_count_pkey PRIMARY KEY (status);
+
+
+--
+-- Name: job_count_delta job_count_delta_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.job_count_delta
+    ADD CONSTRAINT job_count_delta_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: job_count job_count_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.job_count
+    ADD CONSTRAINT job_count_pkey PRIMARY KEY (status);
+
 
 --
 -- Name: periodic_task periodic_task_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
@@ -1581,6 +1906,34 @@ CREATE INDEX stored_file_current_job_idx ON arm.stored_file USING btree (current
 
 
 --
+-- Name: recognition_job tg_recognition_job__count_delete; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_recognition_job__count_delete AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: recognition_job tg_recognition_job__count_insert; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_recognition_job__count_insert AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: recognition_job tg_recognition_job__count_truncate; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_recognition_job__count_truncate AFTER TRUNCATE ON arm.recognition_job FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: recognition_job tg_recognition_job__count_update; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_recognition_job__count_update AFTER UPDATE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
 -- Name: recognition_job tg_recognition_job__defaults; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
@@ -1599,6 +1952,34 @@ CREATE TRIGGER tg_recognition_job__guard BEFORE UPDATE ON arm.recognition_job FO
 --
 
 CREATE TRIGGER tg_recognition_job__notify_queued AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_recognition_job__notify_queued();
+
+
+--
+-- Name: stored_file tg_stored_file__count_delete; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_stored_file__count_delete AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: stored_file tg_stored_file__count_insert; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_stored_file__count_insert AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: stored_file tg_stored_file__count_truncate; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_stored_file__count_truncate AFTER TRUNCATE ON arm.stored_file FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: stored_file tg_stored_file__count_update; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_stored_file__count_update AFTER UPDATE ON arm.stored_file REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
 
 
 --
@@ -1839,6 +2220,14 @@ GRANT ALL ON FUNCTION arm.apply_envelopes(p_envelopes jsonb) TO arm_bridge;
 
 
 --
+-- Name: FUNCTION apply_envelopes_v2(p_envelopes jsonb); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) TO arm_bridge;
+
+
+--
 -- Name: FUNCTION apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text, p_result_key text, p_result_schema_version text, p_error_code text, p_error_message text, p_metrics jsonb); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
@@ -1861,6 +2250,14 @@ GRANT ALL ON FUNCTION arm.claim_unacked_jobs(p_limit integer, p_ack_timeout inte
 
 
 --
+-- Name: FUNCTION compact_counts(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.compact_counts() FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.compact_counts() TO arm_bridge;
+
+
+--
 -- Name: FUNCTION dead_letter_unacked(p_ack_timeout interval, p_max_republish integer); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
@@ -1876,12 +2273,30 @@ REVOKE ALL ON FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_c
 
 
 --
+-- Name: FUNCTION file_counts(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.file_counts() FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.file_counts() TO arm_readonly;
+
+
+--
 -- Name: FUNCTION get_file(p_file_id uuid); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
 REVOKE ALL ON FUNCTION arm.get_file(p_file_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.get_file(p_file_id uuid) TO arm_api;
 GRANT ALL ON FUNCTION arm.get_file(p_file_id uuid) TO arm_readonly;
+
+
+--
+-- Name: FUNCTION job_counts(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.job_counts() FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.job_counts() TO arm_bridge;
+GRANT ALL ON FUNCTION arm.job_counts() TO arm_api;
+GRANT ALL ON FUNCTION arm.job_counts() TO arm_readonly;
 
 
 --
@@ -1905,6 +2320,14 @@ GRANT ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) TO arm_bridge;
 
 REVOKE ALL ON FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) TO arm_bridge;
 
 
 --
@@ -1961,10 +2384,26 @@ GRANT ALL ON FUNCTION arm.set_sweep_interval(p_run_every interval) TO arm_bridge
 
 
 --
+-- Name: FUNCTION status_view(p_ack_timeout interval); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.status_view(p_ack_timeout interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.status_view(p_ack_timeout interval) TO arm_api;
+GRANT ALL ON FUNCTION arm.status_view(p_ack_timeout interval) TO arm_readonly;
+
+
+--
 -- Name: FUNCTION sweep_timeouts(); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
 REVOKE ALL ON FUNCTION arm.sweep_timeouts() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION tg_count_statuses(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.tg_count_statuses() FROM PUBLIC;
 
 
 --
@@ -1993,6 +2432,34 @@ REVOKE ALL ON FUNCTION arm.tg_recognition_job__notify_queued() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION arm.tg_stored_file__touch() FROM PUBLIC;
+
+
+--
+-- Name: TABLE file_count; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.file_count TO arm_readonly;
+
+
+--
+-- Name: TABLE file_count_delta; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.file_count_delta TO arm_readonly;
+
+
+--
+-- Name: TABLE job_count; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.job_count TO arm_readonly;
+
+
+--
+-- Name: TABLE job_count_delta; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.job_count_delta TO arm_readonly;
 
 
 --

@@ -1,5 +1,82 @@
--- Per-status counts of jobs and files that cost what the live jobs cost, not the history
--- (issue 11: arm_jobs{status}, the status view). Skeleton: filled in by the metrics work.
+-- Per-status counts of jobs and files whose cost grows with what changed lately, not with
+-- the history (issue 11: the gauge arm_jobs{status} and GET /api/v1/status). A count(*)
+-- per status would read every final job and every file ever stored.
+--
+-- Each statement that inserts, updates or deletes rows of recognition_job (stored_file)
+-- appends its net change per status to the *_delta table, from statement-level triggers
+-- with transition tables (db/functions/80_status.sql): an INSERT of a few rows per
+-- statement, never an UPDATE of a shared counter row, so concurrent writers do not queue
+-- on one hot row. arm.compact_counts() (the bridge's schedule runner calls it every few
+-- seconds) folds the deltas into the *_count tables; arm.job_counts() and
+-- arm.file_counts() add what is not folded yet.
+--
+-- The triggers are created here too, in the transaction that backfills the counts under
+-- a lock that holds writers back: not a change can fall between the backfill and the
+-- first counted statement. (db/functions/80_status.sql re-creates the same function and
+-- triggers on every migrate; it is their definition from then on.)
 -- depends: 0003_stored_file_fillfactor
 
-SELECT 1;
+CREATE TABLE arm.job_count (
+    status arm.job_status PRIMARY KEY,
+    n      bigint NOT NULL
+);
+CREATE TABLE arm.job_count_delta (
+    id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    status arm.job_status NOT NULL,
+    n      bigint NOT NULL
+);
+CREATE TABLE arm.file_count (
+    status arm.file_status PRIMARY KEY,
+    n      bigint NOT NULL
+);
+CREATE TABLE arm.file_count_delta (
+    id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    status arm.file_status NOT NULL,
+    n      bigint NOT NULL
+);
+
+CREATE OR REPLACE FUNCTION arm.tg_count_statuses()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+BEGIN
+    -- Replaced by db/functions/80_status.sql on the same migrate.
+    RETURN NULL;
+END;
+$$;
+
+LOCK TABLE arm.recognition_job, arm.stored_file IN SHARE ROW EXCLUSIVE MODE;
+
+CREATE TRIGGER tg_recognition_job__count_insert
+    AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_recognition_job__count_update
+    AFTER UPDATE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_recognition_job__count_delete
+    AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_recognition_job__count_truncate
+    AFTER TRUNCATE ON arm.recognition_job
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_stored_file__count_insert
+    AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_stored_file__count_update
+    AFTER UPDATE ON arm.stored_file REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_stored_file__count_delete
+    AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_stored_file__count_truncate
+    AFTER TRUNCATE ON arm.stored_file
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+INSERT INTO arm.job_count (status, n)
+SELECT s, (SELECT count(*) FROM arm.recognition_job j WHERE j.status = s)
+FROM unnest(enum_range(NULL::arm.job_status)) AS s;
+INSERT INTO arm.file_count (status, n)
+SELECT s, (SELECT count(*) FROM arm.stored_file f WHERE f.status = s)
+FROM unnest(enum_range(NULL::arm.file_status)) AS s;

@@ -70,6 +70,13 @@ CALLERS: dict[str, set[str]] = {
     "retry_file": {"arm_api"},
     "retry_files": {"arm_api"},
     "get_file": {"arm_api", "arm_readonly"},
+    # issue 11: metrics and the status view
+    "publish_queued_jobs_v2": {"arm_bridge"},
+    "apply_envelopes_v2": {"arm_bridge"},
+    "compact_counts": {"arm_bridge"},
+    "job_counts": {"arm_bridge", "arm_api", "arm_readonly"},
+    "file_counts": {"arm_readonly"},
+    "status_view": {"arm_api", "arm_readonly"},
 }
 # Read-only helpers called per row inside the functions: PUBLIC, no SET clause (so the SQL
 # ones inline), the caller's rights.

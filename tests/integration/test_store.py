@@ -126,6 +126,18 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "retry_files": {"file_ids": [uuid.uuid4()], "actor": "test"},
     "ping": {},
     "get_file": {"file_id": uuid.uuid4()},
+    "publish_queued_jobs_v2": {
+        "limit": 10,
+        "tabular_timeout": 600,
+        "image_timeout": 1800,
+        "tabular_subject": "files.tabular_uploaded",
+        "image_subject": "files.img_uploaded",
+        "max_bytes": 1 << 20,
+    },
+    "apply_envelopes_v2": {"envelopes": Jsonb([])},
+    "job_counts": {},
+    "compact_counts": {},
+    "status_view": {"ack_timeout": 30},
 }
 
 
@@ -288,6 +300,27 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     await store.set_sweep_interval(7)
     await store.set_setting("default_max_attempts", "4")
     assert await store.ping() is True
+    # Issue 11's: the timed publish and apply (nothing left to do here), the counts, the
+    # status view (tests/integration/test_metrics.py has their behaviour).
+    async with store.transaction() as tx:
+        assert (
+            await store.publish_queued_jobs_v2(
+                tx,
+                limit=10,
+                tabular_timeout=600,
+                image_timeout=1800,
+                tabular_subject="files.tabular_uploaded",
+                image_subject="files.img_uploaded",
+                max_bytes=1 << 20,
+            )
+            == []
+        )
+    assert await store.apply_envelopes_v2([]) == []
+    counts = {c.status: c.n for c in await store.job_counts(within=5)}
+    assert (counts[JobStatus.DONE], counts[JobStatus.ERROR], counts[JobStatus.DLQ]) == (1, 1, 2)
+    assert await store.compact_counts() > 0
+    view = await store.status_view(ack_timeout=30, within=5)
+    assert (view.jobs["dlq"], view.files["ERROR"], view.oldest_queued_age_seconds) == (2, 2, 0)
 
     with dict_conn(db_url) as conn:
         assert job(conn, c.job_id)["status"] == "dlq"

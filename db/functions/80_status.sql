@@ -1,0 +1,202 @@
+-- Per-status counts and the status view (issue 11: arm_jobs{status}, GET /api/v1/status).
+--
+-- Counting: the tables arm.job_count / arm.file_count hold the counts as of the last
+-- compaction; arm.job_count_delta / arm.file_count_delta hold, one row per status and
+-- write statement since, the net change that statement made (migration 0004). The
+-- triggers below are statement-level with transition tables: a statement that moves 500
+-- jobs appends at most one row per status it touched, and an UPDATE that changes no
+-- status (republish, touch) appends nothing. No writer updates a shared row, so writers
+-- never wait on each other for a counter. arm.compact_counts() folds the deltas into the
+-- counts (the bridge's schedule runner calls it every few seconds; any number may run at
+-- once: each DELETE … RETURNING takes a delta row once). Readers add the deltas not
+-- folded yet, so a count is exact at the reader's snapshot, and reading costs the number
+-- of statements since the last compaction, never the number of jobs or files ever stored.
+
+-- The one trigger function of the eight count triggers (recognition_job and stored_file;
+-- INSERT, UPDATE, DELETE, TRUNCATE). SECURITY DEFINER: the uploader's INSERT fires it and
+-- may not write the delta tables itself. It fires per statement, where the SET costs once.
+CREATE OR REPLACE FUNCTION arm.tg_count_statuses()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'recognition_job' THEN
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.job_count_delta (status, n)
+            SELECT r.status, count(*) FROM new_rows r GROUP BY r.status;
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.job_count_delta (status, n)
+            SELECT c.status, sum(c.n)
+            FROM (SELECT r.status, 1 AS n FROM new_rows r
+                  UNION ALL
+                  SELECT r.status, -1 FROM old_rows r) c
+            GROUP BY c.status
+            HAVING sum(c.n) <> 0;
+        ELSIF TG_OP = 'DELETE' THEN
+            INSERT INTO arm.job_count_delta (status, n)
+            SELECT r.status, -count(*) FROM old_rows r GROUP BY r.status;
+        ELSE  -- TRUNCATE
+            DELETE FROM arm.job_count_delta;
+            UPDATE arm.job_count SET n = 0 WHERE n <> 0;
+        END IF;
+    ELSE
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.file_count_delta (status, n)
+            SELECT r.status, count(*) FROM new_rows r GROUP BY r.status;
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.file_count_delta (status, n)
+            SELECT c.status, sum(c.n)
+            FROM (SELECT r.status, 1 AS n FROM new_rows r
+                  UNION ALL
+                  SELECT r.status, -1 FROM old_rows r) c
+            GROUP BY c.status
+            HAVING sum(c.n) <> 0;
+        ELSIF TG_OP = 'DELETE' THEN
+            INSERT INTO arm.file_count_delta (status, n)
+            SELECT r.status, -count(*) FROM old_rows r GROUP BY r.status;
+        ELSE
+            DELETE FROM arm.file_count_delta;
+            UPDATE arm.file_count SET n = 0 WHERE n <> 0;
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER tg_recognition_job__count_insert
+    AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE OR REPLACE TRIGGER tg_recognition_job__count_update
+    AFTER UPDATE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE OR REPLACE TRIGGER tg_recognition_job__count_delete
+    AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE OR REPLACE TRIGGER tg_recognition_job__count_truncate
+    AFTER TRUNCATE ON arm.recognition_job
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE OR REPLACE TRIGGER tg_stored_file__count_insert
+    AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE OR REPLACE TRIGGER tg_stored_file__count_update
+    AFTER UPDATE ON arm.stored_file REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE OR REPLACE TRIGGER tg_stored_file__count_delete
+    AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE OR REPLACE TRIGGER tg_stored_file__count_truncate
+    AFTER TRUNCATE ON arm.stored_file
+    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+-- Folds every delta row into the counts; returns how many delta rows it folded.
+CREATE OR REPLACE FUNCTION arm.compact_counts()
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+DECLARE
+    v_jobs integer;
+    v_files integer;
+BEGIN
+    WITH d AS (
+        DELETE FROM arm.job_count_delta RETURNING status, n
+    ), s AS (
+        SELECT d.status, sum(d.n) AS n, count(*) AS k FROM d GROUP BY d.status
+    ), up AS (
+        INSERT INTO arm.job_count AS c (status, n)
+        SELECT s.status, s.n FROM s
+        ON CONFLICT (status) DO UPDATE SET n = c.n + EXCLUDED.n
+    )
+    SELECT coalesce(sum(s.k), 0) INTO v_jobs FROM s;
+    WITH d AS (
+        DELETE FROM arm.file_count_delta RETURNING status, n
+    ), s AS (
+        SELECT d.status, sum(d.n) AS n, count(*) AS k FROM d GROUP BY d.status
+    ), up AS (
+        INSERT INTO arm.file_count AS c (status, n)
+        SELECT s.status, s.n FROM s
+        ON CONFLICT (status) DO UPDATE SET n = c.n + EXCLUDED.n
+    )
+    SELECT coalesce(sum(s.k), 0) INTO v_files FROM s;
+    RETURN v_jobs + v_files;
+END;
+$$;
+
+-- Jobs per status, every status of arm.job_status (0 included): the compacted count plus
+-- the deltas not compacted yet.
+CREATE OR REPLACE FUNCTION arm.job_counts()
+RETURNS TABLE (status text, n bigint)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+    SELECT s::text,
+           coalesce((SELECT c.n FROM arm.job_count c WHERE c.status = s), 0)
+           + coalesce((SELECT sum(d.n) FROM arm.job_count_delta d WHERE d.status = s), 0)
+    FROM unnest(enum_range(NULL::arm.job_status)) AS s
+    ORDER BY s;
+$$;
+
+-- Files per status, the same way.
+CREATE OR REPLACE FUNCTION arm.file_counts()
+RETURNS TABLE (status text, n bigint)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+    SELECT s::text,
+           coalesce((SELECT c.n FROM arm.file_count c WHERE c.status = s), 0)
+           + coalesce((SELECT sum(d.n) FROM arm.file_count_delta d WHERE d.status = s), 0)
+    FROM unnest(enum_range(NULL::arm.file_status)) AS s
+    ORDER BY s;
+$$;
+
+-- GET /api/v1/status in one call. Each figure reads only live rows, through the partial
+-- indexes of migration 0001/0002 (their predicates name only live statuses), or the
+-- counts above — nothing here grows with final jobs or with files:
+--   jobs, files                 job_counts(), file_counts() as JSON objects
+--   oldest_queued_age_seconds   recognition_job_queued_idx (0 when nothing is queued)
+--   unacked_overdue             published, last published more than p_ack_timeout ago
+--                               (recognition_job_unacked_idx): what the ack-timeout step
+--                               republishes or dead-letters next
+--   past_deadline_unswept       published or processing past reply_deadline
+--                               (recognition_job_live_deadline_idx): what the next sweep
+--                               times out
+--   last_sweep_*                arm.periodic_task's row of sweep_timeouts (NULL before
+--                               its first run)
+CREATE OR REPLACE FUNCTION arm.status_view(p_ack_timeout interval)
+RETURNS TABLE (
+    jobs jsonb,
+    files jsonb,
+    oldest_queued_age_seconds double precision,
+    unacked_overdue bigint,
+    past_deadline_unswept bigint,
+    last_sweep_at timestamptz,
+    last_sweep_result text,
+    last_sweep_error text
+)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+    SELECT
+        (SELECT jsonb_object_agg(c.status, c.n) FROM arm.job_counts() c),
+        (SELECT jsonb_object_agg(c.status, c.n) FROM arm.file_counts() c),
+        (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(j.requested_at)), 0)::float8
+         FROM arm.recognition_job j WHERE j.status = 'queued'),
+        (SELECT count(*) FROM arm.recognition_job j
+         WHERE j.status = 'published'
+           AND j.last_published_at < clock_timestamp() - p_ack_timeout),
+        (SELECT count(*) FROM arm.recognition_job j
+         WHERE j.status IN ('published', 'processing')
+           AND j.reply_deadline < clock_timestamp()),
+        t.last_finished_at, t.last_result, t.last_error
+    FROM (SELECT 1) AS one
+    LEFT JOIN arm.periodic_task t ON t.name = 'sweep_timeouts';
+$$;

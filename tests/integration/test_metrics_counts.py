@@ -1,0 +1,231 @@
+"""Per-status counts (issue 11, migration 0004, db/functions/80_status.sql): arm.job_counts()
+and arm.file_counts() equal a real COUNT(*) per status after random uploads, transitions,
+retries, deletes and compactions, whoever wrote; the status view's figures in constructed
+situations; and neither the counts nor the status view read arm.stored_file."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.support.sql import (
+    Conn,
+    ack,
+    dict_conn,
+    one_row,
+    publish,
+    result,
+    retry,
+    scalar,
+    upload,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def counted(conn: Conn, function: str) -> dict[str, int]:
+    rows = conn.execute(f"SELECT status, n FROM arm.{function}()").fetchall()
+    return {r["status"]: r["n"] for r in rows}
+
+
+def real(conn: Conn, table: str, enum: str) -> dict[str, int]:
+    rows = conn.execute(
+        f"SELECT s::text AS status, (SELECT count(*) FROM arm.{table} t WHERE t.status = s) AS n "
+        f"FROM unnest(enum_range(NULL::arm.{enum})) AS s"
+    ).fetchall()
+    return {r["status"]: r["n"] for r in rows}
+
+
+def assert_counts_are_real(conn: Conn) -> None:
+    assert counted(conn, "job_counts") == real(conn, "recognition_job", "job_status")
+    assert counted(conn, "file_counts") == real(conn, "stored_file", "file_status")
+
+
+def live_jobs(conn: Conn, status: str) -> list[dict[str, Any]]:
+    return conn.execute(
+        "SELECT id, file_id, attempt FROM arm.recognition_job WHERE status = %s", (status,)
+    ).fetchall()
+
+
+def test_the_counts_equal_count_star_after_random_transitions_retries_and_compactions(
+    conn: Conn,
+) -> None:
+    """A differential test: 400 random steps through the real functions (upload, publish,
+    ack, done/needs_check/error, sweep, dead-letter, retry, a DBA's DELETE), the counts
+    compared with COUNT(*) after every step, compacted at random moments."""
+    rng = random.Random(11)
+    assert_counts_are_real(conn)
+    compactions = 0
+    for step in range(400):
+        action = rng.choice(
+            ["upload", "upload", "publish", "ack", "result", "sweep", "dlq", "retry", "delete"]
+        )
+        if action == "upload":
+            for _ in range(rng.randint(1, 3)):
+                upload(conn, rng.choice(["XLSX", "PDF"]))
+        elif action == "publish":
+            publish(conn, limit=rng.randint(1, 5), tabular_timeout=rng.choice([0, 600]))
+        elif action == "ack" and (jobs := live_jobs(conn, "published")):
+            j = rng.choice(jobs)
+            ack(conn, j["id"], j["file_id"])
+        elif action == "result" and (jobs := live_jobs(conn, rng.choice(["processing"] * 3))):
+            j = rng.choice(jobs)
+            status = rng.choice(["done", "needs_check", "error"])
+            error = ("UNSUPPORTED_FORMAT", "m") if status == "error" else None
+            result(conn, j["id"], j["file_id"], status, attempt=j["attempt"], error=error)
+        elif action == "sweep":
+            conn.execute("SELECT arm.sweep_timeouts()")
+        elif action == "dlq":
+            conn.execute("SELECT * FROM arm.dead_letter_unacked(interval '0', 0)")
+        elif action == "retry":
+            failed = conn.execute(
+                "SELECT f.id FROM arm.stored_file f JOIN arm.recognition_job j "
+                "ON j.id = f.current_recognition_job_id "
+                "WHERE j.status IN ('error', 'timeout', 'dlq')"
+            ).fetchall()
+            if failed:
+                retry(conn, rng.choice(failed)["id"])
+        elif action == "delete" and rng.random() < 0.3:
+            # A DBA removes a file with its jobs (every row of it, in one transaction).
+            victim = conn.execute("SELECT id FROM arm.stored_file ORDER BY random() LIMIT 1")
+            row = victim.fetchone()
+            if row is not None:
+                with conn.transaction():
+                    conn.execute(
+                        "UPDATE arm.stored_file SET current_recognition_job_id = NULL "
+                        "WHERE id = %s",
+                        (row["id"],),
+                    )
+                    conn.execute("DELETE FROM arm.retry_audit WHERE file_id = %s", (row["id"],))
+                    conn.execute("DELETE FROM arm.recognition_job WHERE file_id = %s", (row["id"],))
+                    conn.execute("DELETE FROM arm.stored_file WHERE id = %s", (row["id"],))
+        if rng.random() < 0.1:
+            conn.execute("SELECT arm.compact_counts()")
+            compactions += 1
+            assert scalar(conn, "SELECT count(*) FROM arm.job_count_delta") == 0
+        assert_counts_are_real(conn)
+    conn.execute("SELECT arm.compact_counts()")
+    assert_counts_are_real(conn)
+    statuses = {s for s, n in real(conn, "recognition_job", "job_status").items() if n}
+    # The walk went everywhere worth going.
+    assert {"queued", "done", "error", "timeout", "dlq"} <= statuses, statuses
+    assert compactions > 10
+
+
+def test_a_rolled_back_statement_counts_nothing_and_truncate_resets(conn: Conn) -> None:
+    upload(conn)
+    with pytest.raises(psycopg.errors.DivisionByZero), conn.transaction():
+        upload(conn)
+        conn.execute("SELECT 1 / 0")
+    assert counted(conn, "job_counts")["queued"] == 1
+    conn.execute("TRUNCATE arm.stored_file, arm.recognition_job, arm.retry_audit CASCADE")
+    assert_counts_are_real(conn)
+    assert sum(counted(conn, "job_counts").values()) == 0
+    upload(conn)
+    assert_counts_are_real(conn)
+
+
+def test_a_status_change_costs_one_delta_row_per_statement_not_per_row(conn: Conn) -> None:
+    """The publish of 50 jobs in one statement appends two rows (queued -50, published
+    +50); an UPDATE that changes no status (a republish) appends none."""
+    for _ in range(50):
+        upload(conn)
+    conn.execute("SELECT arm.compact_counts()")
+    publish(conn, limit=50)
+    deltas = conn.execute("SELECT status::text, n FROM arm.job_count_delta ORDER BY id").fetchall()
+    assert sorted((d["status"], d["n"]) for d in deltas) == [("published", 50), ("queued", -50)]
+    ids = [j["id"] for j in live_jobs(conn, "published")]
+    conn.execute("SELECT arm.mark_republished(%s::uuid[])", (ids,))
+    assert scalar(conn, "SELECT count(*) FROM arm.job_count_delta") == 2
+
+
+def test_the_counts_and_the_status_view_never_read_stored_file(db_url: str) -> None:
+    """Files per status come from the counters (the table can hold millions of rows); the
+    job figures read the counters and the live jobs' partial indexes. (A connection of its
+    own: pg_stat_xact_* also shows a backend's earlier transactions not yet reported.)"""
+    with dict_conn(db_url) as conn:
+        for _ in range(5):
+            upload(conn)
+    with dict_conn(db_url) as reader, reader.transaction():
+        reader.execute("SELECT * FROM arm.status_view(interval '30 seconds')").fetchall()
+        reader.execute("SELECT * FROM arm.job_counts()").fetchall()
+        reads = one_row(
+            reader,
+            "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) AS scans "
+            "FROM pg_stat_xact_user_tables WHERE schemaname = 'arm' AND relname = 'stored_file'",
+        )
+    assert reads["scans"] == 0
+
+
+def test_a_concurrent_writer_and_a_compaction_lose_nothing(db_url: str) -> None:
+    """Compactions in one session while another uploads and publishes: every delta row
+    is folded exactly once."""
+    with dict_conn(db_url) as writer, dict_conn(db_url) as compactor:
+        for _ in range(30):
+            upload(writer)
+            compactor.execute("SELECT arm.compact_counts()")
+            publish(writer, limit=1)
+            with compactor.transaction():
+                compactor.execute("SELECT arm.compact_counts()")
+                upload(writer)  # committed while the compaction's transaction is open
+        compactor.execute("SELECT arm.compact_counts()")
+        assert_counts_are_real(compactor)
+
+
+def test_the_status_view_in_constructed_situations(conn: Conn) -> None:
+    """Overdue unacked, past the deadline but not swept, the oldest queued age, and the
+    last sweep with its error."""
+    fresh = upload(conn)
+    publish(conn)  # fresh: published now, deadline in 10 minutes
+    overdue = upload(conn)
+    publish(conn)
+    conn.execute(
+        "UPDATE arm.recognition_job SET last_published_at = clock_timestamp() - interval '1 minute'"
+        " WHERE id = %s",
+        (overdue.job_id,),
+    )
+    late = upload(conn, "PDF")
+    publish(conn, image_timeout=0)  # deadline now: past it at once
+    ack(conn, late.job_id, late.file_id, "scan-gateway")
+    upload(conn)  # queued
+    view = one_row(conn, "SELECT * FROM arm.status_view(interval '30 seconds')")
+    assert view["unacked_overdue"] == 1
+    assert view["past_deadline_unswept"] == 1
+    assert 0 < view["oldest_queued_age_seconds"] < 3600
+    assert view["jobs"] == {
+        "queued": 1,
+        "published": 2,
+        "processing": 1,
+        "done": 0,
+        "needs_check": 0,
+        "error": 0,
+        "timeout": 0,
+        "dlq": 0,
+    }
+    assert view["files"] == {"UPLOADED": 3, "PROCESSING": 1, "ERROR": 0}
+    assert (view["last_sweep_at"], view["last_sweep_result"], view["last_sweep_error"]) == (
+        None,
+        None,
+        None,
+    )
+    # The sweep runs: the late job times out; then a sweep that fails leaves its error.
+    conn.execute("UPDATE arm.periodic_task SET next_run_at = clock_timestamp()")
+    conn.execute("SELECT * FROM arm.run_due_tasks()")
+    view = one_row(conn, "SELECT * FROM arm.status_view(interval '30 seconds')")
+    assert (view["past_deadline_unswept"], view["jobs"]["timeout"]) == (0, 1)
+    assert (view["last_sweep_result"], view["last_sweep_error"]) == ("1", None)
+    conn.execute("CREATE FUNCTION arm.broken_sweep() RETURNS int LANGUAGE sql AS 'SELECT 1/0'")
+    conn.execute(
+        "UPDATE arm.periodic_task SET function_name = 'arm.broken_sweep()', "
+        "next_run_at = clock_timestamp() WHERE name = 'sweep_timeouts'"
+    )
+    conn.execute("SELECT * FROM arm.run_due_tasks()")
+    view = one_row(conn, "SELECT * FROM arm.status_view(interval '30 seconds')")
+    assert view["last_sweep_result"] is None
+    assert view["last_sweep_error"] == "22012: division by zero"
+    assert view["last_sweep_at"] is not None
+    assert fresh.job_id != uuid.UUID(int=0)
