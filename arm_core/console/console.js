@@ -228,6 +228,7 @@ async function tick() {
   stopPolling();
   state.generation += 1;
   const generation = state.generation;
+  if (document.hidden) return; // a hidden tab does not poll; visibilitychange resumes
   const work = [loadStatus()];
   work.push(state.fileId ? loadFile() : loadList());
   const results = await Promise.allSettled(work);
@@ -365,7 +366,14 @@ async function loadList(more = false) {
       resp.status === 404 || resp.status === 405
         ? "This server has no file list (GET /api/v1/files)."
         : `The file list: ${errorText(resp)}`;
-    if (resp.status >= 500) throw new Error(errorText(resp));
+    if (resp.status >= 500) throw new Error(errorText(resp)); // keep the rows; try again
+    if (!more) {
+      // A refused filter (400) shows no rows that would look like its answer.
+      state.items = [];
+      state.nextCursor = null;
+      renderList();
+      show("empty", false);
+    }
     return;
   }
   $("list-error").textContent = "";
@@ -701,6 +709,9 @@ async function start() {
   $("retry-selected").addEventListener("click", retrySelected);
   $("more").addEventListener("click", () => loadList(true));
   window.addEventListener("hashchange", route);
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && state.actor !== null) tick();
+  });
   try {
     const me = await whoami();
     state.authMode = me.auth_mode;
