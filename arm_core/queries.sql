@@ -102,3 +102,17 @@ SELECT arm.compact_counts() AS folded;
 SELECT jobs, files, oldest_queued_age_seconds, unacked_overdue, past_deadline_unswept,
        last_sweep_at, last_sweep_result, last_sweep_error
 FROM arm.status_view(make_interval(secs => %(ack_timeout)s));
+
+-- name: list_files
+SELECT id, consolidation_id, original_name, file_type::text AS file_type,
+       status::text AS status, s3_bucket, s3_key, created_at, updated_at,
+       job_id, job_status::text AS job_status, attempt, max_attempts, error_code, retryable
+FROM arm.list_files(
+    p_limit => %(limit)s,
+    p_after_created_at => %(after_created_at)s, p_after_id => %(after_id)s,
+    p_statuses => %(statuses)s::arm.file_status[],
+    p_job_statuses => %(job_statuses)s::arm.job_status[],
+    p_consolidation_id => %(consolidation_id)s,
+    p_file_types => %(file_types)s::arm.file_type[],
+    p_q => %(q)s,
+    p_updated_after => %(updated_after)s, p_updated_before => %(updated_before)s);

@@ -44,6 +44,8 @@ from psycopg_pool import AsyncConnectionPool
 from arm_core.db import DatabaseError, DatabaseUnavailable, query, wrap_db_errors
 from arm_core.statuses import (
     ApplyOutcome,
+    FileStatus,
+    FileType,
     JobStatus,
     Pipeline,
     PublishOutcome,
@@ -213,6 +215,41 @@ class RetryResult:
     previous_status: JobStatus | None
     previous_attempt: int | None
     max_attempts: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileListItem:
+    """list_files: one file of a page, its current job (all None when it has none) and
+    whether it can be retried (arm.is_retryable: the rule of retry_file)."""
+
+    id: uuid.UUID
+    consolidation_id: uuid.UUID | None
+    original_name: str
+    file_type: FileType
+    status: FileStatus
+    s3_bucket: str
+    s3_key: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    job_id: uuid.UUID | None
+    job_status: JobStatus | None
+    attempt: int | None
+    max_attempts: int | None
+    error_code: str | None
+    retryable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FileListFilter:
+    """list_files' filters; None (or an empty tuple) is any."""
+
+    statuses: tuple[FileStatus, ...] = ()
+    job_statuses: tuple[JobStatus, ...] = ()
+    consolidation_id: uuid.UUID | None = None
+    file_types: tuple[FileType, ...] = ()
+    q: str | None = None
+    updated_after: dt.datetime | None = None
+    updated_before: dt.datetime | None = None
 
 
 def _enum_of(hint: Any) -> type[Enum] | None:
@@ -579,6 +616,28 @@ class Store:
         there is no such file."""
         document: JsonObject | None = await self._pooled_scalar("get_file", {"file_id": file_id})
         return document
+
+    async def list_files(
+        self,
+        limit: int,
+        where: FileListFilter,
+        after: tuple[dt.datetime, uuid.UUID] | None = None,
+    ) -> list[FileListItem]:
+        """Up to `limit` files matching `where`, newest first (created_at, then id),
+        after the keyset `after` (the last file of the previous page)."""
+        params = {
+            "limit": limit,
+            "after_created_at": after[0] if after else None,
+            "after_id": after[1] if after else None,
+            "statuses": [s.value for s in where.statuses] or None,
+            "job_statuses": [s.value for s in where.job_statuses] or None,
+            "consolidation_id": where.consolidation_id,
+            "file_types": [t.value for t in where.file_types] or None,
+            "q": where.q,
+            "updated_after": where.updated_after,
+            "updated_before": where.updated_before,
+        }
+        return await self._pooled_rows("list_files", FileListItem, params)
 
 
 class SyncStore:

@@ -79,7 +79,8 @@ GRANT USAGE ON SCHEMA arm TO arm_bridge, arm_api, arm_uploader, arm_readonly;
 -- 3. Read-only helpers, called per row inside the functions: executable by anyone, with
 -- the caller's rights and no SET clause (db/functions/00_helpers.sql says why).
 GRANT EXECUTE ON FUNCTION
-    arm.is_final, arm.pipeline_for, arm.setting_int, arm._request_body, arm.job_view
+    arm.is_final, arm.pipeline_for, arm.setting_int, arm._request_body, arm.job_view,
+    arm.fold_name, arm.is_retryable
 TO PUBLIC;
 
 -- 4. arm_bridge: exactly what the bridge calls (arm_core/queries.sql through its steps).
@@ -97,8 +98,9 @@ GRANT EXECUTE ON FUNCTION
     arm.job_counts             -- GET /metrics on the health port: arm_jobs{status}
 TO arm_bridge;
 
--- 5. arm_api: retry and the file view (http/handlers.py).
+-- 5. arm_api: retry, the file view and the file list (http/handlers.py).
 GRANT EXECUTE ON FUNCTION arm.retry_file, arm.retry_files, arm.get_file TO arm_api;
+GRANT EXECUTE ON FUNCTION arm.list_files TO arm_api;
 -- GET /metrics (arm_jobs{status}) and GET /api/v1/status (issue 11).
 GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view TO arm_api;
 
@@ -121,6 +123,7 @@ GRANT SELECT (id) ON arm.s3_object, arm.stored_file, arm.recognition_job TO arm_
 GRANT SELECT ON ALL TABLES IN SCHEMA arm TO arm_readonly;
 GRANT EXECUTE ON FUNCTION arm.get_file, arm.job_counts, arm.file_counts, arm.status_view
     TO arm_readonly;
+GRANT EXECUTE ON FUNCTION arm.list_files TO arm_readonly;
 
 -- Everything else — set_setting, set_periodic_task, sweep_timeouts, claim_queued_jobs,
 -- mark_published, dead_letter_unpublishable, apply_ack, apply_result,

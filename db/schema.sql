@@ -804,6 +804,22 @@ $$;
 ALTER FUNCTION arm.file_counts() OWNER TO arm_owner;
 
 --
+-- Name: fold_name(text); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.fold_name(p_name text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+    SELECT pg_catalog.lower(pg_catalog.translate(p_name,
+        'АБВГДЕЖЗИЙКЛМНОПРСТУФХЦЧШЩЪЫЬЭЮЯЀЁЂЃЄЅІЇЈЉЊЋЌЍЎЏҐÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏÐÑÒÓÔÕÖØÙÚÛÜÝÞΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ',
+        'абвгдежзийклмнопрстуфхцчшщъыьэюяѐёђѓєѕіїјљњћќѝўџґàáâãäåæçèéêëìíîïðñòóôõöøùúûüýþαβγδεζηθικλμνξοπρστυφχψω')
+        COLLATE "C")
+$$;
+
+
+ALTER FUNCTION arm.fold_name(p_name text) OWNER TO arm_owner;
+
+--
 -- Name: get_file(uuid); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -826,7 +842,16 @@ CREATE FUNCTION arm.get_file(p_file_id uuid) RETURNS jsonb
         'current_job', (SELECT arm.job_view(j) FROM arm.recognition_job j
                         WHERE j.id = f.current_recognition_job_id),
         'attempts', coalesce((SELECT jsonb_agg(arm.job_view(j) ORDER BY j.attempt)
-                              FROM arm.recognition_job j WHERE j.file_id = f.id), '[]'::jsonb)
+                              FROM arm.recognition_job j WHERE j.file_id = f.id), '[]'::jsonb),
+        -- The retry audit (arm.retry_audit, written by retry_file): who retried when, from
+        -- which job to which, oldest first.
+        'retries', coalesce((SELECT jsonb_agg(jsonb_build_object(
+                                 'actor', a.actor,
+                                 'retried_at', a.retried_at,
+                                 'old_job_id', a.old_job_id,
+                                 'new_job_id', a.new_job_id,
+                                 'new_attempt', a.new_attempt) ORDER BY a.retried_at, a.id)
+                             FROM arm.retry_audit a WHERE a.file_id = f.id), '[]'::jsonb)
     )
     FROM arm.stored_file f
     JOIN arm.s3_object o ON o.id = f.s3_object_id
@@ -848,6 +873,20 @@ $$;
 
 
 ALTER FUNCTION arm.is_final(p_status arm.job_status) OWNER TO arm_owner;
+
+--
+-- Name: is_retryable(arm.job_status, integer, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.is_retryable(p_status arm.job_status, p_attempt integer, p_max_attempts integer) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce(p_status IN ('error', 'timeout', 'dlq') AND p_attempt < p_max_attempts,
+                    false)
+$$;
+
+
+ALTER FUNCTION arm.is_retryable(p_status arm.job_status, p_attempt integer, p_max_attempts integer) OWNER TO arm_owner;
 
 --
 -- Name: job_counts(); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -901,6 +940,86 @@ $$;
 
 
 ALTER FUNCTION arm.job_view(j arm.recognition_job) OWNER TO arm_owner;
+
+--
+-- Name: list_files(integer, timestamp with time zone, uuid, arm.file_status[], arm.job_status[], uuid, arm.file_type[], text, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.list_files(p_limit integer, p_after_created_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_id uuid DEFAULT NULL::uuid, p_statuses arm.file_status[] DEFAULT NULL::arm.file_status[], p_job_statuses arm.job_status[] DEFAULT NULL::arm.job_status[], p_consolidation_id uuid DEFAULT NULL::uuid, p_file_types arm.file_type[] DEFAULT NULL::arm.file_type[], p_q text DEFAULT NULL::text, p_updated_after timestamp with time zone DEFAULT NULL::timestamp with time zone, p_updated_before timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(id uuid, consolidation_id uuid, original_name text, file_type arm.file_type, status arm.file_status, s3_bucket text, s3_key text, created_at timestamp with time zone, updated_at timestamp with time zone, job_id uuid, job_status arm.job_status, attempt integer, max_attempts integer, error_code text, retryable boolean)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $_$
+DECLARE
+    v_where text := '';
+    v_page text;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1001 THEN
+        RAISE EXCEPTION 'list_files: p_limit must be 1..1001, not %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (p_after_created_at IS NULL) <> (p_after_id IS NULL) THEN
+        RAISE EXCEPTION 'list_files: the keyset needs both p_after_created_at and p_after_id'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF p_after_created_at IS NOT NULL THEN
+        v_where := v_where || ' AND (f.created_at, f.id) < ($1, $2)';
+    END IF;
+    IF p_job_statuses IS NOT NULL THEN
+        -- A subquery per row walked (the job's primary key), never a join the planner
+        -- could turn into a hash of every job.
+        v_where := v_where || ' AND (SELECT cj.status FROM arm.recognition_job cj'
+            || ' WHERE cj.id = f.current_recognition_job_id) = ANY ($4)';
+    END IF;
+    IF p_consolidation_id IS NOT NULL THEN
+        v_where := v_where || ' AND f.consolidation_id = $5';
+    END IF;
+    IF p_file_types IS NOT NULL THEN
+        v_where := v_where || ' AND f.file_type = ANY ($6)';
+    END IF;
+    IF p_q IS NOT NULL THEN
+        v_where := v_where || ' AND strpos(arm.fold_name(f.original_name), arm.fold_name($7)) > 0';
+    END IF;
+    IF p_updated_after IS NOT NULL THEN
+        v_where := v_where || ' AND f.updated_at > $8';
+    END IF;
+    IF p_updated_before IS NOT NULL THEN
+        v_where := v_where || ' AND f.updated_at < $9';
+    END IF;
+
+    IF p_statuses IS NULL THEN
+        v_page := 'SELECT f.* FROM arm.stored_file f WHERE true' || v_where
+            || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10';
+    ELSE
+        -- One index walk per distinct status, each stopping at p_limit, then the merge.
+        v_page := 'SELECT p.* FROM (SELECT DISTINCT s FROM unnest($3) s) st'
+            || ' CROSS JOIN LATERAL (SELECT f.* FROM arm.stored_file f'
+            || ' WHERE f.status = st.s' || v_where
+            || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10) p'
+            || ' ORDER BY p.created_at DESC, p.id DESC LIMIT $10';
+    END IF;
+
+    RETURN QUERY EXECUTE
+        'SELECT f.id, f.consolidation_id, f.original_name, f.file_type, f.status,'
+        || ' o.bucket, o.key, f.created_at, f.updated_at,'
+        || ' j.id, j.status, j.attempt, j.max_attempts, j.error_code,'
+        || ' arm.is_retryable(j.status, j.attempt, j.max_attempts)'
+        || ' FROM (' || v_page || ') f'
+        -- LATERAL … LIMIT 1: one primary-key lookup per file of the page (a plain join
+        -- may be planned as a hash of the whole table).
+        || ' CROSS JOIN LATERAL (SELECT o.bucket, o.key FROM arm.s3_object o'
+        || ' WHERE o.id = f.s3_object_id LIMIT 1) o'
+        || ' LEFT JOIN LATERAL (SELECT j.id, j.status, j.attempt, j.max_attempts, j.error_code'
+        || ' FROM arm.recognition_job j WHERE j.id = f.current_recognition_job_id LIMIT 1) j'
+        || ' ON true'
+        || ' ORDER BY f.created_at DESC, f.id DESC'
+    USING p_after_created_at, p_after_id, p_statuses, p_job_statuses, p_consolidation_id,
+          p_file_types, p_q, p_updated_after, p_updated_before, p_limit;
+END;
+$_$;
+
+
+ALTER FUNCTION arm.list_files(p_limit integer, p_after_created_at timestamp with time zone, p_after_id uuid, p_statuses arm.file_status[], p_job_statuses arm.job_status[], p_consolidation_id uuid, p_file_types arm.file_type[], p_q text, p_updated_after timestamp with time zone, p_updated_before timestamp with time zone) OWNER TO arm_owner;
 
 --
 -- Name: mark_published(uuid[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1899,10 +2018,24 @@ CREATE INDEX stored_file_consolidation_idx ON arm.stored_file USING btree (conso
 
 
 --
+-- Name: stored_file_created_idx; Type: INDEX; Schema: arm; Owner: arm_owner
+--
+
+CREATE INDEX stored_file_created_idx ON arm.stored_file USING btree (created_at DESC, id DESC);
+
+
+--
 -- Name: stored_file_current_job_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
 CREATE INDEX stored_file_current_job_idx ON arm.stored_file USING btree (current_recognition_job_id);
+
+
+--
+-- Name: stored_file_status_created_idx; Type: INDEX; Schema: arm; Owner: arm_owner
+--
+
+CREATE INDEX stored_file_status_created_idx ON arm.stored_file USING btree (status, created_at DESC, id DESC);
 
 
 --
@@ -2297,6 +2430,15 @@ REVOKE ALL ON FUNCTION arm.job_counts() FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.job_counts() TO arm_bridge;
 GRANT ALL ON FUNCTION arm.job_counts() TO arm_api;
 GRANT ALL ON FUNCTION arm.job_counts() TO arm_readonly;
+
+
+--
+-- Name: FUNCTION list_files(p_limit integer, p_after_created_at timestamp with time zone, p_after_id uuid, p_statuses arm.file_status[], p_job_statuses arm.job_status[], p_consolidation_id uuid, p_file_types arm.file_type[], p_q text, p_updated_after timestamp with time zone, p_updated_before timestamp with time zone); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.list_files(p_limit integer, p_after_created_at timestamp with time zone, p_after_id uuid, p_statuses arm.file_status[], p_job_statuses arm.job_status[], p_consolidation_id uuid, p_file_types arm.file_type[], p_q text, p_updated_after timestamp with time zone, p_updated_before timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.list_files(p_limit integer, p_after_created_at timestamp with time zone, p_after_id uuid, p_statuses arm.file_status[], p_job_statuses arm.job_status[], p_consolidation_id uuid, p_file_types arm.file_type[], p_q text, p_updated_after timestamp with time zone, p_updated_before timestamp with time zone) TO arm_api;
+GRANT ALL ON FUNCTION arm.list_files(p_limit integer, p_after_created_at timestamp with time zone, p_after_id uuid, p_statuses arm.file_status[], p_job_statuses arm.job_status[], p_consolidation_id uuid, p_file_types arm.file_type[], p_q text, p_updated_after timestamp with time zone, p_updated_before timestamp with time zone) TO arm_readonly;
 
 
 --

@@ -10,7 +10,7 @@ from aiohttp import web
 
 import arm_core
 from arm_core.config import Settings
-from arm_core.http import handlers
+from arm_core.http import file_list, handlers
 from arm_core.http.auth import auth_middleware
 from arm_core.http.errors import error_middleware
 from arm_core.runtime import SETTINGS, bridge_ctx, healthcheck, pool_ctx
@@ -80,6 +80,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/", console_index)
     app.router.add_get("/console/{name}", console_file)
     app.router.add_get("/api/v1/whoami", handlers.whoami)
+    app.router.add_get("/api/v1/files", file_list.list_files)
     app.router.add_post("/api/v1/files/retry", handlers.retry_files)
     app.router.add_post("/api/v1/files/{file_id}/retry", handlers.retry_file)
     # "retry" is the batch route's, not a file id: GET /api/v1/files/retry is then a 405

@@ -33,8 +33,8 @@ AS $$
     )
 $$;
 
--- A file, its current job and every attempt in attempt order, as one JSON document;
--- NULL when there is no such file.
+-- A file, its current job, every attempt in attempt order and every retry of it, as one
+-- JSON document; NULL when there is no such file.
 CREATE OR REPLACE FUNCTION arm.get_file(p_file_id uuid)
 RETURNS jsonb
 LANGUAGE sql STABLE
@@ -56,7 +56,16 @@ AS $$
         'current_job', (SELECT arm.job_view(j) FROM arm.recognition_job j
                         WHERE j.id = f.current_recognition_job_id),
         'attempts', coalesce((SELECT jsonb_agg(arm.job_view(j) ORDER BY j.attempt)
-                              FROM arm.recognition_job j WHERE j.file_id = f.id), '[]'::jsonb)
+                              FROM arm.recognition_job j WHERE j.file_id = f.id), '[]'::jsonb),
+        -- The retry audit (arm.retry_audit, written by retry_file): who retried when, from
+        -- which job to which, oldest first.
+        'retries', coalesce((SELECT jsonb_agg(jsonb_build_object(
+                                 'actor', a.actor,
+                                 'retried_at', a.retried_at,
+                                 'old_job_id', a.old_job_id,
+                                 'new_job_id', a.new_job_id,
+                                 'new_attempt', a.new_attempt) ORDER BY a.retried_at, a.id)
+                             FROM arm.retry_audit a WHERE a.file_id = f.id), '[]'::jsonb)
     )
     FROM arm.stored_file f
     JOIN arm.s3_object o ON o.id = f.s3_object_id

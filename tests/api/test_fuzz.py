@@ -14,6 +14,7 @@ ten seconds. A failure prints the request as a curl command.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from schemathesis.core.transport import Response
 
 from arm_core.devtools.embedded import EmbeddedPostgres, free_port
 from arm_core.http.app import OPENAPI_PATH
+from arm_core.http.file_list import encode_cursor
 from tests.support.processes import ArmProcess
 from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 
@@ -121,10 +123,16 @@ def on_known_files(case: Any, served: Served) -> None:
     (chosen by the generated id, so the run stays repeatable): the answers about real
     rows — 201, 409 with its details, 200 with the file, a batch's retried and skipped
     entries — are checked against the document too, not only 404s. A valid id for a
-    valid one: the request stays valid."""
+    valid one: the request stays valid. A valid list request's cursor becomes a real one
+    (a cursor is opaque: no schema tells a valid one)."""
     if case.meta is None or case.meta.generation.mode is not GenerationMode.POSITIVE:
         return
     known = [str(served.failed_file), str(served.live_file)]
+    query = case.query or {}
+    if isinstance(query.get("cursor"), str):  # opaque: a valid one is one the API gave out
+        query["cursor"] = encode_cursor(
+            dt.datetime.now(dt.UTC), uuid.UUID(int=len(query["cursor"]))
+        )
     params = case.path_parameters or {}
     if isinstance(params.get("file_id"), str):
         pick = zlib.crc32(params["file_id"].encode()) % 3

@@ -60,6 +60,7 @@ Recipe = Callable[[Apps], Awaitable[Any]]
 F = "/api/v1/files/{file_id}"
 R = "/api/v1/files/{file_id}/retry"
 B = "/api/v1/files/retry"
+L = "/api/v1/files"
 
 RECIPES: dict[tuple[str, str, str], Recipe] = {
     ("/healthcheck", "get", "200"): lambda a: a.up.get("/healthcheck"),
@@ -83,6 +84,10 @@ RECIPES: dict[tuple[str, str, str], Recipe] = {
     (F, "get", "401"): lambda a: a.auth.get(f"/api/v1/files/{a.failed_file}"),
     (F, "get", "404"): lambda a: a.up.get(f"/api/v1/files/{uuid.uuid4()}"),
     (F, "get", "503"): lambda a: a.down.get(f"/api/v1/files/{a.failed_file}"),
+    (L, "get", "200"): lambda a: a.up.get(L, params={"status": "ERROR", "limit": "1"}),
+    (L, "get", "400"): lambda a: a.up.get(L, params={"cursor": "not-ours"}),
+    (L, "get", "401"): lambda a: a.auth.get(L),
+    (L, "get", "503"): lambda a: a.down.get(L),
 }
 
 

@@ -70,6 +70,7 @@ CALLERS: dict[str, set[str]] = {
     "retry_file": {"arm_api"},
     "retry_files": {"arm_api"},
     "get_file": {"arm_api", "arm_readonly"},
+    "list_files": {"arm_api", "arm_readonly"},
     # issue 11: metrics and the status view
     "publish_queued_jobs_v2": {"arm_bridge"},
     "apply_envelopes_v2": {"arm_bridge"},
@@ -80,7 +81,15 @@ CALLERS: dict[str, set[str]] = {
 }
 # Read-only helpers called per row inside the functions: PUBLIC, no SET clause (so the SQL
 # ones inline), the caller's rights.
-PUBLIC_HELPERS = {"is_final", "pipeline_for", "setting_int", "_request_body", "job_view"}
+PUBLIC_HELPERS = {
+    "is_final",
+    "pipeline_for",
+    "setting_int",
+    "_request_body",
+    "job_view",
+    "fold_name",
+    "is_retryable",
+}
 # Pinned but with the caller's rights: pg_cron's scheduling, which needs the caller's
 # rights on schema cron (a DBA's).
 INVOKER = {"schedule_with_pg_cron"}

@@ -36,6 +36,7 @@ from arm_core.statuses import (
 from arm_core.store import (
     AppliedAnswer,
     AppliedEnvelope,
+    FileListFilter,
     RetryResult,
     Store,
     SyncStore,
@@ -126,6 +127,18 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "retry_files": {"file_ids": [uuid.uuid4()], "actor": "test"},
     "ping": {},
     "get_file": {"file_id": uuid.uuid4()},
+    "list_files": {
+        "limit": 10,
+        "after_created_at": None,
+        "after_id": None,
+        "statuses": None,
+        "job_statuses": None,
+        "consolidation_id": None,
+        "file_types": None,
+        "q": None,
+        "updated_after": None,
+        "updated_before": None,
+    },
     "publish_queued_jobs_v2": {
         "limit": 10,
         "tabular_timeout": 600,
@@ -300,6 +313,13 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     await store.set_sweep_interval(7)
     await store.set_setting("default_max_attempts", "4")
     assert await store.ping() is True
+    listed = await store.list_files(10, FileListFilter())
+    assert [f.id for f in listed] == [c.file_id, b.file_id, a.file_id]  # newest first
+    assert (listed[1].job_status, listed[1].attempt, listed[1].retryable) == (
+        JobStatus.DLQ,
+        2,
+        True,
+    )
     # Issue 11's: the timed publish and apply (nothing left to do here), the counts, the
     # status view (tests/integration/test_metrics.py has their behaviour).
     async with store.transaction() as tx:

@@ -1,0 +1,149 @@
+-- The file list of the API and the operator console, GET /api/v1/files (issue 11).
+-- Read-only. list_files is SECURITY DEFINER, executable by arm_api and arm_readonly
+-- (db/grants.sql); fold_name and is_retryable are per-row helpers: PUBLIC, no SET clause
+-- (so the SQL ones inline), the caller's rights.
+
+-- A name folded for a case-insensitive search, the same in every database whatever its
+-- locale: lower() under COLLATE "C" folds ASCII only (in a C-locale database, or any
+-- libc C collation, lower('ДОГОВОР') stays 'ДОГОВОР' on PostgreSQL 15), so the upper-case
+-- letters of Cyrillic (Russian, Ukrainian, Belarusian, Serbian, Macedonian), Latin-1 and
+-- Greek are mapped explicitly. ICU collations and pg_trgm are not assumed to exist.
+CREATE OR REPLACE FUNCTION arm.fold_name(p_name text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT
+AS $$
+    SELECT pg_catalog.lower(pg_catalog.translate(p_name,
+        'АБВГДЕЖЗИЙКЛМНОПРСТУФХЦЧШЩЪЫЬЭЮЯЀЁЂЃЄЅІЇЈЉЊЋЌЍЎЏҐÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏÐÑÒÓÔÕÖØÙÚÛÜÝÞΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ',
+        'абвгдежзийклмнопрстуфхцчшщъыьэюяѐёђѓєѕіїјљњћќѝўџґàáâãäåæçèéêëìíîïðñòóôõöøùúûüýþαβγδεζηθικλμνξοπρστυφχψω')
+        COLLATE "C")
+$$;
+
+-- Whether a file whose current job is (status, attempt, max_attempts) can be retried:
+-- the rule arm.retry_file applies (db/functions/50_retry.sql: the job failed — error,
+-- timeout, dlq — and attempt < max_attempts). tests/integration/test_list_files.py
+-- checks the two agree for every status.
+CREATE OR REPLACE FUNCTION arm.is_retryable(
+    p_status arm.job_status, p_attempt integer, p_max_attempts integer)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT coalesce(p_status IN ('error', 'timeout', 'dlq') AND p_attempt < p_max_attempts,
+                    false)
+$$;
+
+-- One page of files, newest first (created_at DESC, id DESC), after the keyset
+-- (p_after_created_at, p_after_id) when given. Every filter is optional (NULL = any);
+-- the arrays match any of their values. p_q is a substring of original_name, compared
+-- after fold_name. p_updated_after / p_updated_before are exclusive bounds.
+--
+-- Cost: the statement is built from the filters present (EXECUTE … USING, so each call
+-- is planned with its own values and no filter costs a "$n IS NULL OR" the planner cannot
+-- see through), and it never sorts the matching rows: without a status filter it walks
+-- stored_file_created_idx from the keyset and stops at p_limit; with one it walks
+-- stored_file_status_created_idx once per status (at most p_limit rows each) and merges.
+-- The page's object and current job are primary-key lookups per file, never joins of
+-- whole tables (tests/integration/test_list_files.py reads the plans).
+-- The other filters are applied along the walk, so their cost is the rows walked past
+-- until p_limit match: constant for a common value, up to the table for a rare one
+-- (README "File list"). A consolidation_id filter uses stored_file_consolidation_idx.
+CREATE OR REPLACE FUNCTION arm.list_files(
+    p_limit integer,
+    p_after_created_at timestamptz DEFAULT NULL,
+    p_after_id uuid DEFAULT NULL,
+    p_statuses arm.file_status[] DEFAULT NULL,
+    p_job_statuses arm.job_status[] DEFAULT NULL,
+    p_consolidation_id uuid DEFAULT NULL,
+    p_file_types arm.file_type[] DEFAULT NULL,
+    p_q text DEFAULT NULL,
+    p_updated_after timestamptz DEFAULT NULL,
+    p_updated_before timestamptz DEFAULT NULL
+)
+RETURNS TABLE (
+    id uuid,
+    consolidation_id uuid,
+    original_name text,
+    file_type arm.file_type,
+    status arm.file_status,
+    s3_bucket text,
+    s3_key text,
+    created_at timestamptz,
+    updated_at timestamptz,
+    job_id uuid,
+    job_status arm.job_status,
+    attempt integer,
+    max_attempts integer,
+    error_code text,
+    retryable boolean
+)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+DECLARE
+    v_where text := '';
+    v_page text;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1001 THEN
+        RAISE EXCEPTION 'list_files: p_limit must be 1..1001, not %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (p_after_created_at IS NULL) <> (p_after_id IS NULL) THEN
+        RAISE EXCEPTION 'list_files: the keyset needs both p_after_created_at and p_after_id'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF p_after_created_at IS NOT NULL THEN
+        v_where := v_where || ' AND (f.created_at, f.id) < ($1, $2)';
+    END IF;
+    IF p_job_statuses IS NOT NULL THEN
+        -- A subquery per row walked (the job's primary key), never a join the planner
+        -- could turn into a hash of every job.
+        v_where := v_where || ' AND (SELECT cj.status FROM arm.recognition_job cj'
+            || ' WHERE cj.id = f.current_recognition_job_id) = ANY ($4)';
+    END IF;
+    IF p_consolidation_id IS NOT NULL THEN
+        v_where := v_where || ' AND f.consolidation_id = $5';
+    END IF;
+    IF p_file_types IS NOT NULL THEN
+        v_where := v_where || ' AND f.file_type = ANY ($6)';
+    END IF;
+    IF p_q IS NOT NULL THEN
+        v_where := v_where || ' AND strpos(arm.fold_name(f.original_name), arm.fold_name($7)) > 0';
+    END IF;
+    IF p_updated_after IS NOT NULL THEN
+        v_where := v_where || ' AND f.updated_at > $8';
+    END IF;
+    IF p_updated_before IS NOT NULL THEN
+        v_where := v_where || ' AND f.updated_at < $9';
+    END IF;
+
+    IF p_statuses IS NULL THEN
+        v_page := 'SELECT f.* FROM arm.stored_file f WHERE true' || v_where
+            || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10';
+    ELSE
+        -- One index walk per distinct status, each stopping at p_limit, then the merge.
+        v_page := 'SELECT p.* FROM (SELECT DISTINCT s FROM unnest($3) s) st'
+            || ' CROSS JOIN LATERAL (SELECT f.* FROM arm.stored_file f'
+            || ' WHERE f.status = st.s' || v_where
+            || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10) p'
+            || ' ORDER BY p.created_at DESC, p.id DESC LIMIT $10';
+    END IF;
+
+    RETURN QUERY EXECUTE
+        'SELECT f.id, f.consolidation_id, f.original_name, f.file_type, f.status,'
+        || ' o.bucket, o.key, f.created_at, f.updated_at,'
+        || ' j.id, j.status, j.attempt, j.max_attempts, j.error_code,'
+        || ' arm.is_retryable(j.status, j.attempt, j.max_attempts)'
+        || ' FROM (' || v_page || ') f'
+        -- LATERAL … LIMIT 1: one primary-key lookup per file of the page (a plain join
+        -- may be planned as a hash of the whole table).
+        || ' CROSS JOIN LATERAL (SELECT o.bucket, o.key FROM arm.s3_object o'
+        || ' WHERE o.id = f.s3_object_id LIMIT 1) o'
+        || ' LEFT JOIN LATERAL (SELECT j.id, j.status, j.attempt, j.max_attempts, j.error_code'
+        || ' FROM arm.recognition_job j WHERE j.id = f.current_recognition_job_id LIMIT 1) j'
+        || ' ON true'
+        || ' ORDER BY f.created_at DESC, f.id DESC'
+    USING p_after_created_at, p_after_id, p_statuses, p_job_statuses, p_consolidation_id,
+          p_file_types, p_q, p_updated_after, p_updated_before, p_limit;
+END;
+$$;

@@ -1,0 +1,203 @@
+"""GET /api/v1/files: the file list of operators and of the console (issue 11).
+
+Validate the query string → one store call (arm.list_files, db/functions/75_list_files.sql)
+→ the page and its cursor. Kept beside handlers.py (same shape) so the list's parsing —
+filters, timestamps, the opaque cursor — has a module of its own.
+
+The cursor is the keyset of the last file of a page, (created_at, id), as
+base64url("v1:<created_at in µs since the epoch>:<uuid>") without padding: opaque to
+clients, exact (PostgreSQL keeps microseconds), and checked on the way back in — anything
+else is 400 INVALID_CURSOR. A page after a cursor holds the files older than that one, so
+files uploaded meanwhile never shift it (keyset, not offset).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import re
+import uuid
+from enum import StrEnum
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+from multidict import MultiDict
+
+from arm_core.http.errors import ApiError
+from arm_core.runtime import STORE
+from arm_core.statuses import FileStatus, FileType, JobStatus
+from arm_core.store import FileListFilter, FileListItem
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+MAX_Q_CHARS = 200
+MAX_CURSOR_CHARS = 100
+
+# Which parameters there are, and which may be repeated (or hold a comma-separated list).
+_REPEATABLE = {"status", "job_status", "file_type"}
+_SINGLE = {"consolidation_id", "q", "updated_after", "updated_before", "limit", "cursor"}
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICROSECOND = dt.timedelta(microseconds=1)
+_CURSOR_CHARS = re.compile(r"[A-Za-z0-9_-]+")
+_CURSOR_TEXT = re.compile(r"v1:(-?[0-9]{1,18}):([0-9a-f-]{36})")
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _invalid(parameter: str, message: str) -> ApiError:
+    return ApiError(400, "VALIDATION_ERROR", f"{parameter}: {message}", {"parameter": parameter})
+
+
+def _enums(params: MultiDict[str], parameter: str, enum: type[E]) -> tuple[E, ...]:
+    found: dict[E, None] = {}
+    for raw in params.getall(parameter, []):
+        for value in raw.split(","):
+            try:
+                found[enum(value)] = None
+            except ValueError:
+                allowed = ", ".join(member.value for member in enum)
+                raise _invalid(parameter, f"{value[:40]!r} is not one of {allowed}") from None
+    return tuple(found)
+
+
+def _uuid(parameter: str, raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise _invalid(parameter, f"not a uuid: {raw[:64]!r}") from None
+
+
+def _timestamp(parameter: str, raw: str) -> dt.datetime:
+    try:
+        value = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        raise _invalid(parameter, f"not an ISO 8601 timestamp: {raw[:64]!r}") from None
+    if value.tzinfo is None:
+        raise _invalid(parameter, "the timestamp needs a time zone (Z or ±hh:mm)")
+    return value
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_LIMIT
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        raise _invalid("limit", f"must be an integer from 1 to {MAX_LIMIT}, not {raw[:20]!r}")
+    return int(raw)
+
+
+def _q(raw: str | None) -> str | None:
+    if raw is None or raw == "":
+        return None
+    if len(raw) > MAX_Q_CHARS:
+        raise _invalid("q", f"at most {MAX_Q_CHARS} characters")
+    if "\x00" in raw:
+        raise _invalid("q", "contains a NUL character")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _invalid("q", "is not valid UTF-8") from None
+    return raw
+
+
+def encode_cursor(created_at: dt.datetime, file_id: uuid.UUID) -> str:
+    micros = (created_at - _EPOCH) // _MICROSECOND
+    return base64.urlsafe_b64encode(f"v1:{micros}:{file_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(raw: str) -> tuple[dt.datetime, uuid.UUID]:
+    """The keyset a cursor of encode_cursor holds; INVALID_CURSOR for anything else."""
+    invalid = ApiError(400, "INVALID_CURSOR", "the cursor is not one this API gave out")
+    if len(raw) > MAX_CURSOR_CHARS or not _CURSOR_CHARS.fullmatch(raw):
+        raise invalid
+    try:
+        text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise invalid from None
+    match = _CURSOR_TEXT.fullmatch(text)
+    if match is None:
+        raise invalid
+    try:
+        created_at = _EPOCH + int(match[1]) * _MICROSECOND
+        file_id = uuid.UUID(match[2])
+    except (ValueError, OverflowError):
+        raise invalid from None
+    if encode_cursor(created_at, file_id) != raw:  # one spelling per keyset
+        raise invalid
+    return created_at, file_id
+
+
+def parse_params(
+    raw_query_string: str,
+) -> tuple[int, FileListFilter, tuple[dt.datetime, uuid.UUID] | None]:
+    """The limit, the filters and the keyset of a request's query string (as sent:
+    percent-decoded here once, + as a space, invalid UTF-8 as U+FFFD)."""
+    params = MultiDict(parse_qsl(raw_query_string, keep_blank_values=True))
+    unknown = sorted(set(params) - _REPEATABLE - _SINGLE)
+    if unknown:
+        name = unknown[0][:40]
+        raise _invalid(name, "unknown parameter")
+    single: dict[str, str] = {}
+    for name in _SINGLE:
+        values = params.getall(name, [])
+        if len(values) > 1:
+            raise _invalid(name, "given more than once")
+        if values:
+            single[name] = values[0]
+    consolidation = single.get("consolidation_id")
+    after = single.get("updated_after")
+    before = single.get("updated_before")
+    where = FileListFilter(
+        statuses=_enums(params, "status", FileStatus),
+        job_statuses=_enums(params, "job_status", JobStatus),
+        consolidation_id=None
+        if consolidation is None
+        else _uuid("consolidation_id", consolidation),
+        file_types=_enums(params, "file_type", FileType),
+        q=_q(single.get("q")),
+        updated_after=None if after is None else _timestamp("updated_after", after),
+        updated_before=None if before is None else _timestamp("updated_before", before),
+    )
+    cursor = single.get("cursor")
+    keyset = decode_cursor(cursor) if cursor else None
+    return _limit(single.get("limit")), where, keyset
+
+
+def _utc(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat()
+
+
+def item(row: FileListItem) -> dict[str, Any]:
+    """One file of the list as the API shows it (http/openapi.json FileListItem)."""
+    return {
+        "id": str(row.id),
+        "consolidation_id": str(row.consolidation_id) if row.consolidation_id else None,
+        "original_name": row.original_name,
+        "file_type": row.file_type,
+        "status": row.status,
+        "s3": {"bucket": row.s3_bucket, "key": row.s3_key},
+        "created_at": _utc(row.created_at),
+        "updated_at": _utc(row.updated_at),
+        "current_job": None
+        if row.job_id is None
+        else {
+            "job_id": str(row.job_id),
+            "status": row.job_status,
+            "attempt": row.attempt,
+            "max_attempts": row.max_attempts,
+            "error_code": row.error_code,
+        },
+        "retryable": row.retryable,
+    }
+
+
+async def list_files(request: web.Request) -> web.Response:
+    """GET /api/v1/files → {"items": [...], "next_cursor": "…" | null}, newest first."""
+    limit, where, keyset = parse_params(request.rel_url.raw_query_string)
+    rows = await request.app[STORE].list_files(limit + 1, where, keyset)  # +1: is there more?
+    page = rows[:limit]
+    more = len(rows) > limit
+    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if more else None
+    return web.json_response({"items": [item(r) for r in page], "next_cursor": next_cursor})
