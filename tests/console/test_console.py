@@ -1,0 +1,408 @@
+"""The operator console in a real headless Chromium (issue 11, part 5), against a real
+`arm-core serve` on a real PostgreSQL: filter, open a file, retry it (a double click asks
+once), batch retry with each file's answer, and the sign-in flow of AUTH_MODE=token.
+
+Needs Chromium and its WebDriver (Debian: apt-get install chromium chromium-driver) and
+selenium (the `test` extra); without them these tests are skipped, saying so. Every wait
+is an explicit condition with a deadline (WebDriverWait); the page polls the API itself.
+
+CONSOLE_SCREENSHOT=docs/console.png makes the batch test save what it shows (the README's
+picture)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arm_core.devtools.embedded import free_port
+from tests.support.processes import ArmProcess
+from tests.support.sql import (
+    Upload,
+    ack,
+    dict_conn,
+    fail_by_no_ack,
+    jobs_of,
+    publish,
+    result,
+    scalar,
+    upload,
+)
+
+pytestmark = pytest.mark.integration
+
+INSTALL = (
+    "the console's browser tests need Chromium and chromedriver: "
+    "apt-get install chromium chromium-driver (and pip install -e '.[test]' for selenium)"
+)
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
+CHROMEDRIVER = shutil.which("chromedriver")
+try:
+    from selenium import webdriver
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.remote.webelement import WebElement
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    HAVE_SELENIUM = True
+except ImportError:  # pragma: no cover - the skip below says what to install
+    HAVE_SELENIUM = False
+
+if not (HAVE_SELENIUM and CHROMIUM and CHROMEDRIVER):
+    pytest.skip(INSTALL, allow_module_level=True)
+
+TOKEN = "console-browser-token-0123456789"
+WAIT = 20.0  # seconds: the deadline of every wait (the page polls every 2 s)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    assert CHROMIUM is not None
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1500,1000",
+        "--lang=en-US",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@dataclass
+class Served:
+    url: str
+    db_url: str
+
+
+@pytest.fixture
+def serve(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    """Starts `arm-core serve` (no bridge) on this test's database, with extra env."""
+    procs: list[ArmProcess] = []
+
+    def start(**env: str) -> Served:
+        port = free_port()
+        full = {
+            "DATABASE_URL": db_url,
+            "NATS_ENABLED": "false",
+            "HTTP_HOST": "127.0.0.1",
+            "HTTP_PORT": str(port),
+            **env,
+        }
+        proc = ArmProcess("serve", full, tmp_path / f"serve-{len(procs)}.log")
+        procs.append(proc)
+        proc.wait_healthy(port)
+        return Served(f"http://127.0.0.1:{port}", db_url)
+
+    yield start
+    for proc in procs:
+        assert proc.stop() == 0
+        assert "Traceback" not in proc.log(), proc.log()[-3000:]
+
+
+@pytest.fixture
+def page(browser: WebDriver) -> Iterator[WebDriver]:
+    browser.delete_all_cookies()
+    yield browser
+    # No page polling a stopped server. (Each test's server has its own port, so its own
+    # origin: no token or storage carries over.)
+    browser.get("about:blank")
+
+
+def failed(db_url: str, *names: str) -> list[Upload]:
+    """Files whose attempt 1 ended dlq / NO_ACK (file ERROR, retryable)."""
+    with dict_conn(db_url) as conn:
+        ups = [upload(conn, "XLSX", name=name) for name in names]
+        publish(conn)
+        fail_by_no_ack(conn)
+    return ups
+
+
+def live(db_url: str, name: str) -> Upload:
+    with dict_conn(db_url) as conn:
+        return upload(conn, "XLSX", name=name)
+
+
+def others(db_url: str) -> None:
+    """A file done, one being processed and one the parser refused (error, retryable)."""
+    with dict_conn(db_url) as conn:
+        done = upload(conn, "XLSX", name="ОСВ РБ 2025 (итог).xlsx")
+        busy = upload(conn, "PDF", name="Скан договора №17.pdf")
+        bad = upload(conn, "XLS", name="Ведомость старая.xls")
+        publish(conn)
+        for up in (done, busy, bad):
+            ack(conn, up.job_id, up.file_id)
+        result(conn, done.job_id, done.file_id)
+        result(
+            conn,
+            bad.job_id,
+            bad.file_id,
+            status="error",
+            error=("PARSE_FAILED", "no sheet with a trial balance"),
+        )
+
+
+def wait_for(driver: WebDriver, what: str, cond: Callable[[WebDriver], Any]) -> Any:
+    def check(d: WebDriver) -> Any:
+        try:
+            return cond(d)
+        except StaleElementReferenceException:  # re-rendered by a poll: look again
+            return False
+
+    return WebDriverWait(driver, WAIT, poll_frequency=0.1).until(check, f"waiting for {what}")
+
+
+def rows(driver: WebDriver) -> list[WebElement]:
+    return driver.find_elements(By.CSS_SELECTOR, "#files tbody tr")
+
+
+def row(driver: WebDriver, file_id: uuid.UUID) -> WebElement:
+    return driver.find_element(By.CSS_SELECTOR, f'#files tr[data-file-id="{file_id}"]')
+
+
+def answer_of(driver: WebDriver, file_id: uuid.UUID) -> str:
+    text: str = row(driver, file_id).find_element(By.CSS_SELECTOR, ".answer-cell").text
+    return text
+
+
+def visible_text(driver: WebDriver) -> str:
+    text: str = driver.find_element(By.TAG_NAME, "body").text
+    return text
+
+
+def test_filter_open_retry_and_see_attempt_2(serve: Callable[..., Served], page: WebDriver) -> None:
+    server = serve()
+    one, two = failed(server.db_url, "ОСВ РБ Январь.xlsx", "Оборотно-сальдовая ведомость.xlsx")
+    running = live(server.db_url, "Живой файл.xlsx")
+    page.get(server.url + "/")
+    wait_for(page, "three files listed", lambda d: len(rows(d)) == 3)
+    assert "authentication off" in page.find_element(By.ID, "who").text
+    # Cyrillic names render as they are stored (UTF-8 end to end).
+    assert row(page, one.file_id).find_element(By.CSS_SELECTOR, "td.name").text == (
+        "ОСВ РБ Январь.xlsx"
+    )
+    # The live file cannot be retried; a failed one shows attempt n / max and its code.
+    assert not row(page, running.file_id).find_element(By.CSS_SELECTOR, "button.retry").is_enabled()
+    first = row(page, one.file_id)
+    assert first.find_element(By.CSS_SELECTOR, "td.attempt").text.startswith("1 / ")
+    assert first.find_element(By.CSS_SELECTOR, "td.code").text == "NO_ACK"
+
+    # Filter to failed files.
+    page.find_element(By.CSS_SELECTOR, '#filters input[name=status][value="ERROR"]').click()
+    page.find_element(By.ID, "apply").click()
+    wait_for(page, "only the failed files", lambda d: len(rows(d)) == 2)
+    assert {r.get_attribute("data-file-id") for r in rows(page)} == {
+        str(one.file_id),
+        str(two.file_id),
+    }
+    assert "status=ERROR" in page.current_url
+
+    # Open one: its page shows attempt 1 as a timeline.
+    row(page, one.file_id).find_element(By.CSS_SELECTOR, "td.name a").click()
+    wait_for(
+        page,
+        "the file page",
+        lambda d: d.find_element(By.CSS_SELECTOR, "#file h2").text == "ОСВ РБ Январь.xlsx",
+    )
+    cards = page.find_elements(By.CSS_SELECTOR, "#attempts .attempt-card")
+    assert len(cards) == 1
+    assert "NO_ACK" in cards[0].text and "acked (started)" in cards[0].text
+    assert "Nobody has retried this file." in visible_text(page)
+
+    # Retry it with a double click: one attempt, one answer ("retried", not a 409).
+    ActionChains(page).double_click(page.find_element(By.ID, "file-retry")).perform()
+    wait_for(
+        page,
+        "attempt 2 on the file page",
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "#attempts .attempt-card")) == 2,
+    )
+    assert page.find_element(By.ID, "file-answer").text == "retried: attempt 2 queued"
+    second = page.find_element(By.CSS_SELECTOR, '#attempts .attempt-card[data-attempt="2"]')
+    assert "queued" in second.text and "current" in second.text
+    wait_for(
+        page, "the retry audit", lambda d: d.find_elements(By.CSS_SELECTOR, "#retries tbody tr")
+    )
+    audit = page.find_element(By.CSS_SELECTOR, "#retries tbody tr").text
+    assert "anonymous" in audit and "attempt 1 → attempt 2" in audit
+    assert not page.find_element(By.ID, "file-retry").is_enabled()
+    with dict_conn(server.db_url) as conn:
+        assert [j["attempt"] for j in jobs_of(conn, one.file_id)] == [1, 2]
+        assert scalar(conn, "SELECT count(*) FROM arm.retry_audit") == 1
+
+    # Back to the list, filters kept; the retried file is no longer ERROR: it leaves.
+    page.find_element(By.ID, "back").click()
+    wait_for(page, "the failed list without the retried file", lambda d: len(rows(d)) == 1)
+    assert rows(page)[0].get_attribute("data-file-id") == str(two.file_id)
+
+    # A filter the API refuses is said next to the filters, with no rows under it.
+    page.find_element(By.CSS_SELECTOR, "#filters input[name=consolidation_id]").send_keys("nope")
+    page.find_element(By.ID, "apply").click()
+    wait_for(
+        page,
+        "the refusal",
+        lambda d: "consolidation_id" in d.find_element(By.ID, "list-error").text,
+    )
+    assert rows(page) == []
+
+
+def test_batch_retry_answers_each_file(serve: Callable[..., Served], page: WebDriver) -> None:
+    server = serve()
+    others(server.db_url)  # files in other states around them, as on a real day
+    one, two = failed(server.db_url, "Баланс 2026.xlsx", "Отчёт о прибылях.xlsx")
+    running = live(server.db_url, "Ещё обрабатывается.xlsx")
+    page.get(server.url + "/")
+    wait_for(page, "six files listed", lambda d: len(rows(d)) == 6)
+    for upload_ in (one, two, running):
+        row(page, upload_.file_id).find_element(By.CSS_SELECTOR, "input.select").click()
+    button = page.find_element(By.ID, "retry-selected")
+    assert button.text == "Retry selected (3)"
+    button.click()
+    wait_for(
+        page,
+        "an answer next to every file",
+        lambda d: all(
+            answer_of(d, u.file_id) not in ("", "retrying…") for u in (one, two, running)
+        ),
+    )
+    assert answer_of(page, one.file_id) == "retried: attempt 2 queued"
+    assert answer_of(page, two.file_id) == "retried: attempt 2 queued"
+    assert answer_of(page, running.file_id) == "skipped: still running (queued)"
+    assert page.find_element(By.ID, "batch-summary").text == "3 files: 2 retried, 1 skipped"
+    # Live: the rows show the new attempts without a reload.
+    wait_for(
+        page,
+        "attempt 2 in the list",
+        lambda d: (
+            row(d, one.file_id).find_element(By.CSS_SELECTOR, "td.attempt").text.startswith("2 / ")
+        ),
+    )
+    with dict_conn(server.db_url) as conn:
+        assert len(jobs_of(conn, one.file_id)) == 2 and len(jobs_of(conn, two.file_id)) == 2
+        assert len(jobs_of(conn, running.file_id)) == 1
+    shot = os.environ.get("CONSOLE_SCREENSHOT")
+    if shot:  # once the (cached) status figures show the retries too
+        wait_for(
+            page,
+            "the status after the retries",
+            lambda d: (
+                d.find_element(By.CSS_SELECTOR, '#status [data-job-status="queued"]').text
+                == "queued 3"
+            ),
+        )
+        page.save_screenshot(shot)
+
+
+def test_status_changes_show_without_a_reload(
+    serve: Callable[..., Served], page: WebDriver
+) -> None:
+    server = serve()
+    running = live(server.db_url, "Новый файл.pdf")
+    page.get(server.url + "/")
+    wait_for(page, "the file listed", lambda d: len(rows(d)) == 1)
+    job_badge = "td:nth-child(5) .badge"
+    assert row(page, running.file_id).find_element(By.CSS_SELECTOR, job_badge).text == "queued"
+    with dict_conn(server.db_url) as conn:
+        publish(conn)
+        fail_by_no_ack(conn)
+    wait_for(
+        page,
+        "the job's new status",
+        lambda d: row(d, running.file_id).find_element(By.CSS_SELECTOR, job_badge).text == "dlq",
+    )
+    assert row(page, running.file_id).find_element(By.CSS_SELECTOR, "button.retry").is_enabled()
+    # "Select the retryable" picks exactly the failed files with attempts left.
+    with dict_conn(server.db_url) as conn:
+        upload(conn, "XLSX", name="Ещё в очереди.xlsx")
+    wait_for(page, "the new file", lambda d: len(rows(d)) == 2)
+    page.find_element(By.ID, "select-retryable").click()
+    checked = [
+        r.get_attribute("data-file-id")
+        for r in rows(page)
+        if r.find_element(By.CSS_SELECTOR, "input.select").is_selected()
+    ]
+    assert checked == [str(running.file_id)]
+    assert page.find_element(By.ID, "retry-selected").text == "Retry selected (1)"
+
+
+def test_token_sign_in_shows_nothing_before(serve: Callable[..., Served], page: WebDriver) -> None:
+    server = serve(AUTH_MODE="token", API_TOKENS=f"ops={TOKEN}")
+    [one] = failed(server.db_url, "Секретный отчёт.xlsx")
+    page.get(server.url + "/")
+    wait_for(page, "the sign-in form", lambda d: d.find_element(By.ID, "signin").is_displayed())
+    assert not page.find_element(By.ID, "console").is_displayed()
+    assert "Секретный" not in page.page_source and "NO_ACK" not in page.page_source
+
+    token = page.find_element(By.ID, "token")
+    token.send_keys("not-the-token-at-all")
+    page.find_element(By.ID, "signin-submit").click()
+    wait_for(
+        page,
+        "the refusal",
+        lambda d: d.find_element(By.ID, "signin-error").text == "That token is not accepted.",
+    )
+    assert not page.find_element(By.ID, "console").is_displayed()
+    assert "Секретный" not in page.page_source
+
+    token.clear()
+    token.send_keys(TOKEN)
+    page.find_element(By.ID, "signin-submit").click()
+    wait_for(page, "the file list", lambda d: len(rows(d)) == 1)
+    assert page.find_element(By.ID, "who").text == "signed in as ops"
+    assert "Секретный отчёт.xlsx" in visible_text(page)
+    assert not page.find_element(By.ID, "signin").is_displayed()
+
+    # The token is kept in this tab's session: a reload stays signed in.
+    page.refresh()
+    wait_for(page, "the list after a reload", lambda d: len(rows(d)) == 1)
+
+    # The retry is recorded as the token's actor.
+    row(page, one.file_id).find_element(By.CSS_SELECTOR, "button.retry").click()
+    wait_for(page, "the answer", lambda d: answer_of(d, one.file_id) == "retried: attempt 2 queued")
+    with dict_conn(server.db_url) as conn:
+        assert scalar(conn, "SELECT actor FROM arm.retry_audit") == "ops"
+
+    # Signing out forgets the token and shows the form only.
+    page.find_element(By.ID, "signout").click()
+    wait_for(page, "the sign-in form", lambda d: d.find_element(By.ID, "signin").is_displayed())
+    assert rows(page) == [] and not page.find_element(By.ID, "console").is_displayed()
+    assert page.execute_script("return window.sessionStorage.length") == 0
+
+
+def test_header_mode_shows_the_proxys_identity(
+    serve: Callable[..., Served], page: WebDriver
+) -> None:
+    server = serve(AUTH_MODE="header")
+    failed(server.db_url, "Счёт-фактура.pdf")
+    page.execute_cdp_cmd("Network.enable", {})
+    try:
+        page.get(server.url + "/")
+        wait_for(page, "the refusal", lambda d: d.find_element(By.ID, "denied").is_displayed())
+        assert "did not say who you are" in visible_text(page)
+        assert "Счёт-фактура" not in page.page_source
+        # What an authenticating proxy adds to every request.
+        page.execute_cdp_cmd(
+            "Network.setExtraHTTPHeaders", {"headers": {"X-Forwarded-User": "anna@example.org"}}
+        )
+        page.refresh()
+        wait_for(page, "the file list", lambda d: len(rows(d)) == 1)
+        assert page.find_element(By.ID, "who").text == "signed in as anna@example.org"
+        assert not page.find_element(By.ID, "signout").is_displayed()
+    finally:
+        page.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})
+        page.execute_cdp_cmd("Network.disable", {})
