@@ -13,6 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
 from arm_core.db import DatabaseError
+from arm_core.metrics import METRICS, AppMetrics, BridgeState, metrics_handler
 from arm_core.store import Store
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,17 @@ async def healthcheck(request: web.Request) -> web.Response:
     return web.json_response(body, status=status)
 
 
+def install_metrics(app: web.Application) -> None:
+    """GET /metrics on `app`: this process's counters, the bridge's state when it runs
+    one, and the database's gauges (bounded and cached: arm_core/metrics.py)."""
+
+    def bridge_state() -> BridgeState | None:
+        return app[BRIDGE].metrics_state() if BRIDGE in app else None
+
+    app[METRICS] = AppMetrics(store=lambda: app.get(STORE), bridge=bridge_state)
+    app.router.add_get("/metrics", metrics_handler)
+
+
 def bridge_app(settings: Settings) -> web.Application:
     """`arm-core bridge`: the bridge alone, with its own small health endpoint (its
     errors JSON like the API's, served by arm_core.http.server like the API)."""
@@ -109,4 +121,5 @@ def bridge_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
     app.router.add_get("/healthcheck", healthcheck)
+    install_metrics(app)
     return app

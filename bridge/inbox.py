@@ -33,6 +33,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from psycopg_pool import AsyncConnectionPool
 
+from arm_core import metrics
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
 from arm_core.config import Settings
 from arm_core.db import DatabaseError, DatabaseUnavailable, is_transient
@@ -151,6 +152,7 @@ class Inbox:
             parsed = Rejected("parse_error", f"{type(exc).__name__}: {exc}")
         if isinstance(parsed, Rejected):
             self.stats.rejected += 1
+            metrics.envelope("rejected")
             log.warning(
                 "dropped a message from %s: %s",
                 msg.subject,
@@ -188,6 +190,7 @@ class Inbox:
     def drop(self, envelope: Envelope, reason: str) -> None:
         """Counts and logs an envelope that is lost before the database saw it."""
         self.stats.dropped[reason] += 1
+        metrics.envelope("dropped")
         why = _DROPPED_BECAUSE.get(reason, reason).format(size=self.settings.inbox_buffer_size)
         log.error(
             "dropped an envelope: %s; the job times out at its reply deadline unless the "
@@ -199,6 +202,7 @@ class Inbox:
     def slow_consumer(self) -> None:
         """nats-py dropped a message because its subscription queue was full."""
         self.stats.dropped["slow_consumer"] += 1
+        metrics.envelope("dropped")
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Runs one worker per buffer until `stopping` is set and the buffers are drained."""
@@ -323,10 +327,14 @@ class Inbox:
     async def apply(self, batch: list[Envelope]) -> list[EnvelopeOutcome]:
         """Hands `batch` to arm.apply_envelopes in one transaction; logs and counts each
         outcome. Returns the outcomes in the batch's order."""
-        rows = await self.store.apply_envelopes(batch)
+        rows = await self.store.apply_envelopes_v2(batch)
         self.stats.batches += 1
         for envelope, row in zip(batch, rows, strict=True):
             self._record(envelope, row.outcome, row.attempt)
+            if row.outcome is ApplyOutcome.APPLIED and row.status is not None:
+                metrics.transition(row.status.value)
+                phase = "ack" if row.status is JobStatus.PROCESSING else "processing"
+                metrics.waited(phase, row.wait_seconds)
         outcomes = Counter(row.outcome for row in rows)
         if outcomes[ApplyOutcome.APPLIED]:
             # One line per batch at INFO; one per envelope at DEBUG (a line per envelope
@@ -352,6 +360,7 @@ class Inbox:
         self.stats.outcomes[outcome] += 1
         if outcome is ApplyOutcome.BUSY:  # not an outcome yet: it is applied again
             return
+        metrics.envelope(outcome.value)
         action = "ack" if envelope.is_ack else "result"
         extra = _fields(envelope, action, attempt=attempt, status=envelope.status)
         if outcome is ApplyOutcome.APPLIED:

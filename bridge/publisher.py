@@ -29,11 +29,12 @@ from typing import Any
 from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
+from arm_core import metrics
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
 from arm_core.config import Settings
 from arm_core.db import DatabaseError, wrap_db_errors
 from arm_core.statuses import PublishOutcome
-from arm_core.store import DeadLetteredJob, PublishedJob, Store, UnackedJob
+from arm_core.store import DeadLetteredJob, PublishedJobTimed, Store, UnackedJob
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ class Cycle:
     # False: NATS was not connected, so nothing was tried.
     nats_connected: bool = True
     # Published and committed, in claim order.
-    published: tuple[PublishedJob, ...] = ()
+    published: tuple[PublishedJobTimed, ...] = ()
     # Dead-lettered at once: the request exceeds the server's max_payload.
-    unpublishable: tuple[PublishedJob, ...] = ()
+    unpublishable: tuple[PublishedJobTimed, ...] = ()
     # Batches NATS did not confirm (rolled back: their jobs stay as they were).
     failed_batches: int = 0
     # Whether the ack-timeout steps ran (at most every min(1 s, ACK_TIMEOUT / 4)).
@@ -82,7 +83,7 @@ class Cycle:
 class _Batch:
     """One transaction: the rows it claimed (and committed), or failed (rolled back)."""
 
-    claimed: tuple[PublishedJob, ...] = ()
+    claimed: tuple[PublishedJobTimed, ...] = ()
     failed: bool = False
 
 
@@ -213,7 +214,7 @@ class Publisher:
         try:
             with wrap_db_errors("publish"):
                 async with self.store.transaction() as conn:
-                    claimed = await self.store.publish_queued_jobs(
+                    claimed = await self.store.publish_queued_jobs_v2(
                         conn,
                         limit=s.outbox_batch_size,
                         tabular_timeout=s.tabular_reply_timeout_seconds,
@@ -228,8 +229,13 @@ class Publisher:
                             [(c.subject, c.msg_id, c.request) for c in sent], "publish"
                         )
         except PublishFailed:
+            metrics.PUBLISH_BATCHES.labels(result="failed").inc()
             return _Batch(failed=True)
         if sent:
+            metrics.PUBLISH_BATCHES.labels(result="ok").inc()
+            metrics.transition("published", len(sent))
+            for c in sent:
+                metrics.waited("queued", c.queued_seconds)
             self.stats.published += len(sent)
             self.stats.batches += 1
             for c in sent:
@@ -239,6 +245,7 @@ class Publisher:
             )
         for c in claimed:
             if c.outcome is PublishOutcome.DLQ:
+                metrics.transition("dlq")
                 self.stats.unpublishable += 1
                 log.error(
                     "dead-lettered: the request cannot be published: %s",
@@ -280,7 +287,11 @@ class Publisher:
                         )
                         await self.store.mark_republished(conn, [c.job_id for c in sent])
         except PublishFailed:
+            metrics.PUBLISH_BATCHES.labels(result="failed").inc()
             return [], True
+        if sent:
+            metrics.PUBLISH_BATCHES.labels(result="ok").inc()
+            metrics.REPUBLISHED.inc(len(sent))
         self.stats.republished += len(sent)
         for c in sent:
             log.info(
@@ -295,6 +306,7 @@ class Publisher:
             ack_timeout=s.ack_timeout_seconds, max_republish=s.outbox_max_republish
         )
         self.stats.dead_lettered += len(dead)
+        metrics.transition("dlq", len(dead))
         for d in dead:
             log.warning(
                 "dead-lettered: no ack after %d republishes",
@@ -364,7 +376,7 @@ def _size(claimed: UnackedJob) -> int:
     return len(_dumps(claimed.request)) + len(header.encode())
 
 
-def _job_extra(action: str, claimed: PublishedJob | UnackedJob) -> dict[str, Any]:
+def _job_extra(action: str, claimed: PublishedJobTimed | UnackedJob) -> dict[str, Any]:
     return {
         "action": action,
         "job_id": claimed.job_id,

@@ -22,6 +22,7 @@ from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.config import Settings, mask_url
 from arm_core.db import DatabaseError
+from arm_core.metrics import BridgeState
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class Bridge:
     # The server's word when it refused the subscription (NATS user without subscribe
     # permission on RESULT_SUBJECT in NATS_QUEUE_GROUP): the bridge would hear nothing.
     subscription_refused: str | None = None
+    # The LISTEN connection: connecting, ok, reconnecting (bridge/listener.py).
+    listener_state: str = "connecting"
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -59,7 +62,10 @@ class Bridge:
             asyncio.create_task(self.publisher.run(self.stopping), name="publisher"),
             asyncio.create_task(self.inbox.run(self.stopping), name="inbox"),
             asyncio.create_task(
-                listen_for_queued_jobs(url, self.publisher.wake, self.stopping), name="listen"
+                listen_for_queued_jobs(
+                    url, self.publisher.wake, self.stopping, on_state=self._listener_is
+                ),
+                name="listen",
             ),
             asyncio.create_task(self.scheduler.run(self.stopping), name="schedule"),
         ]
@@ -123,6 +129,20 @@ class Bridge:
         if self.nats.is_closed and self.subscription is not None:
             return "closed"
         return "connecting" if self.subscription is None else "disconnected"
+
+    def _listener_is(self, state: str) -> None:
+        self.listener_state = state
+
+    def listener_status(self) -> str:
+        """The LISTEN connection's state; `stopped` when its task has ended."""
+        listen = next((t for t in self._tasks if t.get_name() == "listen"), None)
+        if listen is not None and listen.done():
+            return "stopped"
+        return self.listener_state
+
+    def metrics_state(self) -> BridgeState:
+        """arm_nats_connected (connected and subscribed) and arm_inbox_buffered."""
+        return BridgeState(self.nats_state() == "ok", self.inbox.buffered())
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stops taking messages, lets the cycle in flight and the inbox queue finish

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from arm_core import metrics
 from arm_core.config import Settings
 from arm_core.db import DatabaseError
 from arm_core.store import Store, TaskRun
@@ -27,6 +29,9 @@ class Scheduler:
     settings: Settings
     pool: AsyncConnectionPool[Any]
     store: Store = field(init=False)
+    # The per-status counts' deltas are folded at most this often (arm.compact_counts).
+    compact_every_seconds: float = 5.0
+    _compacted_at: float = float("-inf")
 
     def __post_init__(self) -> None:
         self.store = Store(self.pool)
@@ -43,6 +48,8 @@ class Scheduler:
         nothing was due or another caller holds them). Raises DatabaseError."""
         ran = await self.store.run_due_tasks()
         for task in ran:
+            if task.task == "sweep_timeouts" and task.result and task.result.isdigit():
+                metrics.transition("timeout", int(task.result))
             if task.error:
                 log.error(
                     "periodic task %s failed: %s",
@@ -57,7 +64,22 @@ class Scheduler:
                     task.result,
                     extra={"action": "schedule", "count": task.result},
                 )
+        await self.compact_counts()
         return ran
+
+    async def compact_counts(self, force: bool = False) -> int | None:
+        """Folds the per-status count deltas (arm_jobs, the status view) when the last
+        fold is compact_every_seconds old, or `force`; returns how many rows it folded
+        (None when not due). A failure is logged; the next tick tries again."""
+        now = time.monotonic()
+        if not force and now - self._compacted_at < self.compact_every_seconds:
+            return None
+        self._compacted_at = now
+        try:
+            return await self.store.compact_counts()
+        except DatabaseError as exc:
+            log.warning("compact_counts failed: %s", exc, extra={"action": "schedule"})
+            return None
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Ticks every SCHEDULE_TICK_SECONDS until `stopping` is set."""

@@ -13,7 +13,7 @@ from arm_core.config import Settings
 from arm_core.http import file_list, handlers
 from arm_core.http.auth import auth_middleware
 from arm_core.http.errors import error_middleware
-from arm_core.runtime import SETTINGS, bridge_ctx, healthcheck, pool_ctx
+from arm_core.runtime import SETTINGS, bridge_ctx, healthcheck, install_metrics, pool_ctx
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 # The operator console (issue 11): static files, no build step. index.html at /, the rest
@@ -76,6 +76,8 @@ def create_app(settings: Settings) -> web.Application:
     app[CONSOLE] = _console_files()
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
     app.router.add_get("/healthcheck", healthcheck)
+    install_metrics(app)  # GET /metrics
+    app.router.add_get("/api/v1/status", handlers.status)
     app.router.add_get("/api/v1/openapi.json", handlers.openapi)
     app.router.add_get("/", console_index)
     app.router.add_get("/console/{name}", console_file)

@@ -9,9 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
+from arm_core import metrics
 from arm_core.http.auth import ACTOR, authenticate
 from arm_core.http.errors import ApiError
-from arm_core.runtime import SETTINGS, STORE
+from arm_core.runtime import BRIDGE, SETTINGS, STORE
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
 from arm_core.store import RetryResult
 
@@ -52,6 +53,7 @@ async def retry_file(request: web.Request) -> web.Response:
         if body is not NO_BODY and body != {}:
             raise ApiError(400, "VALIDATION_ERROR", "this request takes no body fields")
     row = await request.app[STORE].retry_file(file_id, request[ACTOR])
+    metrics.RETRIES.labels(outcome=row.outcome.value).inc()
     if row.outcome is RetryOutcome.NOT_FOUND:
         raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
     if row.outcome is RetryOutcome.NOT_RETRYABLE:
@@ -108,6 +110,8 @@ async def retry_files(request: web.Request) -> web.Response:
         )
     distinct = list(dict.fromkeys(ids))  # request order, duplicates once
     rows = await request.app[STORE].retry_files(distinct, request[ACTOR])
+    for row in rows:
+        metrics.RETRIES.labels(outcome=row.outcome.value).inc()
     by_id = {row.file_id: row for row in rows}
     return web.json_response({"results": [_batch_entry(by_id[f]) for f in distinct]})
 
@@ -150,6 +154,36 @@ async def whoami(request: web.Request) -> web.Response:
     except ApiError:
         actor = None
     return web.json_response({"actor": actor, "auth_mode": settings.auth_mode})
+
+
+async def status(request: web.Request) -> web.Response:
+    """GET /api/v1/status → one glance: jobs and files per status, the outbox's age, what
+    is overdue, the last sweep, and this process's bridge (null when it runs none). One
+    bounded read of arm.status_view, shared by the polls of STATUS_CACHE_SECONDS."""
+    app = request.app
+    settings = app[SETTINGS]
+    view = await app[metrics.METRICS].status_view(settings.ack_timeout_seconds)
+    bridge: dict[str, str] | None = None
+    if BRIDGE in app:
+        bridge = {"nats": app[BRIDGE].nats_state(), "listener": app[BRIDGE].listener_status()}
+    elif settings.nats_enabled:
+        bridge = {"nats": "starting", "listener": "starting"}
+    at = view.last_sweep_at
+    return web.json_response(
+        {
+            "jobs": view.jobs,
+            "files": view.files,
+            "oldest_queued_age_seconds": round(view.oldest_queued_age_seconds, 3),
+            "unacked_overdue": view.unacked_overdue,
+            "past_deadline_unswept": view.past_deadline_unswept,
+            "last_sweep": {
+                "at": at.isoformat() if at else None,
+                "result": view.last_sweep_result,
+                "error": view.last_sweep_error,
+            },
+            "bridge": bridge,
+        }
+    )
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -67,6 +67,9 @@ RECIPES: dict[tuple[str, str, str], Recipe] = {
     ("/healthcheck", "get", "503"): lambda a: a.down.get("/healthcheck"),
     ("/api/v1/openapi.json", "get", "200"): lambda a: a.up.get("/api/v1/openapi.json"),
     ("/api/v1/whoami", "get", "200"): lambda a: a.auth.get("/api/v1/whoami"),
+    ("/api/v1/status", "get", "200"): lambda a: a.up.get("/api/v1/status"),
+    ("/api/v1/status", "get", "401"): lambda a: a.auth.get("/api/v1/status"),
+    ("/api/v1/status", "get", "503"): lambda a: a.down.get("/api/v1/status"),
     (R, "post", "201"): lambda a: a.up.post(f"/api/v1/files/{a.failed_file}/retry"),
     (R, "post", "400"): lambda a: a.up.post("/api/v1/files/x/retry"),
     (R, "post", "401"): lambda a: a.auth.post(f"/api/v1/files/{a.failed_file}/retry"),
@@ -134,8 +137,9 @@ def test_every_route_of_the_app_is_documented() -> None:
         for route in app.router.routes()
         if route.resource is not None
         and route.method != "HEAD"
-        # The operator console's page and static files (text/html, css, js) are not API.
-        and route.resource.canonical not in ("/", "/console/{name}")
+        # The operator console's page and static files (text/html, css, js) are not API;
+        # /metrics is Prometheus text (README "Metrics").
+        and route.resource.canonical not in ("/", "/console/{name}", "/metrics")
     }
     in_doc = {(path, method) for path, method, _ in documented(doc)}
     assert served == in_doc

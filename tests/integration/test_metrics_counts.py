@@ -60,7 +60,7 @@ def test_the_counts_equal_count_star_after_random_transitions_retries_and_compac
     rng = random.Random(11)
     assert_counts_are_real(conn)
     compactions = 0
-    for step in range(400):
+    for _ in range(400):
         action = rng.choice(
             ["upload", "upload", "publish", "ack", "result", "sweep", "dlq", "retry", "delete"]
         )

@@ -1,0 +1,244 @@
+"""Prometheus metrics (issue 11): `GET /metrics` of `arm-core serve` and of the bridge's
+health port (README "Metrics" lists every name, label and meaning).
+
+Two kinds:
+
+* **counters and histograms of this process** (module level, in :data:`REGISTRY`, one
+  per process): what the publisher, the inbox, the schedule runner and the API did. The
+  steps count where they decide (bridge/publisher.py, bridge/inbox.py,
+  bridge/scheduler.py, http/handlers.py). With several processes each exposes its own;
+  dashboards `sum()` them.
+* **gauges read at scrape time** (:class:`AppMetrics`, one per aiohttp application): the
+  bridge's state (NATS connected, envelopes buffered) from memory, and the figures of
+  the database (`arm_jobs{status}`, `arm_outbox_oldest_queued_age_seconds`) from one
+  bounded read (DB_READ_TIMEOUT_SECONDS) cached for DB_CACHE_SECONDS, so scrapes never
+  hammer the database and never wait on it for longer than the bound. When the read
+  fails, the database's gauges are left out of the answer and `arm_database_up` is 0;
+  everything else is still there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from arm_core.db import DatabaseError, DatabaseUnavailable
+from arm_core.statuses import ApplyOutcome, JobStatus
+from arm_core.store import StatusView, Store
+
+log = logging.getLogger(__name__)
+
+# How long a scrape (or a status poll) may wait for the database, and how long what it
+# read (or the failure) is reused.
+DB_READ_TIMEOUT_SECONDS = 1.0
+DB_CACHE_SECONDS = 5.0
+# GET /api/v1/status is polled by consoles every few seconds: one read serves them all.
+STATUS_CACHE_SECONDS = 2.0
+# What generate_latest writes: the text format 0.0.4, which every Prometheus reads.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
+
+JOB_TRANSITIONS = Counter(
+    "arm_job_transitions",
+    "Transitions of recognition jobs this process made or applied, by the status reached",
+    ["to"],
+    registry=REGISTRY,
+)
+INBOX_ENVELOPES = Counter(
+    "arm_inbox_envelopes",
+    "Messages the inbox took from the result subject, by what became of them",
+    ["outcome"],
+    registry=REGISTRY,
+)
+PUBLISH_BATCHES = Counter(
+    "arm_publish_batches",
+    "Publisher transactions that sent requests (publish and republish), by result",
+    ["result"],
+    registry=REGISTRY,
+)
+REPUBLISHED = Counter(
+    "arm_republished_jobs",
+    "Requests sent again because no ack came within ACK_TIMEOUT_SECONDS",
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "arm_retries",
+    "Files the API was asked to retry (one per file, batches included), by outcome",
+    ["outcome"],
+    registry=REGISTRY,
+)
+JOB_WAIT = Histogram(
+    "arm_job_wait_seconds",
+    "How long jobs waited: queued (requested → published), ack (published → processing), "
+    "processing (processing → final)",
+    ["phase"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+    registry=REGISTRY,
+)
+
+TRANSITIONS = ("published", "processing", "done", "needs_check", "error", "timeout", "dlq")
+ENVELOPE_OUTCOMES = (*(o.value for o in ApplyOutcome if o is not ApplyOutcome.BUSY), "rejected")
+ENVELOPE_OUTCOMES += ("dropped",)
+PHASES = ("queued", "ack", "processing")
+
+# Every label value from the start (0), so a rate() has a series before the first event.
+for _to in TRANSITIONS:
+    JOB_TRANSITIONS.labels(to=_to)
+for _outcome in ENVELOPE_OUTCOMES:
+    INBOX_ENVELOPES.labels(outcome=_outcome)
+for _result in ("ok", "failed"):
+    PUBLISH_BATCHES.labels(result=_result)
+for _outcome in ("retried", "not_found", "not_retryable"):
+    RETRIES.labels(outcome=_outcome)
+for _phase in PHASES:
+    JOB_WAIT.labels(phase=_phase)
+
+
+def transition(to: str, n: int = 1) -> None:
+    if n:
+        JOB_TRANSITIONS.labels(to=to).inc(n)
+
+
+def envelope(outcome: str, n: int = 1) -> None:
+    INBOX_ENVELOPES.labels(outcome=outcome).inc(n)
+
+
+def waited(phase: str, seconds: float | None) -> None:
+    if seconds is not None:
+        JOB_WAIT.labels(phase=phase).observe(max(0.0, seconds))
+
+
+@dataclass
+class BridgeState:
+    """What a running bridge says about itself (bridge/runner.py Bridge.metrics_state)."""
+
+    nats_connected: bool
+    inbox_buffered: int
+
+
+@dataclass
+class _DbFigures:
+    jobs: dict[str, int]
+    oldest_queued_age: float
+
+
+@dataclass(eq=False)  # a collector is registered: hashed by identity
+class AppMetrics(Collector):
+    """The gauges of one application, read when scraped. `store` and `bridge` are looked
+    up at scrape time (the pool opens after the app is built; the bridge may be off)."""
+
+    store: Callable[[], Store | None]
+    bridge: Callable[[], BridgeState | None]
+    timeout: float = DB_READ_TIMEOUT_SECONDS
+    cache_seconds: float = DB_CACHE_SECONDS
+    status_cache_seconds: float = STATUS_CACHE_SECONDS
+    _figures: _DbFigures | None = None
+    _read_at: float = float("-inf")
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _status: tuple[float, StatusView] | None = None
+    _status_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def status_view(self, ack_timeout: float) -> StatusView:
+        """arm.status_view, read within `timeout` and reused for status_cache_seconds
+        (polls of many consoles cost one read). Raises DatabaseUnavailable (a 503)."""
+        async with self._status_lock:
+            if self._status is not None:
+                read_at, view = self._status
+                if time.monotonic() - read_at < self.status_cache_seconds:
+                    return view
+            store = self.store()
+            if store is None:
+                raise DatabaseUnavailable("status_view: no connection pool yet")
+            view = await store.status_view(ack_timeout, within=self.timeout)
+            self._status = (time.monotonic(), view)
+            return view
+
+    async def refresh(self) -> None:
+        """Reads the database's figures unless read (or failed) less than cache_seconds
+        ago; never raises, never waits longer than `timeout` (plus the wait for another
+        scrape's read in flight, bounded the same way)."""
+        async with self._lock:
+            if time.monotonic() - self._read_at < self.cache_seconds:
+                return
+            store = self.store()
+            figures = None
+            if store is not None:
+                try:
+                    start = time.monotonic()
+                    counts = await store.job_counts(within=self.timeout)
+                    left = max(0.05, self.timeout - (time.monotonic() - start))
+                    age = await asyncio.wait_for(
+                        store.outbox_oldest_queued_age(pool_timeout=left), left
+                    )
+                    figures = _DbFigures({c.status.value: c.n for c in counts}, age)
+                except (DatabaseError, TimeoutError) as exc:
+                    log.warning(
+                        "metrics: the database's gauges are left out: %s",
+                        exc,
+                        extra={"action": "metrics", "reason": "database_unavailable"},
+                    )
+            self._figures, self._read_at = figures, time.monotonic()
+
+    def collect(self) -> Iterable[Metric]:
+        up = GaugeMetricFamily(
+            "arm_database_up",
+            "1 when the last read of the database's gauges (arm_jobs, "
+            "arm_outbox_oldest_queued_age_seconds) succeeded; 0 and those gauges left out "
+            "when it failed or took longer than 1 s",
+        )
+        up.add_metric([], 1 if self._figures is not None else 0)
+        yield up
+        if self._figures is not None:
+            jobs = GaugeMetricFamily("arm_jobs", "Recognition jobs per status", labels=["status"])
+            for status in JobStatus:
+                jobs.add_metric([status.value], self._figures.jobs.get(status.value, 0))
+            yield jobs
+            yield GaugeMetricFamily(
+                "arm_outbox_oldest_queued_age_seconds",
+                "Seconds the oldest queued job has waited to be published (0 when none)",
+                value=self._figures.oldest_queued_age,
+            )
+        state = self.bridge()
+        if state is not None:
+            yield GaugeMetricFamily(
+                "arm_nats_connected",
+                "1 while this process's bridge is connected to NATS and subscribed",
+                value=1 if state.nats_connected else 0,
+            )
+            yield GaugeMetricFamily(
+                "arm_inbox_buffered",
+                "Envelopes received and waiting in this process's inbox buffers",
+                value=state.inbox_buffered,
+            )
+
+    async def exposition(self) -> bytes:
+        """The whole text of GET /metrics: this process's counters, then these gauges."""
+        await self.refresh()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        return generate_latest(REGISTRY) + generate_latest(registry)
+
+
+METRICS = web.AppKey("metrics", AppMetrics)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text format (version 0.0.4)."""
+    body = await request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

@@ -1,0 +1,108 @@
+"""GET /api/v1/status (issue 11, part 3): the figures of constructed situations — an
+overdue unacked job, one past its deadline that no sweep has timed out, the oldest queued
+age, the last sweep with its error — through the real API as arm_api; `bridge` null
+without a bridge and the states of a running one; 401 without credentials."""
+
+from __future__ import annotations
+
+import pytest
+
+from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.metrics import METRICS
+from tests.support.api import api_settings, running_api
+from tests.support.bridge import fast_settings, wait_for
+from tests.support.sql import ack, dict_conn, publish, upload
+
+pytestmark = pytest.mark.integration
+
+
+async def test_the_status_of_constructed_situations(db_url: str) -> None:
+    with dict_conn(db_url) as conn:
+        upload(conn)
+        publish(conn)  # published now, its ack not overdue
+        overdue = upload(conn)
+        publish(conn)
+        conn.execute(
+            "UPDATE arm.recognition_job SET last_published_at = clock_timestamp() - "
+            "interval '1 minute' WHERE id = %s",
+            (overdue.job_id,),
+        )
+        late = upload(conn, "PDF")
+        publish(conn, image_timeout=0)  # its deadline is now: past it at once
+        ack(conn, late.job_id, late.file_id, "scan-gateway")
+        upload(conn)  # queued
+    # ACK_TIMEOUT_SECONDS 30: the job published a minute ago is overdue, the other not.
+    async with running_api(api_settings(db_url, ack_timeout_seconds=30)) as http:
+        assert http.app is not None
+        http.app[METRICS].status_cache_seconds = 0
+        resp = await http.get("/api/v1/status")
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        assert body["jobs"] == {
+            "queued": 1,
+            "published": 2,
+            "processing": 1,
+            "done": 0,
+            "needs_check": 0,
+            "error": 0,
+            "timeout": 0,
+            "dlq": 0,
+        }
+        assert body["files"] == {"UPLOADED": 3, "PROCESSING": 1, "ERROR": 0}
+        assert body["unacked_overdue"] == 1
+        assert body["past_deadline_unswept"] == 1
+        assert 0 < body["oldest_queued_age_seconds"] < 3600
+        assert body["last_sweep"] == {"at": None, "result": None, "error": None}
+        assert body["bridge"] is None  # NATS_ENABLED=false: this process runs no bridge
+
+        with dict_conn(db_url) as conn:
+            conn.execute("UPDATE arm.periodic_task SET next_run_at = clock_timestamp()")
+            conn.execute("SELECT * FROM arm.run_due_tasks()")  # the sweep times `late` out
+        body = await (await http.get("/api/v1/status")).json()
+        assert (body["past_deadline_unswept"], body["jobs"]["timeout"]) == (0, 1)
+        assert (body["last_sweep"]["result"], body["last_sweep"]["error"]) == ("1", None)
+        assert body["last_sweep"]["at"] is not None
+
+        with dict_conn(db_url) as conn:  # a sweep that fails
+            conn.execute("CREATE FUNCTION arm.broken() RETURNS int LANGUAGE sql AS 'SELECT 1/0'")
+            conn.execute(
+                "UPDATE arm.periodic_task SET function_name = 'arm.broken()', "
+                "next_run_at = clock_timestamp() WHERE name = 'sweep_timeouts'"
+            )
+            conn.execute("SELECT * FROM arm.run_due_tasks()")
+        body = await (await http.get("/api/v1/status")).json()
+        assert body["last_sweep"]["result"] is None
+        assert body["last_sweep"]["error"] == "22012: division by zero"
+
+
+async def test_the_status_names_the_bridge_of_a_serve_that_runs_one(
+    db_url: str, nats_server: EmbeddedNats
+) -> None:
+    settings = fast_settings(db_url, nats_server.url())
+    settings = api_settings(db_url, nats_enabled=True, nats_urls=settings.nats_urls)
+    async with running_api(settings) as http:
+        assert http.app is not None
+        http.app[METRICS].status_cache_seconds = 0
+
+        async def bridge_ok() -> bool:
+            body = await (await http.get("/api/v1/status")).json()
+            return bool(body["bridge"] == {"nats": "ok", "listener": "ok"})
+
+        await wait_for(bridge_ok, 10, "bridge nats ok, listener ok")
+        nats_server.stop()
+
+        async def reconnecting() -> bool:
+            body = await (await http.get("/api/v1/status")).json()
+            return bool(body["bridge"]["nats"] == "reconnecting")
+
+        await wait_for(reconnecting, 10, "bridge nats reconnecting")
+
+
+async def test_the_status_needs_credentials_when_auth_is_on(db_url: str) -> None:
+    settings = api_settings(db_url, auth_mode="token", api_tokens=(("ops", "s3cret-token-x"),))
+    async with running_api(settings) as http:
+        resp = await http.get("/api/v1/status")
+        assert resp.status == 401
+        assert (await resp.json())["error"]["code"] == "UNAUTHORIZED"
+        resp = await http.get("/api/v1/status", headers={"Authorization": "Bearer s3cret-token-x"})
+        assert resp.status == 200
