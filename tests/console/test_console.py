@@ -197,6 +197,16 @@ def test_filter_open_retry_and_see_attempt_2(serve: Callable[..., Served], page:
     assert row(page, one.file_id).find_element(By.CSS_SELECTOR, "td.name").text == (
         "ОСВ РБ Январь.xlsx"
     )
+    # The status figures at the top (GET /api/v1/status, polled).
+    wait_for(
+        page,
+        "the status figures",
+        lambda d: (
+            d.find_element(By.CSS_SELECTOR, '#status [data-job-status="dlq"]').text == "dlq 2"
+        ),
+    )
+    figures = page.find_element(By.ID, "status").text
+    assert "OLDEST QUEUED" in figures and "not in this process" in figures
     # The live file cannot be retried; a failed one shows attempt n / max and its code.
     assert not row(page, running.file_id).find_element(By.CSS_SELECTOR, "button.retry").is_enabled()
     first = row(page, one.file_id)
@@ -305,7 +315,12 @@ def test_batch_retry_answers_each_file(serve: Callable[..., Served], page: WebDr
                 == "queued 3"
             ),
         )
-        page.save_screenshot(shot)
+        size = page.get_window_size()
+        page.set_window_size(1500, 680)  # the rows, not a blank page under them
+        try:
+            page.save_screenshot(shot)
+        finally:
+            page.set_window_size(size["width"], size["height"])
 
 
 def test_status_changes_show_without_a_reload(
