@@ -5,10 +5,13 @@ Validate the query string → one store call (arm.list_files, db/functions/75_li
 filters, timestamps, the opaque cursor — has a module of its own.
 
 The cursor is the keyset of the last file of a page, (created_at, id), as
-base64url("v1:<created_at in µs since the epoch>:<uuid>") without padding: opaque to
-clients, exact (PostgreSQL keeps microseconds), and checked on the way back in — anything
-else is 400 INVALID_CURSOR. A page after a cursor holds the files older than that one, so
-files uploaded meanwhile never shift it (keyset, not offset).
+base64url("v1:<created_at in µs since the epoch>:<uuid>:<check>") without padding, the
+check being 8 hex digits of the SHA-256 of what precedes it: opaque to clients, exact
+(PostgreSQL keeps microseconds), the same from every API process, and checked on the way
+back in — a cut, edited or made-up cursor is 400 INVALID_CURSOR. The check is no secret
+(a keyset shows nothing the list does not); it catches corruption, not forgery. A page
+after a cursor holds the files older than that one, so files uploaded meanwhile never
+shift it (keyset, not offset).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import hashlib
 import re
 import uuid
 from enum import StrEnum
@@ -42,7 +46,7 @@ _SINGLE = {"consolidation_id", "q", "updated_after", "updated_before", "limit", 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
 _CURSOR_CHARS = re.compile(r"[A-Za-z0-9_-]+")
-_CURSOR_TEXT = re.compile(r"v1:(-?[0-9]{1,18}):([0-9a-f-]{36})")
+_CURSOR_TEXT = re.compile(r"(v1:(-?[0-9]{1,18}):([0-9a-f-]{36})):([0-9a-f]{8})")
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -102,9 +106,14 @@ def _q(raw: str | None) -> str | None:
     return raw
 
 
+def _check(keyset: str) -> str:
+    return hashlib.sha256(keyset.encode()).hexdigest()[:8]
+
+
 def encode_cursor(created_at: dt.datetime, file_id: uuid.UUID) -> str:
-    micros = (created_at - _EPOCH) // _MICROSECOND
-    return base64.urlsafe_b64encode(f"v1:{micros}:{file_id}".encode()).decode().rstrip("=")
+    keyset = f"v1:{(created_at - _EPOCH) // _MICROSECOND}:{file_id}"
+    text = f"{keyset}:{_check(keyset)}"
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
 def decode_cursor(raw: str) -> tuple[dt.datetime, uuid.UUID]:
@@ -117,11 +126,11 @@ def decode_cursor(raw: str) -> tuple[dt.datetime, uuid.UUID]:
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise invalid from None
     match = _CURSOR_TEXT.fullmatch(text)
-    if match is None:
+    if match is None or match[4] != _check(match[1]):
         raise invalid
     try:
-        created_at = _EPOCH + int(match[1]) * _MICROSECOND
-        file_id = uuid.UUID(match[2])
+        created_at = _EPOCH + int(match[2]) * _MICROSECOND
+        file_id = uuid.UUID(match[3])
     except (ValueError, OverflowError):
         raise invalid from None
     if encode_cursor(created_at, file_id) != raw:  # one spelling per keyset
