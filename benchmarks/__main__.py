@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
-from benchmarks import lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
+from benchmarks import files, lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
 from benchmarks.harness import Bench, Sizes
 from benchmarks.report import Report, machine, markdown
 
@@ -29,6 +29,7 @@ MODULES: dict[str, ModuleType] = {
     "lifecycle": lifecycle,
     "sweep": sweep,
     "retry": retry,
+    "files": files,
 }
 SECTIONS: dict[str, Section] = {name: module.run for name, module in MODULES.items()}
 

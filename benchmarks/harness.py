@@ -39,6 +39,7 @@ class Sizes:
     sweep_repeats: int = 7
     retry_files: int = 5_000
     retry_concurrency: int = 32
+    file_list: tuple[int, int] = (10_000, 1_000_000)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -55,6 +56,7 @@ class Sizes:
             sweep_history=(2_000, 50_000),
             sweep_repeats=3,
             retry_files=500,
+            file_list=(10_000, 100_000),
         )
 
 
