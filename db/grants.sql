@@ -80,7 +80,7 @@ GRANT USAGE ON SCHEMA arm TO arm_bridge, arm_api, arm_uploader, arm_readonly;
 -- the caller's rights and no SET clause (db/functions/00_helpers.sql says why).
 GRANT EXECUTE ON FUNCTION
     arm.is_final, arm.pipeline_for, arm.setting_int, arm._request_body, arm.job_view,
-    arm.fold_name, arm.is_retryable
+    arm.fold_name, arm.name_pattern, arm.is_retryable
 TO PUBLIC;
 
 -- 4. arm_bridge: exactly what the bridge calls (arm_core/queries.sql through its steps).

@@ -978,7 +978,7 @@ BEGIN
         v_where := v_where || ' AND f.file_type = ANY ($6)';
     END IF;
     IF p_q IS NOT NULL THEN
-        v_where := v_where || ' AND strpos(arm.fold_name(f.original_name), arm.fold_name($7)) > 0';
+        v_where := v_where || ' AND f.original_name COLLATE "C" ~ $7';
     END IF;
     IF p_updated_after IS NOT NULL THEN
         v_where := v_where || ' AND f.updated_at > $8';
@@ -1014,7 +1014,7 @@ BEGIN
         || ' ON true'
         || ' ORDER BY f.created_at DESC, f.id DESC'
     USING p_after_created_at, p_after_id, p_statuses, p_job_statuses, p_consolidation_id,
-          p_file_types, p_q, p_updated_after, p_updated_before, p_limit;
+          p_file_types, arm.name_pattern(p_q), p_updated_after, p_updated_before, p_limit;
 END;
 $_$;
 
@@ -1073,6 +1073,28 @@ $$;
 
 
 ALTER FUNCTION arm.mark_republished(p_job_ids uuid[]) OWNER TO arm_owner;
+
+--
+-- Name: name_pattern(text); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.name_pattern(p_q text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $_$
+    SELECT coalesce(string_agg(
+        CASE WHEN x.low <> x.up THEN '[' || x.low || x.up || ']'
+             WHEN x.c COLLATE "C" ~ '^[0-9A-Za-z]$' THEN x.c
+             ELSE E'\\' || x.c END, '' ORDER BY x.i), '')
+    FROM (SELECT s.i, s.c, arm.fold_name(s.c) AS low,
+                 pg_catalog.upper(pg_catalog.translate(arm.fold_name(s.c),
+                     'абвгдежзийклмнопрстуфхцчшщъыьэюяѐёђѓєѕіїјљњћќѝўџґàáâãäåæçèéêëìíîïðñòóôõöøùúûüýþαβγδεζηθικλμνξοπρστυφχψω',
+                     'АБВГДЕЖЗИЙКЛМНОПРСТУФХЦЧШЩЪЫЬЭЮЯЀЁЂЃЄЅІЇЈЉЊЋЌЍЎЏҐÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏÐÑÒÓÔÕÖØÙÚÛÜÝÞΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ')
+                     COLLATE "C") AS up
+          FROM pg_catalog.regexp_split_to_table(p_q, '') WITH ORDINALITY AS s(c, i)) x
+$_$;
+
+
+ALTER FUNCTION arm.name_pattern(p_q text) OWNER TO arm_owner;
 
 --
 -- Name: pipeline_for(arm.file_type); Type: FUNCTION; Schema: arm; Owner: arm_owner

@@ -224,6 +224,72 @@ def test_each_filter_alone_and_combined(conn: Conn, api_conn: Conn) -> None:
     assert names(page(api_conn, updated_before=day3, statuses=["ERROR"])) == set()
 
 
+# Names and searches with every kind of character the pattern must treat right: regular
+# expression syntax, backslashes, case pairs of each script, letters without case, digits.
+NAMES = [
+    "ОСВ Март 2026.XLSX",
+    "оборотно-сальдовая (копия) [1].xlsx",
+    "Ёлка Ґанок Їжак Єнот.pdf",
+    "ÉTÉ Straße naïve.png",
+    "ΣΟΦΙΑ σοφια.jpg",
+    r"a.b*c+d?e^f$g|h(i)j{k}l\m-n/o 100% _x_.xls",
+    "İstanbul ı ß Ǆ 😀 ١٢٣.pdf",
+]
+SEARCHES = [
+    "осв",
+    "МАРТ 2026",
+    "(КОПИЯ) [1]",
+    "ёлка ґанок їжак єнот",
+    "été STRASSE",
+    "straße",
+    "σοφια ΣΟΦΙΑ",
+    "a.b*c+d?e^f$g|h(i)j{k}l\\m",
+    ".",
+    "b*",
+    "\\",
+    "100%",
+    "_X_",
+    "[1]",
+    "ǆ",
+    "😀",
+    "١٢٣",
+    "İSTANBUL",
+    "ı",
+    "x" * 3,
+    "е",
+    "Ё",
+]
+
+
+def disagreements(db: Conn) -> tuple[list[tuple[str, str]], int]:
+    """The (name, search) pairs where arm.name_pattern (what list_files runs) and its
+    definition, strpos over arm.fold_name, disagree; and how many pairs matched."""
+    pairs = []
+    for name in NAMES:
+        # every search, and the name's own substrings with their case swapped
+        own = [name[i : i + 4].swapcase() for i in range(0, len(name), 3)]
+        pairs += [(name, q) for q in SEARCHES + own]
+    rows = db.execute(
+        """
+        SELECT n, q, n COLLATE "C" ~ arm.name_pattern(q) AS by_pattern,
+               strpos(arm.fold_name(n), arm.fold_name(q)) > 0 AS by_folding
+        FROM unnest(%s::text[], %s::text[]) AS p(n, q)
+        """,
+        ([n for n, _ in pairs], [q for _, q in pairs]),
+    ).fetchall()
+    wrong = [(r[0], r[1]) for r in rows if r[2] != r[3]]
+    return wrong, sum(1 for r in rows if r[3])
+
+
+def test_the_pattern_finds_what_folding_finds(c_locale_url: str, db_url: str) -> None:
+    """In the suite's database and in one created with LOCALE 'C'."""
+    for url in (db_url, c_locale_url):
+        with psycopg.connect(url, autocommit=True) as db:
+            wrong, matched = disagreements(db)
+        assert wrong == [], url
+        assert matched > len(NAMES) * 3  # many do match
+
+
 def test_q_is_a_literal_substring(conn: Conn, api_conn: Conn) -> None:
     percent = upload(conn, name="100% отчёт_1.xlsx")
     upload(conn, name="1000 отчётX1.xlsx")

@@ -88,6 +88,7 @@ PUBLIC_HELPERS = {
     "_request_body",
     "job_view",
     "fold_name",
+    "name_pattern",
     "is_retryable",
 }
 # Pinned but with the caller's rights: pg_cron's scheduling, which needs the caller's
