@@ -790,14 +790,17 @@ ALTER FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes tex
 --
 
 CREATE FUNCTION arm.file_counts() RETURNS TABLE(status text, n bigint)
-    LANGUAGE sql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
+BEGIN
+    RETURN QUERY
     SELECT s::text,
            coalesce((SELECT c.n FROM arm.file_count c WHERE c.status = s), 0)
-           + coalesce((SELECT sum(d.n) FROM arm.file_count_delta d WHERE d.status = s), 0)
+           + coalesce((SELECT sum(d.n) FROM arm.file_count_delta d WHERE d.status = s), 0)::bigint
     FROM unnest(enum_range(NULL::arm.file_status)) AS s
     ORDER BY s;
+END;
 $$;
 
 
@@ -893,14 +896,19 @@ ALTER FUNCTION arm.is_retryable(p_status arm.job_status, p_attempt integer, p_ma
 --
 
 CREATE FUNCTION arm.job_counts() RETURNS TABLE(status text, n bigint)
-    LANGUAGE sql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
+BEGIN
+    -- plpgsql, not sql: its tables come with migration 0004, and this file may be applied
+    -- before it (a SQL function's body is checked when it is created).
+    RETURN QUERY
     SELECT s::text,
            coalesce((SELECT c.n FROM arm.job_count c WHERE c.status = s), 0)
-           + coalesce((SELECT sum(d.n) FROM arm.job_count_delta d WHERE d.status = s), 0)
+           + coalesce((SELECT sum(d.n) FROM arm.job_count_delta d WHERE d.status = s), 0)::bigint
     FROM unnest(enum_range(NULL::arm.job_status)) AS s
     ORDER BY s;
+END;
 $$;
 
 

@@ -15,6 +15,8 @@
 -- The one trigger function of the eight count triggers (recognition_job and stored_file;
 -- INSERT, UPDATE, DELETE, TRUNCATE). SECURITY DEFINER: the uploader's INSERT fires it and
 -- may not write the delta tables itself. It fires per statement, where the SET costs once.
+-- Migration 0004 creates it with this same body (its triggers must never run a stand-in,
+-- not even between the migration's commit and this file's): change both together.
 CREATE OR REPLACE FUNCTION arm.tg_count_statuses()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -65,30 +67,12 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER tg_recognition_job__count_insert
-    AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-CREATE OR REPLACE TRIGGER tg_recognition_job__count_update
-    AFTER UPDATE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-CREATE OR REPLACE TRIGGER tg_recognition_job__count_delete
-    AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-CREATE OR REPLACE TRIGGER tg_recognition_job__count_truncate
-    AFTER TRUNCATE ON arm.recognition_job
-    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-CREATE OR REPLACE TRIGGER tg_stored_file__count_insert
-    AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-CREATE OR REPLACE TRIGGER tg_stored_file__count_update
-    AFTER UPDATE ON arm.stored_file REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-CREATE OR REPLACE TRIGGER tg_stored_file__count_delete
-    AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-CREATE OR REPLACE TRIGGER tg_stored_file__count_truncate
-    AFTER TRUNCATE ON arm.stored_file
-    FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+-- The eight triggers that fire it (AFTER INSERT, UPDATE, DELETE — with transition tables
+-- — and TRUNCATE, FOR EACH STATEMENT, on arm.recognition_job and arm.stored_file) are
+-- created by migration 0004, not here: with the tables they write, in the transaction that
+-- backfills the counts. This file is applied to databases of any migration level (a test
+-- applies today's functions to a 0001 database), where a trigger writing a table that
+-- does not exist yet would break every upload.
 
 -- Folds every delta row into the counts; returns how many delta rows it folded.
 CREATE OR REPLACE FUNCTION arm.compact_counts()
@@ -129,31 +113,39 @@ $$;
 -- the deltas not compacted yet.
 CREATE OR REPLACE FUNCTION arm.job_counts()
 RETURNS TABLE (status text, n bigint)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
+BEGIN
+    -- plpgsql, not sql: its tables come with migration 0004, and this file may be applied
+    -- before it (a SQL function's body is checked when it is created).
+    RETURN QUERY
     SELECT s::text,
            coalesce((SELECT c.n FROM arm.job_count c WHERE c.status = s), 0)
-           + coalesce((SELECT sum(d.n) FROM arm.job_count_delta d WHERE d.status = s), 0)
+           + coalesce((SELECT sum(d.n) FROM arm.job_count_delta d WHERE d.status = s), 0)::bigint
     FROM unnest(enum_range(NULL::arm.job_status)) AS s
     ORDER BY s;
+END;
 $$;
 
 -- Files per status, the same way.
 CREATE OR REPLACE FUNCTION arm.file_counts()
 RETURNS TABLE (status text, n bigint)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT s::text,
            coalesce((SELECT c.n FROM arm.file_count c WHERE c.status = s), 0)
-           + coalesce((SELECT sum(d.n) FROM arm.file_count_delta d WHERE d.status = s), 0)
+           + coalesce((SELECT sum(d.n) FROM arm.file_count_delta d WHERE d.status = s), 0)::bigint
     FROM unnest(enum_range(NULL::arm.file_status)) AS s
     ORDER BY s;
+END;
 $$;
 
 -- GET /api/v1/status in one call. Each figure reads only live rows, through the partial

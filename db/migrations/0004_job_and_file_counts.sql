@@ -10,10 +10,12 @@
 -- seconds) folds the deltas into the *_count tables; arm.job_counts() and
 -- arm.file_counts() add what is not folded yet.
 --
--- The triggers are created here too, in the transaction that backfills the counts under
--- a lock that holds writers back: not a change can fall between the backfill and the
--- first counted statement. (db/functions/80_status.sql re-creates the same function and
--- triggers on every migrate; it is their definition from then on.)
+-- The triggers are created here, in the transaction that backfills the counts under a
+-- lock that holds writers back: not a change can fall between the backfill and the first
+-- counted statement. Their function comes with its real body (the previous release's
+-- bridges keep writing while migrate runs: a stand-in would lose their changes until
+-- db/functions is applied); db/functions/80_status.sql re-applies the same body on every
+-- migrate — change both together.
 -- depends: 0003_stored_file_fillfactor
 
 CREATE TABLE arm.job_count (
@@ -42,7 +44,45 @@ SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
 BEGIN
-    -- Replaced by db/functions/80_status.sql on the same migrate.
+    IF TG_TABLE_NAME = 'recognition_job' THEN
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.job_count_delta (status, n)
+            SELECT r.status, count(*) FROM new_rows r GROUP BY r.status;
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.job_count_delta (status, n)
+            SELECT c.status, sum(c.n)
+            FROM (SELECT r.status, 1 AS n FROM new_rows r
+                  UNION ALL
+                  SELECT r.status, -1 FROM old_rows r) c
+            GROUP BY c.status
+            HAVING sum(c.n) <> 0;
+        ELSIF TG_OP = 'DELETE' THEN
+            INSERT INTO arm.job_count_delta (status, n)
+            SELECT r.status, -count(*) FROM old_rows r GROUP BY r.status;
+        ELSE  -- TRUNCATE
+            DELETE FROM arm.job_count_delta;
+            UPDATE arm.job_count SET n = 0 WHERE n <> 0;
+        END IF;
+    ELSE
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.file_count_delta (status, n)
+            SELECT r.status, count(*) FROM new_rows r GROUP BY r.status;
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.file_count_delta (status, n)
+            SELECT c.status, sum(c.n)
+            FROM (SELECT r.status, 1 AS n FROM new_rows r
+                  UNION ALL
+                  SELECT r.status, -1 FROM old_rows r) c
+            GROUP BY c.status
+            HAVING sum(c.n) <> 0;
+        ELSIF TG_OP = 'DELETE' THEN
+            INSERT INTO arm.file_count_delta (status, n)
+            SELECT r.status, -count(*) FROM old_rows r GROUP BY r.status;
+        ELSE
+            DELETE FROM arm.file_count_delta;
+            UPDATE arm.file_count SET n = 0 WHERE n <> 0;
+        END IF;
+    END IF;
     RETURN NULL;
 END;
 $$;

@@ -6,7 +6,9 @@ situations; and neither the counts nor the status view read arm.stored_file."""
 from __future__ import annotations
 
 import random
+import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -229,3 +231,15 @@ def test_the_status_view_in_constructed_situations(conn: Conn) -> None:
     assert view["last_sweep_error"] == "22012: division by zero"
     assert view["last_sweep_at"] is not None
     assert fresh.job_id != uuid.UUID(int=0)
+
+
+def test_migration_0004_creates_the_trigger_function_with_the_function_file_s_body() -> None:
+    """The triggers never run a stand-in: 0004 and db/functions/80_status.sql hold the same
+    definition (db/README.md: change both together)."""
+    db = Path(__file__).resolve().parents[2] / "db"
+    pattern = r"CREATE OR REPLACE FUNCTION arm\.tg_count_statuses\(\).*?\n\$\$;\n"
+    [in_migration] = re.findall(
+        pattern, (db / "migrations" / "0004_job_and_file_counts.sql").read_text(), re.S
+    )
+    [in_functions] = re.findall(pattern, (db / "functions" / "80_status.sql").read_text(), re.S)
+    assert in_migration == in_functions

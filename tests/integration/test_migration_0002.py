@@ -35,7 +35,12 @@ pytestmark = pytest.mark.integration
 
 M1, M2 = "0001_core_schema", "0002_unpublishable_dlq_bounds_scan_indexes"
 # What a migrate applies on top of an 0001 database: 0002 and every later migration.
-LATER = [M2, "0003_stored_file_fillfactor"]
+LATER = [
+    M2,
+    "0003_stored_file_fillfactor",
+    "0004_job_and_file_counts",
+    "0005_file_list_indexes",
+]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table
     "s3_object_bucket_length": "s3_object",

@@ -56,6 +56,8 @@ MIGRATIONS = [
     "0001_core_schema",
     "0002_unpublishable_dlq_bounds_scan_indexes",
     "0003_stored_file_fillfactor",
+    "0004_job_and_file_counts",
+    "0005_file_list_indexes",
 ]
 
 
