@@ -365,16 +365,24 @@ class EmbeddedPostgres:
             f"({last_error})\n--- {self.log_path} ---\n{_tail(self.log_path)}"
         )
 
-    def stop(self) -> None:
-        """Fast shutdown; a no-op when the server is not running."""
-        self._stop()
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop -m <mode>`` (smart, fast or immediate: immediate is a crash as
+        far as the clients and WAL recovery are concerned); a no-op when not running."""
+        self._stop(mode)
 
-    def _stop(self) -> int | None:
+    def restart(self, mode: str = "fast") -> None:
+        """Stop with ``mode``, then start again on the same port and data directory."""
+        self._stop(mode)
+        self.start()
+
+    def _stop(self, mode: str = "fast") -> int | None:
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"pg_ctl stop mode must be smart, fast or immediate, not {mode!r}")
         pid = _live_postmaster(self.data_dir)
         if not (self.data_dir / "postmaster.pid").exists():
             return None
         result = self._run(
-            "pg_ctl", "stop", "-D", str(self.data_dir), "-m", "fast", "-w", check=False
+            "pg_ctl", "stop", "-D", str(self.data_dir), "-m", mode, "-w", check=False
         )
         if result.returncode != 0 and _live_postmaster(self.data_dir) is not None:
             raise RuntimeError(
