@@ -185,6 +185,9 @@ class EmbeddedPostgres:
     base_dir: Path
     port: int | None = None
     user: str = "postgres"
+    # Extra server settings, passed as ``-c name=value`` at every start after the defaults
+    # (so they win), e.g. ``{"shared_preload_libraries": "pg_cron"}``.
+    settings: dict[str, str] = field(default_factory=dict)
     _cluster_dir: Path = field(init=False, repr=False)
     _bindir: Path = field(init=False, repr=False)
     _as_root: bool = field(init=False, repr=False)
@@ -332,6 +335,7 @@ class EmbeddedPostgres:
                 "-c full_page_writes=off",
                 "-c max_connections=300",
                 "-c shared_buffers=128MB",
+                *(f"-c {shlex.quote(f'{k}={v}')}" for k, v in self.settings.items()),
             ]
         )
         return self._run(
