@@ -249,7 +249,8 @@ async def test_get_file_shows_every_attempt_in_order(http: TestClient, db_url: s
 
 async def test_unknown_routes_and_methods_answer_json(http: TestClient) -> None:
     await error_of(await http.get("/nope"), 404, "NOT_FOUND")
-    await error_of(await http.get("/api/v1/files"), 404, "NOT_FOUND")
+    await error_of(await http.get("/api/v1/nope"), 404, "NOT_FOUND")
+    await error_of(await http.get("/api/v1/files/"), 404, "NOT_FOUND")  # the list has no /
     err = await http.delete(f"/api/v1/files/{uuid.uuid4()}")
     await error_of(err, 405, "METHOD_NOT_ALLOWED")
     assert "GET" in err.headers["Allow"]
