@@ -127,5 +127,6 @@ GRANT EXECUTE ON FUNCTION arm.list_files TO arm_readonly;
 
 -- Everything else — set_setting, set_periodic_task, sweep_timeouts, claim_queued_jobs,
 -- mark_published, dead_letter_unpublishable, apply_ack, apply_result,
--- schedule_with_pg_cron, the triggers' functions — and every write to a table directly,
--- arm.periodic_task included, is the owner's: DBAs run them as a member of arm_owner.
+-- schedule_with_pg_cron, unschedule_pg_cron, the triggers' functions — and every write to
+-- a table directly, arm.periodic_task included, is the owner's: DBAs run them as a member
+-- of arm_owner.

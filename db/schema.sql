@@ -1372,9 +1372,22 @@ BEGIN
         RAISE EXCEPTION 'pg_cron is not installed in this database; the bridge runs the schedule'
             USING ERRCODE = 'feature_not_supported';
     END IF;
-    EXECUTE $cron$SELECT cron.schedule('arm-run-due-tasks', '* * * * *',
-                                        'SELECT * FROM arm.run_due_tasks()')$cron$
-        INTO v_job;
+    -- The library decides, not pg_extension.extversion: the library loaded may be newer
+    -- than the extension's SQL (an upgraded package before ALTER EXTENSION … UPDATE).
+    BEGIN
+        EXECUTE $cron$SELECT cron.schedule('arm-run-due-tasks', '10 seconds',
+                                            'SELECT * FROM arm.run_due_tasks()')$cron$
+            INTO v_job;
+        RAISE NOTICE 'pg_cron job % (arm-run-due-tasks) calls arm.run_due_tasks() every 10 seconds',
+            v_job;
+    EXCEPTION WHEN invalid_parameter_value THEN
+        -- pg_cron before 1.5: "invalid schedule: 10 seconds".
+        EXECUTE $cron$SELECT cron.schedule('arm-run-due-tasks', '* * * * *',
+                                            'SELECT * FROM arm.run_due_tasks()')$cron$
+            INTO v_job;
+        RAISE NOTICE 'pg_cron job % (arm-run-due-tasks) calls arm.run_due_tasks() every minute '
+                     '(this pg_cron takes no second schedules; 1.5 and later do)', v_job;
+    END;
     RETURN v_job;
 END;
 $_$;
@@ -1717,6 +1730,36 @@ $$;
 
 
 ALTER FUNCTION arm.tg_stored_file__touch() OWNER TO arm_owner;
+
+--
+-- Name: unschedule_pg_cron(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.unschedule_pg_cron() RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $_$
+DECLARE
+    v_job bigint;
+    v_removed integer := 0;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') THEN
+        RETURN 0;
+    END IF;
+    FOR v_job IN
+        EXECUTE $cron$SELECT jobid FROM cron.job
+                     WHERE jobname = 'arm-run-due-tasks' AND database = current_database()
+                     ORDER BY jobid$cron$
+    LOOP
+        EXECUTE 'SELECT cron.unschedule($1)' USING v_job;
+        v_removed := v_removed + 1;
+    END LOOP;
+    RETURN v_removed;
+END;
+$_$;
+
+
+ALTER FUNCTION arm.unschedule_pg_cron() OWNER TO arm_owner;
 
 --
 -- Name: file_count; Type: TABLE; Schema: arm; Owner: arm_owner
@@ -2604,6 +2647,13 @@ REVOKE ALL ON FUNCTION arm.tg_recognition_job__notify_queued() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION arm.tg_stored_file__touch() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION unschedule_pg_cron(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.unschedule_pg_cron() FROM PUBLIC;
 
 
 --

@@ -6,8 +6,9 @@
 --   SET ROLE arm_owner;
 --   UPDATE arm.periodic_task SET run_every = interval '10 seconds' WHERE name = 'sweep_timeouts';
 -- arm.run_due_tasks() runs whatever is due. The bridge calls it about every second;
--- where pg_cron is installed it may call it too (arm.schedule_with_pg_cron()). The one
--- change the bridge makes is the sweep's period, through arm.set_sweep_interval.
+-- where pg_cron is installed it may call it too (arm.schedule_with_pg_cron(); off:
+-- arm.unschedule_pg_cron()). The one change the bridge makes is the sweep's period,
+-- through arm.set_sweep_interval.
 
 -- Runs every enabled task whose next_run_at has come, each in a subtransaction: a
 -- failing task records last_error and the others still run. A task row stays locked
@@ -103,9 +104,16 @@ AS $$
         next_run_at = least(arm.periodic_task.next_run_at, clock_timestamp() + EXCLUDED.run_every)
 $$;
 
--- Asks pg_cron, where installed, to call arm.run_due_tasks() every minute (pg_cron 1.4
--- schedules by the minute; the bridge's one-second tick is the primary scheduler).
--- Returns the cron job id; raises when pg_cron is not installed in this database.
+-- Asks pg_cron, where installed, to call arm.run_due_tasks() — every 10 seconds where the
+-- installed pg_cron takes second schedules (1.5 and later), every minute otherwise
+-- (Debian's postgresql-15-cron is 1.4) — as the cron job 'arm-run-due-tasks' of the
+-- caller in this database. The bridge's one-second tick stays the primary scheduler;
+-- this keeps the schedule (the sweep above all) running when no bridge is. Idempotent:
+-- pg_cron keeps one job per name and user, so calling it again changes that job (and
+-- moves it to seconds after an upgrade of pg_cron) instead of adding one. The job runs as
+-- the caller, who must be able to run arm.run_due_tasks() (a member of arm_owner). With
+-- the caller's rights, because cron.schedule needs them. Returns the cron job id; raises
+-- when pg_cron is not installed in this database. The way off: arm.unschedule_pg_cron().
 CREATE OR REPLACE FUNCTION arm.schedule_with_pg_cron()
 RETURNS bigint
 LANGUAGE plpgsql
@@ -118,10 +126,51 @@ BEGIN
         RAISE EXCEPTION 'pg_cron is not installed in this database; the bridge runs the schedule'
             USING ERRCODE = 'feature_not_supported';
     END IF;
-    EXECUTE $cron$SELECT cron.schedule('arm-run-due-tasks', '* * * * *',
-                                        'SELECT * FROM arm.run_due_tasks()')$cron$
-        INTO v_job;
+    -- The library decides, not pg_extension.extversion: the library loaded may be newer
+    -- than the extension's SQL (an upgraded package before ALTER EXTENSION … UPDATE).
+    BEGIN
+        EXECUTE $cron$SELECT cron.schedule('arm-run-due-tasks', '10 seconds',
+                                            'SELECT * FROM arm.run_due_tasks()')$cron$
+            INTO v_job;
+        RAISE NOTICE 'pg_cron job % (arm-run-due-tasks) calls arm.run_due_tasks() every 10 seconds',
+            v_job;
+    EXCEPTION WHEN invalid_parameter_value THEN
+        -- pg_cron before 1.5: "invalid schedule: 10 seconds".
+        EXECUTE $cron$SELECT cron.schedule('arm-run-due-tasks', '* * * * *',
+                                            'SELECT * FROM arm.run_due_tasks()')$cron$
+            INTO v_job;
+        RAISE NOTICE 'pg_cron job % (arm-run-due-tasks) calls arm.run_due_tasks() every minute '
+                     '(this pg_cron takes no second schedules; 1.5 and later do)', v_job;
+    END;
     RETURN v_job;
+END;
+$$;
+
+-- The way off: removes the pg_cron jobs 'arm-run-due-tasks' of this database that the
+-- caller may remove — its own; a superuser's call removes everyone's (pg_cron lets each
+-- user see and remove only their own jobs). Returns how many it removed: 0 when there
+-- was none, or pg_cron is not installed. The bridges' schedule is untouched.
+CREATE OR REPLACE FUNCTION arm.unschedule_pg_cron()
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+DECLARE
+    v_job bigint;
+    v_removed integer := 0;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') THEN
+        RETURN 0;
+    END IF;
+    FOR v_job IN
+        EXECUTE $cron$SELECT jobid FROM cron.job
+                     WHERE jobname = 'arm-run-due-tasks' AND database = current_database()
+                     ORDER BY jobid$cron$
+    LOOP
+        EXECUTE 'SELECT cron.unschedule($1)' USING v_job;
+        v_removed := v_removed + 1;
+    END LOOP;
+    RETURN v_removed;
 END;
 $$;
 

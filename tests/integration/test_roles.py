@@ -91,9 +91,9 @@ PUBLIC_HELPERS = {
     "name_pattern",
     "is_retryable",
 }
-# Pinned but with the caller's rights: pg_cron's scheduling, which needs the caller's
-# rights on schema cron (a DBA's).
-INVOKER = {"schedule_with_pg_cron"}
+# Pinned but with the caller's rights: pg_cron's scheduling and unscheduling, which need
+# the caller's rights on schema cron (a DBA's).
+INVOKER = {"schedule_with_pg_cron", "unschedule_pg_cron"}
 # Triggers that read and write no table: the writer's rights, no SET clause (they fire
 # per row; inside the functions they run under the functions' pinned path), nobody's to
 # call (a trigger function is only ever fired, and CREATE TRIGGER needs EXECUTE).
