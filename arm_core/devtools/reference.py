@@ -5,17 +5,31 @@ end-to-end tests. It recognises nothing: it acks a valid request at once, waits 
 writes a result file that says plainly that no recognition was done, then publishes
 `done`. Modes and per-file markers in `original_name` make it misbehave on purpose:
 "[fail]" → error, "[noack]" → no answer at all, "[silent]" → ack only.
+
+It is also the model of a conforming service for the NATS side (README, "For service
+teams"): it connects with NATS_OPTIONS (reconnect forever, no client-side buffer) and
+every answer — ack or result — goes through its own bounded queue, in order, with its
+Nats-Msg-Id fixed when the answer is made. An answer leaves the queue only once two
+PING/PONGs on the same connection showed that the server read it; while NATS is
+unreachable answers wait there and are sent after the reconnect, a possible resend of
+an answer the server did read carrying the same Nats-Msg-Id (the core counts it as a
+duplicate). REFERENCE_PENDING_MAX bounds the queue: when it is full the OLDEST answer
+is dropped — logged (action ref_pending_drop) and counted (stats.pending_dropped) —
+because the oldest job is the nearest to its reply deadline, and a lost ack is
+recovered anyway (the core republishes, the service acks again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import re
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -43,6 +57,21 @@ NOTE = "reference service: the file was not read or recognised"
 FAIL_MESSAGE = "reference service: failing on purpose (REFERENCE_MODE=fail or [fail] in the name)"
 MSG_ID = MSG_ID_HEADER
 REMEMBERED_JOBS = 100_000  # job ids kept for duplicate detection (oldest forgotten first)
+SEND_BATCH = 500  # answers published before one confirmation
+RETRY_SECONDS = 0.2  # while NATS is unreachable, how often the sender looks again
+
+# The nats-py connect options the README recommends to service teams ("For service
+# teams"; tests/reference checks that the README shows exactly these). Servers, name,
+# credentials and the callbacks come on top.
+NATS_OPTIONS: dict[str, Any] = {
+    "allow_reconnect": True,
+    "max_reconnect_attempts": -1,  # reconnect forever, the first connect included
+    "reconnect_time_wait": 0.5,
+    "connect_timeout": 2,
+    "ping_interval": 10,  # a dead connection is noticed within ~30 s, not minutes
+    "max_outstanding_pings": 3,
+    "pending_size": 0,  # no silent client buffer: answers wait in the service's queue
+}
 
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
@@ -80,6 +109,8 @@ class ReferenceConfig:
     # The local stand-in for the results bucket.
     results_dir: Path = env_var("REFERENCE_RESULTS_DIR", _path, Path(".dev/results"))
     results_bucket: str = env_var("REFERENCE_RESULTS_BUCKET", _bucket, "arm-ka")
+    # Answers kept while NATS is unreachable; when full the oldest is dropped (logged).
+    pending_max: int = env_var("REFERENCE_PENDING_MAX", number(int, 1), 5000)
     request_subject: str | None = None  # default by service
     result_subject: str = "files.tabular_parsed"
     queue_group: str | None = None  # default: the service name
@@ -100,7 +131,8 @@ class ReferenceConfig:
 
     @classmethod
     def from_env(cls, service: str, environ: Mapping[str, str] | None = None) -> ReferenceConfig:
-        """REFERENCE_MODE, _DELAY_SECONDS, _FAIL_CODE, _RESULTS_DIR, _RESULTS_BUCKET."""
+        """REFERENCE_MODE, _DELAY_SECONDS, _FAIL_CODE, _RESULTS_DIR, _RESULTS_BUCKET,
+        _PENDING_MAX."""
         if service not in PIPELINES:
             raise ConfigError(f"REFERENCE_SERVICES: expected {TABULAR} or {SCAN}, got {service!r}")
         values, _given = read_env(cls, os.environ if environ is None else environ)
@@ -115,6 +147,9 @@ class ReferenceStats:
     processed: int = 0  # results (done or error) published for acked jobs
     schema_mismatch: int = 0  # SCHEMA_MISMATCH results published (no ack before them)
     dropped: int = 0  # messages given no answer at all
+    sent: int = 0  # answers the server confirmed it read
+    resent: int = 0  # answers published again after a lost connection
+    pending_dropped: int = 0  # answers dropped from the full queue (REFERENCE_PENDING_MAX)
 
 
 @dataclass(frozen=True)
@@ -123,6 +158,17 @@ class _Job:
     file_id: str
     attempt: int
     acked: bool
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One ack or result, made once: a resend is the same bytes and Nats-Msg-Id."""
+
+    msg_id: str
+    data: bytes
+    kind: str  # ack | result
+    job_id: str
+    attempt: int
 
 
 def _uuid(value: Any) -> str | None:
@@ -153,9 +199,21 @@ class ReferenceService:
         self._jobs: dict[str, _Job] = {}  # by lower-case job_id, in work or answered
         self._tasks: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
+        self._pending: deque[_Answer] = deque()  # made, waiting to be published; oldest first
+        self._inflight: list[_Answer] = []  # published, waiting for the confirmation
+        self._more = asyncio.Event()  # set when _pending has something
+        self._drained = asyncio.Event()  # set when nothing is pending or in flight
+        self._drained.set()
+        self._sender: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> int:
+        """Answers not yet confirmed sent: waiting, or published and not yet confirmed."""
+        return len(self._pending) + len(self._inflight)
 
     async def start(self) -> None:
         cfg = self.config
+        self._sender = asyncio.create_task(self._send_loop())
         self._sub = await self.nc.subscribe(cfg.subject, queue=cfg.queue, cb=self._on_message)
         await confirm(self.nc)  # the server has the SUB before we say we listen
         log.info(
@@ -167,7 +225,9 @@ class ReferenceService:
             extra={"action": "ref_start", "subject": cfg.subject},
         )
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 5.0) -> None:
+        """Takes no new request, cancels the work in progress, gives the queued answers
+        up to `grace` seconds to go out, and logs how many did not."""
         if self._sub is not None:
             sub, self._sub = self._sub, None
             try:
@@ -177,6 +237,20 @@ class ReferenceService:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        sender, self._sender = self._sender, None
+        if sender is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained.wait(), grace)
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+        if self.pending:
+            log.warning(
+                "%s: stopped with %d answers not sent",
+                self.config.service,
+                self.pending,
+                extra={"action": "ref_unsent", "count": self.pending},
+            )
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -264,7 +338,8 @@ class ReferenceService:
     # -- answering -----------------------------------------------------------------------
 
     async def _send(self, job: _Job, status: str, reason: str = "", **fields: Any) -> None:
-        """Publishes an ack (status processing) or a result for `job`, and logs it."""
+        """Queues an ack (status processing) or a result for `job`; the sender publishes
+        it. Never waits for NATS."""
         cfg = self.config
         body = {
             "schema_version": "1.0",
@@ -275,12 +350,98 @@ class ReferenceService:
             **fields,
         }
         kind = "ack" if status == "processing" else "result"
-        headers = {MSG_ID: f"{kind}:{job.job_id}:{job.attempt}"}
-        await self.nc.publish(cfg.result_subject, json.dumps(body).encode(), headers=headers)
+        answer = _Answer(
+            f"{kind}:{job.job_id}:{job.attempt}",
+            json.dumps(body).encode(),
+            kind,
+            job.job_id,
+            job.attempt,
+        )
+        if len(self._pending) >= cfg.pending_max:
+            self._drop_oldest()
+        self._pending.append(answer)
+        self._more.set()
+        self._drained.clear()
         extra = {"action": f"ref_{kind}", "job_id": job.job_id, "attempt": job.attempt}
         log.info(
             "%s: %s %s", cfg.service, kind, reason or status, extra={**extra, "status": status}
         )
+
+    def _drop_oldest(self) -> None:
+        lost = self._pending.popleft()
+        self.stats.pending_dropped += 1
+        log.warning(
+            "%s: %d answers wait for NATS (REFERENCE_PENDING_MAX): dropped the oldest, %s",
+            self.config.service,
+            self.config.pending_max,
+            lost.msg_id,
+            extra={
+                "action": "ref_pending_drop",
+                "job_id": lost.job_id,
+                "attempt": lost.attempt,
+                "kind": lost.kind,
+                "dropped": self.stats.pending_dropped,
+            },
+        )
+
+    async def _send_loop(self) -> None:
+        """Publishes the queued answers in order, a batch at a time, and forgets a batch
+        only when the server has read it: connected before and after, no reconnect in
+        between (nats-py drops what it had written to a dead socket), two PONGs back."""
+        outage = False
+        while True:
+            await self._more.wait()
+            if not self._pending:
+                self._more.clear()
+                continue
+            if not self.nc.is_connected:
+                if not outage and not self.nc.is_closed:
+                    outage = True
+                    log.warning(
+                        "%s: NATS unreachable, %d answers wait",
+                        self.config.service,
+                        len(self._pending),
+                        extra={"action": "ref_waiting", "count": len(self._pending)},
+                    )
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            batch = self._inflight = [
+                self._pending.popleft() for _ in range(min(SEND_BATCH, len(self._pending)))
+            ]
+            confirmed = await self._publish(batch)
+            self._inflight = []
+            if confirmed:
+                self.stats.sent += len(batch)
+                if not self._pending:
+                    self._drained.set()
+                if outage:
+                    outage = False
+                    log.info(
+                        "%s: NATS back, answers flowing again (%d still queued)",
+                        self.config.service,
+                        len(self._pending),
+                        extra={"action": "ref_resumed", "count": len(self._pending)},
+                    )
+            else:  # back to the front, in order; the bound holds again
+                self._pending.extendleft(reversed(batch))
+                while len(self._pending) > self.config.pending_max:
+                    self._drop_oldest()
+                self.stats.resent += len(batch)
+                await asyncio.sleep(RETRY_SECONDS)
+
+    async def _publish(self, batch: list[_Answer]) -> bool:
+        nc = self.nc
+        reconnects = nc.stats["reconnects"]
+        try:
+            for answer in batch:
+                await nc.publish(
+                    self.config.result_subject, answer.data, headers={MSG_ID: answer.msg_id}
+                )
+            await confirm(nc)
+        except Exception as exc:  # disconnected, timed out, closed: all sent again
+            log.debug("publish not confirmed: %s: %s", type(exc).__name__, exc)
+            return False
+        return nc.is_connected and nc.stats["reconnects"] == reconnects
 
     async def _schema_mismatch(
         self, msg: Msg, body: dict[str, Any], job_id: str, problem: str
@@ -405,7 +566,7 @@ async def run_reference(
 ) -> None:
     """One NATS connection, one ReferenceService per config, until `stopping` is set."""
     nc = Client()
-    await connect(nc, settings, name="arm-core-reference", closing=stopping.is_set)
+    await connect(nc, settings, name="arm-core-reference", closing=stopping.is_set, **NATS_OPTIONS)
     services = [ReferenceService(nc, config) for config in configs]
     try:
         for service in services:

@@ -14,11 +14,13 @@ import re
 import subprocess
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -27,6 +29,7 @@ from arm_core.bridge.contracts import CONTRACTS_DIR, RESULT_SCHEMA, validator
 from arm_core.config import ConfigError, Settings
 from arm_core.devtools.embedded import EmbeddedNats
 from arm_core.devtools.reference import (
+    NATS_OPTIONS,
     NOTE,
     SCAN,
     TABULAR,
@@ -35,7 +38,7 @@ from arm_core.devtools.reference import (
     configs_from_env,
     run_reference,
 )
-from tests.support.bridge import Collector, logged, nats_client, wait_for
+from tests.support.bridge import Collector, TcpProxy, logged, nats_client, wait_for
 from tests.support.processes import ARM_CORE
 
 RESULTS = "files.tabular_parsed"
@@ -558,6 +561,7 @@ def test_from_env_defaults_and_values(tmp_path: Path) -> None:
             "REFERENCE_FAIL_CODE": "unreadable",
             "REFERENCE_RESULTS_DIR": str(tmp_path),
             "REFERENCE_RESULTS_BUCKET": "demo",
+            "REFERENCE_PENDING_MAX": "7",
         },
     )
     assert (config.mode, config.delay_seconds, config.fail_code) == (
@@ -566,6 +570,7 @@ def test_from_env_defaults_and_values(tmp_path: Path) -> None:
         "UNREADABLE",
     )
     assert (config.results_dir, config.results_bucket) == (tmp_path, "demo")
+    assert (config.pending_max, ReferenceConfig(TABULAR).pending_max) == (7, 5000)
     assert (config.subject, config.queue) == ("files.tabular_uploaded", "tabular-parser")
 
 
@@ -579,6 +584,9 @@ def test_from_env_defaults_and_values(tmp_path: Path) -> None:
         ("REFERENCE_DELAY_SECONDS", "inf"),
         ("REFERENCE_FAIL_CODE", "OOPS"),
         ("REFERENCE_RESULTS_BUCKET", "a bucket"),
+        ("REFERENCE_PENDING_MAX", "0"),
+        ("REFERENCE_PENDING_MAX", "many"),
+        ("REFERENCE_PENDING_MAX", "1.5"),
     ],
 )
 def test_from_env_errors_name_the_variable(variable: str, value: str) -> None:
@@ -642,3 +650,173 @@ async def test_run_reference_serves_both_pipelines_until_stopped(
     await wait_for(done, 10, "both pipelines answered")
     stopping.set()
     await asyncio.wait_for(running, 5)
+
+
+# -- NATS unreachable: answers wait in the service's queue, then go out once ---------------
+
+
+@pytest.fixture
+async def proxy(nats_server: EmbeddedNats) -> AsyncIterator[TcpProxy]:
+    """The service's way to nats-server: blocked, the service cannot reach NATS while the
+    test's own client (the core's seat) stays connected to the server."""
+    assert nats_server.port is not None
+    tcp = await TcpProxy(nats_server.port).start()
+    try:
+        yield tcp
+    finally:
+        await tcp.close()
+
+
+@pytest.fixture
+async def behind_proxy(proxy: TcpProxy, results_dir: Path) -> AsyncIterator[Start]:
+    """Starts services connected as the README tells service teams (NATS_OPTIONS),
+    through `proxy`."""
+    nc = await nats.connect(f"nats://127.0.0.1:{proxy.port}", **NATS_OPTIONS)
+    services: list[ReferenceService] = []
+
+    async def start_service(service: str = TABULAR, **overrides: Any) -> ReferenceService:
+        options: dict[str, Any] = {"delay_seconds": DELAY, "results_dir": results_dir}
+        reference = ReferenceService(nc, ReferenceConfig(service, **{**options, **overrides}))
+        await reference.start()
+        services.append(reference)
+        return reference
+
+    try:
+        yield start_service
+    finally:
+        for reference in services:
+            await reference.stop(grace=0)
+        await nc.close()
+
+
+def idle_after(service: ReferenceService, acks: int) -> Callable[[], bool]:
+    """`acks` requests acked, and every answer confirmed sent."""
+    return lambda: service.stats.acked == acks and service.pending == 0
+
+
+def results_seen(seen: Seen) -> list[str]:
+    return [m for m in seen.msg_ids() if m.startswith("result:")]
+
+
+async def test_answers_made_while_nats_is_stopped_are_sent_once_in_order_after_it_is_back(
+    nats_server: EmbeddedNats,
+    proxy: TcpProxy,
+    client: Client,
+    seen: Seen,
+    behind_proxy: Start,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """nats-server stops while the service has every result still to make; they wait in
+    the service's queue and go out after the restart: each exactly once (by Nats-Msg-Id),
+    in the order they were made. Before this queue, each was lost with an
+    OutboundBufferLimitError."""
+    caplog.set_level(logging.INFO, logger="arm_core.devtools.reference")
+    n = 60
+    service = await behind_proxy(TABULAR, delay_seconds=1.5)
+    bodies = [request() for _ in range(n)]
+    for body in bodies:
+        await send(client, body)
+    await wait_for(idle_after(service, acks=n), 10, "all acked")
+
+    nats_server.stop()  # the results are 1.5 s away: all of them will find NATS gone
+    proxy.block()  # ... and the service stays away until the test's client is back
+    await wait_for(lambda: service.stats.processed == n, 20, "every result made")
+    assert service.pending == n and results_seen(seen) == []
+    assert logged(caplog.records, action="ref_waiting")
+
+    nats_server.start()  # the same port
+    await wait_for(lambda: client.is_connected, 20, "the test's client reconnected")
+    await client.flush()
+    await client.flush()  # its subscription is back on the server
+    proxy.unblock()
+    await wait_for(lambda: len(results_seen(seen)) == n, 30, "every result arrived")
+    await settle(client, seen)  # nothing more is on its way
+
+    counts = Counter(seen.msg_ids())
+    assert set(counts.values()) == {1}, [m for m, c in counts.items() if c > 1]
+    made = [r.job_id for r in logged(caplog.records, action="ref_result")]
+    arrived = [m.split(":")[1] for m in results_seen(seen)]
+    assert arrived == made  # in the order they were made (the sentinel's last)
+    assert {body["job_id"] for body in bodies} <= set(arrived)
+    assert service.pending == 0 and service.stats.pending_dropped == 0
+    assert service.stats.sent == 2 * n + 2
+    assert logged(caplog.records, action="ref_resumed")
+
+
+async def test_a_full_queue_drops_its_oldest_answer_logged_and_counted(
+    proxy: TcpProxy,
+    client: Client,
+    seen: Seen,
+    behind_proxy: Start,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="arm_core.devtools.reference")
+    service = await behind_proxy(TABULAR, delay_seconds=0.5, pending_max=3)
+    for i in range(1, 6):  # one by one: the acks never fill the tiny queue
+        await send(client, request())
+        await wait_for(idle_after(service, acks=i), 10, "ack sent")
+    proxy.block()  # NATS unreachable for the service
+    await wait_for(lambda: service.stats.processed == 5, 10, "every result made")
+
+    made = [r.job_id for r in logged(caplog.records, action="ref_result")]
+    drops = logged(caplog.records, action="ref_pending_drop")
+    assert [r.job_id for r in drops] == made[:2]  # the oldest two
+    assert {r.levelno for r in drops} == {logging.WARNING}
+    assert [r.kind for r in drops] == ["result", "result"]
+    assert [r.dropped for r in drops] == [1, 2]
+    assert "REFERENCE_PENDING_MAX" in drops[0].getMessage()
+    assert (service.pending, service.stats.pending_dropped) == (3, 2)
+
+    proxy.unblock()
+    await wait_for(lambda: len(results_seen(seen)) == 3, 30, "the three kept results")
+    await settle(client, seen)
+    assert [m.split(":")[1] for m in results_seen(seen)][:3] == made[2:]
+    assert set(Counter(seen.msg_ids()).values()) == {1}
+
+
+async def test_stop_says_how_many_answers_were_never_sent(
+    proxy: TcpProxy,
+    client: Client,
+    seen: Seen,
+    behind_proxy: Start,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = await behind_proxy(TABULAR, delay_seconds=0.2)
+    await send(client, request())
+    await wait_for(idle_after(service, acks=1), 10, "acked")
+    proxy.block()
+    await wait_for(lambda: service.stats.processed == 1, 10, "result made")
+    await asyncio.wait_for(service.stop(grace=0.2), 5)
+    [unsent] = logged(caplog.records, action="ref_unsent")
+    assert unsent.count == 1 and unsent.levelno == logging.WARNING
+
+
+async def test_repeated_request_while_the_result_waits_for_nats_is_acked_not_redone(
+    proxy: TcpProxy, client: Client, seen: Seen, behind_proxy: Start, results_dir: Path
+) -> None:
+    """The core republishes a request whose ack it never saw: acked again, behind the
+    waiting result, and not processed a second time."""
+    service = await behind_proxy(TABULAR, delay_seconds=0.2)
+    body = request()
+    job = body["job_id"]
+    proxy.block()
+    await send(client, body)  # lost: the service is not there (core NATS keeps nothing)
+    proxy.unblock()
+    await wait_for(lambda: service.nc.is_connected, 20, "service reconnected")
+    await service.nc.flush()
+    await service.nc.flush()  # its subscription is back
+    await send(client, body)
+    await answered(seen, job, 1)
+    proxy.block()
+    await wait_for(lambda: service.stats.processed == 1, 10, "result made")
+    proxy.unblock()
+    await wait_for(lambda: service.nc.is_connected, 20, "service reconnected")
+    await service.nc.flush()
+    await service.nc.flush()
+    await send(client, body)  # republished: its ack was "lost"
+    await settle(client, seen)
+
+    pairs = seen.of(job)
+    assert [m for m, _ in pairs] == [f"ack:{job}:1", f"result:{job}:1", f"ack:{job}:1"]
+    assert (service.stats.acked, service.stats.reacked, service.stats.processed) == (2, 1, 2)
+    assert len([f for f in files(results_dir) if job in f]) == 1
