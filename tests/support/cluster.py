@@ -1,0 +1,122 @@
+"""Test support for a NATS cluster (arm_core.devtools.embedded.EmbeddedNatsCluster): a
+recognition service that records every request it receives by Nats-Msg-Id, and how to
+find the node an `arm-core` process is connected to."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from arm_core.devtools.embedded import EmbeddedNatsCluster
+from tests.support.bridge import envelope, nats_client, wait_for
+from tests.support.processes import ArmProcess
+
+REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
+SERVICE_QUEUE = "recognition-services"
+
+
+def core_name(proc: ArmProcess) -> str:
+    """The NATS connection name of an `arm-core serve|bridge` process (bridge/runner.py:
+    arm-core@<host>:<pid>), as the servers' /connz list it."""
+    return f"arm-core@{socket.gethostname()}:{proc.proc.pid}"
+
+
+async def core_node(cluster: EmbeddedNatsCluster, proc: ArmProcess, within: float = 30) -> int:
+    """The index of the node `proc` is connected to, once it is connected to one."""
+    name = core_name(proc)
+    await wait_for(lambda: cluster.node_of(name) is not None, within, f"{name} on a node")
+    node = cluster.node_of(name)
+    assert node is not None
+    return node
+
+
+@dataclass
+class RecordingService:
+    """A recognition service on one node: answers every request `delay` seconds after
+    it came (so that a flow always has answers on their way) — the result only, or the
+    ack then the result — and counts the requests it received by
+    Nats-Msg-Id. It publishes with nats-py's default client buffer (its own node is never
+    the one killed). Several share one queue group, as replicas of a service do."""
+
+    client: Client
+    ack: bool = False
+    delay: float = 0.2
+    result_subject: str = "files.tabular_parsed"
+    received: Counter[str] = field(default_factory=Counter)
+    results_sent: Counter[str] = field(default_factory=Counter)
+    _answering: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def on_request(self, msg: Msg) -> None:
+        self.received[(msg.headers or {}).get("Nats-Msg-Id", "")] += 1
+        # Answered `delay` seconds later, in a task of its own: nats-py runs a
+        # subscription's callbacks one at a time.
+        answer = asyncio.create_task(self._answer(json.loads(msg.data)))
+        self._answering.add(answer)
+        answer.add_done_callback(self._answering.discard)
+
+    async def _answer(self, request: dict[str, Any]) -> None:
+        await asyncio.sleep(self.delay)
+        job_id, file_id = uuid.UUID(request["job_id"]), uuid.UUID(request["file_id"])
+        attempt = request["attempt"]
+        service = "tabular-parser" if request["pipeline"] == "tabular" else "scan-gateway"
+        if self.ack:
+            await self.client.publish(
+                self.result_subject,
+                json.dumps(envelope(job_id, file_id, "processing", service)).encode(),
+                headers={"Nats-Msg-Id": f"ack:{job_id}:{attempt}"},
+            )
+        await self.client.publish(
+            self.result_subject,
+            json.dumps(envelope(job_id, file_id, "done", service)).encode(),
+            headers={"Nats-Msg-Id": f"result:{job_id}:{attempt}"},
+        )
+        self.results_sent[f"{job_id}:{attempt}"] += 1
+
+    async def on_probe(self, msg: Msg) -> None:
+        await msg.respond(b"here")
+
+
+async def recording_service(url: str, ack: bool = False) -> RecordingService:
+    """A RecordingService connected to `url` and subscribed to both request subjects in
+    one queue group (close its client when done)."""
+    service = RecordingService(await nats_client(url), ack=ack)
+    for subject in REQUEST_SUBJECTS:
+        await service.client.subscribe(subject, queue=SERVICE_QUEUE, cb=service.on_request)
+    # Last: an answer to the probe from another node proves the SUBs above reached it too
+    # (one connection's subscriptions travel a route in order).
+    await service.client.subscribe("cluster.probe", queue="probe", cb=service.on_probe)
+    await service.client.flush()
+    return service
+
+
+async def wait_interest(url: str, within: float = 15) -> None:
+    """Waits until a request on cluster.probe sent to the node at `url` is answered: the
+    services' subscriptions have reached that node."""
+    client = await nats_client(url)
+    try:
+
+        async def answered() -> bool:
+            try:
+                await client.request("cluster.probe", b"?", timeout=0.5)
+            except Exception:  # no responders yet, or timeout: ask again
+                return False
+            return True
+
+        await wait_for(answered, within, f"services' interest reached {url}")
+    finally:
+        await client.close()
+
+
+async def close_all(services: list[RecordingService]) -> None:
+    for service in services:
+        for task in service._answering:
+            task.cancel()
+    await asyncio.gather(*(s.client.close() for s in services), return_exceptions=True)
