@@ -34,6 +34,9 @@ class Bridge:
     name: str = field(default_factory=lambda: f"arm-core@{socket.gethostname()}:{os.getpid()}")
     nats: Client = field(default_factory=Client)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set by stop() only once the subscription is drained: the inbox's workers end when
+    # it is set and their buffers are empty, so nothing received is left unapplied.
+    inbox_stopping: asyncio.Event = field(default_factory=asyncio.Event)
     publisher: Publisher = field(init=False)
     inbox: Inbox = field(init=False)
     scheduler: Scheduler = field(init=False)
@@ -60,7 +63,7 @@ class Bridge:
         self._tasks = [
             asyncio.create_task(self._connect(), name="nats-connect"),
             asyncio.create_task(self.publisher.run(self.stopping), name="publisher"),
-            asyncio.create_task(self.inbox.run(self.stopping), name="inbox"),
+            asyncio.create_task(self.inbox.run(self.inbox_stopping), name="inbox"),
             asyncio.create_task(
                 listen_for_queued_jobs(
                     url, self.publisher.wake, self.stopping, on_state=self._listener_is
@@ -145,19 +148,47 @@ class Bridge:
         return BridgeState(self.nats_state() == "ok", self.inbox.buffered())
 
     async def stop(self, grace: float = 10.0) -> None:
-        """Stops taking messages, lets the cycle in flight and the inbox queue finish
-        (up to `grace` seconds), then closes NATS. Nothing is left half-done: a batch
-        either committed or rolled back."""
+        """Leaves the exchange without losing what it holds, in this order (up to `grace`
+        seconds in all):
+
+        1. the publisher, listener and schedule runner stop; the publisher's batch in
+           flight commits or rolls back — no new requests go out;
+        2. the subscription leaves the queue group by draining: UNSUB, a confirmed round
+           trip (every message the server routed here before the UNSUB has arrived), then
+           every one of them handed to the inbox. From the UNSUB on the server gives the
+           answers to the group's other members;
+        3. the inbox applies everything it holds, batch by batch, each committed;
+        4. NATS is closed.
+
+        Until step 2 the bridge stays subscribed, so answers to the requests it
+        published keep arriving here and are applied. An envelope is dropped (counted,
+        logged with its job id) only when the grace runs out or the database stays
+        unreachable past it."""
+        deadline = asyncio.get_running_loop().time() + grace
+
+        def left() -> float:
+            return max(0.0, deadline - asyncio.get_running_loop().time())
+
         self.stopping.set()
         connecting = self._tasks[0] if self._tasks else None
         if connecting is not None and not connecting.done():
             connecting.cancel()  # still waiting for a server: nothing to finish there
+        others = [t for t in self._tasks if t.get_name() != "inbox"]
+        if others:
+            await asyncio.wait(others, timeout=left())
         if self.subscription is not None and self.nats.is_connected:
             try:
-                await self.subscription.unsubscribe()
+                await asyncio.wait_for(self._drain_subscription(self.subscription), left())
             except Exception as exc:
-                log.debug("unsubscribe failed: %s", exc)
-        done, pending = await asyncio.wait(self._tasks, timeout=grace)
+                log.warning(
+                    "could not drain the subscription to %s (%s): messages still in "
+                    "transit to this bridge may be lost",
+                    self.settings.result_subject,
+                    f"{type(exc).__name__}: {exc}",
+                    extra={"action": "nats_drain_failed"},
+                )
+        self.inbox_stopping.set()
+        done, pending = await asyncio.wait(self._tasks, timeout=left()) if self._tasks else ((), ())
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -166,4 +197,23 @@ class Bridge:
                 log.error("bridge task %s ended with %r", task.get_name(), task.exception())
         if self.subscription is not None and not self.nats.is_closed:
             await self.nats.close()
-        log.info("bridge stopped", extra={"action": "bridge_stopped"})
+        log.info(
+            "bridge stopped",
+            extra={"action": "bridge_stopped", "count": sum(self.inbox.stats.dropped.values())},
+        )
+
+    async def _drain_subscription(self, sub: Subscription) -> None:
+        """UNSUB, then a confirmed round trip, then every message that arrived before it
+        through the callback. (nats-py's own drain() sends its PING ahead of the UNSUB
+        still waiting in its write buffer, so a message routed here between the two
+        could arrive after it had stopped listening; the double flush of `confirm`
+        follows the UNSUB. Its UNSUB, sent again, is ignored by the server.)"""
+        await self.nats._send_unsubscribe(sub._id)
+        await confirm(self.nats)
+        await sub.drain()
+        log.info(
+            "left queue group %s on %s; applying what is held",
+            self.settings.nats_queue_group,
+            self.settings.result_subject,
+            extra={"action": "nats_drained", "count": self.inbox.buffered()},
+        )

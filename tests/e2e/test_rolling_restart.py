@@ -1,0 +1,178 @@
+"""Issue 12, part 1: two bridges are the production shape, and a rolling restart of them
+under a steady flow of uploads loses nothing. SIGTERM bridge A, start it again, then the
+same for bridge B: every job ends `done`, every result applied exactly once, each
+stopped bridge exits 0 having dropped no envelope at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import Counter
+
+import psycopg
+import pytest
+from nats.aio.client import Client
+
+from arm_core.bridge.nats_client import confirm
+from arm_core.devtools.embedded import EmbeddedNats
+from tests.support.bridge import envelope, fast_settings, instant_service, running_bridge, wait_for
+from tests.support.processes import ArmProcess, log_lines
+from tests.support.sql import Conn, dict_conn, publish, scalar, upload_many
+from tests.support.stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+# DEBUG: one log line per envelope applied, counted per job below. The reply deadline is
+# long, so a lost answer shows as a job left `processing`, never as a quiet `timeout`.
+BRIDGE_ENV = {
+    "DEBUG": "true",
+    "OUTBOX_BATCH_SIZE": 50,
+    "TABULAR_REPLY_TIMEOUT_SECONDS": 600,
+    # Small inbox batches and buffers: under the flow, messages wait in nats-py's queue
+    # in front of the inbox, which is what a careless shutdown would throw away.
+    "INBOX_BATCH_SIZE": 4,
+    "INBOX_BUFFER_SIZE": 8,
+}
+
+
+DONE = "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'"
+
+
+class Flow:
+    """Uploads `per_step` jobs at a time on a connection of its own until stopped."""
+
+    def __init__(self, db_url: str, per_step: int = 10, pause: float = 0.05) -> None:
+        self.db_url, self.per_step, self.pause = db_url, per_step, pause
+        self.uploaded = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with dict_conn(self.db_url) as conn:
+            while not self._stop.is_set():
+                upload_many(conn, self.per_step)
+                self.uploaded += self.per_step
+                self._stop.wait(self.pause)
+
+    def __enter__(self) -> Flow:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(30)
+        return self.uploaded
+
+
+def applied_results(logs: list[str]) -> Counter[str]:
+    """Per job id, how many `result applied` lines the bridges logged."""
+    applied: Counter[str] = Counter()
+    for text in logs:
+        for line in log_lines(text, action="result"):
+            if "result applied" in line:
+                applied[line.split(" job_id=")[1].split()[0]] += 1
+    return applied
+
+
+async def done_reaches(conn: Conn, count: int, what: str) -> None:
+    await wait_for(lambda: scalar(conn, DONE) >= count, 60, what)
+
+
+async def test_rolling_restart_of_two_bridges_under_a_steady_flow(stack: Stack) -> None:
+    service = await instant_service(stack.nats.url())
+    done = DONE
+    stopped: list[ArmProcess] = []
+    codes: list[int] = []
+    try:
+        a, b = stack.bridge(**BRIDGE_ENV), stack.bridge(**BRIDGE_ENV)
+        with Flow(stack.db_url) as flow, dict_conn(stack.db_url) as conn:
+            for name in ("A", "B"):
+                seen = scalar(conn, done)
+                await done_reaches(conn, seen + 150, "flow running")
+                old = a if name == "A" else b
+                codes.append(old.stop())  # SIGTERM in the middle of the flow
+                stopped.append(old)
+                again = stack.bridge(**BRIDGE_ENV)
+                if name == "A":
+                    a = again
+                else:
+                    b = again
+                await done_reaches(conn, seen + 300, "flow goes on")
+            n = flow.stop()
+        assert n >= 600
+        with dict_conn(stack.db_url) as conn:
+            # No job stuck: every one reaches done (the deadline is generous, not timed).
+            await wait_for(lambda: scalar(conn, done) == n, 120, lambda: f"{n} jobs done")
+            total = scalar(conn, "SELECT count(*) FROM arm.recognition_job")
+            with_result = scalar(
+                conn, "SELECT count(*) FROM arm.recognition_job WHERE result_msg_id IS NOT NULL"
+            )
+            assert (total, with_result) == (n, n)
+    finally:
+        codes += [p.stop() for p in stack.procs if p.proc.poll() is None and p.command == "bridge"]
+        await service.client.close()
+    assert codes == [0, 0, 0, 0]
+    logs = [p.log() for p in stack.procs]
+    applied = applied_results(logs)
+    assert len(applied) == n and set(applied.values()) == {1}  # each once, none twice
+    for old in stopped:  # left the queue group after applying what it held; dropped none
+        text = old.log()
+        assert "bridge stopped" in text and log_lines(text, action="nats_drained")
+        assert not log_lines(text, action="inbox_drop"), log_lines(text, action="inbox_drop")
+    # Both bridges took a share in every phase (the queue group shares the answers).
+    assert all(applied_results([p.log()]) for p in stack.procs)
+
+
+async def test_sigterm_applies_every_envelope_received_before_leaving(
+    db_url: str, nats_server: EmbeddedNats, client: Client
+) -> None:
+    """stop() while hundreds of answers wait in nats-py's queue in front of a held inbox
+    (a DBA holds the jobs' rows: every batch is `busy`): the bridge leaves the queue group
+    by draining, and every one of them is applied before it closes — none dropped. (With
+    a plain unsubscribe, nats-py throws that queue away: this test then fails.)"""
+    n = 300
+    with dict_conn(db_url) as conn:
+        upload_many(conn, n)
+        assert len(publish(conn)) == n
+        published = conn.execute("SELECT id AS job_id, file_id FROM arm.recognition_job").fetchall()
+    settings = fast_settings(db_url, nats_server.url(), inbox_batch_size=4, inbox_buffer_size=8)
+    async with running_bridge(settings) as bridge:
+        sub = bridge.subscription
+        assert sub is not None
+        with psycopg.connect(db_url) as dba:
+            dba.execute("SELECT id FROM arm.recognition_job FOR UPDATE")  # holds every row
+            for row in published:
+                ack = envelope(row["job_id"], row["file_id"], "processing")
+                await client.publish(
+                    "files.tabular_parsed",
+                    json.dumps(ack).encode(),
+                    headers={"Nats-Msg-Id": f"ack:{row['job_id']}:1"},
+                )
+            await confirm(client)
+            # All n at the bridge: a few in the inbox's buffers, the rest in nats-py's queue.
+            await wait_for(
+                lambda: bridge.inbox.stats.received + sub.pending_msgs >= n,
+                30,
+                lambda: f"{bridge.inbox.stats.received} + {sub.pending_msgs} of {n} received",
+            )
+            assert sub.pending_msgs > n // 2
+            stopping = asyncio.create_task(bridge.stop(grace=60))
+            # The publisher, listener and schedule runner have ended: the shutdown is under
+            # way (a plain unsubscribe would have thrown the queue away by now).
+            await wait_for(
+                lambda: all(t.done() for t in bridge._tasks if t.get_name() != "inbox"),
+                30,
+                "the other tasks ended",
+            )
+            dba.rollback()  # the rows are free: the inbox can apply what it holds
+        await asyncio.wait_for(stopping, 90)
+        assert bridge.inbox.stats.received == n
+        assert sum(bridge.inbox.stats.dropped.values()) == 0, bridge.inbox.stats.dropped
+        assert bridge.inbox.stats.applied == n
+    with dict_conn(db_url) as conn:
+        processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+        assert scalar(conn, processing) == n
