@@ -7,6 +7,7 @@ whose `done` comes after anything the earlier message could have produced.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import logging
@@ -820,3 +821,14 @@ async def test_repeated_request_while_the_result_waits_for_nats_is_acked_not_red
     assert [m for m, _ in pairs] == [f"ack:{job}:1", f"result:{job}:1", f"ack:{job}:1"]
     assert (service.stats.acked, service.stats.reacked, service.stats.processed) == (2, 1, 2)
     assert len([f for f in files(results_dir) if job in f]) == 1
+
+
+def test_readme_recommends_the_reference_services_nats_options() -> None:
+    """The connect options README's "For service teams" shows are the ones the reference
+    service runs with."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text("utf-8")
+    section = readme.split("\n## For service teams\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    literal = block.split("NATS_OPTIONS = ", 1)[1].split("\n}\n", 1)[0] + "\n}"
+    assert ast.literal_eval(literal) == NATS_OPTIONS
+    assert "**NATS_OPTIONS" in block and 'queue="tabular-parser"' in block
