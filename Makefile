@@ -38,10 +38,13 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP) ## figures next to same-run references (BENCH_ARGS=--quick, --only sweep,retry)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
+chaos: $(STAMP) ## faults against real processes: lost, applied twice, stuck, recovery (CHAOS_ARGS=--quick)
+	$(BIN)/python -m benchmarks.chaos $(CHAOS_ARGS)
+
 schema: $(STAMP) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
 	$(BIN)/python -m arm_core.devtools.schema_snapshot --write
 
 docs: ## render docs/architecture.svg from docs/architecture.dot (needs graphviz)
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 
-.PHONY: help install run lint test bench schema docs
+.PHONY: help install run lint test bench chaos schema docs

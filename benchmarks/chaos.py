@@ -1,0 +1,411 @@
+"""`python -m benchmarks.chaos [--quick]` (what `make chaos` runs): faults against real
+processes, and what each cost.
+
+Every fault runs on a fresh, migrated database of one embedded PostgreSQL (with
+`synchronous_commit=on` for the database, as in production: the embedded server's `off`
+lets a crash lose commits already reported) and one nats-server (JetStream enabled, used
+only where RESULTS_STREAM is set). `arm-core bridge` processes and the real reference
+service (`arm-core reference`, 50 ms per file, both services) run as subprocesses, as
+users run them. The uploads are queued at once (plain SQL, one transaction); the fault
+lands once a fifth of the answers are applied, i.e. mid-burst.
+
+Per fault:
+
+- **lost**: jobs that did not end `done` (an answer that never reached the database
+  leaves its job `processing` until the reply deadline, 30 s here, then `timeout`;
+  ACK_TIMEOUT_SECONDS is 5 s, so a lost request is republished before that);
+- **applied twice**: result objects beyond one per job in the database, or a job the
+  bridges' logs (DEBUG, a line per envelope applied) name as applied more than once;
+- **sent twice**: requests seen twice with one `Nats-Msg-Id` by an observer subscribed
+  to the request subjects (a republish after ACK_TIMEOUT_SECONDS counts too);
+- **stuck**: jobs still `queued`, `published` or `processing` when the run gives up
+  (reply deadline + 90 s after the fault);
+- **recover**: seconds from the end of the fault (the process or server back; the kill
+  itself where nothing is restarted) until the next job reaches a final status (an
+  answer applied, or a job whose answer was lost swept to `timeout`);
+- **drain**: seconds from the fault until no job is live."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import shlex
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import psycopg
+from nats.aio.msg import Msg
+
+from arm_core.config import Settings
+from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.migrate import migrate
+from benchmarks.harness import progress, status_counts
+from benchmarks.report import machine
+from tests.support.processes import ArmProcess, log_lines
+from tests.support.sql import ensure_logins, upload_many
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+REPLY_TIMEOUT = 30.0
+GIVE_UP_AFTER = REPLY_TIMEOUT + 90.0
+LIVE = "status IN ('queued', 'published', 'processing')"
+REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
+STREAM = "ARM_CHAOS_RESULTS"
+
+
+@dataclass
+class Outcome:
+    fault: str
+    jobs: int
+    faults: int = 0
+    lost: int = 0
+    applied_twice: int = 0
+    sent_twice: int = 0
+    stuck: int = 0
+    recover: float | None = None
+    drain: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class World:
+    """The servers of the run, a work folder, and the processes of the current fault."""
+
+    pg: EmbeddedPostgres
+    nats: EmbeddedNats
+    workdir: Path
+    db_url: str = ""
+    procs: list[ArmProcess] = field(default_factory=list)
+
+    def env(self, **extra: Any) -> dict[str, str]:
+        base = {
+            "DATABASE_URL": self.db_url,
+            "NATS_URL": self.nats.url(),
+            "NATS_ENABLED": "true",
+            "OUTBOX_POLL_SECONDS": "0.2",
+            "SCHEDULE_TICK_SECONDS": "0.5",
+            "TIMEOUT_SWEEP_SECONDS": "1",
+            # A lost request is republished after 5 s, well before its reply deadline
+            # (production: 30 s against 10 or 30 minutes).
+            "ACK_TIMEOUT_SECONDS": "5",
+            "TABULAR_REPLY_TIMEOUT_SECONDS": str(REPLY_TIMEOUT),
+            "IMAGE_REPLY_TIMEOUT_SECONDS": str(REPLY_TIMEOUT),
+            "REFERENCE_DELAY_SECONDS": "0.05",
+            "REFERENCE_RESULTS_DIR": str(self.workdir / "results"),
+            "DEBUG": "true",  # a log line per envelope applied: the second count of doubles
+        }
+        base.update({k: str(v) for k, v in extra.items()})
+        return base
+
+    def start(self, command: str, **env: Any) -> ArmProcess:
+        name = f"{command}-{len(self.procs)}-{time.monotonic_ns()}"
+        proc = ArmProcess(command, self.env(**env), self.workdir / f"{name}.log")
+        self.procs.append(proc)
+        return proc
+
+    def bridge(self, **env: Any) -> ArmProcess:
+        port = free_port()
+        proc = self.start("bridge", BRIDGE_HEALTH_PORT=port, **env)
+        proc.wait_healthy(port, within=60)
+        return proc
+
+    async def reference(self) -> ArmProcess:
+        proc = self.start("reference")
+        await until(lambda: len(log_lines(proc.log(), action="ref_start")) >= 2, 30, "reference")
+        return proc
+
+    def fresh_database(self, name: str) -> None:
+        self.pg.drop_database(name)
+        self.pg.create_database(name)
+        with psycopg.connect(self.pg.url(), autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
+        self.db_url = self.pg.url(name)
+        migrate(self.db_url)
+        ensure_logins(self.db_url)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.proc.poll() is None:
+                try:
+                    proc.stop(within=30)
+                except AssertionError:
+                    proc.kill()
+        self.procs = []
+
+
+async def until(condition: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {within:.0f} s: {what}")
+        await asyncio.sleep(0.1)
+
+
+def count(url: str, sql: str) -> int | None:
+    """None while the database does not answer (a fault may be under way)."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
+            row = conn.execute(sql).fetchone()
+    except psycopg.OperationalError:
+        return None
+    return int(row[0]) if row is not None else None
+
+
+def done(url: str) -> int:
+    return count(url, "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'") or 0
+
+
+def final(url: str) -> int:
+    return count(url, f"SELECT count(*) FROM arm.recognition_job WHERE NOT ({LIVE})") or 0
+
+
+class Observer:
+    """Counts each request's Nats-Msg-Id on the request subjects."""
+
+    def __init__(self) -> None:
+        self.ids: Counter[str] = Counter()
+
+    async def on_msg(self, msg: Msg) -> None:
+        self.ids[(msg.headers or {}).get("Nats-Msg-Id", "")] += 1
+
+    def twice(self) -> int:
+        return sum(n - 1 for n in self.ids.values() if n > 1)
+
+
+Fault = Callable[[World], Awaitable[float]]  # injects, returns when the fault ended
+
+
+async def run_fault(
+    world: World, name: str, jobs: int, bridges: int, fault: Fault | None, **env: Any
+) -> Outcome:
+    """Fresh database, reference service, `bridges` bridges, `jobs` uploads; the fault
+    once a fifth are done; then wait until nothing is live, and count."""
+    out = Outcome(name, jobs)
+    world.fresh_database(f"chaos_{len(name)}_{abs(hash(name)) % 10**8}")
+    observer = Observer()
+    nc = await nats.connect(world.nats.url(), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    try:
+        for subject in REQUEST_SUBJECTS:
+            await nc.subscribe(subject, cb=observer.on_msg, pending_msgs_limit=-1)
+        await nc.flush()
+        await world.reference()
+        for _ in range(bridges):
+            world.bridge(**env)
+        with psycopg.connect(world.db_url, autocommit=True) as conn:
+            upload_many(conn, jobs, mixed=True)
+        started = time.monotonic()
+        if fault is not None:
+            await until(lambda: done(world.db_url) >= jobs // 5, 120, "a fifth of the answers")
+            injected = time.monotonic()
+            ended = await fault(world)
+            out.faults = 1
+            before = final(world.db_url)
+            while time.monotonic() - ended < GIVE_UP_AFTER:
+                if final(world.db_url) > before or before == jobs:
+                    out.recover = time.monotonic() - ended
+                    break
+                await asyncio.sleep(0.1)
+            started = injected
+        live = f"SELECT count(*) FROM arm.recognition_job WHERE {LIVE}"
+        with contextlib.suppress(TimeoutError):
+            await until(lambda: count(world.db_url, live) == 0, GIVE_UP_AFTER, "nothing live")
+            out.drain = time.monotonic() - started
+        counts = status_counts(world.db_url)
+        out.stuck = sum(counts.get(s, 0) for s in ("queued", "published", "processing"))
+        out.lost = jobs - counts.get("done", 0) - out.stuck
+        extra = count(
+            world.db_url,
+            "SELECT (SELECT count(*) FROM arm.s3_object WHERE bucket_role = 'results') "
+            "- (SELECT count(*) FROM arm.recognition_job WHERE result_s3_object_id IS NOT NULL)",
+        )
+        applied: Counter[str] = Counter()
+        for proc in world.procs:
+            if proc.command == "bridge":
+                for line in log_lines(proc.log(), action="result"):
+                    if "result applied" in line:
+                        applied[line.split(" job_id=")[1].split()[0]] += 1
+        doubles = sum(1 for n in applied.values() if n > 1)
+        out.applied_twice = max(extra or 0, doubles)
+        await nc.flush()
+        out.sent_twice = observer.twice()
+    finally:
+        world.stop_all()
+        await nc.close()
+    return out
+
+
+def bridges_of(world: World) -> list[ArmProcess]:
+    return [p for p in world.procs if p.command == "bridge" and p.proc.poll() is None]
+
+
+async def kill_only_bridge(world: World, **env: Any) -> float:
+    victim = bridges_of(world)[0]
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    await asyncio.sleep(3)  # the fault: no bridge for 3 s
+    world.bridge(**env)
+    return time.monotonic()
+
+
+async def kill_one_of_two(world: World) -> float:
+    victim = bridges_of(world)[0]
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    return time.monotonic()
+
+
+async def nats_stopped(world: World) -> float:
+    world.nats.stop()
+    await asyncio.sleep(3)
+    world.nats.start()
+    return time.monotonic()
+
+
+async def pg_restart_fast(world: World) -> float:
+    await asyncio.to_thread(world.pg.restart, "fast")
+    return time.monotonic()
+
+
+async def pg_stop_immediate(world: World) -> float:
+    await asyncio.to_thread(world.pg.stop, "immediate")
+    await asyncio.sleep(6)
+    await asyncio.to_thread(world.pg.start)
+    return time.monotonic()
+
+
+def has_results_stream() -> bool:
+    return any(f.name == "results_stream" for f in dataclasses.fields(Settings))
+
+
+async def run_all(world: World, quick: bool) -> list[Outcome]:
+    scale = 5 if quick else 1
+
+    def n(jobs: int) -> int:
+        return jobs // scale
+
+    stream = {"RESULTS_STREAM": STREAM}
+    plan: list[tuple[str, int, int, Fault | None, dict[str, Any]]] = [
+        ("kill -9 of the only bridge mid-burst, restarted after 3 s", n(2000), 1,
+         kill_only_bridge, {}),
+        ("kill -9 of one of two bridges", n(2000), 2, kill_one_of_two, {}),
+        ("nats-server stopped 3 s mid-burst", n(3000), 1, nats_stopped, {}),
+        ("PostgreSQL restart -m fast", n(3000), 1, pg_restart_fast, {}),
+        ("PostgreSQL stop -m immediate, 6 s down, start", n(3000), 1, pg_stop_immediate, {}),
+        ("two bridges, no fault", n(5000), 2, None, {}),
+    ]  # fmt: skip
+    if has_results_stream():
+        plan.append(
+            (
+                "kill -9 of the only bridge, RESULTS_STREAM set",
+                n(2000),
+                1,
+                lambda w: kill_only_bridge(w, **stream),
+                stream,
+            )
+        )
+    outcomes = []
+    for name, jobs, bridges, fault, env in plan:
+        progress(f"{name}: {jobs:,} jobs, {bridges} bridge(s)")
+        try:
+            outcome = await run_fault(world, name, jobs, bridges, fault, **env)
+        except Exception as exc:
+            traceback.print_exc()
+            world.stop_all()
+            outcome = Outcome(name, jobs, error=f"{type(exc).__name__}: {exc}")
+        progress(f"   {outcome}")
+        outcomes.append(outcome)
+    return outcomes
+
+
+def table(outcomes: list[Outcome]) -> str:
+    def sec(value: float | None) -> str:
+        return "—" if value is None else f"{value:.1f} s"
+
+    lines = [
+        "| fault | jobs | faults injected | lost | applied twice | sent twice | stuck "
+        "| recover | drain |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for o in outcomes:
+        if o.error:
+            lines.append(f"| {o.fault} | {o.jobs:,} | failed to run: {o.error} ||||||| ")
+            continue
+        lines.append(
+            f"| {o.fault} | {o.jobs:,} | {o.faults} | {o.lost:,} | {o.applied_twice:,} "
+            f"| {o.sent_twice:,} | {o.stuck:,} | {sec(o.recover)} | {sec(o.drain)} |"
+        )
+    return "\n".join(lines)
+
+
+def _paragraph(text: str) -> str:
+    """A docstring paragraph as markdown: list items one a line, the rest joined."""
+    items = text.strip().replace("\n  ", " ").split("\n- ")
+    return "\n- ".join(" ".join(item.split()) for item in items)
+
+
+def markdown(outcomes: list[Outcome], command: str, wall: float) -> str:
+    doc = __doc__ or ""
+    return "\n".join(
+        [
+            "# Reliability: fault figures",
+            "",
+            "Written by `make chaos` (`python -m benchmarks.chaos`) at the end of a full run "
+            "(overwritten; `--quick` runs do not write it). Real processes, a real reference "
+            "service, real servers killed and restarted.",
+            "",
+            f"Command: `{command}`; the whole run took {wall:.0f} s. The machine is shared "
+            "with other engineers running tests at the same time: read the times as an "
+            "order of magnitude, the counts as exact.",
+            "",
+            "## Machine",
+            "",
+            *[f"- {line}" for line in machine()],
+            "- every fault's database: `synchronous_commit=on` (ALTER DATABASE)",
+            "",
+            "## Results",
+            "",
+            table(outcomes),
+            "",
+            "## How it measures",
+            "",
+            *[_paragraph(p) + "\n" for p in doc.split("\n\n")[1:]],
+        ]
+    )
+
+
+async def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a fifth of the jobs; no doc")
+    args = parser.parse_args(argv)
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="arm-chaos-") as tmp:
+        workdir = Path(tmp)
+        pg = EmbeddedPostgres(base_dir=workdir / "pg").start()
+        nats_server = EmbeddedNats(
+            log_dir=workdir / "nats", extra_args=["-js", "-sd", str(workdir / "js")]
+        ).start()
+        try:
+            outcomes = await run_all(World(pg, nats_server, workdir), args.quick)
+        finally:
+            nats_server.stop()
+            pg.destroy()
+    print(table(outcomes))
+    if not args.quick:
+        command = shlex.join(["python", "-m", "benchmarks.chaos", *argv])
+        DOC.write_text(markdown(outcomes, command, time.monotonic() - began))
+        print(f"written to {DOC}")
+    return 1 if any(o.error for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))
