@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -120,3 +121,48 @@ async def close_all(services: list[RecordingService]) -> None:
         for task in service._answering:
             task.cancel()
     await asyncio.gather(*(s.client.close() for s in services), return_exceptions=True)
+
+
+def stream_leader(cluster: EmbeddedNatsCluster, stream: str) -> str | None:
+    """The server name of the leader of JetStream stream `stream`, as a running node's
+    /jsz sees it (None when no node names one)."""
+    for index in range(cluster.size):
+        if not cluster.running(index):
+            continue
+        port = cluster.monitor_ports[index]
+        try:
+            url = f"http://127.0.0.1:{port}/jsz?accounts=true&streams=true"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                jsz = json.loads(resp.read())
+        except (OSError, ValueError):
+            continue
+        for account in jsz.get("account_details") or []:
+            for detail in account.get("stream_detail") or []:
+                if detail.get("name") == stream:
+                    leader = (detail.get("cluster") or {}).get("leader")
+                    if leader:
+                        return str(leader)
+    return None
+
+
+async def move_stream_leader(cluster: EmbeddedNatsCluster, stream: str, to: int) -> None:
+    """Makes node `to` the leader of `stream` (a step-down with that node preferred, as
+    often as it takes) and waits until every node says so."""
+    name = cluster.name(to)
+    client = await nats_client(cluster.nodes[to].url())
+    try:
+        await wait_for(lambda: stream_leader(cluster, stream) is not None, 30, "a leader")
+
+        async def led_by_it() -> bool:
+            if stream_leader(cluster, stream) == name:
+                return True
+            request = json.dumps({"placement": {"preferred": name}}).encode()
+            try:
+                await client.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", request, 2)
+            except Exception:  # the election under way: ask again
+                return False
+            return False
+
+        await wait_for(led_by_it, 60, f"{stream} led by {name}")
+    finally:
+        await client.close()
