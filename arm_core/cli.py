@@ -38,6 +38,12 @@ def _run(app: object, host: str, port: int) -> int:
     # flight commits or rolls back) and close the pool. Its server answers unparsable
     # requests in JSON and cuts off slow clients (HTTP_*_TIMEOUT_SECONDS).
     run(app, host, port)
+    from arm_core.runtime import BRIDGE
+
+    bridge = app.get(BRIDGE)
+    if bridge is not None and bridge.fatal:  # e.g. RESULTS_STREAM without JetStream
+        print(f"arm-core: configuration error: {escape(bridge.fatal)}", file=sys.stderr)
+        return 2
     return 0
 
 

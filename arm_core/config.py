@@ -379,6 +379,27 @@ def _header(name: str, raw: str) -> str:
     return value
 
 
+# A JetStream stream or consumer name: what every server version accepts (no `.`, `*`,
+# `>`, path separators or spaces).
+_JS_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _stream_name(name: str, raw: str) -> str:
+    value = raw.strip()
+    if not _JS_NAME.fullmatch(value):
+        raise ConfigError(
+            f"{name}: not a JetStream stream name (1 to 64 of A-Z a-z 0-9 _ -): {raw!r}"
+        )
+    return value
+
+
+def _replicas(name: str, raw: str) -> int:
+    value = number(int, 1)(name, raw)
+    if value > 5:
+        raise ConfigError(f"{name}: JetStream keeps 1 to 5 replicas, got {raw!r}")
+    return value
+
+
 _POSITIVE = number(float, 0.001)
 LOG_FORMATS = ("text", "json")
 
@@ -445,6 +466,15 @@ class Settings:
     api_tokens: tuple[tuple[str, str], ...] = env_var("API_TOKENS", _tokens, ())
     auth_header: str = env_var("AUTH_HEADER", _header, "X-Forwarded-User")
     # Names of the variables that were given explicitly (not defaulted).
+    # JetStream capture of answers (README "Not losing answers"): off when empty.
+    results_stream: str = env_var("RESULTS_STREAM", _stream_name, "")
+    results_stream_replicas: int = env_var("RESULTS_STREAM_REPLICAS", _replicas, 1)
+    results_stream_max_age_seconds: float = env_var(
+        "RESULTS_STREAM_MAX_AGE_SECONDS", number(float, 1), 7 * 24 * 3600.0
+    )
+    results_stream_duplicate_window_seconds: float = env_var(
+        "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS", number(float, 1), 120.0
+    )
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
     @classmethod
@@ -455,7 +485,25 @@ class Settings:
         if settings.auth_mode == "token" and not settings.api_tokens:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
         nats_keypair(settings.nats_seed, settings.nats_jwt)
+        settings.check_results_stream()
         return settings
+
+    def check_results_stream(self) -> None:
+        """With RESULTS_STREAM set: the durable consumer is named after NATS_QUEUE_GROUP
+        (so it must be a valid consumer name), and JetStream wants the duplicate window
+        within the maximum age."""
+        if not self.results_stream:
+            return
+        if not _JS_NAME.fullmatch(self.nats_queue_group):
+            raise ConfigError(
+                f"NATS_QUEUE_GROUP: names the durable consumer of RESULTS_STREAM, so only "
+                f"A-Z a-z 0-9 _ - (1 to 64): {self.nats_queue_group!r}"
+            )
+        if self.results_stream_duplicate_window_seconds > self.results_stream_max_age_seconds:
+            raise ConfigError(
+                "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS: must not exceed "
+                f"RESULTS_STREAM_MAX_AGE_SECONDS ({self.results_stream_max_age_seconds:g})"
+            )
 
     def __repr__(self) -> str:
         """Every field, with passwords, tokens, the seed and the JWT as ***."""

@@ -17,6 +17,14 @@ A batch that the database rejects as a whole (one envelope raised inside it) is 
 again one envelope per transaction, so the one that cannot be applied gets its own
 outcome (`failed`, logged with the error) and never fails the others.
 
+With RESULTS_STREAM the messages come from a JetStream consumer (bridge/runner.py) and
+the inbox settles each one with the server (`acks`): a message is acked only once its
+envelope's outcome is final — after the transaction that applied it committed, or once
+the database said it changes nothing (duplicate, already_final, …); garbage and an
+envelope the database raised on even alone are logged, counted and terminated (`term`:
+never delivered again); `busy` ones wait for their next batch. A dropped one (buffer
+full, shutdown) is not acked, so the stream delivers it again.
+
 One batch is one step, :meth:`Inbox.run_once`: it applies what a worker has buffered now
 and returns every envelope's outcome. The workers' loops call it; so can a test.
 """
@@ -114,6 +122,9 @@ class InboxStats:
     outcomes: Counter[ApplyOutcome] = field(default_factory=Counter)
     batches: int = 0
     db_retries: int = 0
+    # JetStream only: messages acked (outcome final) and terminated (garbage, failed).
+    acked: int = 0
+    terminated: int = 0
 
 
 @dataclass
@@ -130,6 +141,11 @@ class Inbox:
     # Per worker, the envelopes that lead its next batch, before anything in its buffer:
     # those that came back `busy`, or the one its loop waited for.
     _leading: list[list[Envelope]] = field(init=False)
+    # True when the messages come from the results stream: each is settled with the
+    # server once its envelope's outcome is final.
+    acks: bool = False
+    # JetStream: the message each envelope in the inbox came in, by id(envelope).
+    _unsettled: dict[int, Msg] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = self.settings.inbox_workers
@@ -164,6 +180,8 @@ class Inbox:
                     "msg_id": parsed.msg_id,
                 },
             )
+            if self.acks:
+                await self._settle(msg, terminate=True)
             return
         if parsed.made_storable:
             self.stats.made_storable += 1
@@ -173,6 +191,8 @@ class Inbox:
                 extra=_fields(parsed, "inbox_sanitize", status=parsed.status),
             )
         queue = self.queues[parsed.job_id.int % len(self.queues)]
+        if self.acks:
+            self._unsettled[id(parsed)] = msg
         while True:
             try:
                 queue.put_nowait(parsed)
@@ -188,7 +208,9 @@ class Inbox:
                 continue
 
     def drop(self, envelope: Envelope, reason: str) -> None:
-        """Counts and logs an envelope that is lost before the database saw it."""
+        """Counts and logs an envelope that is lost before the database saw it. (From the
+        results stream it is not acked: the server delivers it again after ack_wait.)"""
+        self._unsettled.pop(id(envelope), None)
         self.stats.dropped[reason] += 1
         metrics.envelope("dropped")
         why = _DROPPED_BECAUSE.get(reason, reason).format(size=self.settings.inbox_buffer_size)
@@ -230,6 +252,12 @@ class Inbox:
         results, dropped = await self._apply_until_done(batch, stopping or asyncio.Event())
         deferred = [r.envelope for r in results if r.outcome is ApplyOutcome.BUSY]
         self._leading[worker] = deferred
+        if self._unsettled:
+            for r in results:
+                if r.outcome is not ApplyOutcome.BUSY:
+                    msg = self._unsettled.pop(id(r.envelope), None)
+                    if msg is not None:
+                        await self._settle(msg, terminate=r.outcome is ApplyOutcome.FAILED)
         return InboxStep(tuple(results), tuple(deferred), tuple(dropped))
 
     async def _work(self, worker: int, stopping: asyncio.Event) -> None:
@@ -323,6 +351,23 @@ class Inbox:
                     return results, dropped
                 self._record(batch[0], ApplyOutcome.FAILED, None, error=str(exc))
                 return [EnvelopeOutcome(batch[0], ApplyOutcome.FAILED)], []
+
+    async def _settle(self, msg: Msg, terminate: bool = False) -> None:
+        """Acks (or terminates) a message of the results stream. A lost ack only means
+        the message comes again: the database then calls it a duplicate."""
+        try:
+            if terminate:
+                await msg.term()
+                self.stats.terminated += 1
+            else:
+                await msg.ack()
+                self.stats.acked += 1
+        except Exception as exc:
+            log.warning(
+                "could not settle a message of the results stream (it comes again): %s",
+                f"{type(exc).__name__}: {exc}",
+                extra={"action": "stream_ack_failed"},
+            )
 
     async def apply(self, batch: list[Envelope]) -> list[EnvelopeOutcome]:
         """Hands `batch` to arm.apply_envelopes in one transaction; logs and counts each

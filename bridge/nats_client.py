@@ -1,8 +1,9 @@
 """Connecting to NATS (R-NATS-1): no credentials, an nkey seed, or a user JWT + seed.
 
-No JetStream is used or required. The client reconnects forever; publishes while
-disconnected raise at once (pending_size=0) instead of being buffered silently, so the
-publisher never takes a buffered message for a delivered one.
+No JetStream is used or required, unless RESULTS_STREAM asks for the capture of answers
+(:func:`ensure_results_stream`, :func:`results_consumer`). The client reconnects
+forever; publishes while disconnected raise at once (pending_size=0) instead of being
+buffered silently, so the publisher never takes a buffered message for a delivered one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
-from nats.errors import SlowConsumerError
+from nats.errors import NoRespondersError, SlowConsumerError
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from arm_core.config import Settings, mask_urls_in, nats_keypair
 
@@ -115,3 +119,143 @@ async def connect(
         **overrides,
     }
     await client.connect(**options)
+
+
+# The results stream's consumer (RESULTS_STREAM). A message the inbox has not settled
+# within ACK_WAIT is delivered again (to any instance): long enough for a full inbox
+# buffer to be applied, short enough that a crashed instance's share comes back soon.
+STREAM_ACK_WAIT_SECONDS = 30.0
+# Messages delivered to all instances together and not yet settled; past it the
+# server delivers nothing more until some are acked. Above every instance's
+# INBOX_BUFFER_SIZE plus a fetch.
+STREAM_MAX_ACK_PENDING = 20_000
+
+
+class StreamUnavailable(Exception):
+    """RESULTS_STREAM cannot work with this server: the message names the variable."""
+
+
+def _subject_matches(pattern: str, subject: str) -> bool:
+    """Whether the stream subject `pattern` (with * and >) captures `subject`."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or (token != "*" and token != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def wanted_stream(settings: Settings) -> StreamConfig:
+    """The stream arm-core creates when RESULTS_STREAM does not exist yet."""
+    return StreamConfig(
+        name=settings.results_stream,
+        subjects=[settings.result_subject],
+        storage=StorageType.FILE,
+        num_replicas=settings.results_stream_replicas,
+        max_age=settings.results_stream_max_age_seconds,
+        duplicate_window=settings.results_stream_duplicate_window_seconds,
+    )
+
+
+def stream_differences(have: StreamConfig, want: StreamConfig) -> list[str]:
+    """How an existing stream differs from the one arm-core would create."""
+    said: list[str] = []
+    for name in ("storage", "num_replicas", "max_age", "duplicate_window"):
+        a, b = getattr(have, name), getattr(want, name)
+        if isinstance(a, float) and isinstance(b, float) and abs(a - b) < 1e-6:
+            continue
+        if a != b:
+            shown = {"storage": "storage", "num_replicas": "replicas"}.get(name, name)
+            said.append(
+                f"{shown} {getattr(a, 'value', a)} (arm-core would use {getattr(b, 'value', b)})"
+            )
+    return said
+
+
+async def ensure_results_stream(nc: Client, settings: Settings) -> JetStreamContext:
+    """Makes sure the stream RESULTS_STREAM captures RESULT_SUBJECT: creates it (file
+    storage, the configured replicas, maximum age and duplicate window) when it does not
+    exist; uses one the operator created as it is, logging how it differs. Raises
+    StreamUnavailable when the server has no JetStream, refuses the stream, or the
+    existing stream does not capture RESULT_SUBJECT."""
+    name, subject = settings.results_stream, settings.result_subject
+    js = nc.jetstream(timeout=5)
+    want = wanted_stream(settings)
+    for _ in range(3):  # two instances may create it at the same moment
+        try:
+            info = await js.stream_info(name)
+        except (ServiceUnavailableError, NoRespondersError):
+            raise StreamUnavailable(
+                f"RESULTS_STREAM: the NATS server has no JetStream (start nats-server with "
+                f"-js, or leave RESULTS_STREAM unset to receive answers without it); "
+                f"stream {name!r} cannot be used"
+            ) from None
+        except NotFoundError:
+            try:
+                await js.add_stream(want)
+            except APIError as exc:
+                if "already in use" in str(exc) or exc.err_code == 10058:
+                    continue  # another instance made it: read it as it is
+                raise StreamUnavailable(
+                    f"RESULTS_STREAM: the server refused to create stream {name!r} over "
+                    f"{subject!r}: {exc}"
+                ) from None
+            log.info(
+                "created JetStream stream %s over %s (file storage, %d replicas, max age "
+                "%g s, duplicate window %g s)",
+                name,
+                subject,
+                want.num_replicas,
+                want.max_age,
+                want.duplicate_window,
+                extra={"action": "stream_created"},
+            )
+            return js
+        have = info.config
+        if not any(_subject_matches(p, subject) for p in have.subjects or []):
+            raise StreamUnavailable(
+                f"RESULTS_STREAM: stream {name!r} exists but does not capture "
+                f"{subject!r} (its subjects: {', '.join(have.subjects or []) or 'none'})"
+            )
+        differences = stream_differences(have, want)
+        if differences:
+            log.warning(
+                "JetStream stream %s exists and is used as it is; it differs from the "
+                "configuration: %s",
+                name,
+                "; ".join(differences),
+                extra={"action": "stream_differs"},
+            )
+        else:
+            log.info("using JetStream stream %s", name, extra={"action": "stream_found"})
+        return js
+    raise StreamUnavailable(f"RESULTS_STREAM: stream {name!r} could neither be read nor made")
+
+
+async def results_consumer(js: JetStreamContext, settings: Settings) -> Any:
+    """The one durable pull consumer (named NATS_QUEUE_GROUP) that every core instance
+    fetches from: explicit acks, everything in the stream from its start, delivered
+    again until acked."""
+    durable = settings.nats_queue_group
+    config = ConsumerConfig(
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=STREAM_ACK_WAIT_SECONDS,
+        max_ack_pending=STREAM_MAX_ACK_PENDING,
+        max_deliver=-1,
+        filter_subject=settings.result_subject,
+    )
+    try:
+        return await js.pull_subscribe(
+            settings.result_subject,
+            durable=durable,
+            stream=settings.results_stream,
+            config=config,
+        )
+    except APIError as exc:
+        raise StreamUnavailable(
+            f"RESULTS_STREAM: the server refused the durable consumer {durable!r} on "
+            f"stream {settings.results_stream!r}: {exc}"
+        ) from None

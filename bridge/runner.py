@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import listen_for_queued_jobs
-from arm_core.bridge.nats_client import confirm, connect
+from arm_core.bridge.nats_client import (
+    StreamUnavailable,
+    confirm,
+    connect,
+    ensure_results_stream,
+    results_consumer,
+)
 from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.config import Settings, mask_url
@@ -44,6 +51,12 @@ class Bridge:
     # The server's word when it refused the subscription (NATS user without subscribe
     # permission on RESULT_SUBJECT in NATS_QUEUE_GROUP): the bridge would hear nothing.
     subscription_refused: str | None = None
+    # RESULTS_STREAM: the durable pull consumer the answers are fetched from (instead of
+    # `subscription`).
+    consumer: Any = None
+    # Why the process must stop at once (RESULTS_STREAM set, but the server cannot hold
+    # the stream); the command then exits 2 with it (arm_core/cli.py).
+    fatal: str | None = None
     # The LISTEN connection: connecting, ok, reconnecting (bridge/listener.py).
     listener_state: str = "connecting"
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -83,6 +96,9 @@ class Bridge:
                 self.inbox.slow_consumer()
 
         await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
+        if s.results_stream:
+            await self._consume_stream()
+            return
         error_before = self.nats.last_error
         self.subscription = await self.nats.subscribe(
             s.result_subject,
@@ -122,9 +138,69 @@ class Bridge:
         )
         self.publisher.wake.set()
 
+    async def _consume_stream(self) -> None:
+        """RESULTS_STREAM: ensures the stream and the shared durable consumer, then fetches
+        batches from it into the inbox until stopping. The inbox acks each message once
+        its envelope's outcome is final (committed); what it never settles comes again."""
+        s = self.settings
+        while True:
+            try:
+                js = await ensure_results_stream(self.nats, s)
+                consumer = await results_consumer(js, s)
+                break
+            except StreamUnavailable as exc:
+                self.fatal = str(exc)
+                log.error("%s", exc, extra={"action": "stream_unavailable"})
+                signal.raise_signal(signal.SIGTERM)  # the server stops; the command exits 2
+                return
+            except Exception as exc:
+                # No answer from the JetStream API: a cluster electing its leader, a
+                # connection moving, or a user not allowed $JS.API (the server refuses
+                # silently; docs/nats-permissions.conf has the RESULTS_STREAM variant).
+                log.warning(
+                    "JetStream does not answer for stream %s yet (%s); trying again",
+                    s.results_stream,
+                    f"{type(exc).__name__}: {exc}",
+                    extra={"action": "stream_waiting"},
+                )
+                try:
+                    await asyncio.wait_for(self.stopping.wait(), 2.0)
+                    return
+                except TimeoutError:
+                    continue
+        self.inbox.acks = True
+        self.consumer = consumer
+        log.info(
+            "connected to NATS %s, consuming %s from stream %s (durable consumer %s)",
+            mask_url(self.nats.connected_url.netloc) if self.nats.connected_url else "?",
+            s.result_subject,
+            s.results_stream,
+            s.nats_queue_group,
+            extra={"action": "nats_connected"},
+        )
+        self.publisher.wake.set()
+        pause = 0.1
+        while not self.stopping.is_set():
+            try:
+                msgs = await consumer.fetch(s.inbox_batch_size, timeout=1)
+            except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
+                pause = 0.1
+                continue
+            except Exception as exc:  # disconnected, the stream's leader moving, …
+                if not self.stopping.is_set():
+                    log.debug("fetch from %s failed: %s", s.results_stream, exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+                continue
+            pause = 0.1
+            for msg in msgs:  # handed over even when stopping: they are ours now
+                await self.inbox.on_message(msg)
+
     def nats_state(self) -> str:
         """`ok` when connected and subscribed, `refused` when connected but the server
         refused the subscription; otherwise what it is doing."""
+        if self.nats.is_connected and self.consumer is not None:
+            return "ok"
         if self.nats.is_connected and self.subscription is not None:
             return "refused" if self.subscription_refused else "ok"
         if self.nats.is_reconnecting:
@@ -171,7 +247,7 @@ class Bridge:
 
         self.stopping.set()
         connecting = self._tasks[0] if self._tasks else None
-        if connecting is not None and not connecting.done():
+        if connecting is not None and not connecting.done() and self.consumer is None:
             connecting.cancel()  # still waiting for a server: nothing to finish there
         others = [t for t in self._tasks if t.get_name() != "inbox"]
         if others:
@@ -195,7 +271,8 @@ class Bridge:
         for task in done:
             if not task.cancelled() and task.exception() is not None:
                 log.error("bridge task %s ended with %r", task.get_name(), task.exception())
-        if self.subscription is not None and not self.nats.is_closed:
+        connected_once = self.subscription is not None or self.consumer is not None
+        if (connected_once or self.fatal) and not self.nats.is_closed:
             await self.nats.close()
         log.info(
             "bridge stopped",

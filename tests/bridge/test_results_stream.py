@@ -1,0 +1,293 @@
+"""RESULTS_STREAM (issue 12, part 2): the core captures answers in a JetStream stream
+and consumes it through one durable consumer, acking a message only once its envelope's
+outcome is final. Settings, the stream and consumer it makes, the acks, busy envelopes,
+garbage, an operator's stream, and a server without JetStream."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from nats.aio.client import Client
+from nats.js.api import StorageType, StreamConfig
+
+from arm_core.config import ConfigError, Settings
+from arm_core.devtools.embedded import EmbeddedNats, free_port
+from arm_core.statuses import ApplyOutcome
+from tests.support.bridge import (
+    envelope,
+    fast_settings,
+    logged,
+    nats_client,
+    running_bridge,
+    send,
+    wait_for,
+)
+from tests.support.processes import ArmProcess
+from tests.support.sql import dict_conn, publish, scalar, upload_many
+
+pytestmark = pytest.mark.integration
+
+PERMISSIONS = Path(__file__).resolve().parents[2] / "docs" / "nats-permissions.conf"
+STREAM = "ARM_RESULTS"
+SUBJECT = "files.tabular_parsed"
+
+
+@pytest.fixture
+def js_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(
+        log_dir=tmp_path / "nats", extra_args=["-js", "-sd", str(tmp_path / "js")]
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def js_client(js_server: EmbeddedNats) -> AsyncIterator[Client]:
+    nc = await nats_client(js_server.url())
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+def stream_settings(db_url: str, url: str, **more: Any) -> Settings:
+    return fast_settings(db_url, url, results_stream=STREAM, **more)
+
+
+def published_jobs(db_url: str, n: int) -> list[dict[str, Any]]:
+    with dict_conn(db_url) as conn:
+        upload_many(conn, n)
+        assert len(publish(conn)) == n
+        return conn.execute("SELECT id AS job_id, file_id FROM arm.recognition_job").fetchall()
+
+
+async def ack_all(client: Client, jobs: list[dict[str, Any]]) -> None:
+    for row in jobs:
+        body = envelope(row["job_id"], row["file_id"], "processing")
+        await client.publish(
+            SUBJECT, json.dumps(body).encode(), headers={"Nats-Msg-Id": f"ack:{row['job_id']}:1"}
+        )
+    await client.flush()
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"RESULTS_STREAM": "arm.results"}, "RESULTS_STREAM"),
+        ({"RESULTS_STREAM": "ARM RESULTS"}, "RESULTS_STREAM"),
+        ({"RESULTS_STREAM": "A", "RESULTS_STREAM_REPLICAS": "6"}, "RESULTS_STREAM_REPLICAS"),
+        ({"RESULTS_STREAM": "A", "RESULTS_STREAM_REPLICAS": "0"}, "RESULTS_STREAM_REPLICAS"),
+        ({"RESULTS_STREAM_MAX_AGE_SECONDS": "-1"}, "RESULTS_STREAM_MAX_AGE_SECONDS"),
+        (
+            {"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "x"},
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
+        (
+            {
+                "RESULTS_STREAM": "A",
+                "RESULTS_STREAM_MAX_AGE_SECONDS": "60",
+                "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "120",
+            },
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
+        ({"RESULTS_STREAM": "A", "NATS_QUEUE_GROUP": "arm.core"}, "NATS_QUEUE_GROUP"),
+    ],
+)
+def test_bad_stream_settings_name_the_variable(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{variable}: "):
+        Settings.from_env(env)
+
+
+def test_stream_settings_defaults() -> None:
+    off = Settings.from_env({})
+    assert off.results_stream == ""
+    on = Settings.from_env({"RESULTS_STREAM": "ARM_RESULTS"})
+    assert (
+        on.results_stream,
+        on.results_stream_replicas,
+        on.results_stream_max_age_seconds,
+        on.results_stream_duplicate_window_seconds,
+    ) == ("ARM_RESULTS", 1, 7 * 24 * 3600.0, 120.0)
+
+
+async def test_stream_and_durable_consumer_made_and_every_message_acked_after_commit(
+    db_url: str, js_server: EmbeddedNats, js_client: Client
+) -> None:
+    n = 200
+    jobs = published_jobs(db_url, n)
+    settings = stream_settings(db_url, js_server.url(), results_stream_max_age_seconds=3600.0)
+    async with running_bridge(settings) as bridge:
+        js = js_client.jetstream()
+        info = await js.stream_info(STREAM)
+        assert info.config.subjects == [SUBJECT]
+        assert info.config.storage == "file"
+        assert (info.config.num_replicas, info.config.max_age) == (1, 3600.0)
+        assert info.config.duplicate_window == 120.0
+        consumer = await js.consumer_info(STREAM, "arm-core")
+        assert consumer.config.durable_name == "arm-core"
+        assert consumer.config.ack_policy == "explicit"
+        assert consumer.config.max_ack_pending == 20_000
+        await ack_all(js_client, jobs)  # core NATS publishes, as services send them
+        with dict_conn(db_url) as conn:
+            processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+            await wait_for(lambda: scalar(conn, processing) == n, 30, "acks applied")
+
+        async def settled() -> bool:
+            c = await js.consumer_info(STREAM, "arm-core")
+            return c.num_ack_pending == 0 and c.num_pending == 0
+
+        await wait_for(settled, 30, "every message acked")
+        assert bridge.inbox.stats.acked == n
+        assert bridge.nats_state() == "ok"
+        # The same answer again: the stream drops it (Nats-Msg-Id within the window).
+        await ack_all(js_client, jobs[:1])
+        assert (await js.stream_info(STREAM)).state.messages == n
+
+
+async def test_busy_envelope_is_not_acked_until_applied_and_garbage_is_terminated(
+    db_url: str, js_server: EmbeddedNats, js_client: Client
+) -> None:
+    jobs = published_jobs(db_url, 1)
+    async with running_bridge(stream_settings(db_url, js_server.url())) as bridge:
+        js = js_client.jetstream()
+        with psycopg.connect(db_url) as dba:
+            dba.execute("SELECT id FROM arm.recognition_job FOR UPDATE")  # holds the row
+            await ack_all(js_client, jobs)
+            await wait_for(
+                lambda: bridge.inbox.stats.outcomes[ApplyOutcome.BUSY] >= 2, 30, "busy twice"
+            )
+            held = await js.consumer_info(STREAM, "arm-core")
+            assert held.num_ack_pending == 1  # delivered, not acked while it waits
+            dba.rollback()
+        await wait_for(lambda: bridge.inbox.stats.applied == 1, 30, "applied once free")
+
+        async def acked() -> bool:
+            return (await js.consumer_info(STREAM, "arm-core")).num_ack_pending == 0
+
+        await wait_for(acked, 30, "acked after the commit")
+        await send(js_client, b"not json", "garbage:1", SUBJECT)
+        await wait_for(lambda: bridge.inbox.stats.terminated == 1, 30, "garbage terminated")
+        await wait_for(acked, 30, "nothing pending")
+        assert bridge.inbox.stats.rejected == 1
+
+
+async def test_operator_stream_used_as_it_is_with_differences_logged(
+    db_url: str, js_server: EmbeddedNats, js_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    js = js_client.jetstream()
+    mine = StreamConfig(
+        name=STREAM, subjects=["files.>"], storage=StorageType.MEMORY, max_age=600.0
+    )
+    await js.add_stream(mine)
+    jobs = published_jobs(db_url, 3)
+    caplog.set_level(logging.INFO)
+    async with running_bridge(stream_settings(db_url, js_server.url())) as bridge:
+        await ack_all(js_client, jobs)
+        await wait_for(lambda: bridge.inbox.stats.acked == 3, 30, "applied from the stream")
+    info = await js.stream_info(STREAM)
+    assert (info.config.subjects, info.config.storage) == (["files.>"], "memory")
+    assert info.config.max_age == 600.0
+    (line,) = logged(caplog.records, action="stream_differs")
+    assert "storage memory" in line.getMessage() and "max_age 600" in line.getMessage()
+
+
+def bridge_process(db_url: str, url: str, tmp_path: Path, **more: str) -> tuple[ArmProcess, int]:
+    port = free_port()
+    env = {
+        "DATABASE_URL": db_url,
+        "NATS_URL": url,
+        "BRIDGE_HEALTH_PORT": str(port),
+        "RESULTS_STREAM": STREAM,
+        **more,
+    }
+    return ArmProcess("bridge", env, tmp_path / f"bridge-{port}.log"), port
+
+
+@pytest.mark.parametrize("case", ["no_jetstream", "stream_misses_the_subject"])
+async def test_results_stream_that_cannot_work_exits_2_naming_it(
+    db_url: str, nats_server: EmbeddedNats, js_server: EmbeddedNats, tmp_path: Path, case: str
+) -> None:
+    if case == "no_jetstream":
+        url = nats_server.url()  # the suite's server: no -js
+    else:
+        url = js_server.url()
+        nc = await nats_client(url)
+        try:
+            await nc.jetstream().add_stream(name=STREAM, subjects=["other.subject"])
+        finally:
+            await nc.close()
+    proc, _ = bridge_process(db_url, url, tmp_path)
+    try:
+        code = proc.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"still running: {proc.log()[-2000:]}") from None
+    proc.stop()
+    assert code == 2, proc.log()[-2000:]
+    assert "arm-core: configuration error: RESULTS_STREAM: " in proc.log()
+    expected = "no JetStream" if case == "no_jetstream" else "does not capture"
+    assert expected in proc.log()
+
+
+async def test_server_not_there_yet_keeps_connecting(db_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    proc, health = bridge_process(db_url, f"nats://127.0.0.1:{port}", tmp_path)
+    server = EmbeddedNats(
+        port=port, log_dir=tmp_path / "nats", extra_args=["-js", "-sd", str(tmp_path / "js")]
+    )
+    try:
+        await wait_for(
+            lambda: (proc.health(health) or {}).get("nats") == "connecting", 30, "connecting"
+        )
+        assert proc.proc.poll() is None
+        server.start()
+        await wait_for(lambda: (proc.health(health) or {}).get("nats") == "ok", 30, "consuming")
+        assert "consuming files.tabular_parsed from stream ARM_RESULTS" in proc.log()
+    finally:
+        code = proc.stop()
+        server.stop()
+    assert code == 0
+
+
+def stream_variant(snippet: str) -> str:
+    """docs/nats-permissions.conf with arm-core's permissions replaced by the commented
+    RESULTS_STREAM variant below them."""
+    lines = snippet.splitlines()
+    start = lines.index("#     permissions {")
+    variant = [line[1:] for line in lines[start:] if line.startswith("#  ")]
+    core_start = next(i for i, line in enumerate(lines) if "nkey: $ARM_CORE_NKEY" in line) + 1
+    core_end = next(i for i in range(core_start, len(lines)) if lines[i].strip() == "}")
+    return "\n".join(lines[:core_start] + variant + lines[core_end + 1 :]) + "\n"
+
+
+async def test_documented_stream_permissions_are_enough(db_url: str, tmp_path: Path) -> None:
+    """A jetstream server with exactly the documented RESULTS_STREAM variant for arm-core:
+    the bridge makes the stream and the consumer, and a job goes through."""
+    from tests.support.natsauth import nkey_users
+
+    users = nkey_users(stream_variant(PERMISSIONS.read_text()))
+    config = users.write_config(tmp_path)
+    # nkey_users takes the $JS of the API subjects for a variable: not one.
+    text = "".join(line for line in config.open() if not line.startswith("JS: "))
+    config.write_text(text + f'\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n')
+    server = EmbeddedNats(extra_args=["-c", str(config)], log_dir=tmp_path / "nats").start()
+    service = Client()
+    try:
+        jobs = published_jobs(db_url, 2)
+        settings = stream_settings(db_url, server.url(), nats_seed=users.seeds["ARM_CORE_NKEY"])
+        await service.connect(server.url(), nkeys_seed_str=users.seeds["TABULAR_PARSER_NKEY"])
+        async with running_bridge(settings) as bridge:
+            await ack_all(service, jobs)
+            await wait_for(lambda: bridge.inbox.stats.acked == 2, 30, "applied through it")
+    finally:
+        await service.close()
+        server.stop()
