@@ -291,3 +291,28 @@ async def test_documented_stream_permissions_are_enough(db_url: str, tmp_path: P
     finally:
         await service.close()
         server.stop()
+
+
+async def test_in_a_process_without_its_own_sigterm_handler_the_bridge_only_says_so(
+    db_url: str, nats_server: EmbeddedNats
+) -> None:
+    """A bridge embedded elsewhere (here: in pytest) is not stopped by a signal: it keeps
+    the reason and reports `refused`, and stop() works as usual."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from arm_core.bridge.runner import Bridge
+
+    settings = stream_settings(db_url, nats_server.url())
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        settings.require_database_url(), open=False, min_size=1, max_size=2
+    )
+    await pool.open(wait=False)
+    bridge = Bridge(settings, pool)
+    await bridge.start()
+    try:
+        await wait_for(lambda: bridge.fatal is not None, 30, "the stream refused")
+        assert bridge.fatal is not None and bridge.fatal.startswith("RESULTS_STREAM: ")
+        assert bridge.nats_state() == "refused"
+    finally:
+        await bridge.stop()
+        await pool.close()
