@@ -40,6 +40,7 @@ LATER = [
     "0003_stored_file_fillfactor",
     "0004_job_and_file_counts",
     "0005_file_list_indexes",
+    "0006_file_name_trigram_index",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table
