@@ -68,6 +68,19 @@ $$;
 -- The other filters are applied along the walk, so their cost is the rows walked past
 -- until p_limit match: constant for a common value, up to the table for a rare one
 -- (README "File list"). A consolidation_id filter uses stored_file_consolidation_idx.
+--
+-- A q of 3 characters or more, with a run of 3 letters or digits (what pg_trgm makes
+-- trigrams of), when the trigram index of migration 0006 exists, picks its strategy per
+-- call: it first collects the ids of the names that match, through that index
+-- (fold_name(name) LIKE '%' || fold_name(q) || '%', % _ \ escaped), stopping after
+-- Q_CAP + 1. Up to Q_CAP (1,000) matches, the page is those rows — the other filters
+-- and the keyset applied, sorted, limited: a cost that follows the matches, not the
+-- table. More than Q_CAP: the matches are dense enough that the walk above finds a page
+-- soon, and it runs as without the index. Both give the same rows (the LIKE over
+-- fold_name is the definition name_pattern implements; tests/integration/
+-- test_list_files.py compares the strategies page by page). The setting
+-- arm.list_files_q_cap (digits) overrides Q_CAP for the session: tests force either
+-- strategy with it.
 CREATE OR REPLACE FUNCTION arm.list_files(
     p_limit integer,
     p_after_created_at timestamptz DEFAULT NULL,
@@ -104,6 +117,9 @@ AS $$
 DECLARE
     v_where text := '';
     v_page text;
+    v_cap integer := 1000;  -- Q_CAP
+    v_matches uuid[];
+    v_folded text;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1001 THEN
         RAISE EXCEPTION 'list_files: p_limit must be 1..1001, not %', p_limit
@@ -129,9 +145,6 @@ BEGIN
     IF p_file_types IS NOT NULL THEN
         v_where := v_where || ' AND f.file_type = ANY ($6)';
     END IF;
-    IF p_q IS NOT NULL THEN
-        v_where := v_where || ' AND f.original_name COLLATE "C" ~ $7';
-    END IF;
     IF p_updated_after IS NOT NULL THEN
         v_where := v_where || ' AND f.updated_at > $8';
     END IF;
@@ -139,7 +152,36 @@ BEGIN
         v_where := v_where || ' AND f.updated_at < $9';
     END IF;
 
-    IF p_statuses IS NULL THEN
+    -- q: the ids of its matches through the trigram index when they are few (the header).
+    v_folded := arm.fold_name(p_q);
+    IF pg_catalog.length(v_folded) >= 3 AND v_folded ~ '[[:alnum:]]{3}'
+       AND pg_catalog.to_regclass('arm.stored_file_name_trgm_idx') IS NOT NULL THEN
+        IF pg_catalog.current_setting('arm.list_files_q_cap', true) ~ '^[0-9]{1,9}$' THEN
+            v_cap := pg_catalog.current_setting('arm.list_files_q_cap', true)::integer;
+        END IF;
+        -- EXECUTE: planned with this q's pattern (a generic plan could not estimate it).
+        EXECUTE 'SELECT array_agg(m.id) FROM (SELECT f.id FROM arm.stored_file f'
+            || ' WHERE arm.fold_name(f.original_name) LIKE $1 LIMIT $2) m'
+        INTO v_matches
+        USING '%' || pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(
+                  v_folded, E'\\', E'\\\\'), '%', E'\\%'), '_', E'\\_') || '%',
+              v_cap + 1;
+        IF coalesce(pg_catalog.cardinality(v_matches), 0) > v_cap THEN
+            v_matches := NULL;
+        ELSE
+            v_matches := coalesce(v_matches, '{}');
+        END IF;
+    END IF;
+    IF p_q IS NOT NULL AND v_matches IS NULL THEN
+        v_where := v_where || ' AND f.original_name COLLATE "C" ~ $7';
+    END IF;
+
+    IF v_matches IS NOT NULL THEN
+        -- The few matches by primary key, filtered, sorted, limited.
+        v_page := 'SELECT f.* FROM arm.stored_file f WHERE f.id = ANY ($11)'
+            || CASE WHEN p_statuses IS NULL THEN '' ELSE ' AND f.status = ANY ($3)' END
+            || v_where || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10';
+    ELSIF p_statuses IS NULL THEN
         v_page := 'SELECT f.* FROM arm.stored_file f WHERE true' || v_where
             || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10';
     ELSE
@@ -166,6 +208,7 @@ BEGIN
         || ' ON true'
         || ' ORDER BY f.created_at DESC, f.id DESC'
     USING p_after_created_at, p_after_id, p_statuses, p_job_statuses, p_consolidation_id,
-          p_file_types, arm.name_pattern(p_q), p_updated_after, p_updated_before, p_limit;
+          p_file_types, arm.name_pattern(p_q), p_updated_after, p_updated_before, p_limit,
+          v_matches;
 END;
 $$;

@@ -58,6 +58,7 @@ MIGRATIONS = [
     "0003_stored_file_fillfactor",
     "0004_job_and_file_counts",
     "0005_file_list_indexes",
+    "0006_file_name_trigram_index",
 ]
 
 
