@@ -73,10 +73,11 @@ $$;
 -- trigrams of), when the trigram index of migration 0006 exists, picks its strategy per
 -- call: it first collects the ids of the names that match, through that index
 -- (fold_name(name) LIKE '%' || fold_name(q) || '%', % _ \ escaped), stopping after
--- Q_CAP + 1. Up to Q_CAP (1,000) matches, the page is those rows — the other filters
+-- Q_CAP + 1. Up to Q_CAP (200) matches, the page is those rows — the other filters
 -- and the keyset applied, sorted, limited: a cost that follows the matches, not the
--- table. More than Q_CAP: the matches are dense enough that the walk above finds a page
--- soon, and it runs as without the index. Both give the same rows (the LIKE over
+-- table. More than Q_CAP: the walk above, as without the index — soon done when the
+-- matches are dense; between Q_CAP and a page's worth per few thousand files it still
+-- reads about limit × files / matches rows (README "File list"). Both give the same rows (the LIKE over
 -- fold_name is the definition name_pattern implements; tests/integration/
 -- test_list_files.py compares the strategies page by page). The setting
 -- arm.list_files_q_cap (digits) overrides Q_CAP for the session: tests force either
@@ -117,7 +118,7 @@ AS $$
 DECLARE
     v_where text := '';
     v_page text;
-    v_cap integer := 1000;  -- Q_CAP
+    v_cap integer := 200;  -- Q_CAP
     v_matches uuid[];
     v_folded text;
 BEGIN
@@ -160,12 +161,16 @@ BEGIN
             v_cap := pg_catalog.current_setting('arm.list_files_q_cap', true)::integer;
         END IF;
         -- EXECUTE: planned with this q's pattern (a generic plan could not estimate it).
+        -- The regular expression finds the same names (the header) and costs a twentieth
+        -- of folding one: where the planner reads the table instead (q common), a name
+        -- is folded only when it matches.
         EXECUTE 'SELECT array_agg(m.id) FROM (SELECT f.id FROM arm.stored_file f'
-            || ' WHERE arm.fold_name(f.original_name) LIKE $1 LIMIT $2) m'
+            || ' WHERE arm.fold_name(f.original_name) LIKE $1'
+            || ' AND f.original_name COLLATE "C" ~ $3 LIMIT $2) m'
         INTO v_matches
         USING '%' || pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(
                   v_folded, E'\\', E'\\\\'), '%', E'\\%'), '_', E'\\_') || '%',
-              v_cap + 1;
+              v_cap + 1, arm.name_pattern(p_q);
         IF coalesce(pg_catalog.cardinality(v_matches), 0) > v_cap THEN
             v_matches := NULL;
         ELSE

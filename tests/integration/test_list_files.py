@@ -536,7 +536,7 @@ def test_a_rare_q_is_read_through_the_trigram_index_and_a_common_one_walks(
     assert [r["original_name"] for r in page(conn, 51, q="BURST/1234")] == ["uploads/burst/1234"]
     assert len(page(conn, 51, q="burst/123")) == 11
 
-    # Common: more matches than the cap (1,000), so the newest-first walk, stopped at the
+    # Common: more matches than the cap (200), so the newest-first walk, stopped at the
     # limit.
     plans = plans_of(conn, {"limit": 51, "q": "Uploads/"})
     walk = plans[plans.index("Limit") :]
