@@ -424,6 +424,14 @@ class ReferenceService:
                     )
             else:  # back to the front, in order; the bound holds again
                 self._pending.extendleft(reversed(batch))
+                if not outage and not self.nc.is_closed:
+                    outage = True
+                    log.warning(
+                        "%s: NATS did not confirm, %d answers wait",
+                        self.config.service,
+                        len(self._pending),
+                        extra={"action": "ref_waiting", "count": len(self._pending)},
+                    )
                 while len(self._pending) > self.config.pending_max:
                     self._drop_oldest()
                 self.stats.resent += len(batch)
