@@ -12,8 +12,8 @@ lands once a fifth of the answers are applied, i.e. mid-burst.
 Per fault:
 
 - **lost**: jobs that did not end `done` (an answer that never reached the database
-  leaves its job `processing` until the reply deadline, 30 s here, then `timeout`;
-  ACK_TIMEOUT_SECONDS is 5 s, so a lost request is republished before that);
+  leaves its job `processing` until the reply deadline, 120 s here, then `timeout`; a lost request
+  is republished after ACK_TIMEOUT_SECONDS, 30 s, before that);
 - **applied twice**: result objects beyond one per job in the database, or a job the
   bridges' logs (DEBUG, a line per envelope applied) name as applied more than once;
 - **sent twice**: requests seen twice with one `Nats-Msg-Id` by an observer subscribed
@@ -56,7 +56,7 @@ from tests.support.processes import ArmProcess, log_lines
 from tests.support.sql import ensure_logins, upload_many
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
-REPLY_TIMEOUT = 30.0
+REPLY_TIMEOUT = 120.0
 GIVE_UP_AFTER = REPLY_TIMEOUT + 90.0
 LIVE = "status IN ('queued', 'published', 'processing')"
 REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
@@ -95,9 +95,9 @@ class World:
             "OUTBOX_POLL_SECONDS": "0.2",
             "SCHEDULE_TICK_SECONDS": "0.5",
             "TIMEOUT_SWEEP_SECONDS": "1",
-            # A lost request is republished after 5 s, well before its reply deadline
-            # (production: 30 s against 10 or 30 minutes).
-            "ACK_TIMEOUT_SECONDS": "5",
+            # The default ACK_TIMEOUT_SECONDS (30 s) and a reply deadline of 2 minutes
+            # (production: 10 or 30): a burst of 5,000 on a shared 2-core machine takes
+            # tens of seconds, and shorter deadlines measure overload, not the fault.
             "TABULAR_REPLY_TIMEOUT_SECONDS": str(REPLY_TIMEOUT),
             "IMAGE_REPLY_TIMEOUT_SECONDS": str(REPLY_TIMEOUT),
             "REFERENCE_DELAY_SECONDS": "0.05",
