@@ -719,8 +719,9 @@ async def test_answers_made_while_nats_is_stopped_are_sent_once_in_order_after_i
         await send(client, body)
     await wait_for(idle_after(service, acks=n), 10, "all acked")
 
-    nats_server.stop()  # the results are 1.5 s away: all of them will find NATS gone
-    proxy.block()  # ... and the service stays away until the test's client is back
+    proxy.block()  # the service loses NATS at once, results 1.5 s away: all will wait
+    nats_server.stop()  # and the server goes; the service stays away (proxy) until the
+    # test's client is back
     await wait_for(lambda: service.stats.processed == n, 20, "every result made")
     assert service.pending == n and results_seen(seen) == []
     assert logged(caplog.records, action="ref_waiting")
@@ -752,7 +753,7 @@ async def test_a_full_queue_drops_its_oldest_answer_logged_and_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="arm_core.devtools.reference")
-    service = await behind_proxy(TABULAR, delay_seconds=0.5, pending_max=3)
+    service = await behind_proxy(TABULAR, delay_seconds=2.5, pending_max=3)
     for i in range(1, 6):  # one by one: the acks never fill the tiny queue
         await send(client, request())
         await wait_for(idle_after(service, acks=i), 10, "ack sent")
@@ -782,7 +783,7 @@ async def test_stop_says_how_many_answers_were_never_sent(
     behind_proxy: Start,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    service = await behind_proxy(TABULAR, delay_seconds=0.2)
+    service = await behind_proxy(TABULAR, delay_seconds=1.5)
     await send(client, request())
     await wait_for(idle_after(service, acks=1), 10, "acked")
     proxy.block()
@@ -797,7 +798,7 @@ async def test_repeated_request_while_the_result_waits_for_nats_is_acked_not_red
 ) -> None:
     """The core republishes a request whose ack it never saw: acked again, behind the
     waiting result, and not processed a second time."""
-    service = await behind_proxy(TABULAR, delay_seconds=0.2)
+    service = await behind_proxy(TABULAR, delay_seconds=1.5)
     body = request()
     job = body["job_id"]
     proxy.block()
