@@ -144,11 +144,11 @@ class ReferenceStats:
     received: int = 0  # every message on the request subject
     acked: int = 0  # first acks of new jobs
     reacked: int = 0  # acks repeated for a job already in work or done
-    processed: int = 0  # results (done or error) published for acked jobs
-    schema_mismatch: int = 0  # SCHEMA_MISMATCH results published (no ack before them)
+    processed: int = 0  # results (done or error) made for acked jobs, queued to send
+    schema_mismatch: int = 0  # SCHEMA_MISMATCH results made (no ack before them)
     dropped: int = 0  # messages given no answer at all
     sent: int = 0  # answers the server confirmed it read
-    resent: int = 0  # answers published again after a lost connection
+    resent: int = 0  # answers put back in the queue after an unconfirmed publish
     pending_dropped: int = 0  # answers dropped from the full queue (REFERENCE_PENDING_MAX)
 
 
