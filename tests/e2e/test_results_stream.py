@@ -44,11 +44,16 @@ def js_stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
 
 @dataclass
 class SlowService:
-    """Acks at once and answers `done` `delay` seconds later, with core NATS publishes —
-    so answers keep coming while the bridge is down. Counts what it sent when."""
+    """Acks at once and answers `done` `delay` seconds later, with core NATS publishes.
+    Only the first `first` requests are answered on their own; the others wait for
+    `release` — so the test decides that answers go out while no bridge runs, however
+    fast the machine. Counts what it sent when."""
 
     client: Client
     delay: float
+    first: int = 100
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    received: int = 0
     sent: int = 0
     answered: Counter[str] = field(default_factory=Counter)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -57,13 +62,19 @@ class SlowService:
         request = json.loads(msg.data)
         job_id, file_id = uuid.UUID(request["job_id"]), uuid.UUID(request["file_id"])
         attempt = request["attempt"]
+        held = self.received >= self.first
+        self.received += 1
         await self._send(envelope(job_id, file_id, "processing"), f"ack:{job_id}:{attempt}")
-        task = asyncio.create_task(self._answer(job_id, file_id, attempt))
+        task = asyncio.create_task(self._answer(job_id, file_id, attempt, held))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, job_id: uuid.UUID, file_id: uuid.UUID, attempt: int) -> None:
+    async def _answer(
+        self, job_id: uuid.UUID, file_id: uuid.UUID, attempt: int, held: bool
+    ) -> None:
         await asyncio.sleep(self.delay)  # the service's work, not a wait for a condition
+        if held:
+            await self.release.wait()
         await self._send(envelope(job_id, file_id, "done"), f"result:{job_id}:{attempt}")
         self.answered[str(job_id)] += 1
 
@@ -95,11 +106,14 @@ async def test_kill_9_of_the_only_bridge_loses_nothing_with_the_results_stream(
             upload_many(conn, n)
             bridge = stack.bridge(**env)
             await wait_for(lambda: scalar(conn, done) >= 100, 60, "answers being applied")
+            # More requests are in the service's hands, their answers held back.
+            await wait_for(lambda: service.received >= 300, 60, "300 requests received")
             bridge.proc.send_signal(signal.SIGKILL)
             bridge.proc.wait()
             at_kill = sum(service.answered.values())
-            # Answers go on while no core instance runs (the service's delay): wait for
-            # some of them before the restart, so the gap is real.
+            # The held answers go out while no core instance runs: wait for some of them
+            # before the restart, so the gap is real.
+            service.release.set()
             await wait_for(
                 lambda: sum(service.answered.values()) >= at_kill + 20, 30, "answers in the gap"
             )
