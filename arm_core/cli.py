@@ -106,6 +106,22 @@ def cmd_reference(settings: Settings) -> int:
     return 0
 
 
+def cmd_healthcheck(settings: Settings, command: str | None) -> int:
+    """The container's HEALTHCHECK: 0 when the running serve/bridge says it is ok."""
+    from arm_core.healthcheck import CHECKED, UNCHECKED, probe, running_command
+
+    command = command or running_command()
+    if command in UNCHECKED:
+        print(f"arm-core {command} has no health endpoint: nothing to check")
+        return 0
+    if command not in CHECKED:
+        print("arm-core healthcheck: name the command to check (serve or bridge)", file=sys.stderr)
+        return 2
+    result = probe(settings, command)
+    print(result.detail, file=sys.stdout if result.healthy else sys.stderr)
+    return 0 if result.healthy else 1
+
+
 def cmd_dev(settings: Settings) -> int:
     from arm_core.devtools.stack import run
 
@@ -131,6 +147,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, _) in COMMANDS.items():
         sub.add_parser(name, help=help_text, description=help_text)
+    check = sub.add_parser(
+        "healthcheck",
+        help="exit 0 when the running serve or bridge reports ok (the image's HEALTHCHECK)",
+        description="GET the /healthcheck of the running `arm-core serve` (HTTP_PORT) or "
+        "`arm-core bridge` (BRIDGE_HEALTH_PORT): exit 0 when ok, 1 when not. Without an "
+        "argument, the command is read from PID 1 (the container's arm-core).",
+    )
+    check.add_argument("target", nargs="?", choices=["serve", "bridge"])
     args = parser.parse_args(argv)
 
     try:
@@ -141,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Every configured secret is kept out of every log line and message from here on,
     # whatever a driver puts in its error.
     redact = Redactor(settings.secrets())
+    if args.command == "healthcheck":  # no logging: one line on stdout or stderr
+        return cmd_healthcheck(settings, args.target)
     setup_logging(settings.debug, redact, settings.log_format)  # LOG_FORMAT=text|json
     try:
         return COMMANDS[args.command][1](settings)

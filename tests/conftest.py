@@ -25,6 +25,7 @@ from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import nats_client
 from tests.support.sql import BRIDGE_LOGIN, Conn, as_login, ensure_logins
+from tests.support.stack import Stack
 
 TEMPLATE_DB = "arm_template"
 
@@ -119,3 +120,18 @@ async def client(nats_server: EmbeddedNats) -> AsyncIterator[Client]:
         yield nc
     finally:
         await nc.close()
+
+
+@pytest.fixture
+def stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
+    """`arm-core serve` / `bridge` / `reference` as subprocesses, as users run them, with
+    a nats-server of the test's own (tests/support/stack.py); killed at the end."""
+    nats_server = EmbeddedNats(log_dir=tmp_path / "nats").start()
+    s = Stack(db_url=db_url, nats=nats_server, tmp=tmp_path, results=tmp_path / "results")
+    try:
+        yield s
+    finally:
+        for proc in s.procs:
+            if proc.proc.poll() is None:
+                proc.kill()
+        nats_server.stop()

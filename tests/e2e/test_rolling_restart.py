@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections import Counter
 
 import psycopg
 import pytest
@@ -17,6 +15,7 @@ from nats.aio.client import Client
 from arm_core.bridge.nats_client import confirm
 from arm_core.devtools.embedded import EmbeddedNats
 from tests.support.bridge import envelope, fast_settings, instant_service, running_bridge, wait_for
+from tests.support.flow import DONE, Flow, applied_results
 from tests.support.processes import ArmProcess, log_lines
 from tests.support.sql import Conn, dict_conn, publish, scalar, upload_many
 from tests.support.stack import Stack
@@ -34,48 +33,6 @@ BRIDGE_ENV = {
     "INBOX_BATCH_SIZE": 4,
     "INBOX_BUFFER_SIZE": 8,
 }
-
-
-DONE = "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'"
-
-
-class Flow:
-    """Uploads `per_step` jobs at a time on a connection of its own until stopped."""
-
-    def __init__(self, db_url: str, per_step: int = 10, pause: float = 0.05) -> None:
-        self.db_url, self.per_step, self.pause = db_url, per_step, pause
-        self.uploaded = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with dict_conn(self.db_url) as conn:
-            while not self._stop.is_set():
-                upload_many(conn, self.per_step)
-                self.uploaded += self.per_step
-                self._stop.wait(self.pause)
-
-    def __enter__(self) -> Flow:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(30)
-        return self.uploaded
-
-
-def applied_results(logs: list[str]) -> Counter[str]:
-    """Per job id, how many `result applied` lines the bridges logged."""
-    applied: Counter[str] = Counter()
-    for text in logs:
-        for line in log_lines(text, action="result"):
-            if "result applied" in line:
-                applied[line.split(" job_id=")[1].split()[0]] += 1
-    return applied
 
 
 async def done_reaches(conn: Conn, count: int, what: str) -> None:

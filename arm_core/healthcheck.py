@@ -1,0 +1,72 @@
+"""`arm-core healthcheck`: the container's HEALTHCHECK, with nothing but Python.
+
+It asks the running `arm-core serve` (HTTP_PORT) or `arm-core bridge`
+(BRIDGE_HEALTH_PORT) for its own GET /healthcheck, reading the same environment, and
+exits 0 when the answer is {"status": "ok"} — the database answers, NATS is connected and
+the outbox is not stuck — and 1 otherwise (degraded, 503, no answer). Which command runs
+is named as the argument, or read from the container's PID 1 (`arm-core bridge`, or an
+init such as `podman run --init` running it), so the image needs one HEALTHCHECK line for
+every command. Commands without a health endpoint (migrate, reference) have nothing to
+check and exit 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from arm_core.config import Settings
+
+CHECKED = ("serve", "bridge")
+UNCHECKED = ("migrate", "reference", "dev")
+TIMEOUT_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    healthy: bool
+    detail: str
+
+
+def running_command(cmdline: Path = Path("/proc/1/cmdline")) -> str | None:
+    """The arm-core command of the process whose argv is in `cmdline` (PID 1's by
+    default): the word after an `arm-core` argument, whatever runs it."""
+    try:
+        argv = cmdline.read_bytes().split(b"\0")
+    except OSError:
+        return None
+    words = [os.path.basename(a.decode(errors="replace")) for a in argv if a]
+    for i, word in enumerate(words[:-1]):
+        if word == "arm-core":
+            return words[i + 1]
+    return None
+
+
+def health_url(settings: Settings, command: str) -> str:
+    host = settings.http_host
+    if host in ("", "0.0.0.0", "::"):  # every interface: loopback is one of them
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    port = settings.http_port if command == "serve" else settings.bridge_health_port
+    return f"http://{host}:{port}/healthcheck"
+
+
+def probe(settings: Settings, command: str) -> Probe:
+    url = health_url(settings, command)
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:  # 503: the database is down
+        return Probe(False, f"{url}: {exc.code} {exc.read().decode(errors='replace')}")
+    except (OSError, ValueError) as exc:
+        return Probe(False, f"{url}: no answer ({type(exc).__name__}: {exc})")
+    text = body.decode(errors="replace")
+    try:
+        healthy = json.loads(body).get("status") == "ok"
+    except (ValueError, AttributeError):
+        healthy = False
+    return Probe(healthy, f"{url}: {text}")

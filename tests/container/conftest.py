@@ -1,0 +1,20 @@
+"""The image built once per session from the repository's Containerfile (on a base made
+from Debian packages: tests/support/containers.py), for every container test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.support.containers import build_image, missing
+
+
+@pytest.fixture(scope="session")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    reason = missing()
+    if reason is not None:
+        pytest.skip(reason)
+    if os.geteuid() != 0:
+        pytest.skip("the container tests run rootful podman and mmdebstrap: run them as root")
+    return build_image(tmp_path_factory.mktemp("image"))

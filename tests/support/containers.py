@@ -1,0 +1,206 @@
+"""The arm-core image under test: built from the repository's Containerfile with podman,
+run as an operator runs it, against the suite's own PostgreSQL and nats-server.
+
+Every podman flag this machine needs lives here, not in the Containerfile:
+
+* ``--runtime runc --cgroup-manager cgroupfs`` — Debian's podman 4.3 with crun fails on
+  hybrid cgroups, and there is no systemd to manage them;
+* ``--ulimit nofile=… nproc=…`` — podman's default nofile exceeds the host's hard limit;
+* ``--health-interval disable`` — no systemd timer runs the image's HEALTHCHECK, so the
+  tests run it themselves (``podman healthcheck run``), which is what the timer does;
+* ``--network host`` — the servers the suite starts listen on loopback ports;
+* ``--format docker`` at build — the OCI format has no HEALTHCHECK, and podman drops it.
+
+No registry is reachable here, so the base image is made from Debian's packages
+(mmdebstrap, about 40 s) and kept in podman's image store under a tag derived from its
+package list, so a machine builds it once. The wheels are built on the host (pip has the
+machine's configuration there) and passed in the build context, the Containerfile's
+offline path."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
+LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
+RUN_FLAGS = [*LIMITS, "--network", "host", "--health-interval", "disable"]
+
+BASE_SUITE = "bookworm"
+BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+IMAGE = "localhost/arm-core:test"
+
+# What the container tests need from Debian, named by the skip (and by .ci/run).
+PACKAGES = "podman runc mmdebstrap"
+MISSING_MESSAGE = f"container tests need podman, runc and mmdebstrap: apt-get install {PACKAGES}"
+
+
+def missing() -> str | None:
+    """Why the container tests cannot run here, or None."""
+    absent = [tool for tool in ("podman", "runc", "mmdebstrap") if shutil.which(tool) is None]
+    if absent:
+        return f"{', '.join(absent)} not found — {MISSING_MESSAGE}"
+    return None
+
+
+def podman(
+    *args: str, timeout: float = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [*PODMAN, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"podman {' '.join(args[:3])} … exited {done.returncode}:\n"
+            f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    return done
+
+
+def base_image() -> str:
+    """A Debian bookworm minbase with python3 and its venv, built once per machine."""
+    key = hashlib.sha256(f"{BASE_SUITE} minbase {' '.join(BASE_PACKAGES)}".encode()).hexdigest()
+    tag = f"localhost/arm-core-base:{key[:12]}"
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        return tag
+    with tempfile.TemporaryDirectory(prefix="arm-core-base-") as tmp:
+        rootfs = Path(tmp) / "rootfs.tar"
+        subprocess.run(
+            [
+                "mmdebstrap",
+                "--quiet",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                BASE_SUITE,
+                str(rootfs),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        podman("import", str(rootfs), tag, timeout=300)
+    return tag
+
+
+def build_context(into: Path) -> Path:
+    """The repository's files (as .dockerignore keeps them) plus a wheelhouse/ of every
+    wheel the build needs, arm-core's own included, made by the host's pip."""
+    ignore = shutil.ignore_patterns(
+        ".git", ".venv", ".dev", "__pycache__", "*.egg-info", ".*_cache", "build", "dist",
+        "tests", "benchmarks",
+    )  # fmt: skip
+    shutil.copytree(REPO, into, symlinks=True, ignore=ignore)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+         "--wheel-dir", str(into / "wheelhouse"), str(into), "pip", "setuptools"],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    return into
+
+
+def build_image(workdir: Path, tag: str = IMAGE) -> str:
+    """The Containerfile at the repository root, built on the local base, offline."""
+    context = build_context(workdir / "context")
+    podman(
+        "build", "--format", "docker", *LIMITS, "--file", str(context / "Containerfile"),
+        "--build-arg", f"BASE={base_image()}",
+        "--build-arg", "PIP_ARGS=--no-index --find-links wheelhouse",
+        "--tag", tag, str(context),
+        timeout=900,
+    )  # fmt: skip
+    return tag
+
+
+def inspect_image(tag: str) -> dict[str, Any]:
+    loaded: list[dict[str, Any]] = json.loads(podman("image", "inspect", tag).stdout)
+    return loaded[0]
+
+
+def run_once(
+    tag: str, command: list[str], env: dict[str, str], *flags: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`podman run --rm` to the end: a one-shot command (migrate, a bad variable)."""
+    return podman(
+        "run", "--rm", *RUN_FLAGS, "--read-only", *env_flags(env), *flags, tag, *command,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def env_flags(env: dict[str, str]) -> list[str]:
+    return [flag for k, v in env.items() for flag in ("--env", f"{k}={v}")]
+
+
+@dataclass
+class Container:
+    """One detached `podman run` of the image (read-only root, as the README shows)."""
+
+    tag: str
+    command: list[str]
+    env: dict[str, str]
+    flags: list[str] = field(default_factory=list)
+    name: str = field(default_factory=lambda: f"arm-core-test-{uuid.uuid4().hex[:10]}")
+    started_at: float = 0.0
+
+    def start(self) -> Container:
+        self.started_at = time.monotonic()
+        podman(
+            "run", "--detach", "--name", self.name, *RUN_FLAGS, "--read-only",
+            *env_flags(self.env), *self.flags, self.tag, *self.command,
+        )  # fmt: skip
+        return self
+
+    def state(self) -> dict[str, Any]:
+        loaded: list[dict[str, Any]] = json.loads(podman("inspect", self.name).stdout)
+        state: dict[str, Any] = loaded[0]["State"]
+        return state
+
+    def running(self) -> bool:
+        return bool(self.state()["Running"])
+
+    def logs(self) -> str:
+        done = podman("logs", self.name, check=False)
+        return done.stdout + done.stderr
+
+    def healthcheck(self) -> subprocess.CompletedProcess[str]:
+        """The image's HEALTHCHECK, run as podman's timer runs it: 0 healthy, 1 not."""
+        return podman("healthcheck", "run", self.name, check=False, timeout=60)
+
+    def exec(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return podman("exec", self.name, *argv, check=False)
+
+    def wait_healthy(self, within: float = 60) -> float:
+        """Seconds from `podman run` until the image's HEALTHCHECK first passes."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if not self.running():
+                raise AssertionError(f"{self.command} exited: {self.logs()[-3000:]}")
+            if self.healthcheck().returncode == 0:
+                return time.monotonic() - self.started_at
+            time.sleep(0.2)
+        raise AssertionError(f"{self.command} not healthy in {within} s: {self.logs()[-3000:]}")
+
+    def stop(self, signal: str = "SIGTERM", grace: float = 60) -> tuple[int, float]:
+        """Sends `signal` (podman stop sends the image's STOPSIGNAL, SIGTERM) and waits for
+        the exit: its code and the seconds it took. After `grace` podman would SIGKILL
+        (exit 137), which the caller's assert on the code then shows."""
+        began = time.monotonic()
+        if signal == "SIGTERM":
+            podman("stop", "--time", str(int(grace)), self.name, timeout=grace + 30)
+        else:
+            podman("kill", "--signal", signal, self.name)
+            podman("wait", self.name, timeout=grace + 30)
+        took = time.monotonic() - began
+        return int(self.state()["ExitCode"]), took
+
+    def remove(self) -> None:
+        podman("rm", "--force", "--time", "0", self.name, check=False)
