@@ -27,6 +27,9 @@ from tests.support.bridge import nats_client
 from tests.support.sql import BRIDGE_LOGIN, Conn, as_login, ensure_logins
 from tests.support.stack import Stack
 
+# Under CI=true a skipped test fails the run (.ci/run installs every optional dependency).
+pytest_plugins = ["tests.support.ci_skips"]
+
 TEMPLATE_DB = "arm_template"
 
 
