@@ -25,7 +25,7 @@ from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import nats_client
 from tests.support.sql import BRIDGE_LOGIN, Conn, as_login, ensure_logins
-from tests.support.stack import Stack
+from tests.support.stack import Stack, running_stack
 
 # Under CI=true a skipped test fails the run (.ci/run installs every optional dependency).
 pytest_plugins = ["tests.support.ci_skips"]
@@ -128,13 +128,5 @@ async def client(nats_server: EmbeddedNats) -> AsyncIterator[Client]:
 @pytest.fixture
 def stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
     """`arm-core serve` / `bridge` / `reference` as subprocesses, as users run them, with
-    a nats-server of the test's own (tests/support/stack.py); killed at the end."""
-    nats_server = EmbeddedNats(log_dir=tmp_path / "nats").start()
-    s = Stack(db_url=db_url, nats=nats_server, tmp=tmp_path, results=tmp_path / "results")
-    try:
-        yield s
-    finally:
-        for proc in s.procs:
-            if proc.proc.poll() is None:
-                proc.kill()
-        nats_server.stop()
+    a nats-server of the test's own (tests/support/stack.py)."""
+    yield from running_stack(db_url, tmp_path)

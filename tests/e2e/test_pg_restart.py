@@ -22,12 +22,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
+from arm_core.devtools.embedded import EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import instant_service, wait_for
 from tests.support.processes import ArmProcess, log_lines
 from tests.support.sql import dict_conn, ensure_logins, upload, upload_many
-from tests.support.stack import Stack
+from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -59,15 +59,7 @@ def stack(pg: EmbeddedPostgres, tmp_path: Path) -> Iterator[Stack]:
         conn.execute("ALTER DATABASE arm SET synchronous_commit = on")
     migrate(url)
     ensure_logins(url)
-    nats_server = EmbeddedNats(log_dir=tmp_path / "nats").start()
-    s = Stack(db_url=url, nats=nats_server, tmp=tmp_path, results=tmp_path / "results")
-    try:
-        yield s
-    finally:
-        for proc in s.procs:
-            if proc.proc.poll() is None:
-                proc.kill()
-        nats_server.stop()
+    yield from running_stack(url, tmp_path)
 
 
 def count(url: str, sql: str) -> int:

@@ -18,28 +18,17 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from arm_core.devtools.embedded import EmbeddedNats
 from tests.support.bridge import envelope, nats_client, wait_for
 from tests.support.processes import log_lines
 from tests.support.sql import dict_conn, scalar, upload_many
-from tests.support.stack import Stack
+from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def js_stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
-    server = EmbeddedNats(
-        log_dir=tmp_path / "nats", extra_args=["-js", "-sd", str(tmp_path / "js")]
-    ).start()
-    s = Stack(db_url=db_url, nats=server, tmp=tmp_path, results=tmp_path / "results")
-    try:
-        yield s
-    finally:
-        for proc in s.procs:
-            if proc.proc.poll() is None:
-                proc.kill()
-        server.stop()
+    yield from running_stack(db_url, tmp_path, ["-js", "-sd", str(tmp_path / "js")])
 
 
 @dataclass

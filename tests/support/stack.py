@@ -3,6 +3,7 @@ subprocesses with one environment, against a real PostgreSQL and a real nats-ser
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,3 +55,17 @@ class Stack:
 
     def reference(self, **env: Any) -> ArmProcess:
         return self.start("reference", **env)
+
+
+def running_stack(db_url: str, tmp: Path, nats_args: list[str] | None = None) -> Iterator[Stack]:
+    """A Stack on `db_url` with a nats-server of its own (`nats_args`: e.g. JetStream);
+    every process still running at the end is killed, then the server stopped."""
+    nats = EmbeddedNats(log_dir=tmp / "nats", extra_args=nats_args or []).start()
+    stack = Stack(db_url=db_url, nats=nats, tmp=tmp, results=tmp / "results")
+    try:
+        yield stack
+    finally:
+        for proc in stack.procs:
+            if proc.proc.poll() is None:
+                proc.kill()
+        nats.stop()
