@@ -1,4 +1,4 @@
-"""Configuration from the environment (SPEC §12).
+"""Configuration from the environment (docs/behaviour.md#configuration).
 
 Every variable is parsed once at start. A bad value raises :class:`ConfigError` whose
 message names the variable, so a misconfigured container fails at once and says why.
@@ -406,7 +406,8 @@ LOG_FORMATS = ("text", "json")
 
 @dataclass(frozen=True, repr=False)
 class Settings:
-    """Everything the processes read from the environment, with SPEC §12's defaults."""
+    """Everything the processes read from the environment, with its defaults
+    (docs/behaviour.md#configuration)."""
 
     database_url: str | None = env_var("DATABASE_URL", _database_url, None)
     db_pool_timeout_seconds: float = env_var("DATABASE_POOL_TIMEOUT_SECONDS", _POSITIVE, 5.0)

@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 11): `GET /metrics` of `arm-core serve` and of the bridge's
+"""Prometheus metrics: `GET /metrics` of `arm-core serve` and of the bridge's
 health port (README "Metrics" lists every name, label and meaning).
 
 Two kinds:

@@ -75,7 +75,7 @@ def run(bench: Bench, report: Report) -> None:
             ref="sweep.base",
         )
 
-        # Issue 8's target: both large at once, against the large history alone.
+        # The target: both large at once, against the large history alone.
         progress(f"sweep: {live_large - live_small:,} more live jobs again, with the history")
         _add_live(conn, live_large - live_small)
         both = _measure(conn, s.sweep_due, s.sweep_repeats)

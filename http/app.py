@@ -16,7 +16,7 @@ from arm_core.http.errors import error_middleware
 from arm_core.runtime import SETTINGS, bridge_ctx, healthcheck, install_metrics, pool_ctx
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
-# The operator console (issue 11): static files, no build step. index.html at /, the rest
+# The operator console: static files, no build step. index.html at /, the rest
 # at /console/<name>; only these names are served, read once when the app is built.
 CONSOLE_DIR = Path(arm_core.__file__).with_name("console")
 CONSOLE_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}

@@ -1,4 +1,4 @@
-"""GET /api/v1/files: the file list of operators and of the console (issue 11).
+"""GET /api/v1/files: the file list of operators and of the console.
 
 Validate the query string → one store call (arm.list_files, db/functions/75_list_files.sql)
 → the page and its cursor. Kept beside handlers.py (same shape) so the list's parsing —

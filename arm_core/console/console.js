@@ -1,4 +1,4 @@
-// The operator console of arm-core (issue 11): a file list with filters, a file page with
+// The operator console of arm-core: a file list with filters, a file page with
 // every attempt, single and batch retry, and the exchange's status — all from /api/v1/*.
 // Plain ES module, no build step, no other origin. Data is put in the page as text
 // (textContent), never as HTML.

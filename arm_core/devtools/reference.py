@@ -1,4 +1,4 @@
-"""A REFERENCE recognition service: the service side of the contract (SPEC §11, seed 003).
+"""A REFERENCE recognition service: the service side of the contract (docs/behaviour.md#contracts).
 
 It stands in for tabular-parser and scan-gateway in the demo (`arm-core dev`) and in
 end-to-end tests. It recognises nothing: it acks a valid request at once, waits a moment,

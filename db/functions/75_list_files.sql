@@ -1,4 +1,4 @@
--- The file list of the API and the operator console, GET /api/v1/files (issue 11).
+-- The file list of the API and the operator console, GET /api/v1/files.
 -- Read-only. list_files is SECURITY DEFINER, executable by arm_api and arm_readonly
 -- (db/grants.sql); fold_name, name_pattern and is_retryable are read-only helpers: PUBLIC,
 -- no SET clause (so the SQL ones inline), the caller's rights.
