@@ -38,7 +38,6 @@ RUN_FLAGS = [*LIMITS, "--network", "host", "--health-interval", "disable"]
 
 BASE_SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
-IMAGE = "localhost/arm-core:test"
 
 # What the container tests need from Debian, named by the skip (and by .ci/run).
 PACKAGES = "podman runc mmdebstrap"
@@ -108,8 +107,10 @@ def build_context(into: Path) -> Path:
     return into
 
 
-def build_image(workdir: Path, tag: str = IMAGE) -> str:
-    """The Containerfile at the repository root, built on the local base, offline."""
+def build_image(workdir: Path) -> str:
+    """The Containerfile at the repository root, built on the local base, offline, under a
+    tag of this test session's own (so concurrent sessions never swap images)."""
+    tag = f"localhost/arm-core:test-{uuid.uuid4().hex[:12]}"
     context = build_context(workdir / "context")
     podman(
         "build", "--format", "docker", *LIMITS, "--file", str(context / "Containerfile"),
@@ -119,6 +120,10 @@ def build_image(workdir: Path, tag: str = IMAGE) -> str:
         timeout=900,
     )  # fmt: skip
     return tag
+
+
+def remove_image(tag: str) -> None:
+    podman("rmi", "--force", tag, check=False)
 
 
 def inspect_image(tag: str) -> dict[str, Any]:
