@@ -1,5 +1,6 @@
 """The outbox over a real nats-server (SPEC §5, §6): publish, NOTIFY wake-up, NATS
-outages, ack timeouts with republish and dead-lettering, a publish burst.
+outages — among them the connection cut, or dropped and back, in the middle of a batch —
+ack timeouts with republish and dead-lettering, a publish burst.
 
 Most tests drive one publisher step (`Publisher.run_once`) and assert on the cycle it
 returned, on what a real subscriber received and on the database. Two run the whole
@@ -8,7 +9,9 @@ noticed, logged and recovered from on its own."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,7 +22,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.publisher import Cycle
 from arm_core.devtools.embedded import EmbeddedNats
-from tests.support.bridge import collect, fast_settings, nats_client, running_bridge, wait_for
+from tests.support.bridge import (
+    NatsProxy,
+    collect,
+    fast_settings,
+    nats_client,
+    running_bridge,
+    wait_for,
+)
 from tests.support.sql import (
     dict_conn,
     fail_by_no_ack,
@@ -31,7 +41,7 @@ from tests.support.sql import (
     upload,
     upload_many,
 )
-from tests.support.steps import publisher, receive, step_pool
+from tests.support.steps import Received, publisher, receive, step_pool
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +50,43 @@ pytestmark = pytest.mark.integration
 async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
     async with step_pool(db_url) as pool:
         yield pool
+
+
+@pytest.fixture
+async def nats_proxy(nats_server: EmbeddedNats) -> AsyncIterator[NatsProxy]:
+    """The publisher's way to nats-server, which counts the messages it publishes and
+    can cut its connection at one of them; the test's own client connects directly."""
+    assert nats_server.port is not None
+    proxy = await NatsProxy(nats_server.port).start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+def proxied(proxy: NatsProxy) -> str:
+    return f"nats://127.0.0.1:{proxy.port}"
+
+
+def jobs_by_id(db_url: str) -> dict[uuid.UUID, dict[str, Any]]:
+    with dict_conn(db_url) as conn:
+        rows = conn.execute(
+            "SELECT id, status::text AS status, request_msg_id, published_at, republish_count "
+            "FROM arm.recognition_job"
+        ).fetchall()
+    return {r["id"]: r for r in rows}
+
+
+async def at_the_server(requests: Received, n: int) -> list[str]:
+    """The Nats-Msg-Ids of what the server routed to `requests`, once there are `n`."""
+
+    async def arrived() -> bool:
+        await requests.take()
+        return len(requests.messages) >= n
+
+    await wait_for(arrived, 10, lambda: f"{n} requests at the server: {requests.msg_ids()}")
+    await requests.take()
+    return requests.msg_ids()
 
 
 async def test_S_OUT_1_a_publisher_step_publishes_a_queued_xlsx_job(
@@ -98,7 +145,7 @@ async def test_S_OUT_2_nats_down_jobs_stay_queued_then_publish(
     settings = fast_settings(db_url, nats_server.url())
     async with running_bridge(settings) as bridge:
         bridge.publisher.nats_grace_seconds = 0.5
-        nats_server.stop()
+        await asyncio.to_thread(nats_server.stop)
         await wait_for(lambda: not bridge.nats.is_connected, 10, "bridge saw NATS go")
         with dict_conn(db_url) as conn:
             up = upload(conn)
@@ -108,7 +155,7 @@ async def test_S_OUT_2_nats_down_jobs_stay_queued_then_publish(
             await wait_for(lambda: bridge.publisher.stats.last_cycle_at != cycles, 5)
             assert job(conn, up.job_id)["status"] == "queued"
 
-            nats_server.start()  # same port
+            await asyncio.to_thread(nats_server.start)  # same port
             listener = await nats_client(nats_server.url())
             try:
                 requests = await collect(listener, "files.tabular_uploaded")
@@ -118,6 +165,70 @@ async def test_S_OUT_2_nats_down_jobs_stay_queued_then_publish(
                 await listener.close()
     assert f"{up.job_id}:1" in requests.msg_ids()
     requests.assert_valid_requests()
+
+
+async def test_S_OUT_2_nats_cut_after_part_of_a_batch_marks_none_of_it_published(
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any], nats_proxy: NatsProxy
+) -> None:
+    """S-OUT-2 where it matters: the publisher's connection to nats-server is cut after
+    4 of a batch's 10 messages went out, and it cannot reconnect. The server has those
+    4, but the publisher could not confirm the batch: the step reports it failed, and
+    every job it claimed is still queued — none marked published, not even the 4 whose
+    request arrived (they go out again with the same Nats-Msg-Id once NATS is back)."""
+    requests = await receive(client)  # on nats-server itself, not through the proxy
+    with dict_conn(db_url) as conn:
+        upload_many(conn, 10)
+    before = jobs_by_id(db_url)
+    async with publisher(db_url, proxied(nats_proxy), pool, outbox_batch_size=10) as pub:
+        nats_proxy.cut_after(4)
+        cycle = await pub.run_once()
+        connected = pub.nats.is_connected
+        stats = pub.stats
+
+    assert cycle.failed_batches == 1
+    assert cycle.published == cycle.unpublishable == ()
+    assert not connected and stats.failed_batches == 1 and stats.published == 0
+    assert nats_proxy.published == 4
+    arrived = await at_the_server(requests, 4)
+    assert len(arrived) == 4 and set(arrived) <= {f"{job_id}:1" for job_id in before}
+    assert jobs_by_id(db_url) == before  # all queued, no msg id, never published
+    assert {j["status"] for j in before.values()} == {"queued"}
+
+
+async def test_S_OUT_2_connection_dropped_and_back_mid_batch_then_published_once_more(
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any], nats_proxy: NatsProxy
+) -> None:
+    """The connection drops after 4 of a batch's 10 messages and comes back at once
+    (the publisher reconnects through the same way): the batch still fails — what it
+    had sent before the drop cannot be confirmed on the new connection — and its jobs
+    stay queued. The next step publishes all ten and marks them published; the 4 that
+    reached the server twice carry the same Nats-Msg-Id both times, a repeat to the
+    service."""
+    requests = await receive(client)
+    with dict_conn(db_url) as conn:
+        upload_many(conn, 10)
+    before = jobs_by_id(db_url)
+    async with publisher(db_url, proxied(nats_proxy), pool, outbox_batch_size=10) as pub:
+        nats_proxy.cut_after(4, reconnect=True)
+        failed = await pub.run_once()
+        after_failure = jobs_by_id(db_url)
+        await wait_for(lambda: pub.nats.is_connected, 15, "the publisher reconnected")
+        reconnects = pub.nats.stats["reconnects"]
+        again = await pub.run_once()
+
+    assert failed.failed_batches == 1 and failed.published == ()
+    assert after_failure == before
+    assert reconnects == 1
+    assert again.failed_batches == 0 and len(again.published) == 10
+    assert {p.job_id for p in again.published} == set(before)
+    assert nats_proxy.published == 14
+    arrived = Counter(await at_the_server(requests, 14))
+    assert arrived.keys() == {p.msg_id for p in again.published}
+    assert sorted(arrived.values()) == [1] * 6 + [2] * 4
+    requests.assert_valid_requests()
+    assert {(j["status"], j["request_msg_id"]) for j in jobs_by_id(db_url).values()} == {
+        ("published", f"{p.job_id}:1") for p in again.published
+    }
 
 
 async def test_S_ACK_2_republished_every_ack_timeout_then_dlq(
@@ -192,7 +303,7 @@ async def test_S_RT_3_retry_while_nats_is_down_publishes_after_it_returns(
         fail_by_no_ack(conn)
         old = job(conn, up.job_id)
     async with publisher(db_url, nats_server.url(), pool) as pub:
-        nats_server.stop()
+        await asyncio.to_thread(nats_server.stop)
         await wait_for(lambda: not pub.nats.is_connected, 10, "the publisher saw NATS go")
         with dict_conn(db_url) as conn:
             new_id = retry(conn, up.file_id)["job_id"]
@@ -202,7 +313,7 @@ async def test_S_RT_3_retry_while_nats_is_down_publishes_after_it_returns(
         with dict_conn(db_url) as conn:
             assert job(conn, new_id)["status"] == "queued"
 
-        nats_server.start()  # same port
+        await asyncio.to_thread(nats_server.start)  # same port
         await wait_for(lambda: pub.nats.is_connected, 15, "the publisher reconnected")
         listener = await nats_client(nats_server.url())
         try:

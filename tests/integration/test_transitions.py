@@ -78,16 +78,46 @@ def test_image_jobs_get_the_image_reply_timeout(conn: Conn) -> None:
 
 
 def test_a_rolled_back_publish_leaves_the_batch_queued(conn: Conn) -> None:
-    """S-OUT-2 (SQL level): a failed publish rolls back; the jobs stay queued."""
+    """S-OUT-2 (SQL level), on the bridge's path: the publisher's one statement claims a
+    batch and marks it — published, or dlq for a request over max_bytes — and the bridge
+    commits only once NATS confirmed every message. When it cannot, the transaction rolls
+    back and every job is queued again as it was: none published, none dead-lettered, no
+    file changed, no count moved; the next batch claims them all with the same ids."""
     ups = [upload(conn) for _ in range(3)]
+    big = upload(conn, name="Ж" * 965 + ".xlsx")  # about 4 KB of request
+    params = {
+        "limit": 10,
+        "tabular_timeout": 600,
+        "image_timeout": 1800,
+        "tabular_subject": "files.tabular_uploaded",
+        "image_subject": "files.img_uploaded",
+        "max_bytes": 2000,
+    }
+
+    def state() -> tuple[list[dict], list[dict], list[dict]]:
+        return (
+            conn.execute("SELECT * FROM arm.recognition_job ORDER BY id").fetchall(),
+            conn.execute("SELECT * FROM arm.stored_file ORDER BY id").fetchall(),
+            conn.execute("SELECT * FROM arm.job_counts() ORDER BY status").fetchall(),
+        )
+
+    before = state()
     with pytest.raises(RuntimeError), conn.transaction():
-        claimed = conn.execute(
-            query("claim_queued_jobs"), {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
-        ).fetchall()
-        assert len(claimed) == 3
-        raise RuntimeError("NATS unreachable")
-    assert {job(conn, u.job_id)["status"] for u in ups} == {"queued"}
-    assert len(publish(conn)) == 3
+        claimed = conn.execute(query("publish_queued_jobs_v2"), params).fetchall()
+        assert sorted((c["job_id"], c["outcome"]) for c in claimed) == sorted(
+            [(u.job_id, "published") for u in ups] + [(big.job_id, "dlq")]
+        )
+        assert job(conn, ups[0].job_id)["status"] == "published"  # inside the transaction
+        assert job(conn, big.job_id)["status"] == "dlq"
+        raise RuntimeError("NATS did not confirm the batch")
+    assert state() == before
+    assert {job(conn, u.job_id)["status"] for u in (*ups, big)} == {"queued"}
+    with conn.transaction():
+        again = conn.execute(query("publish_queued_jobs_v2"), params).fetchall()
+    assert sorted((c["job_id"], c["outcome"], c["msg_id"]) for c in again) == sorted(
+        [(u.job_id, "published", f"{u.job_id}:1") for u in ups]
+        + [(big.job_id, "dlq", f"{big.job_id}:1")]
+    )
 
 
 def test_concurrent_publishers_claim_disjoint_batches(db_url: str) -> None:

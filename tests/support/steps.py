@@ -26,9 +26,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.bridge.inbox import Inbox, InboxStep
+from arm_core.bridge.nats_client import connect
 from arm_core.bridge.publisher import Publisher
 from arm_core.statuses import ApplyOutcome, JobStatus
-from tests.support.bridge import fast_settings, nats_client
+from tests.support.bridge import fast_settings
 from tests.support.sql import BRIDGE_LOGIN, as_login
 
 # Settings for a step that never connects to NATS itself (an inbox, a scheduler).
@@ -62,12 +63,18 @@ async def step_pool(
 async def publisher(
     db_url: str, nats_url: str, pool: AsyncConnectionPool[Any], **settings: Any
 ) -> AsyncIterator[Publisher]:
-    """A publisher (fast_settings plus `settings`) on a NATS connection of its own, which
-    reconnects as the bridge's does; closed afterwards. Its loop never runs."""
-    nc = await nats_client(nats_url)
+    """A publisher (fast_settings plus `settings`) on a NATS connection of its own, made
+    as the bridge makes its own (arm_core.bridge.nats_client.connect: it reconnects, and
+    a publish while disconnected raises instead of being buffered); closed afterwards.
+    Its loop never runs."""
+    config = fast_settings(db_url, nats_url, **settings)
+    nc = Client()
+    closing = False
+    await connect(nc, config, "publisher-step", closing=lambda: closing)
     try:
-        yield Publisher(fast_settings(db_url, nats_url, **settings), pool, nc)
+        yield Publisher(config, pool, nc)
     finally:
+        closing = True
         await nc.close()
 
 
