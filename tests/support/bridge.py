@@ -335,11 +335,17 @@ def logged(records: list[Any], **fields: Any) -> list[Any]:
 @dataclass
 class InstantService:
     """A recognition service that acks and answers `done` at once to every request, on
-    a NATS connection of its own (what issue 8's burst test and the benchmark need)."""
+    a NATS connection of its own (what the burst tests and the benchmark need).
+
+    With `answer_first` set, only that many requests are answered at once; the results
+    of the others wait (their acks still go at once) until `release()`, so a test can
+    land a fault with those answers still to come."""
 
     client: Client
     result_subject: str = "files.tabular_parsed"
     answered: int = 0
+    answer_first: int | None = None
+    held: list[tuple[bytes, str]] = field(default_factory=list)
 
     async def on_request(self, msg: Msg) -> None:
         request = json.loads(msg.data)
@@ -347,23 +353,36 @@ class InstantService:
         service = "tabular-parser" if request["pipeline"] == "tabular" else "scan-gateway"
         ack = envelope(uuid.UUID(job_id), uuid.UUID(file_id), "processing", service)
         done = envelope(uuid.UUID(job_id), uuid.UUID(file_id), "done", service)
-        publish = self.client.publish
-        await publish(
+        await self.client.publish(
             self.result_subject,
             json.dumps(ack).encode(),
             headers={"Nats-Msg-Id": f"ack:{job_id}:{attempt}"},
         )
-        await publish(
-            self.result_subject,
-            json.dumps(done).encode(),
-            headers={"Nats-Msg-Id": f"result:{job_id}:{attempt}"},
-        )
+        result = (json.dumps(done).encode(), f"result:{job_id}:{attempt}")
+        if self.answer_first is not None and self.answered >= self.answer_first:
+            self.held.append(result)
+        else:
+            await self._send(*result)
         self.answered += 1
 
+    async def _send(self, data: bytes, msg_id: str) -> None:
+        await self.client.publish(self.result_subject, data, headers={"Nats-Msg-Id": msg_id})
 
-async def instant_service(url: str) -> InstantService:
+    async def release(self) -> int:
+        """Sends every held result, in the order the requests came, and answers at once
+        from then on; returns how many were held."""
+        self.answer_first = None
+        held, self.held = self.held, []
+        for data, msg_id in held:
+            await self._send(data, msg_id)
+        await self.client.flush()
+        await self.client.flush()  # the second PONG proves the server has them all
+        return len(held)
+
+
+async def instant_service(url: str, answer_first: int | None = None) -> InstantService:
     """Subscribes an InstantService to both request subjects; close its client when done."""
-    service = InstantService(await nats_client(url))
+    service = InstantService(await nats_client(url), answer_first=answer_first)
     for subject in ("files.tabular_uploaded", "files.img_uploaded"):
         await service.client.subscribe(subject, cb=service.on_request)
     await service.client.flush()
