@@ -1,21 +1,32 @@
 """Manual retry as a DBA calls it (SPEC §9): arm.retry_file / arm.retry_files create a
-new attempt atomically; races between real connections create exactly one."""
+new attempt atomically; races between real connections create exactly one, and a retry
+racing the inbox or the timeout sweep on the same job never deadlocks."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import contextlib
 import random
 import threading
 import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from arm_core.db import query
+from tests.support.bridge import wait_for
 from tests.support.sql import (
+    BRIDGE_LOGIN,
+    SUPERUSER,
     Conn,
     Upload,
     ack,
+    as_login,
     dict_conn,
     fail_by_no_ack,
     fail_by_timeout,
@@ -272,14 +283,186 @@ def _attempts(db_url: str, file_id: uuid.UUID) -> list[int]:
         return [j["attempt"] for j in jobs_of(c, file_id)]
 
 
-def test_S_RT_4_two_concurrent_retries_create_exactly_one_attempt(db_url: str) -> None:
-    """S-RT-4: two connections retry attempt 1 at once → one attempt 2, the other is
-    refused (not_retryable → the API's 409 FILE_NOT_RETRYABLE), no attempt 3."""
+# Deterministic races: a DBA's transaction holds the file's row while the racing calls
+# start, one after another, each on a session of its own; each is seen waiting for a
+# lock (pg_stat_activity) before the next starts, so they queue for the row in that
+# order. Then the row is released. The superuser's sessions detect a deadlock after
+# 10 ms (deadlock_timeout): a lock order that could deadlock fails the test at once.
+
+Session = psycopg.AsyncConnection[dict[str, Any]]
+Call = tuple[str, Callable[[Session], Coroutine[Any, Any, Any]]]
+
+
+async def _session(stack: contextlib.AsyncExitStack, url: str) -> Session:
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+    await stack.enter_async_context(conn)
+    await conn.execute("SET lock_timeout = '20s'")  # a hang fails the test, never hangs it
+    if url.startswith(f"postgresql://{SUPERUSER}@"):
+        await conn.execute("SET deadlock_timeout = '10ms'")
+    return conn
+
+
+async def _all_waiting_for_a_lock(observer: Session, sessions: list[Session]) -> bool:
+    pids = [s.info.backend_pid for s in sessions]
+    cur = await observer.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity "
+        "WHERE pid = ANY(%s) AND state = 'active' AND wait_event_type = 'Lock'",
+        (pids,),
+    )
+    row = await cur.fetchone()
+    return row is not None and row["n"] == len(pids)
+
+
+async def race_behind_the_file(db_url: str, file_id: uuid.UUID, calls: list[Call]) -> list[Any]:
+    """Runs `calls` (a database URL and what to do on a session to it) while the file's
+    row is held, in the order given, each waiting before the next starts; releases the
+    row and returns what each call returned."""
+    async with contextlib.AsyncExitStack() as stack:
+        dba, observer = await _session(stack, db_url), await _session(stack, db_url)
+        sessions: list[Session] = []
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            async with dba.transaction():
+                await dba.execute(
+                    "SELECT 1 FROM arm.stored_file WHERE id = %s FOR UPDATE", (file_id,)
+                )
+                for url, call in calls:
+                    sessions.append(await _session(stack, url))
+                    tasks.append(asyncio.create_task(call(sessions[-1])))
+                    await wait_for(
+                        lambda: _all_waiting_for_a_lock(observer, sessions),
+                        10,
+                        f"{len(sessions)} of {len(calls)} waiting for a lock",
+                    )
+            return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def retrying(file_id: uuid.UUID) -> Callable[[Session], Coroutine[Any, Any, dict[str, Any]]]:
+    async def call(session: Session) -> dict[str, Any]:
+        cur = await session.execute(query("retry_file"), {"file_id": file_id, "actor": "ops"})
+        row = await cur.fetchone()
+        assert row is not None
+        return row
+
+    return call
+
+
+def applying_an_error_result(
+    up: Upload,
+) -> Callable[[Session], Coroutine[Any, Any, list[dict[str, Any]]]]:
+    """The inbox's statement (arm.apply_envelopes_v2) with the job's `error` result."""
+    answer = {
+        "job_id": str(up.job_id),
+        "file_id": str(up.file_id),
+        "msg_id": f"result:{up.job_id}:1",
+        "status": "error",
+        "service_name": "tabular-parser",
+        "service_version": "1.4.2",
+        "error_code": "UNREADABLE",
+        "error_message": "битый файл",
+    }
+
+    async def call(session: Session) -> list[dict[str, Any]]:
+        cur = await session.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb([answer])})
+        return await cur.fetchall()
+
+    return call
+
+
+async def sweeping(session: Session) -> int:
+    """The timeout sweep, as the schedule runs it."""
+    cur = await session.execute("SELECT arm.sweep_timeouts() AS n")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+async def test_S_RT_4_two_retries_queued_for_the_file_create_exactly_one_attempt(
+    db_url: str,
+) -> None:
+    """S-RT-4: two retries of attempt 1 both wait for the file's row; released, the
+    first creates attempt 2 and the second, seeing it, is refused (not_failed → the
+    API's 409 FILE_NOT_RETRYABLE): one attempt 2, no attempt 3, one audit record."""
     with dict_conn(db_url) as conn:
         up = failed_upload(conn)
-    results = _race(db_url, [("one", up.file_id), ("one", up.file_id)])
-    outcomes = sorted(r[0]["outcome"] for r in results)
-    assert outcomes == ["not_retryable", "retried"]
+    first, second = await race_behind_the_file(
+        db_url, up.file_id, [(db_url, retrying(up.file_id)), (db_url, retrying(up.file_id))]
+    )
+    assert (first["outcome"], first["attempt"]) == ("retried", 2)
+    assert (second["outcome"], second["reason"]) == ("not_retryable", "not_failed")
+    assert second["previous_job_id"] == first["job_id"]
+    assert _attempts(db_url, up.file_id) == [1, 2]
+    with dict_conn(db_url) as conn:
+        assert scalar(conn, "SELECT count(*) FROM arm.retry_audit") == 1
+
+
+@pytest.mark.parametrize("retry_first", [True, False], ids=["retry_first", "inbox_first"])
+async def test_retry_and_the_inbox_on_one_job_never_deadlock(
+    db_url: str, retry_first: bool
+) -> None:
+    """A retry of the file and the inbox applying its live job's `error` result, queued
+    for the file's row in either order. The inbox locks the job, then the file; retry
+    locks only the file and reads the job without locking it (50_retry.sql), so neither
+    waits for the other in a cycle. Retry first: it sees the job still live and is
+    refused, then the result applies (job error, file ERROR). Inbox first: the result
+    applies, then the retry sees the error and creates attempt 2."""
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+        publish(conn)
+        ack(conn, up.job_id, up.file_id)
+    retry_call: Call = (db_url, retrying(up.file_id))
+    inbox_call: Call = (as_login(db_url, BRIDGE_LOGIN), applying_an_error_result(up))
+    calls = [retry_call, inbox_call] if retry_first else [inbox_call, retry_call]
+    returned = await race_behind_the_file(db_url, up.file_id, calls)
+    retried, [applied] = returned if retry_first else returned[::-1]
+
+    assert (applied["outcome"], applied["status"]) == ("applied", "error")
+    with dict_conn(db_url) as conn:
+        assert job(conn, up.job_id)["status"] == "error"
+        if retry_first:
+            assert (retried["outcome"], retried["reason"]) == ("not_retryable", "not_failed")
+            assert retried["previous_status"] == "processing"
+            assert stored_file(conn, up.file_id)["status"] == "ERROR"
+            assert retry(conn, up.file_id)["outcome"] == "retried"  # nothing left stuck
+        else:
+            assert (retried["outcome"], retried["previous_status"]) == ("retried", "error")
+            assert stored_file(conn, up.file_id)["status"] == "UPLOADED"
+    assert _attempts(db_url, up.file_id) == [1, 2]
+
+
+@pytest.mark.parametrize("retry_first", [True, False], ids=["retry_first", "sweep_first"])
+async def test_retry_and_the_timeout_sweep_on_one_job_never_deadlock(
+    db_url: str, retry_first: bool
+) -> None:
+    """A retry of the file and the timeout sweep of its overdue job, queued for the
+    file's row in either order: the sweep locks the job, then the file; retry only the
+    file. Retry first: the job is still live to it, it is refused, then the sweep times
+    the job out (file ERROR). Sweep first: the job times out, then the retry creates
+    attempt 2."""
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+        publish(conn, tabular_timeout=0)  # overdue at once
+    retry_call: Call = (db_url, retrying(up.file_id))
+    sweep_call: Call = (db_url, sweeping)
+    calls = [retry_call, sweep_call] if retry_first else [sweep_call, retry_call]
+    returned = await race_behind_the_file(db_url, up.file_id, calls)
+    retried, swept = returned if retry_first else returned[::-1]
+
+    assert swept == 1
+    with dict_conn(db_url) as conn:
+        assert job(conn, up.job_id)["status"] == "timeout"
+        if retry_first:
+            assert (retried["outcome"], retried["reason"]) == ("not_retryable", "not_failed")
+            assert retried["previous_status"] == "published"
+            assert stored_file(conn, up.file_id)["status"] == "ERROR"
+            assert retry(conn, up.file_id)["outcome"] == "retried"
+        else:
+            assert (retried["outcome"], retried["previous_status"]) == ("retried", "timeout")
+            assert stored_file(conn, up.file_id)["status"] == "UPLOADED"
     assert _attempts(db_url, up.file_id) == [1, 2]
 
 
