@@ -3,6 +3,8 @@ stops cleanly in the middle of a burst, bad configuration fails at start."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import subprocess
 from pathlib import Path
 
@@ -10,9 +12,9 @@ import pytest
 from nats.aio.client import Client
 
 from arm_core.devtools.embedded import EmbeddedNats, free_port
-from tests.support.bridge import envelope, send, wait_for
+from tests.support.bridge import NatsProxy, envelope, send, wait_for
 from tests.support.processes import ARM_CORE, ArmProcess, log_lines
-from tests.support.sql import dict_conn, job, publish, scalar, upload, upload_many
+from tests.support.sql import BRIDGE_LOGIN, dict_conn, job, publish, scalar, upload, upload_many
 
 pytestmark = pytest.mark.integration
 
@@ -77,39 +79,76 @@ async def test_S_NATS_2_two_instances_one_result_handled_once(
 
 
 async def test_sigterm_mid_burst_leaves_nothing_half_done(
-    db_url: str, nats_server: EmbeddedNats, client: Client, tmp_path: Path
+    db_url: str, nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
-    """SIGTERM while a burst is being published: the process exits 0, every job is
-    either queued or fully published (no open transaction, no half-marked row), and a
-    restarted bridge publishes the rest."""
+    """SIGTERM in the middle of a burst: the bridge reaches nats-server through a proxy
+    that holds everything it sends after its 250th message, so when the signal lands
+    the publisher is waiting for the confirmation of a batch and no batch after the
+    first two can be confirmed. Once the bridge is stopping (its LISTEN connection has
+    gone) the proxy lets it all through: the batches in flight finish, no new one
+    starts, the process exits 0, every job is queued or fully published, in whole
+    batches, with no transaction left open, and a restarted bridge publishes the
+    rest."""
     n = 4000
     with dict_conn(db_url) as conn:
         upload_many(conn, n)
+    assert nats_server.port is not None
+    proxy = await NatsProxy(nats_server.port).start()
+    proxy.hold_after(250)  # the first batch of 100 goes through, the burst stops in the third
     port = free_port()
-    env = bridge_env(db_url, nats_server.url(), port, OUTBOX_BATCH_SIZE="100")
-    proc = ArmProcess("bridge", env, tmp_path / "b.log")
-    with dict_conn(db_url) as conn:
-        published = "SELECT count(*) FROM arm.recognition_job WHERE status = 'published'"
-        await wait_for(lambda: scalar(conn, published) > 0, 20, "burst started")
-        assert proc.stop() == 0
-        mid = scalar(conn, published)
-        assert 0 < mid < n  # stopped between batches, not after the whole burst
-        assert mid % 100 == 0  # whole batches only
-        assert (
-            scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in%%'") == 0
-        )
-        half_done = scalar(
-            conn,
-            "SELECT count(*) FROM arm.recognition_job WHERE status = 'published' "
-            "AND (request_msg_id IS NULL OR reply_deadline IS NULL)",
-        )
-        assert half_done == 0
-        again = ArmProcess("bridge", env, tmp_path / "b2.log")
-        try:
-            again.wait_healthy(port)
-            await wait_for(lambda: scalar(conn, published) == n, 60, "rest published")
-        finally:
-            assert again.stop() == 0
+    proxied = bridge_env(db_url, f"nats://127.0.0.1:{proxy.port}", port, OUTBOX_BATCH_SIZE="100")
+    proc = ArmProcess("bridge", proxied, tmp_path / "b.log")
+    published = "SELECT count(*) FROM arm.recognition_job WHERE status = 'published'"
+    listening = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE query LIKE 'LISTEN %%' AND usename = %s AND datname = current_database()"
+    )
+    try:
+        with dict_conn(db_url) as conn:
+            await wait_for(
+                lambda: proxy.holding and scalar(conn, published) >= 100,
+                30,
+                lambda: f"a batch held in flight: {proc.log()[-2000:]}",
+            )
+            await wait_for(lambda: scalar(conn, listening, (BRIDGE_LOGIN.name,)) == 1, 10)
+            proc.proc.send_signal(signal.SIGTERM)
+            await wait_for(
+                lambda: scalar(conn, listening, (BRIDGE_LOGIN.name,)) == 0,
+                30,
+                "the bridge stopping: its LISTEN connection closed",
+            )
+            assert proxy.holding  # nothing of the batch in flight has been confirmed
+            proxy.release()
+            code = await asyncio.to_thread(proc.proc.wait, 30)
+            assert proc.stop() == code == 0
+            mid = scalar(conn, published)
+            # The batches confirmed before the hold (1 or 2), and those in flight at the
+            # signal (OUTBOX_PUBLISHERS = 2 at most) if their confirmation came before
+            # its timeout (else they rolled back): whole batches, far from the burst.
+            assert 100 <= mid <= 400 < n
+            assert mid % 100 == 0
+            assert (
+                scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in%%'")
+                == 0
+            )
+            half_done = scalar(
+                conn,
+                "SELECT count(*) FROM arm.recognition_job WHERE status = 'published' "
+                "AND (request_msg_id IS NULL OR reply_deadline IS NULL)",
+            )
+            assert half_done == 0
+            assert scalar(conn, "SELECT count(*) FROM arm.recognition_job") == n
+            direct = bridge_env(db_url, nats_server.url(), port, OUTBOX_BATCH_SIZE="100")
+            again = ArmProcess("bridge", direct, tmp_path / "b2.log")
+            try:
+                again.wait_healthy(port)
+                await wait_for(lambda: scalar(conn, published) == n, 60, "rest published")
+            finally:
+                assert again.stop() == 0
+    finally:
+        if proc.proc.poll() is None:
+            proc.kill()
+        await proxy.close()
     assert "bridge stopped" in proc.log()
 
 

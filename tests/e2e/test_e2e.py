@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.support.bridge import envelope, nats_client, send, wait_for
-from tests.support.processes import log_lines
+from tests.support.processes import ArmProcess, log_lines
 from tests.support.sql import dict_conn, job, jobs_of, scalar, stored_file, upload
 from tests.support.stack import Stack
 
@@ -50,9 +50,21 @@ async def until(db_url: str, file_id: Any, expected: tuple[int, str], within: fl
     )
 
 
+async def listening(reference: ArmProcess) -> ArmProcess:
+    """Returns once `arm-core reference` listens: each of its two services logs
+    ref_start after the server has confirmed its subscription. A request published
+    before that finds nobody, and its ack timeout and reply deadline run regardless."""
+    await wait_for(
+        lambda: len(log_lines(reference.log(), action="ref_start")) >= 2,
+        30,
+        lambda: f"the reference service listening: {reference.log()[-2000:]}",
+    )
+    return reference
+
+
 async def test_happy_path_tabular_and_image(stack: Stack) -> None:
     _, api = stack.serve()
-    stack.reference()
+    await listening(stack.reference())
     with dict_conn(stack.db_url) as conn:
         sheet, scan = upload(conn, "XLSX"), upload(conn, "PDF")
     await until(stack.db_url, sheet.file_id, (1, "done"))
@@ -81,7 +93,7 @@ async def test_never_acked_dead_letters_then_http_retry_succeeds(stack: Stack) -
         assert (dead["error_code"], dead["republish_count"]) == ("NO_ACK", 2)
         assert stored_file(conn, up.file_id)["status"] == "ERROR"
     assert deaf.stop() == 0
-    stack.reference()
+    await listening(stack.reference())  # attempt 2 has OUTBOX_MAX_REPUBLISH acks' time too
     status, body = http("POST", f"{api}/api/v1/files/{up.file_id}/retry")
     assert status == 201 and body["attempt"] == 2
     await until(stack.db_url, up.file_id, (2, "done"), 30)
@@ -91,13 +103,17 @@ async def test_S_RT_2_silent_service_times_out_and_late_done_is_ignored(stack: S
     """Acked but never answered → timeout → retry → attempt 2 done; then the slow
     service's done for attempt 1 arrives: ignored, nothing changes."""
     serve, api = stack.serve(TABULAR_REPLY_TIMEOUT_SECONDS=2)
-    silent = stack.reference(REFERENCE_MODE="never_answer")
+    # The 2 s run from the publish: the service listens before the upload.
+    silent = await listening(stack.reference(REFERENCE_MODE="never_answer"))
     with dict_conn(stack.db_url) as conn:
         up = upload(conn)
-    await until(stack.db_url, up.file_id, (1, "processing"))
     await until(stack.db_url, up.file_id, (1, "timeout"), 20)
+    with dict_conn(stack.db_url) as conn:
+        first = job(conn, up.job_id)
+    assert first["started_at"] is not None  # acked, then timed out
+    assert (first["service_name"], first["error_code"]) == ("tabular-parser", "TIMEOUT")
     assert silent.stop() == 0
-    stack.reference()
+    await listening(stack.reference())  # attempt 2 has 2 s too
     status, _ = http("POST", f"{api}/api/v1/files/{up.file_id}/retry")
     assert status == 201
     await until(stack.db_url, up.file_id, (2, "done"), 30)
@@ -154,7 +170,7 @@ async def test_S_NATS_2_two_core_instances_share_the_work(stack: Stack) -> None:
     one instance, every request published once."""
     first, _ = stack.serve(DEBUG="true")  # DEBUG: a log line per envelope applied
     second, _ = stack.serve(DEBUG="true")
-    ref = stack.reference()
+    ref = await listening(stack.reference())
     with dict_conn(stack.db_url) as conn:
         ups = [upload(conn, "XLSX" if i % 2 else "PNG") for i in range(30)]
     for up in ups:
@@ -178,7 +194,7 @@ async def test_kill_9_of_the_bridge_mid_burst_then_restart(stack: Stack) -> None
     n = 600
     with dict_conn(stack.db_url) as conn:
         ups = [upload(conn) for _ in range(n)]
-    ref = stack.reference()
+    ref = await listening(stack.reference())
     # DEBUG: a log line per envelope applied, counted below.
     env = {"OUTBOX_BATCH_SIZE": 50, "TABULAR_REPLY_TIMEOUT_SECONDS": 8, "DEBUG": "true"}
     bridge = stack.bridge(**env)
