@@ -452,7 +452,11 @@ async def test_an_early_answer_waits_as_busy_and_is_applied_after_the_commit(
 
 
 async def test_an_answer_still_waiting_at_shutdown_is_counted_and_logged_as_lost(
-    db_url: str, nats_server: EmbeddedNats, client: Client, caplog: pytest.LogCaptureFixture
+    db_url: str,
+    bridge_db_url: str,
+    nats_server: EmbeddedNats,
+    client: Client,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A job held by another transaction past the shutdown grace: its answer, still
     `busy`, is never applied; the inbox counts it as dropped (shutdown) and logs it with
@@ -461,7 +465,7 @@ async def test_an_answer_still_waiting_at_shutdown_is_counted_and_logged_as_lost
         up = upload(conn)
         publish(conn)
     caplog.set_level(logging.INFO, logger="arm_core")
-    pool = AsyncConnectionPool(db_url, open=False, min_size=1, kwargs={"autocommit": True})
+    pool = AsyncConnectionPool(bridge_db_url, open=False, min_size=1, kwargs={"autocommit": True})
     await pool.open()
     bridge = Bridge(fast_settings(db_url, nats_server.url()), pool)
     try:

@@ -23,7 +23,18 @@ from arm_core.http.app import create_app
 from arm_core.runtime import BRIDGE
 from tests.support.bridge import envelope, fast_settings, running_bridge, send, wait_for
 from tests.support.natsauth import operator_mode
-from tests.support.sql import ack, dict_conn, job, one_row, publish, stored_file, upload
+from tests.support.sql import (
+    API_LOGIN,
+    SERVE_LOGIN,
+    ack,
+    as_login,
+    dict_conn,
+    job,
+    one_row,
+    publish,
+    stored_file,
+    upload,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +82,7 @@ async def test_S_NATS_1_debug_without_credentials_against_plain_nats(
     active, /healthcheck nats = ok, no connection errors in the logs."""
     caplog.set_level(logging.DEBUG)
     env = {
-        "DATABASE_URL": db_url,
+        "DATABASE_URL": as_login(db_url, SERVE_LOGIN),  # API and bridge in one process
         "NATS_URL": nats_server.url(),
         "DEBUG": "true",
         "NATS_ENABLED": "true",
@@ -113,7 +124,11 @@ async def test_S_NATS_3_nats_disabled_starts_without_background_tasks(db_url: st
     """S-NATS-3: NATS_ENABLED=false → the app starts, no bridge tasks, /healthcheck 200
     with nats = off (and no NATS server exists at all here)."""
     settings = Settings.from_env(
-        {"DATABASE_URL": db_url, "NATS_ENABLED": "false", "NATS_URL": "nats://127.0.0.1:9"}
+        {
+            "DATABASE_URL": as_login(db_url, API_LOGIN),
+            "NATS_ENABLED": "false",
+            "NATS_URL": "nats://127.0.0.1:9",
+        }
     )
     async with api(settings) as (http, app):
         resp = await http.get("/healthcheck")
@@ -125,7 +140,8 @@ async def test_S_NATS_3_nats_disabled_starts_without_background_tasks(db_url: st
 
 
 async def test_healthcheck_reports_nats_unreachable(db_url: str, nats_server: EmbeddedNats) -> None:
-    async with api(fast_settings(db_url, nats_server.url())) as (http, _app):
+    settings = fast_settings(as_login(db_url, SERVE_LOGIN), nats_server.url())
+    async with api(settings) as (http, _app):
 
         async def nats_is(state: str) -> bool:
             return (await (await http.get("/healthcheck")).json())["nats"] == state

@@ -10,7 +10,6 @@ was moving are kept by the stream and applied: nothing is lost either."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import time
 from collections import Counter
@@ -20,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from arm_core.config import Settings
 from arm_core.devtools.embedded import EmbeddedNatsCluster, free_port
 from tests.support.bridge import TcpProxy, wait_for
 from tests.support.cluster import (
@@ -261,10 +259,6 @@ async def test_kill_9_of_the_core_nodes_server_mid_flow(
                 proc.kill()
 
 
-def _has_results_stream() -> bool:
-    return "results_stream" in {f.name for f in dataclasses.fields(Settings)}
-
-
 async def test_results_stream_replicas_3_loses_nothing_when_the_core_node_dies(
     db_url: str, js_cluster: EmbeddedNatsCluster, tmp_path: Path
 ) -> None:
@@ -273,8 +267,6 @@ async def test_results_stream_replicas_3_loses_nothing_when_the_core_node_dies(
     stream and applied, so no job needs a republish for a missing answer — without the
     stream those jobs are republished (the outage test counts them) or wait for their
     reply deadline."""
-    if not _has_results_stream():
-        pytest.skip("RESULTS_STREAM not built yet")
     cluster = js_cluster
     n = 600
     stack = cluster_stack(db_url, cluster, tmp_path)

@@ -50,27 +50,24 @@ READONLY_LOGIN = Login("arm_test_readonly", ("arm_readonly",))
 OWNER_LOGIN = Login("arm_test_owner", ("arm_owner",))
 LOGINS = (BRIDGE_LOGIN, API_LOGIN, SERVE_LOGIN, UPLOADER_LOGIN, READONLY_LOGIN, OWNER_LOGIN)
 
-_SERVERS_WITH_LOGINS: set[tuple[str | None, int | None]] = set()
-
 
 def ensure_logins(url: str) -> None:
-    """Creates the logins of LOGINS on url's server (url: a superuser's, of a migrated
-    database, so the group roles exist). Once per server and process; safe to repeat."""
-    parts = urlsplit(url)
-    server = (parts.hostname, parts.port)
-    if server in _SERVERS_WITH_LOGINS:
-        return
+    """Creates the logins of LOGINS that url's server does not have yet (url: a
+    superuser's, of a migrated database, so the group roles exist); safe to repeat.
+    It asks the server each time (one query) rather than remember which servers have
+    them: a server started later on a port an earlier one used is another server."""
+    names = [login.name for login in LOGINS]
     with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (names,))
+        have = {row[0] for row in rows}
         for login in LOGINS:
-            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (login.name,))
-            if exists.fetchone() is None:
+            if login.name not in have:
                 conn.execute(
                     sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
                         sql.Identifier(login.name),
                         sql.SQL(", ").join(map(sql.Identifier, login.roles)),
                     )
                 )
-    _SERVERS_WITH_LOGINS.add(server)
 
 
 def as_login(url: str, login: Login) -> str:
