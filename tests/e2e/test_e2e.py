@@ -195,8 +195,16 @@ async def test_kill_9_of_the_bridge_mid_burst_then_restart(stack: Stack) -> None
     with dict_conn(stack.db_url) as conn:
         ups = [upload(conn) for _ in range(n)]
     ref = await listening(stack.reference())
-    # DEBUG: a log line per envelope applied, counted below.
-    env = {"OUTBOX_BATCH_SIZE": 50, "TABULAR_REPLY_TIMEOUT_SECONDS": 8, "DEBUG": "true"}
+    # DEBUG: a log line per envelope applied, counted below. ACK_TIMEOUT_SECONDS above
+    # the reply timeout: an ack lost in the kill leaves its job to time out, and a loaded
+    # machine applying 600 acks more slowly than the stack's 1 s does not republish and
+    # dead-letter jobs whose ack is on its way.
+    env = {
+        "OUTBOX_BATCH_SIZE": 50,
+        "TABULAR_REPLY_TIMEOUT_SECONDS": 8,
+        "ACK_TIMEOUT_SECONDS": 10,
+        "DEBUG": "true",
+    }
     bridge = stack.bridge(**env)
     live = (
         "SELECT count(*) FROM arm.recognition_job "
