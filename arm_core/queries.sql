@@ -1,34 +1,17 @@
 -- Every query the Python side sends, by name (loaded once by arm_core.db).
 -- Each one calls a function of db/functions: the database owns every state change.
 
--- name: claim_queued_jobs
-SELECT job_id, attempt, pipeline::text AS pipeline, msg_id, reply_deadline, request
-FROM arm.claim_queued_jobs(%(limit)s, make_interval(secs => %(tabular_timeout)s),
-                           make_interval(secs => %(image_timeout)s));
-
--- name: publish_queued_jobs
-SELECT job_id, attempt, file_id, outcome, subject, msg_id, request, error_message
-FROM arm.publish_queued_jobs(%(limit)s, make_interval(secs => %(tabular_timeout)s),
-                             make_interval(secs => %(image_timeout)s),
-                             %(tabular_subject)s, %(image_subject)s, %(max_bytes)s);
-
--- name: mark_published
-SELECT arm.mark_published(%(job_ids)s::uuid[], %(subjects)s::text[],
-                          %(reply_deadlines)s::timestamptz[]) AS marked;
-
 -- name: dead_letter_unacked
 SELECT job_id, attempt, file_id, republish_count
 FROM arm.dead_letter_unacked(make_interval(secs => %(ack_timeout)s), %(max_republish)s);
 
 -- name: claim_unacked_jobs
-SELECT job_id, attempt, subject, msg_id, republish_count, request
+-- bytes: what the server counts against max_payload for the request (arm.nats_message_bytes,
+-- the rule publish_queued_jobs_v2 dead-letters by).
+SELECT job_id, attempt, subject, msg_id, republish_count, request,
+       arm.nats_message_bytes(request::text, msg_id) AS bytes
 FROM arm.claim_unacked_jobs(%(limit)s, make_interval(secs => %(ack_timeout)s),
                             %(max_republish)s);
-
--- name: dead_letter_unpublishable
-SELECT job_id, attempt, file_id
-FROM arm.dead_letter_unpublishable(%(job_ids)s::uuid[], %(error_codes)s::text[],
-                                   %(error_messages)s::text[]);
 
 -- name: outbox_oldest_queued_age
 SELECT coalesce(extract(epoch FROM clock_timestamp() - min(requested_at)), 0)::float8 AS age
@@ -36,25 +19,6 @@ FROM arm.recognition_job WHERE status = 'queued';
 
 -- name: mark_republished
 SELECT arm.mark_republished(%(job_ids)s::uuid[]) AS marked;
-
--- name: apply_ack
-SELECT outcome, attempt, status::text AS status
-FROM arm.apply_ack(%(job_id)s, %(file_id)s, %(service_name)s, %(service_version)s);
-
--- name: apply_result
-SELECT outcome, attempt, status::text AS status
-FROM arm.apply_result(
-    p_job_id => %(job_id)s, p_file_id => %(file_id)s, p_msg_id => %(msg_id)s,
-    p_status => %(status)s::arm.job_status,
-    p_service_name => %(service_name)s, p_service_version => %(service_version)s,
-    p_result_bucket => %(result_bucket)s, p_result_key => %(result_key)s,
-    p_result_schema_version => %(result_schema_version)s,
-    p_error_code => %(error_code)s, p_error_message => %(error_message)s,
-    p_metrics => %(metrics)s);
-
--- name: apply_envelopes
-SELECT ord, outcome, attempt, status::text AS status
-FROM arm.apply_envelopes(%(envelopes)s::jsonb) ORDER BY ord;
 
 -- name: run_due_tasks
 SELECT task, result, error FROM arm.run_due_tasks();
@@ -74,9 +38,6 @@ FROM arm.retry_file(%(file_id)s, %(actor)s);
 SELECT file_id, outcome, reason, job_id, attempt, previous_job_id,
        previous_status::text AS previous_status, previous_attempt, max_attempts
 FROM arm.retry_files(%(file_ids)s::uuid[], %(actor)s);
-
--- name: ping
-SELECT 1 AS ok;
 
 -- name: get_file
 SELECT arm.get_file(%(file_id)s) AS file;

@@ -55,7 +55,7 @@ class BucketRole(StrEnum):
 
 
 class ApplyOutcome(StrEnum):
-    """What arm.apply_envelopes (and apply_ack, apply_result) did with an envelope."""
+    """What arm.apply_envelopes_v2 (and apply_ack, apply_result) did with an envelope."""
 
     APPLIED = "applied"
     # A valid envelope with nothing to change:
@@ -64,7 +64,7 @@ class ApplyOutcome(StrEnum):
     UNKNOWN_JOB = "unknown_job"
     FILE_MISMATCH = "file_mismatch"
     NOT_PUBLISHED = "not_published"
-    # apply_envelopes only: another transaction holds the job; not an outcome yet, the
+    # apply_envelopes_v2 only: another transaction holds the job; not an outcome yet, the
     # envelope is applied again.
     BUSY = "busy"
     # The inbox's own, never the database's: the database raised on the envelope even
@@ -73,7 +73,7 @@ class ApplyOutcome(StrEnum):
 
 
 class PublishOutcome(StrEnum):
-    """What arm.publish_queued_jobs did with a claimed job."""
+    """What arm.publish_queued_jobs_v2 did with a claimed job."""
 
     PUBLISHED = "published"
     # The request exceeds the server's max_payload: dead-lettered, nothing sent.

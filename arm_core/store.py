@@ -12,10 +12,10 @@ Two kinds of method, as the callers manage their transactions:
 
 * most run one statement on a connection of the pool (autocommit) and translate driver
   errors (arm_core.db.wrap_db_errors, the action named after the query);
-* the publisher's (claim_queued_jobs, mark_published, publish_queued_jobs,
-  claim_unacked_jobs, mark_republished) take the caller's connection and run in its
-  open transaction (:meth:`Store.transaction`): the caller publishes to NATS between the
-  claim and the commit, and wraps the errors of the whole transaction, commit included.
+* the publisher's (publish_queued_jobs_v2, claim_unacked_jobs, mark_republished) take
+  the caller's connection and run in its open transaction (:meth:`Store.transaction`):
+  the caller publishes to NATS between the claim and the commit, and wraps the errors of
+  the whole transaction, commit included.
 
 `arm-core migrate` is synchronous: :class:`SyncStore` has the two settings queries it
 sends, on its connection.
@@ -47,7 +47,6 @@ from arm_core.statuses import (
     FileStatus,
     FileType,
     JobStatus,
-    Pipeline,
     PublishOutcome,
     RetryOutcome,
     RetryReason,
@@ -60,35 +59,6 @@ JsonObject = dict[str, Any]
 
 
 # --- rows ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
-    """claim_queued_jobs: a queued job locked for publishing (the two-step path of DBAs
-    and tests; the publisher uses publish_queued_jobs)."""
-
-    job_id: uuid.UUID
-    attempt: int
-    pipeline: Pipeline
-    msg_id: str
-    reply_deadline: dt.datetime
-    request: str  # JSON text, as PostgreSQL wrote it
-
-
-@dataclass(frozen=True, slots=True)
-class PublishedJob:
-    """publish_queued_jobs: a claimed job, marked published (its request is to be sent,
-    the transaction committed once NATS confirmed it) or dead-lettered at once because
-    the request exceeds the server's max_payload."""
-
-    job_id: uuid.UUID
-    attempt: int
-    file_id: uuid.UUID
-    outcome: PublishOutcome
-    subject: str
-    msg_id: str
-    request: str | None  # JSON text to send as it is; None when dead-lettered
-    error_message: str | None  # why it was dead-lettered
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,40 +82,15 @@ class UnackedJob:
     msg_id: str
     republish_count: int
     request: str  # JSON text, byte for byte what the first publish sent
+    bytes: int  # what the server counts against max_payload (arm.nats_message_bytes)
 
 
 @dataclass(frozen=True, slots=True)
-class UnpublishableJob:
-    """dead_letter_unpublishable: a queued job moved to dlq with the given error."""
-
-    job_id: uuid.UUID
-    attempt: int
-    file_id: uuid.UUID
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedAnswer:
-    """apply_ack, apply_result: the outcome, the job's attempt and its status after."""
-
-    outcome: ApplyOutcome
-    attempt: int | None  # None for unknown_job
-    status: JobStatus | None
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedEnvelope:
-    """apply_envelopes: one element's outcome; `ord` is its 1-based place in the batch."""
-
-    ord: int
-    outcome: ApplyOutcome
-    attempt: int | None
-    status: JobStatus | None
-
-
-@dataclass(frozen=True, slots=True)
-class PublishedJobTimed:
-    """publish_queued_jobs_v2: publish_queued_jobs' row, and for a published job the
-    seconds it waited queued (requested_at → the claim; None for a dead-lettered one)."""
+class PublishedJob:
+    """publish_queued_jobs_v2: a claimed job, marked published (its request is to be
+    sent, the transaction committed once NATS confirmed it) or dead-lettered at once
+    because the request exceeds the server's max_payload; for a published job the seconds
+    it waited queued (requested_at → the claim)."""
 
     job_id: uuid.UUID
     attempt: int
@@ -153,14 +98,15 @@ class PublishedJobTimed:
     outcome: PublishOutcome
     subject: str
     msg_id: str
-    request: str | None
-    error_message: str | None
-    queued_seconds: float | None
+    request: str | None  # JSON text to send as it is; None when dead-lettered
+    error_message: str | None  # why it was dead-lettered
+    queued_seconds: float | None  # None when dead-lettered
 
 
 @dataclass(frozen=True, slots=True)
-class AppliedEnvelopeTimed:
-    """apply_envelopes_v2: apply_envelopes' row, and for an applied envelope the wait it
+class AppliedEnvelope:
+    """apply_envelopes_v2: one element's outcome (`ord` is its 1-based place in the
+    batch), the job's attempt and status after it, and for an applied element the wait it
     ended (an ack: published → processing; a result: processing → final; None else)."""
 
     ord: int
@@ -317,7 +263,7 @@ def typed_row(cls: type[R]) -> BaseRowFactory[R]:
 
 
 class Answer(Protocol):
-    """An ack or a result as the inbox functions take it: arm_core.bridge.envelope's
+    """An ack or a result as apply_envelopes_v2 takes it: arm_core.bridge.envelope's
     Envelope. row() has the keys job_id, file_id, msg_id, status, service_name,
     service_version, result_bucket, result_key, result_schema_version, error_code,
     error_message, metrics."""
@@ -329,13 +275,6 @@ def _dumps(value: Any) -> str:
     # allow_nan=False: the inbox has replaced every non-finite number already (envelope
     # storable()); should one slip through, this raises here instead of in PostgreSQL.
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-def _answer_params(answer: Answer) -> dict[str, Any]:
-    params = answer.row()
-    if params["metrics"] is not None:
-        params["metrics"] = Jsonb(params["metrics"], dumps=_dumps)
-    return params
 
 
 # --- the store ------------------------------------------------------------------------
@@ -406,7 +345,7 @@ class Store:
 
     # The publisher's, in the caller's transaction --------------------------------------
 
-    async def publish_queued_jobs(
+    async def publish_queued_jobs_v2(
         self,
         conn: AsyncConnection[Any],
         *,
@@ -429,31 +368,7 @@ class Store:
             "max_bytes": max_bytes,
         }
         return await self._rows(
-            conn, "publish_queued_jobs", PublishedJob, params, json_as_text=True
-        )
-
-    async def publish_queued_jobs_v2(
-        self,
-        conn: AsyncConnection[Any],
-        *,
-        limit: int,
-        tabular_timeout: float,
-        image_timeout: float,
-        tabular_subject: str,
-        image_subject: str,
-        max_bytes: int,
-    ) -> list[PublishedJobTimed]:
-        """publish_queued_jobs, each published job with the seconds it waited queued."""
-        params = {
-            "limit": limit,
-            "tabular_timeout": tabular_timeout,
-            "image_timeout": image_timeout,
-            "tabular_subject": tabular_subject,
-            "image_subject": image_subject,
-            "max_bytes": max_bytes,
-        }
-        return await self._rows(
-            conn, "publish_queued_jobs_v2", PublishedJobTimed, params, json_as_text=True
+            conn, "publish_queued_jobs_v2", PublishedJob, params, json_as_text=True
         )
 
     async def claim_unacked_jobs(
@@ -472,40 +387,6 @@ class Store:
         marked: int = await self._scalar(conn, "mark_republished", {"job_ids": list(job_ids)})
         return marked
 
-    async def claim_queued_jobs(
-        self,
-        conn: AsyncConnection[Any],
-        *,
-        limit: int,
-        tabular_timeout: float,
-        image_timeout: float,
-    ) -> list[ClaimedJob]:
-        """Locks up to `limit` queued jobs, oldest first, with their requests (the
-        two-step path: mark_published in the same transaction after the publish)."""
-        params = {
-            "limit": limit,
-            "tabular_timeout": tabular_timeout,
-            "image_timeout": image_timeout,
-        }
-        return await self._rows(conn, "claim_queued_jobs", ClaimedJob, params, json_as_text=True)
-
-    async def mark_published(
-        self,
-        conn: AsyncConnection[Any],
-        job_ids: Sequence[uuid.UUID],
-        subjects: Sequence[str],
-        reply_deadlines: Sequence[dt.datetime],
-    ) -> int:
-        """Marks claimed jobs published with the subject and deadline that were sent;
-        returns how many (still queued) changed."""
-        params = {
-            "job_ids": list(job_ids),
-            "subjects": list(subjects),
-            "reply_deadlines": list(reply_deadlines),
-        }
-        marked: int = await self._scalar(conn, "mark_published", params)
-        return marked
-
     # On the pool -----------------------------------------------------------------------
 
     async def dead_letter_unacked(
@@ -516,41 +397,19 @@ class Store:
         params = {"ack_timeout": ack_timeout, "max_republish": max_republish}
         return await self._pooled_rows("dead_letter_unacked", DeadLetteredJob, params)
 
-    async def dead_letter_unpublishable(
-        self,
-        job_ids: Sequence[uuid.UUID],
-        error_codes: Sequence[str],
-        error_messages: Sequence[str | None],
-    ) -> list[UnpublishableJob]:
-        """Moves queued jobs whose request cannot be published to dlq with the given
-        errors (parallel sequences)."""
-        params = {
-            "job_ids": list(job_ids),
-            "error_codes": list(error_codes),
-            "error_messages": list(error_messages),
-        }
-        return await self._pooled_rows("dead_letter_unpublishable", UnpublishableJob, params)
-
     async def outbox_oldest_queued_age(self, pool_timeout: float | None = None) -> float:
         """Seconds the oldest queued job has waited (0 when none is queued);
         `pool_timeout` bounds the wait for a connection of the pool."""
         age = await self._pooled_scalar("outbox_oldest_queued_age", pool_timeout=pool_timeout)
         return float(age) if age is not None else 0.0
 
-    async def apply_envelopes(self, answers: Sequence[Answer]) -> list[AppliedEnvelope]:
+    async def apply_envelopes_v2(self, answers: Sequence[Answer]) -> list[AppliedEnvelope]:
         """Applies a batch of acks and results in one statement (one transaction), in
-        order; returns one outcome per answer, in the batch's order."""
-        payload = Jsonb([a.row() for a in answers], dumps=_dumps)
-        rows = await self._pooled_rows("apply_envelopes", AppliedEnvelope, {"envelopes": payload})
-        if len(rows) != len(answers):
-            raise DatabaseError(f"apply_envelopes returned {len(rows)} rows for {len(answers)}")
-        return rows
-
-    async def apply_envelopes_v2(self, answers: Sequence[Answer]) -> list[AppliedEnvelopeTimed]:
-        """apply_envelopes, each applied envelope with the wait it ended (the inbox's)."""
+        order; returns one outcome per answer, in the batch's order, each applied one with
+        the wait it ended."""
         payload = Jsonb([a.row() for a in answers], dumps=_dumps)
         rows = await self._pooled_rows(
-            "apply_envelopes_v2", AppliedEnvelopeTimed, {"envelopes": payload}
+            "apply_envelopes_v2", AppliedEnvelope, {"envelopes": payload}
         )
         if len(rows) != len(answers):
             raise DatabaseError(f"apply_envelopes_v2 returned {len(rows)} rows for {len(answers)}")
@@ -571,16 +430,6 @@ class Store:
         [row] = await self._bounded_rows(
             "status_view", StatusView, {"ack_timeout": ack_timeout}, within
         )
-        return row
-
-    async def apply_ack(self, answer: Answer) -> AppliedAnswer:
-        """Applies one ack (status processing) on its own."""
-        [row] = await self._pooled_rows("apply_ack", AppliedAnswer, _answer_params(answer))
-        return row
-
-    async def apply_result(self, answer: Answer) -> AppliedAnswer:
-        """Applies one result (done, needs_check, error) on its own."""
-        [row] = await self._pooled_rows("apply_result", AppliedAnswer, _answer_params(answer))
         return row
 
     async def run_due_tasks(self) -> list[TaskRun]:
@@ -606,10 +455,6 @@ class Store:
         """retry_file for many files in one transaction: one result per distinct file."""
         params = {"file_ids": list(file_ids), "actor": actor}
         return await self._pooled_rows("retry_files", RetryResult, params)
-
-    async def ping(self) -> bool:
-        """Whether the database answers."""
-        return bool(await self._pooled_scalar("ping"))
 
     async def get_file(self, file_id: uuid.UUID) -> JsonObject | None:
         """The file, its current job and every attempt as one JSON document; None when

@@ -43,8 +43,8 @@ class Envelope:
         return self.status is JobStatus.PROCESSING
 
     def row(self) -> dict[str, Any]:
-        """The envelope as one element of arm.apply_envelopes' JSON array (and as the
-        parameters of apply_ack and apply_result: arm_core.store.Answer)."""
+        """The envelope as one element of arm.apply_envelopes_v2's JSON array
+        (arm_core.store.Answer)."""
         result_s3 = self.body.get("result_s3") or {}
         error = self.body.get("error") or {}
         return {

@@ -1,7 +1,7 @@
 """The inbox (R-ACK-1, R-IN-1): envelopes from files.tabular_parsed, queue group arm-core.
 
 The subscription callback parses and validates; one worker applies what arrived since
-its last call as ONE batch: one `arm.apply_envelopes` call, one transaction, envelopes
+its last call as ONE batch: one `arm.apply_envelopes_v2` call, one transaction, envelopes
 in arrival order (so per job in order). Under a burst batches grow up to
 INBOX_BATCH_SIZE; when traffic is light a batch is one envelope and nothing waits.
 
@@ -235,7 +235,7 @@ class Inbox:
     ) -> InboxStep:
         """One batch of `worker` (of every worker, one after the other, when None): what
         leads its next batch, then what its buffer holds now, up to INBOX_BATCH_SIZE, in
-        one arm.apply_envelopes call. Holds the batch while the database is unreachable
+        one arm.apply_envelopes_v2 call. Holds the batch while the database is unreachable
         (dropping it only once `stopping` is set and the backoff has grown past 5 s).
         Envelopes that come back `busy` are kept to lead the worker's next batch."""
         if worker is None:
@@ -370,7 +370,7 @@ class Inbox:
             )
 
     async def apply(self, batch: list[Envelope]) -> list[EnvelopeOutcome]:
-        """Hands `batch` to arm.apply_envelopes in one transaction; logs and counts each
+        """Hands `batch` to arm.apply_envelopes_v2 in one transaction; logs and counts each
         outcome. Returns the outcomes in the batch's order."""
         rows = await self.store.apply_envelopes_v2(batch)
         self.stats.batches += 1

@@ -34,7 +34,7 @@ from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
 from arm_core.config import Settings
 from arm_core.db import DatabaseError, wrap_db_errors
 from arm_core.statuses import PublishOutcome
-from arm_core.store import DeadLetteredJob, PublishedJobTimed, Store, UnackedJob
+from arm_core.store import DeadLetteredJob, PublishedJob, Store, UnackedJob
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,9 @@ class Cycle:
     # False: NATS was not connected, so nothing was tried.
     nats_connected: bool = True
     # Published and committed, in claim order.
-    published: tuple[PublishedJobTimed, ...] = ()
+    published: tuple[PublishedJob, ...] = ()
     # Dead-lettered at once: the request exceeds the server's max_payload.
-    unpublishable: tuple[PublishedJobTimed, ...] = ()
+    unpublishable: tuple[PublishedJob, ...] = ()
     # Batches NATS did not confirm (rolled back: their jobs stay as they were).
     failed_batches: int = 0
     # Whether the ack-timeout steps ran (at most every min(1 s, ACK_TIMEOUT / 4)).
@@ -83,7 +83,7 @@ class Cycle:
 class _Batch:
     """One transaction: the rows it claimed (and committed), or failed (rolled back)."""
 
-    claimed: tuple[PublishedJobTimed, ...] = ()
+    claimed: tuple[PublishedJob, ...] = ()
     failed: bool = False
 
 
@@ -207,7 +207,7 @@ class Publisher:
 
     async def _publish_batch(self) -> _Batch:
         """Publishes one batch of queued jobs in one transaction; returns what was claimed
-        (nothing when the batch failed). arm.publish_queued_jobs claims and marks them in
+        (nothing when the batch failed). arm.publish_queued_jobs_v2 claims and marks them in
         one statement and dead-letters, in the same statement, any whose request exceeds
         the server's max_payload, so one such job never holds back the others."""
         s = self.settings
@@ -272,12 +272,12 @@ class Publisher:
                         max_republish=s.outbox_max_republish,
                     )
                     for c in claimed:
-                        if (size := _size(c)) <= limit:
+                        if c.bytes <= limit:
                             sent.append(c)
                         else:
                             log.error(
                                 "cannot republish: %d bytes exceed the server's max_payload %d",
-                                size,
+                                c.bytes,
                                 limit,
                                 extra={**_job_extra("republish", c), "reason": "REQUEST_TOO_LARGE"},
                             )
@@ -369,14 +369,7 @@ def _refused(error: Exception) -> bool:
     return "permissions violation for publish" in str(error).lower()
 
 
-def _size(claimed: UnackedJob) -> int:
-    """What the server counts against max_payload for a claimed request: the payload and
-    the header block nats-py sends with it (as arm.publish_queued_jobs counts it)."""
-    header = f"NATS/1.0\r\n{MSG_ID_HEADER}: {claimed.msg_id}\r\n\r\n"
-    return len(_dumps(claimed.request)) + len(header.encode())
-
-
-def _job_extra(action: str, claimed: PublishedJobTimed | UnackedJob) -> dict[str, Any]:
+def _job_extra(action: str, claimed: PublishedJob | UnackedJob) -> dict[str, Any]:
     return {
         "action": action,
         "job_id": claimed.job_id,

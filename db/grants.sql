@@ -80,20 +80,19 @@ GRANT USAGE ON SCHEMA arm TO arm_bridge, arm_api, arm_uploader, arm_readonly;
 -- the caller's rights and no SET clause (db/functions/00_helpers.sql says why).
 GRANT EXECUTE ON FUNCTION
     arm.is_final, arm.pipeline_for, arm.setting_int, arm._request_body, arm.job_view,
-    arm.fold_name, arm.name_pattern, arm.is_retryable
+    arm.fold_name, arm.name_pattern, arm.is_retryable, arm.nats_message_bytes,
+    arm.envelope_problem
 TO PUBLIC;
 
 -- 4. arm_bridge: exactly what the bridge calls (arm_core/queries.sql through its steps).
 GRANT EXECUTE ON FUNCTION
-    arm.publish_queued_jobs,   -- publisher step
+    arm.publish_queued_jobs_v2, -- publisher step (and the queued wait of each job)
     arm.claim_unacked_jobs,    -- ack-timeout step: republish …
     arm.mark_republished,
     arm.dead_letter_unacked,   -- … and dead-letter
-    arm.apply_envelopes,       -- inbox step
+    arm.apply_envelopes_v2,    -- inbox step (and the ack and processing waits)
     arm.run_due_tasks,         -- scheduler tick
     arm.set_sweep_interval,    -- TIMEOUT_SWEEP_SECONDS at start; not the rest of the schedule
-    arm.publish_queued_jobs_v2, -- publisher step, with the queued wait (issue 11 metrics)
-    arm.apply_envelopes_v2,    -- inbox step, with the ack and processing waits
     arm.compact_counts,        -- scheduler tick: folds the per-status count deltas
     arm.job_counts             -- GET /metrics on the health port: arm_jobs{status}
 TO arm_bridge;
@@ -101,7 +100,7 @@ TO arm_bridge;
 -- 5. arm_api: retry, the file view and the file list (http/handlers.py).
 GRANT EXECUTE ON FUNCTION arm.retry_file, arm.retry_files, arm.get_file TO arm_api;
 GRANT EXECUTE ON FUNCTION arm.list_files TO arm_api;
--- GET /metrics (arm_jobs{status}) and GET /api/v1/status (issue 11).
+-- GET /metrics (arm_jobs{status}) and GET /api/v1/status.
 GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view TO arm_api;
 
 -- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job.

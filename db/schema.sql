@@ -244,10 +244,10 @@ $$;
 ALTER FUNCTION arm.apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text) OWNER TO arm_owner;
 
 --
--- Name: apply_envelopes(jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
+-- Name: apply_envelopes_v2(jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
-CREATE FUNCTION arm.apply_envelopes(p_envelopes jsonb) RETURNS TABLE(ord integer, outcome text, attempt integer, status arm.job_status)
+CREATE FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) RETURNS TABLE(ord integer, outcome text, attempt integer, status arm.job_status, wait_seconds double precision)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
@@ -263,35 +263,18 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- What apply_ack / apply_result would raise on, checked for the whole batch first.
-    SELECT x.n, x.env ->> 'status' AS status,
-           CASE
-               WHEN x.env ->> 'status' IS NULL
-                    OR x.env ->> 'status' NOT IN ('processing', 'done', 'needs_check', 'error')
-                   THEN 'has status ' || coalesce(x.env ->> 'status', 'NULL')
-                        || ', not processing, done, needs_check or error'
-               WHEN x.env ->> 'status' = 'processing' THEN NULL
-               WHEN coalesce(x.env ->> 'msg_id', '') = ''
-                   THEN 'is a result without the message''s Nats-Msg-Id'
-               WHEN x.env ->> 'status' = 'error' AND x.env ->> 'error_code' IS NULL
-                   THEN 'is an error result; it needs an error code'
-               WHEN x.env ->> 'status' IN ('done', 'needs_check')
-                    AND (x.env ->> 'result_bucket' IS NULL OR x.env ->> 'result_key' IS NULL
-                         OR x.env ->> 'result_schema_version' IS NULL)
-                   THEN 'is a ' || (x.env ->> 'status')
-                        || ' result; it needs result_s3 and result_schema_version'
-           END AS problem
+    -- What apply_ack / apply_result would raise on, checked for the whole batch first
+    -- (arm.envelope_problem is inlined here: one expression per element).
+    SELECT b.n, b.problem
     INTO v_bad
-    FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)
-    WHERE x.env ->> 'status' IS DISTINCT FROM 'processing'
-      AND (x.env ->> 'status' IS NULL
-           OR x.env ->> 'status' NOT IN ('done', 'needs_check', 'error')
-           OR coalesce(x.env ->> 'msg_id', '') = ''
-           OR (x.env ->> 'status' = 'error' AND x.env ->> 'error_code' IS NULL)
-           OR (x.env ->> 'status' IN ('done', 'needs_check')
-               AND (x.env ->> 'result_bucket' IS NULL OR x.env ->> 'result_key' IS NULL
-                    OR x.env ->> 'result_schema_version' IS NULL)))
-    ORDER BY x.n
+    FROM (SELECT x.n,
+                 arm.envelope_problem(x.env ->> 'status', x.env ->> 'msg_id',
+                                      x.env ->> 'error_code', x.env ->> 'result_bucket',
+                                      x.env ->> 'result_key',
+                                      x.env ->> 'result_schema_version') AS problem
+          FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)) b
+    WHERE b.problem IS NOT NULL
+    ORDER BY b.n
     LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'apply_envelopes: element % %', v_bad.n, v_bad.problem
@@ -372,6 +355,7 @@ BEGIN
             result_msg_id = ch.r_msg
         FROM changed ch
         WHERE j.id = ch.job_id
+        RETURNING j.id, j.published_at, j.started_at, j.finished_at
     ), files AS (
         UPDATE arm.stored_file f
         SET status = CASE WHEN ch.r_status = 'error' THEN 'ERROR'
@@ -403,47 +387,17 @@ BEGIN
                WHEN r.r_n <= c.n THEN r.r_status
                WHEN a.a_n <= c.n THEN 'processing'::arm.job_status
                ELSE c.s0
-           END
+           END,
+           -- The applied ack and the applied result are the first ones (above).
+           CASE
+               WHEN c.n = a.a_n THEN extract(epoch FROM u.started_at - u.published_at)
+               WHEN c.n = r.r_n THEN extract(epoch FROM u.finished_at - u.started_at)
+           END::float8
     FROM c
     LEFT JOIN first_ack a ON a.job_id = c.job_id
     LEFT JOIN first_result r ON r.job_id = c.job_id
+    LEFT JOIN jobs u ON u.id = c.job_id
     ORDER BY c.n;
-END;
-$$;
-
-
-ALTER FUNCTION arm.apply_envelopes(p_envelopes jsonb) OWNER TO arm_owner;
-
---
--- Name: apply_envelopes_v2(jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
---
-
-CREATE FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) RETURNS TABLE(ord integer, outcome text, attempt integer, status arm.job_status, wait_seconds double precision)
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    v_ord integer[];
-    v_outcome text[];
-    v_attempt integer[];
-    v_status arm.job_status[];
-BEGIN
-    SELECT array_agg(a.ord ORDER BY a.ord), array_agg(a.outcome ORDER BY a.ord),
-           array_agg(a.attempt ORDER BY a.ord), array_agg(a.status ORDER BY a.ord)
-    INTO v_ord, v_outcome, v_attempt, v_status
-    FROM arm.apply_envelopes(p_envelopes) AS a;
-    RETURN QUERY
-    SELECT u.ord, u.outcome, u.attempt, u.status,
-           CASE WHEN u.outcome <> 'applied' THEN NULL
-                WHEN u.status = 'processing'
-                    THEN extract(epoch FROM j.started_at - j.published_at)::float8
-                ELSE extract(epoch FROM j.finished_at - j.started_at)::float8 END
-    FROM unnest(v_ord, v_outcome, v_attempt, v_status) AS u(ord, outcome, attempt, status)
-    LEFT JOIN arm.recognition_job j
-        ON u.outcome = 'applied'
-       AND j.id = (p_envelopes -> (u.ord - 1) ->> 'job_id')::uuid
-    ORDER BY u.ord;
 END;
 $$;
 
@@ -462,21 +416,16 @@ CREATE FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p
 DECLARE
     j arm.recognition_job;
     v_object_id uuid;
+    v_problem text;
 BEGIN
     IF p_status NOT IN ('done', 'needs_check', 'error') THEN
         RAISE EXCEPTION 'apply_result takes done, needs_check or error, not %', p_status
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF p_msg_id IS NULL OR p_msg_id = '' THEN
-        RAISE EXCEPTION 'apply_result needs the message''s Nats-Msg-Id'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF p_status = 'error' AND p_error_code IS NULL THEN
-        RAISE EXCEPTION 'an error result needs an error code' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF p_status IN ('done', 'needs_check')
-       AND (p_result_bucket IS NULL OR p_result_key IS NULL OR p_result_schema_version IS NULL) THEN
-        RAISE EXCEPTION 'a % result needs result_s3 and result_schema_version', p_status
+    v_problem := arm.envelope_problem(p_status::text, p_msg_id, p_error_code,
+                                      p_result_bucket, p_result_key, p_result_schema_version);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'apply_result: the answer %', v_problem
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -784,6 +733,32 @@ $$;
 
 
 ALTER FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) OWNER TO arm_owner;
+
+--
+-- Name: envelope_problem(text, text, text, text, text, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.envelope_problem(p_status text, p_msg_id text, p_error_code text, p_result_bucket text, p_result_key text, p_result_schema_version text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE
+        WHEN p_status = 'processing' THEN NULL
+        WHEN p_status IS NULL OR p_status NOT IN ('done', 'needs_check', 'error')
+            THEN 'has status ' || coalesce(p_status, 'NULL')
+                 || ', not processing, done, needs_check or error'
+        WHEN coalesce(p_msg_id, '') = ''
+            THEN 'is a result without the message''s Nats-Msg-Id'
+        WHEN p_status = 'error' AND p_error_code IS NULL
+            THEN 'is an error result; it needs an error code'
+        WHEN p_status IN ('done', 'needs_check')
+             AND (p_result_bucket IS NULL OR p_result_key IS NULL
+                  OR p_result_schema_version IS NULL)
+            THEN 'is a ' || p_status || ' result; it needs result_s3 and result_schema_version'
+    END
+$$;
+
+
+ALTER FUNCTION arm.envelope_problem(p_status text, p_msg_id text, p_error_code text, p_result_bucket text, p_result_key text, p_result_schema_version text) OWNER TO arm_owner;
 
 --
 -- Name: file_counts(); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1139,6 +1114,20 @@ $_$;
 ALTER FUNCTION arm.name_pattern(p_q text) OWNER TO arm_owner;
 
 --
+-- Name: nats_message_bytes(text, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.nats_message_bytes(p_payload text, p_msg_id text) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT octet_length(p_payload)
+           + octet_length(E'NATS/1.0\r\nNats-Msg-Id: ' || p_msg_id || E'\r\n\r\n')
+$$;
+
+
+ALTER FUNCTION arm.nats_message_bytes(p_payload text, p_msg_id text) OWNER TO arm_owner;
+
+--
 -- Name: pipeline_for(arm.file_type); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -1154,10 +1143,10 @@ $$;
 ALTER FUNCTION arm.pipeline_for(p_file_type arm.file_type) OWNER TO arm_owner;
 
 --
--- Name: publish_queued_jobs(integer, interval, interval, text, text, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+-- Name: publish_queued_jobs_v2(integer, interval, interval, text, text, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
-CREATE FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, outcome text, subject text, msg_id text, request text, error_message text)
+CREATE FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, outcome text, subject text, msg_id text, request text, error_message text, queued_seconds double precision)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
@@ -1191,11 +1180,8 @@ BEGIN
                                   ELSE p_image_reply_timeout END) AS deadline
         ) d
     ), sized AS (
-        -- What the server counts against max_payload: the payload and the header block
-        -- "NATS/1.0\r\nNats-Msg-Id: <id>\r\n\r\n" that nats-py sends with it.
-        SELECT b.*,
-               octet_length(b.request) + 12 + octet_length('Nats-Msg-Id: ' || b.msg_id) + 4
-                   AS bytes
+        -- What the server counts against max_payload (00_helpers.sql).
+        SELECT b.*, arm.nats_message_bytes(b.request, b.msg_id) AS bytes
         FROM built b
     ), marked AS (
         UPDATE arm.recognition_job j
@@ -1213,7 +1199,7 @@ BEGIN
             finished_at = CASE WHEN s.bytes > p_max_bytes THEN v_now END
         FROM sized s
         WHERE j.id = s.id
-        RETURNING j.id, j.status, j.error_message
+        RETURNING j.id, j.status, j.error_message, j.published_at
     ), files AS (
         UPDATE arm.stored_file f
         SET status = 'ERROR'
@@ -1223,33 +1209,12 @@ BEGIN
     SELECT s.id, s.attempt, s.file_id, m.status::text,
            s.subject, s.msg_id,
            CASE WHEN m.status = 'published' THEN s.request END,
-           m.error_message
+           m.error_message,
+           extract(epoch FROM m.published_at - s.requested_at)::float8
     FROM sized s
     JOIN marked m ON m.id = s.id
     ORDER BY s.requested_at, s.id;
 END;
-$$;
-
-
-ALTER FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) OWNER TO arm_owner;
-
---
--- Name: publish_queued_jobs_v2(integer, interval, interval, text, text, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
---
-
-CREATE FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, outcome text, subject text, msg_id text, request text, error_message text, queued_seconds double precision)
-    LANGUAGE sql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
-    AS $$
-    SELECT p.job_id, p.attempt, p.file_id, p.outcome, p.subject, p.msg_id, p.request,
-           p.error_message,
-           CASE WHEN p.outcome = 'published'
-                THEN extract(epoch FROM clock_timestamp() - j.requested_at)::float8 END
-    FROM arm.publish_queued_jobs(p_limit, p_tabular_reply_timeout, p_image_reply_timeout,
-                                 p_tabular_subject, p_image_subject, p_max_bytes)
-         WITH ORDINALITY AS p
-    JOIN arm.recognition_job j ON j.id = p.job_id
-    ORDER BY p.ordinality;
 $$;
 
 
@@ -2459,14 +2424,6 @@ REVOKE ALL ON FUNCTION arm.apply_ack(p_job_id uuid, p_file_id uuid, p_service_na
 
 
 --
--- Name: FUNCTION apply_envelopes(p_envelopes jsonb); Type: ACL; Schema: arm; Owner: arm_owner
---
-
-REVOKE ALL ON FUNCTION arm.apply_envelopes(p_envelopes jsonb) FROM PUBLIC;
-GRANT ALL ON FUNCTION arm.apply_envelopes(p_envelopes jsonb) TO arm_bridge;
-
-
---
 -- Name: FUNCTION apply_envelopes_v2(p_envelopes jsonb); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
@@ -2568,14 +2525,6 @@ REVOKE ALL ON FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p
 
 REVOKE ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) TO arm_bridge;
-
-
---
--- Name: FUNCTION publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer); Type: ACL; Schema: arm; Owner: arm_owner
---
-
-REVOKE ALL ON FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) FROM PUBLIC;
-GRANT ALL ON FUNCTION arm.publish_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) TO arm_bridge;
 
 
 --

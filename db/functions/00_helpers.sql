@@ -4,10 +4,10 @@
 -- writes, and every SECURITY DEFINER one, carries SET search_path = pg_catalog, arm,
 -- pg_temp, so a caller's own schemas, functions and operators never reach its body.
 -- The read-only helpers below but set_setting (is_final, pipeline_for, setting_int,
--- _request_body) have no SET clause on purpose: they are called once per row inside the
--- hot functions, where a SET would stop the SQL ones from being inlined; they write
--- nothing, run with their caller's rights, stay executable by PUBLIC, and resolve names
--- under the path their (pinned) caller runs with.
+-- _request_body, nats_message_bytes, envelope_problem) have no SET clause on purpose:
+-- they are called once per row inside the hot functions, where a SET would stop the SQL
+-- ones from being inlined; they write nothing, run with their caller's rights, stay
+-- executable by PUBLIC, and resolve names under the path their (pinned) caller runs with.
 
 -- Whether a job status is final: a final job's status, result and error never change.
 CREATE OR REPLACE FUNCTION arm.is_final(p_status arm.job_status)
@@ -82,4 +82,48 @@ AS $$
             to_char(p_reply_deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
         'attempt', p_job.attempt
     )
+$$;
+
+-- What the NATS server counts against its max_payload for a request published with
+-- nats-py and a Nats-Msg-Id header: the payload and the header block nats-py sends with
+-- it, "NATS/1.0\r\nNats-Msg-Id: <id>\r\n\r\n". The one place this rule is written:
+-- publish_queued_jobs_v2 dead-letters a request over the limit with it, and the
+-- publisher's republish query (arm_core/queries.sql claim_unacked_jobs) returns it.
+CREATE OR REPLACE FUNCTION arm.nats_message_bytes(p_payload text, p_msg_id text)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT octet_length(p_payload)
+           + octet_length(E'NATS/1.0\r\nNats-Msg-Id: ' || p_msg_id || E'\r\n\r\n')
+$$;
+
+-- Why the inbox refuses an answer (an ack or a result, as the fields of its envelope), or
+-- NULL when it takes it: the one place these rules are written, for apply_result and
+-- apply_envelopes_v2 (db/functions/30_inbox.sql). The text completes "element n …" and
+-- "apply_result: the answer …". An ack (`processing`) needs nothing more than its ids.
+CREATE OR REPLACE FUNCTION arm.envelope_problem(
+    p_status text,
+    p_msg_id text,
+    p_error_code text,
+    p_result_bucket text,
+    p_result_key text,
+    p_result_schema_version text
+)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN p_status = 'processing' THEN NULL
+        WHEN p_status IS NULL OR p_status NOT IN ('done', 'needs_check', 'error')
+            THEN 'has status ' || coalesce(p_status, 'NULL')
+                 || ', not processing, done, needs_check or error'
+        WHEN coalesce(p_msg_id, '') = ''
+            THEN 'is a result without the message''s Nats-Msg-Id'
+        WHEN p_status = 'error' AND p_error_code IS NULL
+            THEN 'is an error result; it needs an error code'
+        WHEN p_status IN ('done', 'needs_check')
+             AND (p_result_bucket IS NULL OR p_result_key IS NULL
+                  OR p_result_schema_version IS NULL)
+            THEN 'is a ' || p_status || ' result; it needs result_s3 and result_schema_version'
+    END
 $$;

@@ -8,7 +8,7 @@
 -- which the uploader role (INSERT only, README "Database roles") may not read. The other
 -- triggers read and write no table and run with the rights of whoever writes, so a
 -- search_path of the writer's choosing gains the writer nothing; they fire once per row
--- (500 times in a batch of apply_envelopes), where a SET clause costs about 1 µs a call,
+-- (500 times in a batch of apply_envelopes_v2), where a SET clause costs about 1 µs a call,
 -- and inside the functions they run under the functions' pinned path anyway.
 CREATE OR REPLACE FUNCTION arm.tg_recognition_job__defaults()
 RETURNS trigger

@@ -1,10 +1,10 @@
 -- The publisher's hot path (R-OUT-1) in one statement per batch. The bridge runs, in ONE
 -- transaction:
---   publish_queued_jobs → publish every `published` row's request to NATS → confirm the
---   server has them → COMMIT   (or ROLLBACK when the batch could not be confirmed).
+--   publish_queued_jobs_v2 → publish every `published` row's request to NATS → confirm
+--   the server has them → COMMIT   (or ROLLBACK when the batch could not be confirmed).
 -- The rows are marked in the same statement that claims them, so each job costs one row
--- version instead of a lock and then an update (claim_queued_jobs + mark_published, which
--- stay for DBAs and tests). Nothing changes in what others can see: until the commit the
+-- version instead of a lock and then an update (claim_queued_jobs + mark_published: the
+-- previous release's bridges call them, DBAs and tests may). Nothing changes in what others can see: until the commit the
 -- jobs are queued for everyone else, and the commit comes only after the server confirmed
 -- every message, so a job is still never marked published unless its message reached
 -- NATS. published_at is the moment of the claim, a few milliseconds before the publish.
@@ -19,8 +19,14 @@
 --     never be published, and it must not hold back the jobs behind it.
 -- Returns one row per job: outcome (`published` | `dlq`), the subject, the Nats-Msg-Id
 -- and the request as JSON text (to be sent as it is) for published ones, the error for
--- dlq ones. Must run inside the transaction that publishes and then commits.
-CREATE OR REPLACE FUNCTION arm.publish_queued_jobs(
+-- dlq ones, and queued_seconds: how long a published job waited queued (requested_at →
+-- published_at, the claim; NULL for a dead-lettered one), for the histogram
+-- arm_job_wait_seconds{phase="queued"}. Must run inside the transaction that publishes
+-- and then commits.
+--
+-- _v2: the first version had no queued_seconds (a new result column is a new name,
+-- db/README.md). No release called it; migration 0007 drops it.
+CREATE OR REPLACE FUNCTION arm.publish_queued_jobs_v2(
     p_limit integer,
     p_tabular_reply_timeout interval,
     p_image_reply_timeout interval,
@@ -36,7 +42,8 @@ RETURNS TABLE (
     subject text,
     msg_id text,
     request text,
-    error_message text
+    error_message text,
+    queued_seconds double precision
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -72,11 +79,8 @@ BEGIN
                                   ELSE p_image_reply_timeout END) AS deadline
         ) d
     ), sized AS (
-        -- What the server counts against max_payload: the payload and the header block
-        -- "NATS/1.0\r\nNats-Msg-Id: <id>\r\n\r\n" that nats-py sends with it.
-        SELECT b.*,
-               octet_length(b.request) + 12 + octet_length('Nats-Msg-Id: ' || b.msg_id) + 4
-                   AS bytes
+        -- What the server counts against max_payload (00_helpers.sql).
+        SELECT b.*, arm.nats_message_bytes(b.request, b.msg_id) AS bytes
         FROM built b
     ), marked AS (
         UPDATE arm.recognition_job j
@@ -94,7 +98,7 @@ BEGIN
             finished_at = CASE WHEN s.bytes > p_max_bytes THEN v_now END
         FROM sized s
         WHERE j.id = s.id
-        RETURNING j.id, j.status, j.error_message
+        RETURNING j.id, j.status, j.error_message, j.published_at
     ), files AS (
         UPDATE arm.stored_file f
         SET status = 'ERROR'
@@ -104,7 +108,8 @@ BEGIN
     SELECT s.id, s.attempt, s.file_id, m.status::text,
            s.subject, s.msg_id,
            CASE WHEN m.status = 'published' THEN s.request END,
-           m.error_message
+           m.error_message,
+           extract(epoch FROM m.published_at - s.requested_at)::float8
     FROM sized s
     JOIN marked m ON m.id = s.id
     ORDER BY s.requested_at, s.id;

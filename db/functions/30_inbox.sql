@@ -1,7 +1,7 @@
 -- The inbox's side (R-ACK-1, R-IN-1): acks and results from files.tabular_parsed,
 -- applied one at a time (apply_ack, apply_result) or as a batch in one transaction
--- (apply_envelopes, which calls them). Both lock the job row by id first and decide on
--- what they then see. A status filter
+-- (apply_envelopes_v2, with the outcomes of calling them in turn). Each locks the job
+-- rows by id first and decides on what it then sees. A status filter
 -- in the UPDATE's WHERE would not do: under READ COMMITTED a row whose visible version
 -- is still `queued` (the publisher's transaction has not committed yet) is skipped
 -- without waiting, and an early ack would be lost. SELECT … FOR UPDATE by id waits for
@@ -14,7 +14,7 @@
 --   not_published  the job is still queued (it was never sent)
 --   unknown_job    no job has this id
 --   file_mismatch  the envelope's file_id is not the job's
---   busy           (apply_envelopes only) another transaction holds the job's row:
+--   busy           (apply_envelopes_v2 only) another transaction holds the job's row:
 --                  nothing was done, the caller applies the envelope again
 
 -- Applies an ack (`status = processing`): published → processing with started_at and the
@@ -94,21 +94,16 @@ AS $$
 DECLARE
     j arm.recognition_job;
     v_object_id uuid;
+    v_problem text;
 BEGIN
     IF p_status NOT IN ('done', 'needs_check', 'error') THEN
         RAISE EXCEPTION 'apply_result takes done, needs_check or error, not %', p_status
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF p_msg_id IS NULL OR p_msg_id = '' THEN
-        RAISE EXCEPTION 'apply_result needs the message''s Nats-Msg-Id'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF p_status = 'error' AND p_error_code IS NULL THEN
-        RAISE EXCEPTION 'an error result needs an error code' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF p_status IN ('done', 'needs_check')
-       AND (p_result_bucket IS NULL OR p_result_key IS NULL OR p_result_schema_version IS NULL) THEN
-        RAISE EXCEPTION 'a % result needs result_s3 and result_schema_version', p_status
+    v_problem := arm.envelope_problem(p_status::text, p_msg_id, p_error_code,
+                                      p_result_bucket, p_result_key, p_result_schema_version);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'apply_result: the answer %', v_problem
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -171,9 +166,16 @@ $$;
 -- result_bucket, result_key, result_schema_version, error_code, error_message and metrics
 -- (an object or null); unused keys may be null or absent. Returns one row per element:
 -- ord (its 1-based position), outcome, attempt, status (the job's status once that
--- element is through). A later element sees what the earlier ones did: a second copy of
--- an ack, or of a result with the same msg_id, gets `duplicate`; an ack after its job's
--- result gets `already_final`.
+-- element is through) and, for an applied element, wait_seconds: the wait it ended, for
+-- the histogram arm_job_wait_seconds{phase} — an ack (→ processing) published_at →
+-- started_at, a result (→ done | needs_check | error) started_at → finished_at (NULL
+-- when the job was never acked); both as the batch's UPDATE of the job RETURNs them.
+-- A later element sees what the earlier ones did: a second copy of an ack, or of a
+-- result with the same msg_id, gets `duplicate`; an ack after its job's result gets
+-- `already_final`.
+--
+-- _v2: the first version had no wait_seconds (a new result column is a new name,
+-- db/README.md). No release called it; migration 0007 drops it.
 --
 -- Set-based, not a loop: per job, the first ack (if the job was published) and the first
 -- result (if the job was live) are the only elements that change anything; every other
@@ -198,16 +200,22 @@ $$;
 -- applied. (Every job an envelope names committed before its request went out, so the
 -- locking statement sees it once that commit is there.)
 --
--- Errors: an element apply_result would refuse (no msg_id; an error without a code; a
--- done/needs_check without result_s3 or result_schema_version), an unknown status, or a
--- constraint (a result key over 1024 characters) fails the whole call, and nothing of
--- the batch is applied. The caller then applies that batch again one element per call,
+-- Errors: an element apply_result would refuse (arm.envelope_problem: no msg_id; an
+-- error without a code; a done/needs_check without result_s3 or result_schema_version;
+-- an unknown status), or a constraint (a result key over 1024 characters) fails the
+-- whole call, and nothing of the batch is applied. The caller then applies that batch again one element per call,
 -- which gives the bad element its own error and the others their outcomes. There is
 -- deliberately no exception block per element: each is a subtransaction, and more than
 -- 64 subtransactions that write in one transaction overflow the backend's subxid cache,
 -- after which every other session's snapshots get slower.
-CREATE OR REPLACE FUNCTION arm.apply_envelopes(p_envelopes jsonb)
-RETURNS TABLE (ord integer, outcome text, attempt integer, status arm.job_status)
+CREATE OR REPLACE FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb)
+RETURNS TABLE (
+    ord integer,
+    outcome text,
+    attempt integer,
+    status arm.job_status,
+    wait_seconds double precision
+)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
@@ -224,35 +232,18 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- What apply_ack / apply_result would raise on, checked for the whole batch first.
-    SELECT x.n, x.env ->> 'status' AS status,
-           CASE
-               WHEN x.env ->> 'status' IS NULL
-                    OR x.env ->> 'status' NOT IN ('processing', 'done', 'needs_check', 'error')
-                   THEN 'has status ' || coalesce(x.env ->> 'status', 'NULL')
-                        || ', not processing, done, needs_check or error'
-               WHEN x.env ->> 'status' = 'processing' THEN NULL
-               WHEN coalesce(x.env ->> 'msg_id', '') = ''
-                   THEN 'is a result without the message''s Nats-Msg-Id'
-               WHEN x.env ->> 'status' = 'error' AND x.env ->> 'error_code' IS NULL
-                   THEN 'is an error result; it needs an error code'
-               WHEN x.env ->> 'status' IN ('done', 'needs_check')
-                    AND (x.env ->> 'result_bucket' IS NULL OR x.env ->> 'result_key' IS NULL
-                         OR x.env ->> 'result_schema_version' IS NULL)
-                   THEN 'is a ' || (x.env ->> 'status')
-                        || ' result; it needs result_s3 and result_schema_version'
-           END AS problem
+    -- What apply_ack / apply_result would raise on, checked for the whole batch first
+    -- (arm.envelope_problem is inlined here: one expression per element).
+    SELECT b.n, b.problem
     INTO v_bad
-    FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)
-    WHERE x.env ->> 'status' IS DISTINCT FROM 'processing'
-      AND (x.env ->> 'status' IS NULL
-           OR x.env ->> 'status' NOT IN ('done', 'needs_check', 'error')
-           OR coalesce(x.env ->> 'msg_id', '') = ''
-           OR (x.env ->> 'status' = 'error' AND x.env ->> 'error_code' IS NULL)
-           OR (x.env ->> 'status' IN ('done', 'needs_check')
-               AND (x.env ->> 'result_bucket' IS NULL OR x.env ->> 'result_key' IS NULL
-                    OR x.env ->> 'result_schema_version' IS NULL)))
-    ORDER BY x.n
+    FROM (SELECT x.n,
+                 arm.envelope_problem(x.env ->> 'status', x.env ->> 'msg_id',
+                                      x.env ->> 'error_code', x.env ->> 'result_bucket',
+                                      x.env ->> 'result_key',
+                                      x.env ->> 'result_schema_version') AS problem
+          FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)) b
+    WHERE b.problem IS NOT NULL
+    ORDER BY b.n
     LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'apply_envelopes: element % %', v_bad.n, v_bad.problem
@@ -333,6 +324,7 @@ BEGIN
             result_msg_id = ch.r_msg
         FROM changed ch
         WHERE j.id = ch.job_id
+        RETURNING j.id, j.published_at, j.started_at, j.finished_at
     ), files AS (
         UPDATE arm.stored_file f
         SET status = CASE WHEN ch.r_status = 'error' THEN 'ERROR'
@@ -364,10 +356,16 @@ BEGIN
                WHEN r.r_n <= c.n THEN r.r_status
                WHEN a.a_n <= c.n THEN 'processing'::arm.job_status
                ELSE c.s0
-           END
+           END,
+           -- The applied ack and the applied result are the first ones (above).
+           CASE
+               WHEN c.n = a.a_n THEN extract(epoch FROM u.started_at - u.published_at)
+               WHEN c.n = r.r_n THEN extract(epoch FROM u.finished_at - u.started_at)
+           END::float8
     FROM c
     LEFT JOIN first_ack a ON a.job_id = c.job_id
     LEFT JOIN first_result r ON r.job_id = c.job_id
+    LEFT JOIN jobs u ON u.id = c.job_id
     ORDER BY c.n;
 END;
 $$;

@@ -1,4 +1,4 @@
--- Per-status counts and the status view (issue 11: arm_jobs{status}, GET /api/v1/status).
+-- Per-status counts and the status view (arm_jobs{status}, GET /api/v1/status).
 --
 -- Counting: the tables arm.job_count / arm.file_count hold the counts as of the last
 -- compaction; arm.job_count_delta / arm.file_count_delta hold, one row per status and
@@ -15,8 +15,8 @@
 -- The one trigger function of the eight count triggers (recognition_job and stored_file;
 -- INSERT, UPDATE, DELETE, TRUNCATE). SECURITY DEFINER: the uploader's INSERT fires it and
 -- may not write the delta tables itself. It fires per statement, where the SET costs once.
--- Migration 0004 creates it with this same body (its triggers must never run a stand-in,
--- not even between the migration's commit and this file's): change both together.
+-- This is its only definition: migration 0004 creates the tables it writes, the triggers
+-- come below.
 CREATE OR REPLACE FUNCTION arm.tg_count_statuses()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -67,12 +67,69 @@ BEGIN
 END;
 $$;
 
--- The eight triggers that fire it (AFTER INSERT, UPDATE, DELETE — with transition tables
--- — and TRUNCATE, FOR EACH STATEMENT, on arm.recognition_job and arm.stored_file) are
--- created by migration 0004, not here: with the tables they write, in the transaction that
--- backfills the counts. This file is applied to databases of any migration level (a test
--- applies today's functions to a 0001 database), where a trigger writing a table that
--- does not exist yet would break every upload.
+-- The eight triggers that fire it: AFTER INSERT, UPDATE, DELETE (with transition tables)
+-- and TRUNCATE, FOR EACH STATEMENT, on arm.recognition_job and arm.stored_file. Created
+-- (or replaced, unchanged) on every migrate, in this file's transaction and under a lock
+-- that holds writers back (10_triggers.sql takes the same one); the migrate that creates
+-- them — the first after migration 0004 — also takes the counts in that transaction, so
+-- not a change falls between the counts and the first counted statement, and the
+-- triggers never fire anything but the function above. Until then the tables are empty
+-- and nothing reads them: job_counts() and the rest come with this file. A database
+-- before 0004 (a test applies today's functions to a 0001 one) gets no triggers: writing
+-- tables that do not exist would break every upload.
+DO $count_triggers$
+DECLARE
+    v_counting boolean;
+BEGIN
+    IF to_regclass('arm.job_count_delta') IS NULL THEN
+        RETURN;
+    END IF;
+    LOCK TABLE arm.recognition_job, arm.stored_file IN SHARE ROW EXCLUSIVE MODE;
+    v_counting := (SELECT count(*) = 8 FROM pg_catalog.pg_trigger t
+                   WHERE t.tgfoid = 'arm.tg_count_statuses()'::regprocedure);
+
+    CREATE OR REPLACE TRIGGER tg_recognition_job__count_insert
+        AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+    CREATE OR REPLACE TRIGGER tg_recognition_job__count_update
+        AFTER UPDATE ON arm.recognition_job
+        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+    CREATE OR REPLACE TRIGGER tg_recognition_job__count_delete
+        AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+    CREATE OR REPLACE TRIGGER tg_recognition_job__count_truncate
+        AFTER TRUNCATE ON arm.recognition_job
+        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+    CREATE OR REPLACE TRIGGER tg_stored_file__count_insert
+        AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+    CREATE OR REPLACE TRIGGER tg_stored_file__count_update
+        AFTER UPDATE ON arm.stored_file
+        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+    CREATE OR REPLACE TRIGGER tg_stored_file__count_delete
+        AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+    CREATE OR REPLACE TRIGGER tg_stored_file__count_truncate
+        AFTER TRUNCATE ON arm.stored_file
+        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+
+    IF NOT v_counting THEN
+        -- The triggers were not (all) there: the counts start again from the rows.
+        DELETE FROM arm.job_count_delta;
+        DELETE FROM arm.job_count;
+        INSERT INTO arm.job_count (status, n)
+        SELECT s, (SELECT count(*) FROM arm.recognition_job j WHERE j.status = s)
+        FROM unnest(enum_range(NULL::arm.job_status)) AS s;
+        DELETE FROM arm.file_count_delta;
+        DELETE FROM arm.file_count;
+        INSERT INTO arm.file_count (status, n)
+        SELECT s, (SELECT count(*) FROM arm.stored_file f WHERE f.status = s)
+        FROM unnest(enum_range(NULL::arm.file_status)) AS s;
+    END IF;
+END;
+$count_triggers$;
 
 -- Folds every delta row into the counts; returns how many delta rows it folded.
 CREATE OR REPLACE FUNCTION arm.compact_counts()

@@ -73,7 +73,7 @@ def result_env(
 
 def apply(conn: Conn, envelopes: list[Envelope]) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query("apply_envelopes"), {"envelopes": Jsonb(envelopes)}).fetchall()
+        return cur.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb(envelopes)}).fetchall()
 
 
 def outcomes(rows: list[dict[str, Any]]) -> list[str]:
@@ -265,7 +265,7 @@ def test_an_element_that_raises_fails_the_whole_batch(
 def test_the_batch_must_be_an_array(conn: Conn, not_an_array: Any) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="JSON array"):
         conn.execute(
-            "SELECT * FROM arm.apply_envelopes(%s)",
+            "SELECT * FROM arm.apply_envelopes_v2(%s)",
             (Jsonb(not_an_array) if not_an_array is not None else None,),
         )
 

@@ -44,6 +44,9 @@ from arm_core.bridge.contracts import RESULT_SCHEMA, schema
 from arm_core.db import query
 from arm_core.devtools.embedded import EmbeddedPostgres
 from tests.support.sql import (
+    APPLY_ACK,
+    APPLY_RESULT,
+    DEAD_LETTER_UNPUBLISHABLE,
     Conn,
     Upload,
     ack,
@@ -145,7 +148,7 @@ def build_pool(conn: Conn) -> Pool:
     # queued → dlq: the request could not be published (never went out).
     unpub = upload(conn)
     conn.execute(
-        query("dead_letter_unpublishable"),
+        DEAD_LETTER_UNPUBLISHABLE,
         {"job_ids": [unpub.job_id], "error_codes": ["PAYLOAD_TOO_LARGE"], "error_messages": [None]},
     )
     add("unpub", unpub)
@@ -262,7 +265,7 @@ def pool(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[Pool]:
 def run_batch(conn: Conn, batch: list[Envelope]) -> list[Outcome]:
     """A: the whole batch in one apply_envelopes call."""
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query("apply_envelopes"), {"envelopes": Jsonb(batch)}).fetchall()
+        rows = cur.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb(batch)}).fetchall()
     assert [r["ord"] for r in rows] == list(range(1, len(batch) + 1)), rows
     return [(r["outcome"], r["attempt"], r["status"]) for r in rows]
 
@@ -279,13 +282,13 @@ def run_one_by_one(conn: Conn, batch: list[Envelope]) -> list[Outcome]:
             ids = {"job_id": _uuid(env.get("job_id")), "file_id": _uuid(env.get("file_id"))}
             service = {k: env.get(k) for k in ("service_name", "service_version")}
             if env["status"] == "processing":
-                row = cur.execute(query("apply_ack"), {**ids, **service}).fetchone()
+                row = cur.execute(APPLY_ACK, {**ids, **service}).fetchone()
             else:
                 params = {k: env.get(k) for k in RESULT_KEYS}
                 metrics = env.get("metrics")
                 params["metrics"] = None if metrics is None else Jsonb(metrics)
                 row = cur.execute(
-                    query("apply_result"),
+                    APPLY_RESULT,
                     {**ids, **service, **params, "msg_id": env["msg_id"], "status": env["status"]},
                 ).fetchone()
             assert row is not None

@@ -1,4 +1,4 @@
-"""Per-status counts (issue 11, migration 0004, db/functions/80_status.sql): arm.job_counts()
+"""Per-status counts (migration 0004, db/functions/80_status.sql): arm.job_counts()
 and arm.file_counts() equal a real COUNT(*) per status after random uploads, transitions,
 retries, deletes and compactions, whoever wrote; the status view's figures in constructed
 situations; and neither the counts nor the status view read arm.stored_file."""
@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from arm_core.migrate import SQL_DIR, apply_functions
 from tests.support.sql import (
     Conn,
     ack,
@@ -233,13 +234,50 @@ def test_the_status_view_in_constructed_situations(conn: Conn) -> None:
     assert fresh.job_id != uuid.UUID(int=0)
 
 
-def test_migration_0004_creates_the_trigger_function_with_the_function_file_s_body() -> None:
-    """The triggers never run a stand-in: 0004 and db/functions/80_status.sql hold the same
-    definition (db/README.md: change both together)."""
+def test_the_count_trigger_function_is_defined_once() -> None:
+    """db/functions/80_status.sql alone defines arm.tg_count_statuses (migration 0004
+    creates only the tables; the triggers come with the function)."""
     db = Path(__file__).resolve().parents[2] / "db"
-    pattern = r"CREATE OR REPLACE FUNCTION arm\.tg_count_statuses\(\).*?\n\$\$;\n"
-    [in_migration] = re.findall(
-        pattern, (db / "migrations" / "0004_job_and_file_counts.sql").read_text(), re.S
-    )
-    [in_functions] = re.findall(pattern, (db / "functions" / "80_status.sql").read_text(), re.S)
-    assert in_migration == in_functions
+    defining = [
+        path.relative_to(db).as_posix()
+        for path in sorted([*db.glob("migrations/*.sql"), *db.glob("functions/*.sql")])
+        if re.search(r"FUNCTION arm\.tg_count_statuses\(\)\s*RETURNS", path.read_text())
+    ]
+    assert defining == ["functions/80_status.sql"]
+
+
+COUNT_TRIGGERS = """
+SELECT count(*) FROM pg_trigger WHERE tgfoid = 'arm.tg_count_statuses()'::regprocedure
+"""
+
+
+def test_the_function_file_makes_the_count_triggers_and_counts_again_when_they_are_missing(
+    db_url: str,
+) -> None:
+    """What the first migrate after migration 0004 does (and any migrate that finds a
+    count trigger missing): the eight triggers are made and the counts taken from the rows,
+    in the function files' transaction; a migrate that finds them changes nothing."""
+    with dict_conn(db_url) as conn:
+        for _ in range(3):
+            upload(conn)
+        publish(conn, limit=1)
+        assert scalar(conn, COUNT_TRIGGERS) == 8
+        conn.execute("DROP TRIGGER tg_stored_file__count_update ON arm.stored_file")
+        conn.execute("DROP TRIGGER tg_recognition_job__count_insert ON arm.recognition_job")
+        upload(conn)  # not counted
+        conn.execute("UPDATE arm.job_count SET n = n + 7")  # and counts gone astray
+        assert counted(conn, "job_counts") != real(conn, "recognition_job", "job_status")
+    with psycopg.connect(db_url, autocommit=True) as plain:
+        apply_functions(plain, SQL_DIR)
+    with dict_conn(db_url) as conn:
+        assert scalar(conn, COUNT_TRIGGERS) == 8
+        assert_counts_are_real(conn)
+        upload(conn)
+        publish(conn)
+        assert_counts_are_real(conn)
+        before = conn.execute("SELECT * FROM arm.job_count ORDER BY status").fetchall()
+    with psycopg.connect(db_url, autocommit=True) as plain:
+        apply_functions(plain, SQL_DIR)
+    with dict_conn(db_url) as conn:
+        assert conn.execute("SELECT * FROM arm.job_count ORDER BY status").fetchall() == before
+        assert_counts_are_real(conn)

@@ -16,6 +16,7 @@ from yoyo import get_backend, read_migrations
 from arm_core.db import query
 from arm_core.migrate import SQL_DIR, apply_functions, migrate, yoyo_url
 from tests.support.sql import (
+    DEAD_LETTER_UNPUBLISHABLE,
     Conn,
     Upload,
     ack,
@@ -41,6 +42,7 @@ LATER = [
     "0004_job_and_file_counts",
     "0005_file_list_indexes",
     "0006_file_name_trigram_index",
+    "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table
@@ -136,7 +138,7 @@ def test_0002_applies_to_a_database_with_data_and_its_constraints_hold(
 
         # The old jobs carry on under the new functions.
         rows = conn.execute(
-            query("apply_envelopes"),
+            query("apply_envelopes_v2"),
             {
                 "envelopes": Jsonb(
                     [
@@ -161,7 +163,7 @@ def test_0002_applies_to_a_database_with_data_and_its_constraints_hold(
         ).fetchall()
         assert [r["outcome"] for r in rows] == ["applied", "applied"]
         moved = conn.execute(
-            query("dead_letter_unpublishable"),
+            DEAD_LETTER_UNPUBLISHABLE,
             {"job_ids": [ups["queued"].job_id], "error_codes": ["X"], "error_messages": [None]},
         ).fetchall()
         assert len(moved) == 1 and stored_file(conn, ups["queued"].file_id)["status"] == "ERROR"
@@ -213,7 +215,7 @@ def test_0002_rolls_back_with_data_and_applies_again(empty_db_url: str) -> None:
     assert migrate(empty_db_url).applied_migrations == LATER
     with dict_conn(empty_db_url) as conn:
         conn.execute(
-            query("dead_letter_unpublishable"),
+            DEAD_LETTER_UNPUBLISHABLE,
             {"job_ids": [ups["queued"].job_id], "error_codes": ["X"], "error_messages": [None]},
         )
     assert _yoyo(empty_db_url, LATER, rollback=True) == LATER[::-1]

@@ -60,20 +60,18 @@ pytestmark = pytest.mark.integration
 # db/grants.sql (change both together; test_every_function_is_owned_pinned_and_granted
 # fails until they agree).
 CALLERS: dict[str, set[str]] = {
-    "publish_queued_jobs": {"arm_bridge"},
+    "publish_queued_jobs_v2": {"arm_bridge"},
     "claim_unacked_jobs": {"arm_bridge"},
     "mark_republished": {"arm_bridge"},
     "dead_letter_unacked": {"arm_bridge"},
-    "apply_envelopes": {"arm_bridge"},
+    "apply_envelopes_v2": {"arm_bridge"},
     "run_due_tasks": {"arm_bridge"},
     "set_sweep_interval": {"arm_bridge"},
     "retry_file": {"arm_api"},
     "retry_files": {"arm_api"},
     "get_file": {"arm_api", "arm_readonly"},
     "list_files": {"arm_api", "arm_readonly"},
-    # issue 11: metrics and the status view
-    "publish_queued_jobs_v2": {"arm_bridge"},
-    "apply_envelopes_v2": {"arm_bridge"},
+    # metrics and the status view
     "compact_counts": {"arm_bridge"},
     "job_counts": {"arm_bridge", "arm_api", "arm_readonly"},
     "file_counts": {"arm_readonly"},
@@ -90,6 +88,8 @@ PUBLIC_HELPERS = {
     "fold_name",
     "name_pattern",
     "is_retryable",
+    "nats_message_bytes",
+    "envelope_problem",
 }
 # Pinned but with the caller's rights: pg_cron's scheduling and unscheduling, which need
 # the caller's rights on schema cron (a DBA's).
@@ -347,7 +347,7 @@ def test_the_bridge_role_does_everything_the_bridge_sends(db_url: str) -> None:
             "max_bytes": 1 << 20,
         }
         with bridge.transaction():
-            sent = bridge.execute(query("publish_queued_jobs"), params).fetchall()
+            sent = bridge.execute(query("publish_queued_jobs_v2"), params).fetchall()
         assert [r["outcome"] for r in sent] == ["published"] * 3
 
         envelopes = [
@@ -368,7 +368,7 @@ def test_the_bridge_role_does_everything_the_bridge_sends(db_url: str) -> None:
                 "result_schema_version": "1.0",
             },
         ]
-        applied = bridge.execute(query("apply_envelopes"), {"envelopes": Jsonb(envelopes)})
+        applied = bridge.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb(envelopes)})
         assert [r["outcome"] for r in applied.fetchall()] == ["applied", "applied"]
 
         bridge.execute(query("set_sweep_interval"), {"seconds": 7})
@@ -416,7 +416,6 @@ def test_the_api_role_retries_reads_and_checks_health(db_url: str) -> None:
         document = api.execute(query("get_file"), {"file_id": failed.file_id}).fetchone()
         assert document is not None and len(document["file"]["attempts"]) == 2
         assert scalar(api, query("outbox_oldest_queued_age")) >= 0
-        assert scalar(api, query("ping")) == 1
 
 
 def test_the_uploader_role_does_the_readme_upload_with_its_defaults(db_url: str) -> None:
@@ -589,7 +588,7 @@ def test_a_hijacked_search_path_never_reaches_the_bridges_functions(db_url: str)
         bridge.execute(HIJACK_PATH)
         with bridge.transaction():
             sent = bridge.execute(
-                "SELECT * FROM arm.publish_queued_jobs(10, '600 s', '1 s', 't', 'i', 1048576)"
+                "SELECT * FROM arm.publish_queued_jobs_v2(10, '600 s', '1 s', 't', 'i', 1048576)"
             ).fetchall()
         assert len(sent) == 2
         ack = [
@@ -600,7 +599,7 @@ def test_a_hijacked_search_path_never_reaches_the_bridges_functions(db_url: str)
                 "service_name": "tabular-parser",
             }
         ]
-        bridge.execute("SELECT * FROM arm.apply_envelopes(%s)", (Jsonb(ack),))
+        bridge.execute("SELECT * FROM arm.apply_envelopes_v2(%s)", (Jsonb(ack),))
         bridge.execute("SELECT * FROM arm.claim_unacked_jobs(10, '0 s', 5)")
         bridge.execute("SELECT arm.mark_republished(%s)", ([second.job_id],))
         bridge.execute("SELECT * FROM arm.dead_letter_unacked('0 s', 5)")
@@ -637,12 +636,12 @@ def test_a_hijacked_search_path_never_reaches_the_api_or_the_uploads_defaults(
     [
         (
             BRIDGE_LOGIN,
-            "arm.publish_queued_jobs(integer, interval, interval, text, text, integer)",
-            "SELECT * FROM arm.publish_queued_jobs(10, '600 s', '1 s', 't', 'i', 1048576)",
+            "arm.publish_queued_jobs_v2(integer, interval, interval, text, text, integer)",
+            "SELECT * FROM arm.publish_queued_jobs_v2(10, '600 s', '1 s', 't', 'i', 1048576)",
         ),
         (UPLOADER_LOGIN, "arm.tg_recognition_job__defaults()", None),
     ],
-    ids=["publish_queued_jobs", "defaults_trigger"],
+    ids=["publish_queued_jobs_v2", "defaults_trigger"],
 )
 def test_without_its_pinned_path_the_same_call_runs_the_callers_code_as_the_owner(
     db_url: str, login: Login, function: str, call: str | None
@@ -745,7 +744,7 @@ def test_a_migrating_user_outside_arm_owner_is_told_the_grant_and_changes_nothin
     migrate(url)
     migrate(url)  # again: nothing left to do, and nothing it may not do
     with dict_conn(empty_db_url) as admin:
-        assert functions(admin)["publish_queued_jobs"]["owner"] == "arm_owner"
+        assert functions(admin)["publish_queued_jobs_v2"]["owner"] == "arm_owner"
         owners = admin.execute(
             "SELECT DISTINCT relowner::regrole::text AS o FROM pg_class "
             "WHERE relnamespace = 'arm'::regnamespace"
@@ -840,7 +839,7 @@ def test_migrate_without_createrole_prints_the_sql_a_dba_runs_once_and_changes_n
     )
     assert done.returncode == 0, done
     with dict_conn(url) as conn:
-        assert functions(conn)["apply_envelopes"]["callers"] == ["arm_bridge"]
+        assert functions(conn)["apply_envelopes_v2"]["callers"] == ["arm_bridge"]
 
 
 def test_migrate_with_createrole_creates_the_roles_itself(no_roles: EmbeddedPostgres) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from arm_core.db import query
 from arm_core.devtools.embedded import EmbeddedPostgres
-from tests.support.sql import Conn, dict_conn, publish
+from tests.support.sql import CLAIM_QUEUED_JOBS, Conn, dict_conn, publish
 
 pytestmark = pytest.mark.integration
 
@@ -259,7 +259,7 @@ def test_claim_queued_reads_only_the_claimed_jobs(loaded_db: str) -> None:
     limit = 50
     rows, plans = explained(
         loaded_db,
-        query("claim_queued_jobs"),
+        CLAIM_QUEUED_JOBS,
         {"limit": limit, "tabular_timeout": 600, "image_timeout": 1800},
     )
     assert len(rows) == limit

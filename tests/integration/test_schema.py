@@ -59,6 +59,7 @@ MIGRATIONS = [
     "0004_job_and_file_counts",
     "0005_file_list_indexes",
     "0006_file_name_trigram_index",
+    "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
 ]
 
 

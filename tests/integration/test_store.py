@@ -1,7 +1,9 @@
-"""The typed store (arm_core/store.py, issue 9): one method per named query and one
-query per method; each row class is the columns a real database returns; every method
-runs against a real database and returns its rows typed; the outcome enums are the
-texts db/functions returns; and nothing else in the runtime sends a named query."""
+"""The typed store (arm_core/store.py): one method per named query and one query per
+method, and every one of them called by the runtime or the admin code (a query only tests
+used would be dead weight: tests send plain SQL, tests/support/sql.py); each row class is
+the columns a real database returns; every method runs against a real database and
+returns its rows typed; the outcome enums are the texts db/functions returns; and nothing
+else in the runtime sends a named query."""
 
 from __future__ import annotations
 
@@ -28,13 +30,11 @@ from arm_core.db import queries
 from arm_core.statuses import (
     ApplyOutcome,
     JobStatus,
-    Pipeline,
     PublishOutcome,
     RetryOutcome,
     RetryReason,
 )
 from arm_core.store import (
-    AppliedAnswer,
     AppliedEnvelope,
     FileListFilter,
     RetryResult,
@@ -44,7 +44,15 @@ from arm_core.store import (
     typed_row,
 )
 from tests.support.bridge import envelope
-from tests.support.sql import Conn, dict_conn, job, scalar, stored_file, upload
+from tests.support.sql import (
+    DEAD_LETTER_UNPUBLISHABLE,
+    Conn,
+    dict_conn,
+    job,
+    scalar,
+    stored_file,
+    upload,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +80,27 @@ def test_every_named_query_has_one_store_method_and_every_method_a_query() -> No
         assert inspect.signature(method).parameters == async_params, name
 
 
+def called_methods(paths: list[Path]) -> set[str]:
+    """The names of every method called (`x.name(…)`) in the given sources."""
+    called = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                called.add(node.func.attr)
+    return called
+
+
+def test_every_named_query_is_called_by_the_runtime_or_the_admin_code() -> None:
+    """A query only tests send is not kept for them: they send plain SQL
+    (tests/support/sql.py). The runtime's and the development tools' modules count; the
+    store itself does not."""
+    sources = [p for d in ("arm_core", "bridge", "http") for p in (ROOT / d).rglob("*.py")]
+    called = called_methods([p for p in sources if p.name != "store.py"])
+    for cls in (Store, SyncStore):
+        unused = sorted(set(store_methods(cls)) - called)
+        assert not unused, f"{cls.__name__} methods no runtime or admin code calls: {unused}"
+
+
 def row_class(method: Any) -> type[Any] | None:
     """The dataclass a store method returns rows of (alone or in a list), or None for a
     scalar or nothing."""
@@ -84,48 +113,15 @@ def row_class(method: Any) -> type[Any] | None:
 # Harmless parameters for every query: on a fresh database they change nothing that
 # matters, and they are enough for PostgreSQL to say which columns come back.
 SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
-    "claim_queued_jobs": {"limit": 10, "tabular_timeout": 600, "image_timeout": 1800},
-    "publish_queued_jobs": {
-        "limit": 10,
-        "tabular_timeout": 600,
-        "image_timeout": 1800,
-        "tabular_subject": "files.tabular_uploaded",
-        "image_subject": "files.img_uploaded",
-        "max_bytes": 1 << 20,
-    },
-    "mark_published": {"job_ids": [], "subjects": [], "reply_deadlines": []},
     "dead_letter_unacked": {"ack_timeout": 3600, "max_republish": 3},
     "claim_unacked_jobs": {"limit": 10, "ack_timeout": 3600, "max_republish": 3},
-    "dead_letter_unpublishable": {"job_ids": [], "error_codes": [], "error_messages": []},
     "outbox_oldest_queued_age": {},
     "mark_republished": {"job_ids": []},
-    "apply_ack": {
-        "job_id": uuid.uuid4(),
-        "file_id": uuid.uuid4(),
-        "service_name": "tabular-parser",
-        "service_version": "1.4.2",
-    },
-    "apply_result": {
-        "job_id": uuid.uuid4(),
-        "file_id": uuid.uuid4(),
-        "msg_id": "result:x:1",
-        "status": "error",
-        "service_name": "tabular-parser",
-        "service_version": "1.4.2",
-        "result_bucket": None,
-        "result_key": None,
-        "result_schema_version": None,
-        "error_code": "X",
-        "error_message": None,
-        "metrics": None,
-    },
-    "apply_envelopes": {"envelopes": Jsonb([])},
     "run_due_tasks": {},
     "set_sweep_interval": {"seconds": 30},
     "set_setting": {"name": "default_max_attempts", "value": "3"},
     "retry_file": {"file_id": uuid.uuid4(), "actor": "test"},
     "retry_files": {"file_ids": [uuid.uuid4()], "actor": "test"},
-    "ping": {},
     "get_file": {"file_id": uuid.uuid4()},
     "list_files": {
         "limit": 10,
@@ -208,24 +204,9 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     with dict_conn(db_url) as conn:
         a, b, c = upload(conn), upload(conn, "PDF"), upload(conn)
 
-    # The two-step publish (claim, then mark in the same transaction), for a.
+    # The publisher's one statement: claimed and marked published, each with its wait.
     async with store.transaction() as tx:
-        [claimed] = await store.claim_queued_jobs(
-            tx, limit=1, tabular_timeout=600, image_timeout=1800
-        )
-        assert (claimed.job_id, claimed.attempt, claimed.pipeline) == (
-            a.job_id,
-            1,
-            Pipeline.TABULAR,
-        )
-        assert claimed.msg_id == f"{a.job_id}:1"
-        assert isinstance(claimed.reply_deadline, dt.datetime)
-        assert json.loads(claimed.request)["job_id"] == str(a.job_id)  # JSON text
-        subjects, deadlines = ["files.tabular_uploaded"], [claimed.reply_deadline]
-        assert await store.mark_published(tx, [a.job_id], subjects, deadlines) == 1
-    # The publisher's one-statement publish, for b and c.
-    async with store.transaction() as tx:
-        published = await store.publish_queued_jobs(
+        published = await store.publish_queued_jobs_v2(
             tx,
             limit=10,
             tabular_timeout=600,
@@ -235,23 +216,37 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
             max_bytes=1 << 20,
         )
     assert [(p.job_id, p.outcome, p.subject) for p in published] == [
+        (a.job_id, PublishOutcome.PUBLISHED, "files.tabular_uploaded"),
         (b.job_id, PublishOutcome.PUBLISHED, "files.img_uploaded"),
         (c.job_id, PublishOutcome.PUBLISHED, "files.tabular_uploaded"),
     ]
     assert all(p.request and p.error_message is None for p in published)
+    assert published[0].msg_id == f"{a.job_id}:1"
+    assert json.loads(published[0].request or "")["job_id"] == str(a.job_id)  # JSON text
+    with dict_conn(db_url) as conn:
+        row = job(conn, a.job_id)
+    waited = (row["published_at"] - row["requested_at"]).total_seconds()
+    assert published[0].queued_seconds == pytest.approx(waited, abs=1e-6)
 
-    # a: an ack, then a result, each on its own.
+    # a: an ack, then its result with a late copy of the ack, each batch on its own.
     ack_a = answer(envelope(a.job_id, a.file_id, "processing"), f"ack:{a.job_id}:1")
     done_a = answer(envelope(a.job_id, a.file_id, "done", metrics={"rows": 3}), "result:a")
-    assert await store.apply_ack(ack_a) == AppliedAnswer(
-        ApplyOutcome.APPLIED, 1, JobStatus.PROCESSING
+    [acked] = await store.apply_envelopes_v2([ack_a])
+    assert acked.wait_seconds is not None and acked.wait_seconds >= 0
+    assert acked == AppliedEnvelope(
+        1, ApplyOutcome.APPLIED, 1, JobStatus.PROCESSING, acked.wait_seconds
     )
-    assert await store.apply_result(done_a) == AppliedAnswer(
-        ApplyOutcome.APPLIED, 1, JobStatus.DONE
+    finished = await store.apply_envelopes_v2([done_a, ack_a])
+    assert [(f.ord, f.outcome, f.attempt, f.status) for f in finished] == [
+        (1, ApplyOutcome.APPLIED, 1, JobStatus.DONE),
+        (2, ApplyOutcome.ALREADY_FINAL, 1, JobStatus.DONE),
+    ]
+    with dict_conn(db_url) as conn:
+        row = job(conn, a.job_id)
+    assert finished[0].wait_seconds == pytest.approx(
+        (row["finished_at"] - row["started_at"]).total_seconds(), abs=1e-6
     )
-    assert await store.apply_ack(ack_a) == AppliedAnswer(
-        ApplyOutcome.ALREADY_FINAL, 1, JobStatus.DONE
-    )
+    assert finished[1].wait_seconds is None
     # b: an ack and an error in one batch.
     error = {"code": "UNSUPPORTED_FORMAT", "message": "m"}
     batch = [
@@ -259,11 +254,14 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
         answer(envelope(b.job_id, b.file_id, "error", "scan-gateway", error=error), "result:b"),
         answer(envelope(uuid.uuid4(), b.file_id, "done"), "result:nobody"),
     ]
-    assert await store.apply_envelopes(batch) == [
-        AppliedEnvelope(1, ApplyOutcome.APPLIED, 1, JobStatus.PROCESSING),
-        AppliedEnvelope(2, ApplyOutcome.APPLIED, 1, JobStatus.ERROR),
-        AppliedEnvelope(3, ApplyOutcome.UNKNOWN_JOB, None, None),
+    applied = await store.apply_envelopes_v2(batch)
+    assert [(e.ord, e.outcome, e.attempt, e.status) for e in applied] == [
+        (1, ApplyOutcome.APPLIED, 1, JobStatus.PROCESSING),
+        (2, ApplyOutcome.APPLIED, 1, JobStatus.ERROR),
+        (3, ApplyOutcome.UNKNOWN_JOB, None, None),
     ]
+    assert applied[1].wait_seconds == 0.0  # acked and finished by the same statement
+    assert applied[2].wait_seconds is None
 
     document = await store.get_file(a.file_id)
     assert document is not None and document["current_job"]["status"] == "done"
@@ -292,6 +290,9 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
         assert (unacked.job_id, unacked.republish_count) == (c.job_id, 0)
         assert unacked.msg_id == f"{c.job_id}:1" and unacked.subject == "files.tabular_uploaded"
         assert json.loads(unacked.request)["job_id"] == str(c.job_id)
+        # What nats-py sends: the request and the header block with the Nats-Msg-Id.
+        header = f"NATS/1.0\r\nNats-Msg-Id: {unacked.msg_id}\r\n\r\n"
+        assert unacked.bytes == len(unacked.request.encode()) + len(header.encode())
         assert await store.mark_republished(tx, [c.job_id]) == 1
     [dead] = await store.dead_letter_unacked(ack_timeout=0, max_republish=1)
     assert (dead.job_id, dead.attempt, dead.file_id, dead.republish_count) == (
@@ -301,18 +302,16 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
         1,
     )
 
-    # b's new attempt is queued: it waits, then cannot be published.
+    # b's new attempt is queued: it waits, then a DBA dead-letters it.
     assert await store.outbox_oldest_queued_age() >= 0.0
-    [unpublishable] = await store.dead_letter_unpublishable(
-        [retried.job_id], ["REQUEST_TOO_LARGE"], [None]
-    )
-    assert (unpublishable.job_id, unpublishable.attempt) == (retried.job_id, 2)
+    with dict_conn(db_url) as conn:
+        params = {"job_ids": [retried.job_id], "error_codes": ["X"], "error_messages": [None]}
+        assert len(conn.execute(DEAD_LETTER_UNPUBLISHABLE, params).fetchall()) == 1
     assert await store.outbox_oldest_queued_age() == 0.0  # nothing queued any more
 
     assert all(isinstance(t, TaskRun) for t in await store.run_due_tasks())
     await store.set_sweep_interval(7)
     await store.set_setting("default_max_attempts", "4")
-    assert await store.ping() is True
     listed = await store.list_files(10, FileListFilter())
     assert [f.id for f in listed] == [c.file_id, b.file_id, a.file_id]  # newest first
     assert (listed[1].job_status, listed[1].attempt, listed[1].retryable) == (
@@ -320,8 +319,8 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
         2,
         True,
     )
-    # Issue 11's: the timed publish and apply (nothing left to do here), the counts, the
-    # status view (tests/integration/test_metrics.py has their behaviour).
+    # Nothing left to publish or apply; the counts, the status view
+    # (tests/integration/test_metrics_counts.py has their behaviour).
     async with store.transaction() as tx:
         assert (
             await store.publish_queued_jobs_v2(

@@ -12,8 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from arm_core.db import query
 from tests.support.sql import (
+    CLAIM_QUEUED_JOBS,
+    DEAD_LETTER_UNPUBLISHABLE,
+    MARK_PUBLISHED,
     Conn,
     ack,
     dict_conn,
@@ -37,7 +39,7 @@ def dead_letter(
     conn: Conn, job_ids: list[uuid.UUID], codes: list[str | None], messages: list[str | None]
 ) -> list[dict[str, Any]]:
     return conn.execute(
-        query("dead_letter_unpublishable"),
+        DEAD_LETTER_UNPUBLISHABLE,
         {"job_ids": job_ids, "error_codes": codes, "error_messages": messages},
     ).fetchall()
 
@@ -48,7 +50,7 @@ def test_the_publisher_dead_letters_one_request_and_publishes_the_rest(conn: Con
     big, ok1, ok2 = upload(conn), upload(conn), upload(conn)
     with conn.transaction():
         claimed = conn.execute(
-            query("claim_queued_jobs"), {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
+            CLAIM_QUEUED_JOBS, {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
         ).fetchall()
         assert len(claimed) == 3
         moved = dead_letter(
@@ -56,7 +58,7 @@ def test_the_publisher_dead_letters_one_request_and_publishes_the_rest(conn: Con
         )
         rest = [c for c in claimed if c["job_id"] != big.job_id]
         conn.execute(
-            query("mark_published"),
+            MARK_PUBLISHED,
             {
                 "job_ids": [c["job_id"] for c in rest],
                 "subjects": ["files.tabular_uploaded"] * len(rest),
@@ -257,3 +259,32 @@ def test_publish_queued_jobs_dead_letters_only_what_exceeds_max_bytes(db_url: st
         assert stored_file(conn, big.file_id)["status"] == "ERROR"
         assert job(conn, small.job_id)["status"] == "published"
         assert job(conn, small.job_id)["request_msg_id"] == f"{small.job_id}:1"
+
+
+def test_max_bytes_counts_exactly_what_nats_py_sends(db_url: str) -> None:
+    """The request plus the header block nats-py builds for the Nats-Msg-Id
+    (arm.nats_message_bytes, the one rule the publisher's statement and its republish
+    query share): a request of exactly max_bytes goes out, one byte over is dead-lettered."""
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+    with dict_conn(db_url) as publisher:
+        publisher.autocommit = False
+        [row] = publish_open(publisher)
+        publisher.rollback()
+        header = f"NATS/1.0\r\nNats-Msg-Id: {row['msg_id']}\r\n\r\n"
+        size = len(row["request"].encode()) + len(header.encode())
+        assert (
+            scalar(
+                publisher, "SELECT arm.nats_message_bytes(%s, %s)", (row["request"], row["msg_id"])
+            )
+            == size
+        )
+        publisher.rollback()
+
+        [over] = publish_open(publisher, max_bytes=size - 1)
+        publisher.rollback()
+        assert (over["outcome"], over["request"]) == ("dlq", None)
+        assert f"the request is {size} bytes" in over["error_message"]
+        [fits] = publish_open(publisher, max_bytes=size)
+        publisher.commit()
+    assert (fits["job_id"], fits["outcome"]) == (up.job_id, "published")

@@ -297,6 +297,23 @@ def rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
         return {t: conn.execute(f"SELECT * FROM arm.{t} ORDER BY 1").fetchall() for t in TABLES}
 
 
+def assert_counts_are_real(url: str) -> None:
+    """arm.job_counts() and arm.file_counts() (the count triggers and the counts the
+    upgrade took) equal COUNT(*) per status."""
+    with dict_conn(url) as conn:
+        for function, table, enum in (
+            ("job_counts", "recognition_job", "job_status"),
+            ("file_counts", "stored_file", "file_status"),
+        ):
+            counted = conn.execute(f"SELECT status, n FROM arm.{function}()").fetchall()
+            real = conn.execute(
+                f"SELECT s::text AS status, "
+                f"(SELECT count(*) FROM arm.{table} t WHERE t.status = s) AS n "
+                f"FROM unnest(enum_range(NULL::arm.{enum})) AS s"
+            ).fetchall()
+            assert {r["status"]: r["n"] for r in counted} == {r["status"]: r["n"] for r in real}
+
+
 def result_columns(url: str) -> dict[str, list[tuple[str, str]] | str]:
     with old_bridge(url) as bridge:
         return {name: describe(bridge.conn, text) for name, text in OLD.items()}
@@ -317,6 +334,7 @@ def test_the_previous_release_upgrades_with_its_data_intact_to_db_schema_sql(
     old = _migration_ids(PREVIOUS / "db" / "migrations")
     assert report.applied_migrations == [m for m in new if m not in old]
     assert rows(empty_db_url) == before
+    assert_counts_are_real(empty_db_url)  # counted from the rows the upgrade found
     # A parameter added in place shows only here: a fresh database never had the old one.
     found = overloads(empty_db_url)
     assert not found, (
@@ -355,6 +373,7 @@ def test_the_previous_release_bridges_keep_working_after_the_upgrade(empty_db_ur
     ups = previous_release_with_data(empty_db_url)
     migrate(empty_db_url)
     the_previous_release_keeps_working(empty_db_url, ups)
+    assert_counts_are_real(empty_db_url)  # the old bridges' writes are counted too
 
 
 def test_after_the_upgrade_the_roles_grants_are_in_place_and_the_new_release_runs_under_them(
@@ -410,7 +429,7 @@ def the_new_release_runs_under_its_roles(url: str) -> None:
     with dict_conn(as_login(url, BRIDGE_LOGIN)) as bridge:
         with bridge.transaction():
             sent = bridge.execute(
-                query("publish_queued_jobs"),
+                query("publish_queued_jobs_v2"),
                 {
                     "limit": 100,
                     "tabular_timeout": 600,
@@ -429,7 +448,7 @@ def the_new_release_runs_under_its_roles(url: str) -> None:
             "service_name": "tabular-parser",
             "error_code": "UNREADABLE",
         }
-        [applied] = bridge.execute(query("apply_envelopes"), {"envelopes": Jsonb([answer])})
+        [applied] = bridge.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb([answer])})
         assert applied["outcome"] == "applied"
         bridge.execute(query("set_sweep_interval"), {"seconds": 30})
         bridge.execute(query("run_due_tasks")).fetchall()

@@ -195,6 +195,39 @@ def jobs_of(conn: Conn, file_id: uuid.UUID) -> list[dict[str, Any]]:
         ).fetchall()
 
 
+# The functions DBAs and the previous release's bridges call but today's runtime does not
+# (arm_core/queries.sql holds only what the runtime sends), as the tests call them.
+CLAIM_QUEUED_JOBS = """
+SELECT job_id, attempt, pipeline::text AS pipeline, msg_id, reply_deadline, request
+FROM arm.claim_queued_jobs(%(limit)s, make_interval(secs => %(tabular_timeout)s),
+                           make_interval(secs => %(image_timeout)s))
+"""
+MARK_PUBLISHED = """
+SELECT arm.mark_published(%(job_ids)s::uuid[], %(subjects)s::text[],
+                          %(reply_deadlines)s::timestamptz[]) AS marked
+"""
+DEAD_LETTER_UNPUBLISHABLE = """
+SELECT job_id, attempt, file_id
+FROM arm.dead_letter_unpublishable(%(job_ids)s::uuid[], %(error_codes)s::text[],
+                                   %(error_messages)s::text[])
+"""
+APPLY_ACK = """
+SELECT outcome, attempt, status::text AS status
+FROM arm.apply_ack(%(job_id)s, %(file_id)s, %(service_name)s, %(service_version)s)
+"""
+APPLY_RESULT = """
+SELECT outcome, attempt, status::text AS status
+FROM arm.apply_result(
+    p_job_id => %(job_id)s, p_file_id => %(file_id)s, p_msg_id => %(msg_id)s,
+    p_status => %(status)s::arm.job_status,
+    p_service_name => %(service_name)s, p_service_version => %(service_version)s,
+    p_result_bucket => %(result_bucket)s, p_result_key => %(result_key)s,
+    p_result_schema_version => %(result_schema_version)s,
+    p_error_code => %(error_code)s, p_error_message => %(error_message)s,
+    p_metrics => %(metrics)s)
+"""
+
+
 def publish(
     conn: Conn,
     limit: int = 1000,
@@ -206,14 +239,14 @@ def publish(
     """What the publisher does, minus NATS: claim and mark published in one transaction."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         claimed = cur.execute(
-            query("claim_queued_jobs"),
+            CLAIM_QUEUED_JOBS,
             {"limit": limit, "tabular_timeout": tabular_timeout, "image_timeout": image_timeout},
         ).fetchall()
         subjects = [
             tabular_subject if c["pipeline"] == "tabular" else image_subject for c in claimed
         ]
         cur.execute(
-            query("mark_published"),
+            MARK_PUBLISHED,
             {
                 "job_ids": [c["job_id"] for c in claimed],
                 "subjects": subjects,
@@ -224,12 +257,12 @@ def publish(
 
 
 def publish_open(conn: Conn, limit: int = 10, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
-    """What the bridge's publisher does before it commits: arm.publish_queued_jobs in the
-    connection's open transaction (autocommit off). The caller commits or rolls back."""
+    """What the bridge's publisher does before it commits: arm.publish_queued_jobs_v2 in
+    the connection's open transaction (autocommit off). The caller commits or rolls back."""
     assert not conn.autocommit, "publish_open needs an open transaction"
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            query("publish_queued_jobs"),
+            query("publish_queued_jobs_v2"),
             {
                 "limit": limit,
                 "tabular_timeout": 600,
@@ -250,7 +283,7 @@ def ack(
 ) -> dict[str, Any]:
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
-            query("apply_ack"),
+            APPLY_ACK,
             {
                 "job_id": job_id,
                 "file_id": file_id,
@@ -291,7 +324,7 @@ def result(
         "metrics": Jsonb(metrics) if metrics is not None else None,
     }
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(query("apply_result"), params).fetchone()
+        row = cur.execute(APPLY_RESULT, params).fetchone()
     assert row is not None
     return row
 

@@ -1,0 +1,2 @@
+-- Rolls back 0007: nothing to undo here. arm.publish_queued_jobs and arm.apply_envelopes
+-- come back with the functions of the release rolled back to, where it has them.
