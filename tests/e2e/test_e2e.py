@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from tests.support.bridge import envelope, nats_client, send, wait_for
-from tests.support.processes import ArmProcess, log_lines
+from tests.support.processes import log_lines
 from tests.support.sql import dict_conn, job, jobs_of, scalar, stored_file, upload
-from tests.support.stack import Stack
+from tests.support.stack import Stack, listening
 
 pytestmark = pytest.mark.e2e
 
@@ -48,18 +48,6 @@ async def until(db_url: str, file_id: Any, expected: tuple[int, str], within: fl
         within,
         lambda: f"file {file_id} at {expected}, is {current_status(db_url, file_id)}",
     )
-
-
-async def listening(reference: ArmProcess) -> ArmProcess:
-    """Returns once `arm-core reference` listens: each of its two services logs
-    ref_start after the server has confirmed its subscription. A request published
-    before that finds nobody, and its ack timeout and reply deadline run regardless."""
-    await wait_for(
-        lambda: len(log_lines(reference.log(), action="ref_start")) >= 2,
-        30,
-        lambda: f"the reference service listening: {reference.log()[-2000:]}",
-    )
-    return reference
 
 
 async def test_happy_path_tabular_and_image(stack: Stack) -> None:

@@ -21,7 +21,7 @@ from arm_core.devtools.embedded import free_port
 from tests.support.bridge import envelope, nats_client, send, wait_for
 from tests.support.processes import ARM_CORE, ArmProcess
 from tests.support.sql import dict_conn, upload
-from tests.support.stack import Stack
+from tests.support.stack import Stack, listening
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +60,7 @@ async def test_a_bridge_logs_a_jobs_whole_path_in_json(stack: Stack) -> None:
     # DEBUG: the per-job lines (published, applied) are debug lines; psycopg's and
     # nats-py's own lines must parse as well.
     bridge = stack.bridge(LOG_FORMAT="json", DEBUG="true")
-    stack.reference()
+    await listening(stack.reference())  # else the 1 s ack timeout may run out first
     with dict_conn(stack.db_url) as conn:
         up = upload(conn, "XLSX")
     await wait_for(lambda: job_status(stack.db_url, up.job_id) == "done", 30, bridge.log)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from arm_core.devtools.embedded import EmbeddedNats, free_port
-from tests.support.processes import ArmProcess
+from tests.support.bridge import wait_for
+from tests.support.processes import ArmProcess, log_lines
 
 
 @dataclass
@@ -69,3 +70,15 @@ def running_stack(db_url: str, tmp: Path, nats_args: list[str] | None = None) ->
             if proc.proc.poll() is None:
                 proc.kill()
         nats.stop()
+
+
+async def listening(reference: ArmProcess) -> ArmProcess:
+    """Returns once `arm-core reference` listens: each of its two services logs
+    ref_start after the server has confirmed its subscription. A request published
+    before that finds nobody, and its ack timeout and reply deadline run regardless."""
+    await wait_for(
+        lambda: len(log_lines(reference.log(), action="ref_start")) >= 2,
+        30,
+        lambda: f"the reference service listening: {reference.log()[-2000:]}",
+    )
+    return reference
