@@ -236,17 +236,23 @@ class Bridge:
 
         1. the publisher, listener and schedule runner stop; the publisher's batch in
            flight commits or rolls back — no new requests go out;
-        2. the subscription leaves the queue group by draining: UNSUB, a confirmed round
-           trip (every message the server routed here before the UNSUB has arrived), then
-           every one of them handed to the inbox. From the UNSUB on the server gives the
-           answers to the group's other members;
+        2. the subscription leaves the queue group by draining (nats-py's
+           Subscription.drain): UNSUB, a round trip, then every message nats-py holds for
+           it handed to the inbox before the subscription goes. From the UNSUB on the
+           server gives the answers to the group's other members;
         3. the inbox applies everything it holds, batch by batch, each committed;
         4. NATS is closed.
 
         Until step 2 the bridge stays subscribed, so answers to the requests it
         published keep arriving here and are applied. An envelope is dropped (counted,
         logged with its job id) only when the grace runs out or the database stays
-        unreachable past it."""
+        unreachable past it.
+
+        One gap is nats-py's: drain() writes its PING ahead of the UNSUB, so an answer
+        the server routes here between the two (a round trip at most) reaches nats-py
+        after the subscription is gone and is lost — core NATS does not deliver it
+        again. RESULTS_STREAM (a durable consumer: what is not acked comes again) is
+        the setting for losing none."""
         deadline = asyncio.get_running_loop().time() + grace
 
         def left() -> float:
@@ -287,13 +293,10 @@ class Bridge:
         )
 
     async def _drain_subscription(self, sub: Subscription) -> None:
-        """UNSUB, then a confirmed round trip, then every message that arrived before it
-        through the callback. (nats-py's own drain() sends its PING ahead of the UNSUB
-        still waiting in its write buffer, so a message routed here between the two
-        could arrive after it had stopped listening; the double flush of `confirm`
-        follows the UNSUB. Its UNSUB, sent again, is ignored by the server.)"""
-        await self.nats._send_unsubscribe(sub._id)
-        await confirm(self.nats)
+        """Leaves the queue group through nats-py's public drain(): UNSUB, a PING round
+        trip, then every message nats-py has queued for the subscription (hundreds, when
+        the inbox is behind) through the callback into the inbox, before nats-py removes
+        the subscription. A plain unsubscribe() would throw that queue away."""
         await sub.drain()
         log.info(
             "left queue group %s on %s; applying what is held",

@@ -2,9 +2,9 @@
 
 The middleware turns aiohttp's own HTTP errors (unknown route, method not allowed, body
 too large) and the project's database errors into that shape; an unexpected exception
-becomes a 500 with a logged traceback, never an HTML page. What aiohttp answers before
-any middleware runs (an unparsable request, a slow client) is answered in the same shape
-by arm_core.http.server.
+becomes a 500 with a logged traceback, never an HTML page. What aiohttp answers itself
+before any middleware runs (a request it cannot parse) is its own plain-text 400; see
+arm_core.http.server.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ class ApiError(Exception):
 
 
 class RequestTimeout(ApiError):
-    """The request's body did not arrive within HTTP_BODY_TIMEOUT_SECONDS: the server
-    (arm_core.http.server) sets it on the body, so a handler reading it gets this; the
-    answer is a 408 and the connection is closed (what is left of the body never comes)."""
+    """The request's body did not arrive within HTTP_BODY_TIMEOUT_SECONDS: the handler
+    reading it (arm_core.http.handlers) raises this; the answer is a 408 and the
+    connection is closed (what is left of the body never comes)."""
 
     def __init__(self, seconds: float) -> None:
         super().__init__(

@@ -3,7 +3,9 @@ shape the answer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import uuid
 from typing import Any
 
@@ -11,10 +13,12 @@ from aiohttp import web
 
 from arm_core import metrics
 from arm_core.http.auth import ACTOR, authenticate
-from arm_core.http.errors import ApiError
+from arm_core.http.errors import ApiError, RequestTimeout
 from arm_core.runtime import BRIDGE, SETTINGS, STORE
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
 from arm_core.store import RetryResult
+
+log = logging.getLogger(__name__)
 
 OPENAPI = web.AppKey("openapi", dict)
 NO_BODY = object()  # an empty request body (JSON null is a body)
@@ -193,7 +197,20 @@ async def openapi(request: web.Request) -> web.Response:
 async def _json_body(request: web.Request, required: bool) -> Any:
     if request.content_type not in ("application/json", "application/octet-stream", ""):
         raise ApiError(415, "UNSUPPORTED_MEDIA_TYPE", "send application/json")
-    raw = await request.read()
+    # The body deadline, where the body is read: a client that stops sending it gets a
+    # JSON 408 and the connection is closed (the error middleware closes it).
+    seconds = request.app[SETTINGS].http_body_timeout_seconds
+    try:
+        async with asyncio.timeout(seconds):
+            raw = await request.read()
+    except TimeoutError:
+        log.info(
+            "request body not received within HTTP_BODY_TIMEOUT_SECONDS=%g; "
+            "answering 408 and closing",
+            seconds,
+            extra={"action": "http_timeout"},
+        )
+        raise RequestTimeout(seconds) from None
     if not raw.strip():
         if required:
             raise ApiError(400, "INVALID_JSON", "the request needs a JSON body")
