@@ -44,7 +44,8 @@ chaos: $(STAMP) ## faults against real processes: lost, applied twice, stuck, re
 schema: $(STAMP) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
 	$(BIN)/python -m arm_core.devtools.schema_snapshot --write
 
-docs: ## render docs/architecture.svg from docs/architecture.dot (needs graphviz)
+docs: $(STAMP) ## render docs/architecture.svg (needs graphviz), write docs/configuration.md
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
+	$(BIN)/python -m arm_core.devtools.config_doc --write
 
 .PHONY: help install run lint test bench chaos schema docs

@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="arm-core",
         description="arm-core recognition job exchange. Configuration is read from the "
-        "environment (see README: Configuration).",
+        "environment (see docs/configuration.md).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, _) in COMMANDS.items():

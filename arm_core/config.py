@@ -467,7 +467,7 @@ class Settings:
     api_tokens: tuple[tuple[str, str], ...] = env_var("API_TOKENS", _tokens, ())
     auth_header: str = env_var("AUTH_HEADER", _header, "X-Forwarded-User")
     # Names of the variables that were given explicitly (not defaulted).
-    # JetStream capture of answers (README "Not losing answers"): off when empty.
+    # JetStream capture of answers (docs/not-losing-answers.md): off when empty.
     results_stream: str = env_var("RESULTS_STREAM", _stream_name, "")
     results_stream_replicas: int = env_var("RESULTS_STREAM_REPLICAS", _replicas, 1)
     results_stream_max_age_seconds: float = env_var(

@@ -1,5 +1,5 @@
 """Prometheus metrics: `GET /metrics` of `arm-core serve` and of the bridge's
-health port (README "Metrics" lists every name, label and meaning).
+health port (docs/logs-and-metrics.md "Metrics" lists every name, label and meaning).
 
 Two kinds:
 

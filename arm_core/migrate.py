@@ -48,7 +48,7 @@ class MigrateReport:
 # db/ of the checkout (arm_core/sql is a symlink to it) or of the installed package.
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 
-# The group roles db/roles.sql creates (README "Database roles"), the owner first.
+# The group roles db/roles.sql creates (docs/dbas.md "Database roles"), the owner first.
 OWNER_ROLE = "arm_owner"
 ROLES = (OWNER_ROLE, "arm_bridge", "arm_api", "arm_uploader", "arm_readonly")
 

@@ -1,11 +1,11 @@
-"""Uploads as upstream makes them (README, "Uploads are plain SQL"): an `arm.s3_object`
+"""Uploads as upstream makes them (docs/dbas.md, "Uploads are plain SQL"): an `arm.s3_object`
 (role `uploads`), an `arm.stored_file`, an `arm.recognition_job (file_id, pipeline,
 attempt)` with every other column defaulted, then `stored_file.current_recognition_job_id`.
 
 Set-based, for bursts and paced batches: the three inserts in one statement, then the
 UPDATE as a second statement of the same transaction (an UPDATE inside the same WITH
 could not see the rows its sibling CTEs insert). tests.support.sql.upload_many leaves
-current_recognition_job_id out; this one sets it, as the README says.
+current_recognition_job_id out; this one sets it, as docs/dbas.md says.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
--- Who owns schema arm, and what each role of db/roles.sql may do in it (README "Database
--- roles"). `arm-core migrate` runs this on every run, after db/functions and in the same
+-- Who owns schema arm, and what each role of db/roles.sql may do in it (docs/dbas.md
+-- "Database roles"). `arm-core migrate` runs this on every run, after db/functions and in the same
 -- transaction: a function a function file has just created belongs to the migrating user
 -- and is executable by PUBLIC — until this, before anyone else can see it. So everything
 -- here is stated in full each time: ownership is moved to arm_owner where it is not
@@ -106,7 +106,7 @@ GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view TO arm_api;
 -- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job.
 GRANT SELECT (status, requested_at) ON arm.recognition_job TO arm_bridge, arm_api;
 
--- 6. arm_uploader: the plain-SQL upload (README) and nothing else — a file's object, the
+-- 6. arm_uploader: the plain-SQL upload (docs/dbas.md) and nothing else — a file's object, the
 -- file, its first job (the defaults trigger fills pipeline and max_attempts as the
 -- owner), then the file's current job. The ids may be read back (RETURNING id, and the
 -- WHERE of that UPDATE); status, timestamps and every later field are not theirs.

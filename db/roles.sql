@@ -1,4 +1,4 @@
--- The group roles of arm-core (README "Database roles"). Roles belong to the cluster, not
+-- The group roles of arm-core (docs/dbas.md "Database roles"). Roles belong to the cluster, not
 -- to a database: `arm-core migrate` runs this before the migrations whenever one of them
 -- is missing, and a DBA runs it once, as a superuser or a role with CREATEROLE, where the
 -- migrating user may not create roles (migrate then prints it and stops). Safe to run

@@ -6,10 +6,10 @@ writes a result file that says plainly that no recognition was done, then publis
 `done`. Modes and per-file markers in `original_name` make it misbehave on purpose:
 "[fail]" → error, "[noack]" → no answer at all, "[silent]" → ack only.
 
-It is also the model of a conforming service for the NATS side (README, "For service
-teams"): it connects with NATS_OPTIONS (reconnect forever, no client-side buffer) and
-every answer — ack or result — goes through its own bounded queue, in order, with its
-Nats-Msg-Id fixed when the answer is made. An answer leaves the queue only once two
+It is also the model of a conforming service for the NATS side (docs/service-teams.md,
+"For service teams"): it connects with NATS_OPTIONS (reconnect forever, no client-side
+buffer) and every answer — ack or result — goes through its own bounded queue, in order,
+with its Nats-Msg-Id fixed when the answer is made. An answer leaves the queue only once two
 PING/PONGs on the same connection showed that the server read it; while NATS is
 unreachable answers wait there and are sent after the reconnect, a possible resend of
 an answer the server did read carrying the same Nats-Msg-Id (the core counts it as a
@@ -60,8 +60,8 @@ REMEMBERED_JOBS = 100_000  # job ids kept for duplicate detection (oldest forgot
 SEND_BATCH = 500  # answers published before one confirmation
 RETRY_SECONDS = 0.2  # while NATS is unreachable, how often the sender looks again
 
-# The nats-py connect options the README recommends to service teams ("For service
-# teams"; tests/reference checks that the README shows exactly these). Servers, name,
+# The nats-py connect options docs/service-teams.md recommends to service teams ("For
+# service teams"; tests/reference checks that the page shows exactly these). Servers, name,
 # credentials and the callbacks come on top.
 NATS_OPTIONS: dict[str, Any] = {
     "allow_reconnect": True,

@@ -5,7 +5,7 @@
 -- file's type, max_attempts comes from arm.setting 'default_max_attempts'. A job always
 -- starts queued, and its pipeline must match its file's type.
 -- SECURITY DEFINER with a pinned search_path: it reads arm.stored_file and arm.setting,
--- which the uploader role (INSERT only, README "Database roles") may not read. The other
+-- which the uploader role (INSERT only, docs/dbas.md "Database roles") may not read. The other
 -- triggers read and write no table and run with the rights of whoever writes, so a
 -- search_path of the writer's choosing gains the writer nothing; they fire once per row
 -- (500 times in a batch of apply_envelopes_v2), where a SET clause costs about 1 µs a call,

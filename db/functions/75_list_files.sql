@@ -67,7 +67,7 @@ $$;
 -- whole tables (tests/integration/test_list_files.py reads the plans).
 -- The other filters are applied along the walk, so their cost is the rows walked past
 -- until p_limit match: constant for a common value, up to the table for a rare one
--- (README "File list"). A consolidation_id filter uses stored_file_consolidation_idx.
+-- (docs/operators.md "The file list"). A consolidation_id filter uses stored_file_consolidation_idx.
 --
 -- A q of 3 characters or more, with a run of 3 letters or digits (what pg_trgm makes
 -- trigrams of), when the trigram index of migration 0006 exists, picks its strategy per
@@ -77,7 +77,7 @@ $$;
 -- and the keyset applied, sorted, limited: a cost that follows the matches, not the
 -- table. More than Q_CAP: the walk above, as without the index — soon done when the
 -- matches are dense; between Q_CAP and a page's worth per few thousand files it still
--- reads about limit × files / matches rows (README "File list"). Both give the same rows (the LIKE over
+-- reads about limit × files / matches rows (docs/operators.md "The file list"). Both give the same rows (the LIKE over
 -- fold_name is the definition name_pattern implements; tests/integration/
 -- test_list_files.py compares the strategies page by page). The setting
 -- arm.list_files_q_cap (digits) overrides Q_CAP for the session: tests force either

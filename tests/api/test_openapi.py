@@ -138,7 +138,7 @@ def test_every_route_of_the_app_is_documented() -> None:
         if route.resource is not None
         and route.method != "HEAD"
         # The operator console's page and static files (text/html, css, js) are not API;
-        # /metrics is Prometheus text (README "Metrics").
+        # /metrics is Prometheus text (docs/logs-and-metrics.md "Metrics").
         and route.resource.canonical not in ("/", "/console/{name}", "/metrics")
     }
     in_doc = {(path, method) for path, method, _ in documented(doc)}

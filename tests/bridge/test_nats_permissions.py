@@ -1,8 +1,8 @@
-"""NATS permissions (issue 10, part 6): docs/nats-permissions.conf, quoted in the README,
-is the least the core and the two recognition services need. A real nats-server runs on
-that block verbatim: a job goes from queued to done through it, and every user is
-refused everything else. A bridge whose subscription is refused says so and reports it
-in the health check instead of running deaf."""
+"""NATS permissions (issue 10, part 6): docs/nats-permissions.conf, quoted in
+docs/service-teams.md, is the least the core and the two recognition services need. A
+real nats-server runs on that block verbatim: a job goes from queued to done through it,
+and every user is refused everything else. A bridge whose subscription is refused says so
+and reports it in the health check instead of running deaf."""
 
 from __future__ import annotations
 
@@ -96,10 +96,12 @@ class Watched:
         return self.errors[-1]
 
 
-def test_the_readme_quotes_the_file_and_the_file_names_the_defaults() -> None:
+def test_the_service_teams_page_quotes_the_file_and_the_file_names_the_defaults() -> None:
     snippet = documented()
-    readme = (ROOT / "README.md").read_text()
-    assert f"```text\n{snippet}```" in readme, "README.md must quote docs/nats-permissions.conf"
+    page = (ROOT / "docs" / "service-teams.md").read_text()
+    assert f"```text\n{snippet}```" in page, (
+        "docs/service-teams.md must quote docs/nats-permissions.conf"
+    )
     s = Settings()
     for subject in (s.tabular_request_subject, s.image_request_subject, s.result_subject):
         assert f'"{subject}"' in snippet

@@ -6,8 +6,8 @@ Needs Chromium and its WebDriver (Debian: apt-get install chromium chromium-driv
 selenium (the `test` extra); without them these tests are skipped, saying so. Every wait
 is an explicit condition with a deadline (WebDriverWait); the page polls the API itself.
 
-CONSOLE_SCREENSHOT=docs/console.png makes the batch test save what it shows (the README's
-picture)."""
+CONSOLE_SCREENSHOT=docs/console.png makes the batch test save what it shows (the picture
+of the README and of docs/operators.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The arm-core image as an operator runs it: built from the repository's Containerfile,
 run by podman with a read-only root file system as a non-root user, against the suite's
-real PostgreSQL and nats-server (README "Running in containers").
+real PostgreSQL and nats-server (docs/containers.md "Running in containers").
 
-The figures the README gives (image size, `podman run` to healthy, SIGTERM to exit with
+The figures that page gives (image size, `podman run` to healthy, SIGTERM to exit with
 work in flight) are printed by the tests that measure them (`pytest -s tests/container`).
 """
 

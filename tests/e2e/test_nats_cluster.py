@@ -295,7 +295,7 @@ async def test_results_stream_replicas_3_loses_nothing_when_the_core_node_dies(
         # core NATS publish only through its leader: when the node that dies leads the
         # stream, the answers published until the replicas have elected another leader
         # (about 5 s here) are not captured — services publish with core NATS and nobody
-        # tells them. Measured, not asserted: see the README's cluster section.
+        # tells them. Measured, not asserted: see docs/not-losing-answers.md "On a NATS cluster".
         await move_stream_leader(cluster, "ARM_RESULTS", others[0])
         flow = asyncio.create_task(uploads(db_url, n))
         killed, _, moved = await kill_core_node_mid_flow(

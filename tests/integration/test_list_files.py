@@ -425,8 +425,8 @@ def test_a_page_is_an_index_walk_that_stops_at_the_limit(conn: Conn) -> None:
     no_whole_table(plans)
     assert plans.count("Limit") >= 2, plans
     # job_status has no index: the planner walks the newest-first index when it expects
-    # many matches, and reads the table when it expects few (README "File list"). q has
-    # the trigram index (below).
+    # many matches, and reads the table when it expects few (docs/operators.md "The file
+    # list"). q has the trigram index (below).
     plans = plans_of(conn, {"limit": 51, "job_statuses": ["queued"]})
     assert "stored_file_name_trgm_idx" not in plans, plans
 

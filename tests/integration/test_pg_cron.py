@@ -99,7 +99,7 @@ def cron_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPo
         ensure_logins(url)
         with _connect(url) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
-            # README "For DBAs": a DBA who is not a superuser schedules their own jobs.
+            # docs/dbas.md (pg_cron): a DBA who is not a superuser schedules their own jobs.
             conn.execute(f"GRANT USAGE ON SCHEMA cron TO {OWNER_LOGIN.name}")
         yield server
     finally:

@@ -1,4 +1,4 @@
-"""Database roles (issue 10; README "Database roles"; db/roles.sql, db/grants.sql).
+"""Database roles (issue 10; docs/dbas.md "Database roles"; db/roles.sql, db/grants.sql).
 
 Both halves, for a login member of each role: everything the role must do works, and
 everything else fails — a direct write to a table, an INSERT into arm.periodic_task, a
@@ -419,7 +419,7 @@ def test_the_api_role_retries_reads_and_checks_health(db_url: str) -> None:
 
 
 def test_the_uploader_role_does_the_readme_upload_with_its_defaults(db_url: str) -> None:
-    """The README's plain-SQL upload as a login of arm_uploader alone: the defaults trigger
+    """docs/dbas.md's plain-SQL upload as a login of arm_uploader alone: the defaults trigger
     (which reads stored_file and arm.setting, which the uploader may not) fills pipeline
     and max_attempts, and the publisher is woken."""
     with dict_conn(db_url) as admin, psycopg.connect(db_url, autocommit=True) as listener:

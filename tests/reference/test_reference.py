@@ -682,7 +682,7 @@ async def proxy(nats_server: EmbeddedNats) -> AsyncIterator[TcpProxy]:
 
 @pytest.fixture
 async def behind_proxy(proxy: TcpProxy, results_dir: Path) -> AsyncIterator[Start]:
-    """Starts services connected as the README tells service teams (NATS_OPTIONS),
+    """Starts services connected as docs/service-teams.md tells service teams (NATS_OPTIONS),
     through `proxy`."""
     nc = await nats.connect(f"nats://127.0.0.1:{proxy.port}", **NATS_OPTIONS)
     services: list[ReferenceService] = []
@@ -836,11 +836,11 @@ async def test_repeated_request_while_the_result_waits_for_nats_is_acked_not_red
     assert len([f for f in files(results_dir) if job in f]) == 1
 
 
-def test_readme_recommends_the_reference_services_nats_options() -> None:
-    """The connect options README's "For service teams" shows are the ones the reference
-    service runs with."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text("utf-8")
-    section = readme.split("\n## For service teams\n", 1)[1].split("\n## ", 1)[0]
+def test_service_teams_page_recommends_the_reference_services_nats_options() -> None:
+    """The connect options docs/service-teams.md ("For service teams") shows are the ones
+    the reference service runs with."""
+    page = (Path(__file__).parents[2] / "docs" / "service-teams.md").read_text("utf-8")
+    section = page.split("\n## For service teams\n", 1)[1].split("\n## ", 1)[0]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     literal = block.split("NATS_OPTIONS = ", 1)[1].split("\n}\n", 1)[0] + "\n}"
     assert ast.literal_eval(literal) == NATS_OPTIONS

@@ -147,7 +147,7 @@ def env_flags(env: dict[str, str]) -> list[str]:
 
 @dataclass
 class Container:
-    """One detached `podman run` of the image (read-only root, as the README shows)."""
+    """One detached `podman run` of the image (read-only root, as docs/containers.md shows)."""
 
     tag: str
     command: list[str]

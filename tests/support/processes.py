@@ -2,7 +2,7 @@
 log in a file, health polled over HTTP.
 
 `serve` and `bridge` connect as logins of their roles, as a deployment runs them
-(README "Database roles"): a DATABASE_URL of the suite's superuser becomes the login of
+(docs/dbas.md "Database roles"): a DATABASE_URL of the suite's superuser becomes the login of
 arm_bridge (`bridge`), of arm_api (`serve` with NATS_ENABLED=false) or of both (`serve`
 with the bridge). `migrate` keeps the URL it is given."""
 

@@ -1,7 +1,7 @@
 """Test helpers that act as upstream and as a DBA would: plain-SQL uploads (SPEC §13)
 and calls of the arm.* functions. They write nothing the functions would not write.
 
-And the logins the tests connect as (README "Database roles"): one login member of each
+And the logins the tests connect as (docs/dbas.md "Database roles"): one login member of each
 group role of db/roles.sql, created once per cluster (:func:`ensure_logins`, by the
 conftest's template_db fixture). :func:`as_login` turns the suite's superuser URL into a
 login's, which is how the bridge, the API and the `arm-core` processes under test run
@@ -127,7 +127,7 @@ def upload(
 
 
 def upload_many(conn: Conn, n: int, file_type: str = "XLSX", mixed: bool = False) -> None:
-    """n plain-SQL uploads as the README's upload, set-wise (one INSERT of jobs, so one
+    """n plain-SQL uploads as docs/dbas.md's upload, set-wise (one INSERT of jobs, so one
     wake-up): an s3_object, a stored_file and a queued job each, then the file's current
     job; with `mixed`, every other file is a PDF scan."""
     with conn.transaction():

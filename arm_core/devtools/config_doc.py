@@ -1,0 +1,303 @@
+"""docs/configuration.md, written from the settings themselves.
+
+Every environment variable a dataclass declares with :func:`arm_core.config.env_var` —
+:class:`arm_core.config.Settings` (every command) and
+:class:`arm_core.devtools.reference.ReferenceConfig` (the reference services) — is listed
+with the default its field holds, and a one-line meaning kept here in ``MEANINGS``. The
+few variables read outside those dataclasses are in ``OTHER_VARIABLES``.
+
+    python -m arm_core.devtools.config_doc            # print the page
+    python -m arm_core.devtools.config_doc --write    # rewrite docs/configuration.md
+    python -m arm_core.devtools.config_doc --check    # exit 1 with a diff if stale
+
+tests/unit/test_config_doc.py fails when docs/configuration.md differs from what this
+writes. A variable without a meaning here, or a meaning of a variable nothing declares,
+is an error: the page never misses a variable nor lists one that is gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import arm_core
+from arm_core.config import Settings
+from arm_core.devtools.reference import MARKERS, MODES, SCAN, TABULAR, ReferenceConfig
+from arm_core.devtools.stack import DEV_DEFAULTS
+
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+REGENERATE = "python -m arm_core.devtools.config_doc --write"
+
+# The meaning of each variable, one line of Markdown (the default comes from the field).
+MEANINGS: dict[str, str] = {
+    # Settings
+    "DATABASE_URL": "`postgresql://user:pass@host:port/db` (required by every command but `dev`)",
+    "DATABASE_POOL_TIMEOUT_SECONDS": "how long a request waits for a database connection "
+    "before 503",
+    "NATS_URL": "NATS server URL(s), comma-separated (every node of a cluster: "
+    "[On a NATS cluster](not-losing-answers.md#on-a-nats-cluster))",
+    "NATS_ENABLED": "start the bridge's tasks (publisher, inbox, schedule) in `serve`",
+    "DEBUG": "debug logs",
+    "LOG_FORMAT": "`text` (key=value lines for people) or `json` (one JSON object a line, "
+    "for Loki/ELK); see [Logs](logs-and-metrics.md#logs)",
+    "OPENBAO__NATS__NATS_SEED": "a user nkey seed (`SU…`): alone, nkey auth; with "
+    "`OPENBAO__NATS__NATS_JWT`, JWT auth; both empty: no credentials (checked at start, "
+    "see above)",
+    "OPENBAO__NATS__NATS_JWT": "the user JWT issued to the seed's key, for JWT auth; needs "
+    "`OPENBAO__NATS__NATS_SEED` (checked at start, see above)",
+    "OUTBOX_POLL_SECONDS": "publisher poll period (NOTIFY wakes it sooner)",
+    "OUTBOX_BATCH_SIZE": "jobs per publish transaction",
+    "OUTBOX_PUBLISHERS": "publish batches in flight at once per process (one claims while "
+    "another waits for its confirmation)",
+    "ACK_TIMEOUT_SECONDS": "republish after this long without an ack",
+    "OUTBOX_MAX_REPUBLISH": "republishes before `dlq`",
+    "TIMEOUT_SWEEP_SECONDS": "sweep period; when set, written to `arm.periodic_task` at "
+    "start (otherwise a DBA's value stands)",
+    "SCHEDULE_TICK_SECONDS": "how often a bridge asks the database what is due",
+    "TABULAR_REPLY_TIMEOUT_SECONDS": "a tabular job's `reply_deadline = publish time + this`",
+    "IMAGE_REPLY_TIMEOUT_SECONDS": "an image job's `reply_deadline = publish time + this`",
+    "DEFAULT_MAX_ATTEMPTS": "`max_attempts` of new uploads; `arm-core migrate` writes it to "
+    "`arm.setting`",
+    "HTTP_HOST": "API listen address (and of the bridge's health port); off loopback, "
+    "`serve` needs `AUTH_MODE` `token` or `header`, or `AUTH_ALLOW_ANONYMOUS=true`",
+    "HTTP_PORT": "API port of `arm-core serve`",
+    "BRIDGE_HEALTH_PORT": "health port of `arm-core bridge`",
+    "TABULAR_REQUEST_SUBJECT": "request subject of tabular jobs",
+    "IMAGE_REQUEST_SUBJECT": "request subject of image jobs",
+    "RESULT_SUBJECT": "inbox subject (acks and results)",
+    "NATS_QUEUE_GROUP": "inbox queue group (and, with `RESULTS_STREAM`, the durable "
+    "consumer's name)",
+    "INBOX_MAX_PAYLOAD_BYTES": "larger envelopes are dropped (logged)",
+    "INBOX_BUFFER_SIZE": "envelopes held while the database is unreachable (see "
+    "[What the inbox keeps](architecture.md#what-the-inbox-keeps))",
+    "INBOX_WORKERS": "inbox workers, each applying its own batches on its own connection; "
+    "a job's envelopes always go to the same worker (order per job holds) and each has its "
+    "share of `INBOX_BUFFER_SIZE`",
+    "INBOX_BATCH_SIZE": "most envelopes applied in one transaction",
+    "OUTBOX_STUCK_SECONDS": "oldest queued job older than this (NATS up) → health "
+    "`degraded`, `outbox: stuck: …`",
+    "RETRY_BATCH_MAX": "most file ids in one batch retry",
+    "HTTP_MAX_BODY_BYTES": "larger request bodies get 413",
+    "HTTP_HEADER_TIMEOUT_SECONDS": "a connection must deliver a complete request line and "
+    "headers within this of its opening or of the answer to its previous request; else it "
+    "is closed without an answer (aiohttp's `keepalive_timeout`, which also closes a "
+    "keep-alive connection left idle that long; `serve` and the `bridge` health port)",
+    "HTTP_BODY_TIMEOUT_SECONDS": "a handler that reads a body must have it within this; "
+    "else a JSON `408` and the connection is closed. A body no handler reads is thrown away "
+    "after the answer for at most this long (aiohttp's `lingering_time`)",
+    "AUTH_ALLOW_ANONYMOUS": "`true`: `serve` may run `AUTH_MODE=none` on a non-loopback "
+    "`HTTP_HOST` (anyone who reaches it may retry, audited as `anonymous`)",
+    "AUTH_MODE": "`none`, `token` (`API_TOKENS`) or `header` (`AUTH_HEADER`): who the retry "
+    "audit names",
+    "API_TOKENS": "`actor=token,actor2=token2` (tokens of 16+ characters) for `AUTH_MODE=token`",
+    "AUTH_HEADER": "identity header set by an authenticating proxy, for `AUTH_MODE=header` "
+    "(only behind such a proxy: anyone reaching the port directly can claim any identity)",
+    "RESULTS_STREAM": "the name of a JetStream stream that captures `RESULT_SUBJECT`; the "
+    "core consumes it through one durable consumer named `NATS_QUEUE_GROUP` (see "
+    "[Not losing answers](not-losing-answers.md)). Needs a server with JetStream: without "
+    "it the process exits 2 naming `RESULTS_STREAM`. Empty: off",
+    "RESULTS_STREAM_REPLICAS": "replicas (1–5) of the stream the core creates",
+    "RESULTS_STREAM_MAX_AGE_SECONDS": "how long the created stream keeps a message (the "
+    "default is 7 days)",
+    "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "the created stream drops a message whose "
+    "`Nats-Msg-Id` it saw within this; at most the maximum age",
+    # ReferenceConfig
+    "REFERENCE_MODE": f"how the services answer: {' · '.join(f'`{m}`' for m in MODES)}; "
+    f"{', '.join(f'`{marker}`' for marker, _ in MARKERS)} in a file's name overrides it for "
+    f"that file ({', '.join(f'`{mode}`' for _, mode in MARKERS)})",
+    "REFERENCE_DELAY_SECONDS": 'between the ack and the result ("reading S3, recognising")',
+    "REFERENCE_FAIL_CODE": "`error.code` in mode `fail` and for `[fail]` files (a code of "
+    "the result schema)",
+    "REFERENCE_RESULTS_DIR": "where the `result.json` files go: the local stand-in for the "
+    "results bucket",
+    "REFERENCE_RESULTS_BUCKET": "the bucket named in each result's `result_s3`",
+    "REFERENCE_PENDING_MAX": "answers kept while NATS is unreachable; when full the oldest "
+    "is dropped (a `WARNING`, `action=ref_pending_drop`, counted; see "
+    "[For service teams](service-teams.md#for-service-teams))",
+}
+
+# Variables read outside the dataclasses: name → (default, meaning). Each must still be
+# read somewhere in the package (checked by :func:`other_variables`).
+OTHER_VARIABLES: dict[str, tuple[str, str]] = {
+    "REFERENCE_SERVICES": (
+        f"`{TABULAR},{SCAN}`",
+        "which reference services `arm-core reference` (and `dev`) runs, comma-separated",
+    ),
+    "ARM_DEV_DIR": (
+        "`.dev`",
+        "where `arm-core dev` keeps its PostgreSQL and nats-server, their logs and its own, "
+        "and the result files",
+    ),
+    "PG_BINDIR": (
+        "—",
+        "the PostgreSQL server binaries (`initdb`, `pg_ctl`, `postgres`) of the embedded "
+        "PostgreSQL of `arm-core dev`, the tests and the benchmarks; unset: `pg_config "
+        "--bindir`, then the newest `/usr/lib/postgresql/*/bin`",
+    ),
+}
+
+HEADER = """\
+# Configuration
+
+<!-- Generated by `python -m arm_core.devtools.config_doc --write` from the settings
+(arm_core/config.py, arm_core/devtools/reference.py): do not edit by hand. -->
+
+Back to the [README](../README.md). Every variable the processes read, with its default
+and its meaning: every `arm-core` command reads the first table, `arm-core reference`
+(and `dev`) the second too.
+
+Everything comes from the environment; a bad value stops the process at start (exit
+code 2) with a message naming the variable. Checked at start, before anything connects:
+`DATABASE_URL` as libpq reads it; `NATS_URL` (scheme, host, port; `ws`/`wss` not mixed
+with `nats`/`tls`); `OPENBAO__NATS__NATS_SEED` is a *user* nkey seed (58 characters,
+`SU…`, its CRC-16 checksum right); `OPENBAO__NATS__NATS_JWT` has a JWT's shape (three
+base64url parts, the header and payload JSON objects), comes with a seed, and was issued
+to that seed's key (`sub`). So a typo in a seed is an exit at start, not a bridge that
+stays `connecting`.
+
+**No secret is printed.** Messages and logs show URLs as `postgresql://admin:***@host/db`
+(a `password=` parameter and a NATS token `nats://***@host` as well), name a bad
+`API_TOKENS` entry by its position, and quote no part of a token, seed or JWT;
+`repr(Settings)` masks them too. As a net under drivers' own messages (libpq quotes an
+option it cannot use), every configured secret of 6+ characters is replaced by `***` in
+every log line and error message.
+"""
+
+
+class MeaningError(ValueError):
+    """A declared variable has no meaning in MEANINGS, or a meaning names no variable."""
+
+
+def default_text(value: Any) -> str:
+    """A field's default as the page shows it: `—` for none, `empty`, numbers plain,
+    booleans and text as code."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return f"`{'true' if value else 'false'}`"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, tuple):
+        return ", ".join(default_text(v) for v in value) if value else "empty"
+    text = str(value)
+    return f"`{text}`" if text else "empty"
+
+
+def env_fields(cls: type) -> list[tuple[str, Any]]:
+    """(variable, default) of each :func:`env_var` field of dataclass `cls`, in order."""
+    found = []
+    for f in dataclasses.fields(cls):
+        name = f.metadata.get("env")
+        if name is None:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        found.append((name, default))
+    return found
+
+
+def other_variables() -> dict[str, tuple[str, str]]:
+    """OTHER_VARIABLES, each still read by some module of the package."""
+    sources = "\n".join(
+        p.read_text(encoding="utf-8") for p in Path(arm_core.__file__).parent.rglob("*.py")
+    )
+    gone = sorted(name for name in OTHER_VARIABLES if f'"{name}"' not in sources)
+    if gone:
+        raise MeaningError(f"OTHER_VARIABLES names variables nothing reads: {gone}")
+    return OTHER_VARIABLES
+
+
+def _table(rows: Iterable[tuple[str, str, str]]) -> str:
+    lines = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    lines += [f"| `{name}` | {default} | {meaning} |" for name, default, meaning in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _rows(fields: list[tuple[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(name, default_text(default), MEANINGS[name]) for name, default in fields]
+
+
+def render() -> str:
+    """The page, as docs/configuration.md holds it."""
+    settings = env_fields(Settings)
+    reference = env_fields(ReferenceConfig)
+    others = other_variables()
+    declared = [name for name, _ in settings + reference]
+    missing = sorted(set(declared) - set(MEANINGS))
+    unused = sorted(set(MEANINGS) - set(declared))
+    if missing or unused:
+        raise MeaningError(
+            f"arm_core/devtools/config_doc.py MEANINGS: no meaning for {missing}; "
+            f"meanings of variables nothing declares: {unused}"
+        )
+    dev = ", ".join(
+        f"`{env}` {default_text(value)}" for env, (_field, value) in DEV_DEFAULTS.items()
+    )
+    parts = [
+        HEADER,
+        "## Every command (`arm_core.config.Settings`)\n",
+        _table(_rows(settings)),
+        "`arm-core dev` (`make run`) uses shorter periods unless the environment sets them, "
+        f"so the demo shows `dlq` and `timeout` within a minute or two: {dev}.\n",
+        "## The reference services (`arm_core.devtools.reference.ReferenceConfig`)\n",
+        "`arm-core reference` (and `arm-core dev`), the stand-in recognition services of "
+        "demos and tests ([For service teams](service-teams.md#for-service-teams)); their "
+        "subjects follow the first table's.\n",
+        _table(_rows(reference)),
+        "## Read elsewhere\n",
+        _table((name, default, meaning) for name, (default, meaning) in others.items()),
+    ]
+    return "\n".join(parts)
+
+
+def diff(expected: str, actual: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            expected.splitlines(keepends=True),
+            actual.splitlines(keepends=True),
+            "docs/configuration.md",
+            "the settings",
+        )
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m arm_core.devtools.config_doc",
+        description="docs/configuration.md from the settings: every variable, its default "
+        "and its meaning.",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help=f"rewrite {DOC_PATH.name}")
+    mode.add_argument("--check", action="store_true", help="exit 1 with a diff when stale")
+    args = parser.parse_args(argv)
+    actual = render()
+    if args.write:
+        DOC_PATH.write_text(actual, encoding="utf-8")
+        print(f"wrote {DOC_PATH}", file=sys.stderr)
+    elif args.check:
+        expected = DOC_PATH.read_text(encoding="utf-8") if DOC_PATH.exists() else ""
+        changes = diff(expected, actual)
+        if changes:
+            sys.stdout.write(changes)
+            print(f"docs/configuration.md is stale: run `{REGENERATE}`", file=sys.stderr)
+            return 1
+        print("docs/configuration.md is up to date", file=sys.stderr)
+    else:
+        sys.stdout.write(actual)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""docs/configuration.md is what arm_core.devtools.config_doc writes from the settings:
+every variable of Settings and of the reference services, with its default and meaning."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from arm_core.config import Settings, env_var, text
+from arm_core.devtools import config_doc
+from arm_core.devtools.reference import ReferenceConfig
+
+
+def test_the_page_is_what_the_generator_writes() -> None:
+    expected = config_doc.render()
+    actual = config_doc.DOC_PATH.read_text(encoding="utf-8") if config_doc.DOC_PATH.exists() else ""
+    assert actual == expected, (
+        f"docs/configuration.md is stale: run `{config_doc.REGENERATE}`\n"
+        + config_doc.diff(actual, expected)
+    )
+
+
+def test_every_variable_is_listed_with_its_default() -> None:
+    page = config_doc.render()
+    for cls in (Settings, ReferenceConfig):
+        for name, default in config_doc.env_fields(cls):
+            assert f"| `{name}` | {config_doc.default_text(default)} |" in page, name
+    for name in config_doc.OTHER_VARIABLES:
+        assert f"| `{name}` |" in page, name
+
+
+def test_a_variable_without_a_meaning_fails_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    @dataclasses.dataclass(frozen=True)
+    class WithANewVariable:
+        brand_new: str = env_var("BRAND_NEW_VARIABLE", text, "")
+
+    real = config_doc.env_fields
+    monkeypatch.setattr(
+        config_doc,
+        "env_fields",
+        lambda cls: real(cls) + (real(WithANewVariable) if cls is Settings else []),
+    )
+    with pytest.raises(config_doc.MeaningError, match="BRAND_NEW_VARIABLE"):
+        config_doc.render()
+
+
+def test_defaults_as_the_page_shows_them() -> None:
+    assert config_doc.default_text(None) == "—"
+    assert config_doc.default_text(True) == "`true`"
+    assert config_doc.default_text(5.0) == "5"
+    assert config_doc.default_text(0.5) == "0.5"
+    assert config_doc.default_text(("nats://a:4222",)) == "`nats://a:4222`"
+    assert config_doc.default_text(()) == "empty"
+    assert config_doc.default_text("") == "empty"
