@@ -7,7 +7,8 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from arm_core.config import ConfigError, Settings, is_loopback
+from arm_core.config import Settings, is_loopback
+from arm_core.config_error import ConfigError
 from arm_core.db import DatabaseError
 from arm_core.logs import Redactor, escape, setup_logging
 

@@ -7,28 +7,29 @@ This is the one environment parser: a dataclass declares each variable with
 :func:`env_var` (its name, a parser, its default) and :func:`read_env` reads them all.
 :class:`Settings` is one such dataclass; the dev tools' ``REFERENCE_*`` configuration
 (arm_core.devtools.reference) is another, with the same parsers (:func:`parse_bool`,
-:func:`number`, :func:`one_of`, :func:`text`).
+:func:`number`, :func:`one_of`, :func:`text`). Secrets are masked in its messages by
+arm_core.redaction; the NATS seed and JWT are checked by arm_core.nats_credentials.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import dataclasses
 import ipaddress
-import json
 import math
 import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
-import nkeys
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+
+from arm_core.config_error import ConfigError
+from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair, parse_jwt, parse_seed
+from arm_core.redaction import mask_url, mask_urls_in, url_secrets
 
 N = TypeVar("N", int, float)
 
@@ -38,69 +39,6 @@ Parser = Callable[[str, str], Any]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-
-
-class ConfigError(ValueError):
-    """A configuration variable is missing or has a value that cannot be used."""
-
-
-# --- secrets in messages ----------------------------------------------------------------
-# A message about a URL shows it with the password replaced by ***; a message about a
-# token, a seed or a JWT shows none of it (its position, its length, what is wrong).
-
-_PASSWORD_PARAM = re.compile(r"(?i)\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)")
-# scheme://userinfo@ inside a longer text (a driver's message).
-_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/?#@\"']*)@")
-
-
-def _split_userinfo(url: str) -> tuple[str, str | None, str | None, str]:
-    """(scheme://, user, password, the rest after @) of `url`, cut at the *last* @ so a
-    password with an unencoded @ stays whole; user and password are None without an @,
-    password is None without a colon."""
-    scheme, sep, rest = url.partition("://")
-    head = scheme + sep if sep else ""
-    if not sep:
-        rest = url
-    userinfo, at, location = rest.rpartition("@")
-    if not at:
-        return head, None, None, rest
-    user, colon, password = userinfo.partition(":")
-    return head, user, (password if colon else None), location
-
-
-def mask_url(url: str, bare_user_is_secret: bool = False) -> str:
-    """`url` for a message: postgresql://admin:***@host/db. A password in the query
-    (`?password=…`, libpq's `password=…` form) becomes *** too. A userinfo without a
-    colon is a user name for PostgreSQL but a token for NATS (nats://token@host): with
-    `bare_user_is_secret` it is masked as well."""
-    head, user, password, location = _split_userinfo(url)
-    if user is not None:
-        if password is not None:
-            userinfo = f"{user}:***"
-        else:
-            userinfo = "***" if bare_user_is_secret or not head else user
-        location = f"{userinfo}@{location}"
-    return head + _PASSWORD_PARAM.sub(r"\1***", location)
-
-
-def mask_urls_in(text: str) -> str:
-    """`text` (a driver's error message, say) with every scheme://user:password@ in it
-    masked and every password=… parameter replaced by ***."""
-
-    def userinfo(m: re.Match[str]) -> str:
-        user, colon, _ = m.group(2).partition(":")
-        return f"{m.group(1)}{user}{':***' if colon else ''}@"
-
-    return _PASSWORD_PARAM.sub(r"\1***", _URL_USERINFO.sub(userinfo, text))
-
-
-def _url_secrets(url: str, bare_user_is_secret: bool) -> list[str]:
-    """The password of `url` (or its token) as written and percent-decoded."""
-    _, user, password, _ = _split_userinfo(url)
-    secret = password if password is not None else (user if bare_user_is_secret else None)
-    found = [secret, unquote(secret)] if secret else []
-    found += [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
-    return found
 
 
 def parse_bool(name: str, raw: str) -> bool:
@@ -190,7 +128,7 @@ def _database_url(name: str, raw: str) -> str:
     except psycopg.Error as exc:
         # libpq quotes the part it could not read, which may be the password.
         said = str(exc).strip()
-        for secret in _url_secrets(value, bare_user_is_secret=False):
+        for secret in url_secrets(value, bare_user_is_secret=False):
             said = said.replace(secret, "***")
         raise ConfigError(
             f"{name}: not a valid connection URL ({mask_url(value)!r}): {mask_urls_in(said)}"
@@ -223,107 +161,6 @@ def _nats_urls(name: str, raw: str) -> tuple[str, ...]:
     if len(websocket) > 1:  # nats-py refuses the mix at every connect
         raise ConfigError(f"{name}: websocket (ws, wss) and nats/tls URLs cannot be mixed")
     return urls
-
-
-# --- NATS credentials -------------------------------------------------------------------
-
-SEED_VAR = "OPENBAO__NATS__NATS_SEED"
-JWT_VAR = "OPENBAO__NATS__NATS_JWT"
-_SEED_KINDS = {
-    nkeys.PREFIX_BYTE_OPERATOR: "an operator",
-    nkeys.PREFIX_BYTE_ACCOUNT: "an account",
-    nkeys.PREFIX_BYTE_SERVER: "a server",
-    nkeys.PREFIX_BYTE_CLUSTER: "a cluster",
-}
-_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def user_keypair(name: str, seed: str) -> nkeys.KeyPair:
-    """The key pair of a NATS *user* nkey seed (SU…, 58 characters, base32 with a
-    CRC-16 checksum), or ConfigError naming `name` that says what is wrong and quotes
-    no part of the seed. (nkeys.from_seed checks neither the checksum nor the role.)"""
-
-    def bad(why: str) -> ConfigError:
-        return ConfigError(f"{name}: not a valid nkey seed ({why})")
-
-    if seed.startswith("eyJ"):
-        raise bad(f"it looks like a JWT, which belongs in {JWT_VAR}")
-    if not seed.isascii() or len(seed) != 58:
-        raise bad(f"a user seed has 58 characters, this has {len(seed)}")
-    if seed[0] != "S":
-        raise bad("a seed starts with S; a public key or another secret was given")
-    try:
-        raw = base64.b32decode(seed + "======")
-    except binascii.Error:
-        raise bad("not base32: only A-Z and 2-7") from None
-    # A last character that differs only in base32's unused bits decodes the same:
-    # still a typo, and not the seed that was issued.
-    canonical = base64.b32encode(raw).rstrip(b"=") == seed.encode()
-    if not canonical or nkeys.crc16_checksum(raw[:-2]) != raw[-2:]:
-        raise bad("its checksum does not match: a character is wrong, swapped or cut off")
-    try:
-        prefix, _ = nkeys.decode_seed(seed.encode())
-    except nkeys.NkeysError:
-        raise bad("not a seed of any nkey kind") from None
-    if prefix != nkeys.PREFIX_BYTE_USER:
-        kind = _SEED_KINDS.get(prefix, "another kind of")
-        raise bad(f"{kind} seed; arm-core connects as a user, whose seed starts with SU")
-    return nkeys.from_seed(seed.encode())
-
-
-def _b64_json_object(part: str) -> bool:
-    try:
-        value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
-    except (binascii.Error, ValueError):
-        return False
-    return isinstance(value, dict)
-
-
-def jwt_payload(name: str, jwt: str) -> dict[str, Any]:
-    """The claims of a JWT of the right shape — three base64url parts, the header and
-    the payload JSON objects — or ConfigError naming `name` (quoting none of it)."""
-    parts = jwt.split(".")
-    if len(parts) != 3 or not all(_BASE64URL.fullmatch(p) for p in parts):
-        raise ConfigError(
-            f"{name}: not a JWT (three base64url parts joined by dots; a .creds file's "
-            "JWT line alone is wanted)"
-        )
-    if not _b64_json_object(parts[0]):
-        raise ConfigError(f"{name}: not a JWT (its header is not a base64url JSON object)")
-    if not _b64_json_object(parts[1]):
-        raise ConfigError(f"{name}: not a JWT (its payload is not a base64url JSON object)")
-    payload: dict[str, Any] = json.loads(base64.urlsafe_b64decode(parts[1] + "==="))
-    return payload
-
-
-def nats_keypair(seed: str, jwt: str) -> nkeys.KeyPair | None:
-    """Checks the NATS credentials together: a JWT needs the seed of the user it was
-    issued to. None when there are no credentials."""
-    if jwt and not seed:
-        raise ConfigError(f"{SEED_VAR}: required when {JWT_VAR} is set")
-    if not seed:
-        return None
-    keypair = user_keypair(SEED_VAR, seed)
-    if jwt:
-        subject = jwt_payload(JWT_VAR, jwt).get("sub")
-        if isinstance(subject, str) and subject != keypair.public_key.decode():
-            raise ConfigError(
-                f"{JWT_VAR}: issued to another user than the key of {SEED_VAR} "
-                "(its sub is not that seed's public key)"
-            )
-    return keypair
-
-
-def _nats_seed(name: str, raw: str) -> str:
-    seed = raw.strip()
-    user_keypair(name, seed)
-    return seed
-
-
-def _nats_jwt(name: str, raw: str) -> str:
-    jwt = raw.strip()
-    jwt_payload(name, jwt)
-    return jwt
 
 
 def _subject(name: str, raw: str) -> str:
@@ -417,8 +254,8 @@ class Settings:
     # Log lines on stderr: "text" (key=value, for people) or "json" (one object a line).
     log_format: str = env_var("LOG_FORMAT", one_of(LOG_FORMATS), "text")
     # A user nkey seed (SU…) and its JWT: checked at start, never shown (see secrets()).
-    nats_seed: str = env_var(SEED_VAR, _nats_seed, "")
-    nats_jwt: str = env_var(JWT_VAR, _nats_jwt, "")
+    nats_seed: str = env_var(SEED_VAR, parse_seed, "")
+    nats_jwt: str = env_var(JWT_VAR, parse_jwt, "")
     outbox_poll_seconds: float = env_var("OUTBOX_POLL_SECONDS", _POSITIVE, 5.0)
     outbox_batch_size: int = env_var("OUTBOX_BATCH_SIZE", number(int, 1), 500)
     # Publish batches in flight at once per process (each on its own connection).
@@ -523,12 +360,12 @@ class Settings:
         API tokens — for arm_core.logs.Redactor to keep out of every line."""
         found: list[str] = []
         if self.database_url:
-            found += _url_secrets(self.database_url, bare_user_is_secret=False)
+            found += url_secrets(self.database_url, bare_user_is_secret=False)
             with contextlib.suppress(psycopg.Error):
                 params = conninfo_to_dict(self.database_url)
                 found += [str(params[k]) for k in ("password", "sslpassword") if params.get(k)]
         for url in self.nats_urls:
-            found += _url_secrets(url, bare_user_is_secret=True)
+            found += url_secrets(url, bare_user_is_secret=True)
         found += [s for s in (self.nats_seed, self.nats_jwt) if s]
         found += [token for _, token in self.api_tokens]
         return tuple(dict.fromkeys(found))

@@ -17,7 +17,7 @@ from importlib import resources
 
 import psycopg
 
-from arm_core.config import mask_urls_in
+from arm_core.redaction import mask_urls_in
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 

@@ -90,7 +90,8 @@ class Redactor:
     Secrets shorter than MIN_LENGTH are left out: replacing every "arm" or "1234" in
     every line would make the log unreadable, and the values a short password could be
     mistaken for are everywhere. The URL and token messages of arm_core.config mask by
-    position and do not depend on this; it is the net under a driver's own message."""
+    position (arm_core.redaction) and do not depend on this; it is the net under a
+    driver's own message."""
 
     MIN_LENGTH = 6
 

@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from benchmarks import files, lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
 from benchmarks.harness import Bench, Sizes
 from benchmarks.report import Report, machine, markdown

@@ -48,7 +48,9 @@ import psycopg
 from nats.aio.msg import Msg
 
 from arm_core.config import Settings
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from benchmarks.harness import progress, status_counts
 from benchmarks.report import machine

@@ -14,7 +14,9 @@ from typing import Any
 
 import psycopg
 
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from benchmarks import cpu
 from benchmarks.cpu import CpuMeter

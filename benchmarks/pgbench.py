@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from arm_core.devtools.embedded import find_pg_bindir
+from arm_core.devtools.embedded_postgres import find_pg_bindir
 from benchmarks.harness import Bench
 from benchmarks.report import Report
 

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arm_core.devtools.embedded import find_pg_bindir
+from arm_core.devtools.embedded_postgres import find_pg_bindir
 
 
 @dataclass

@@ -20,7 +20,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
-from arm_core.config import Settings, mask_urls_in, nats_keypair
+from arm_core.config import Settings
+from arm_core.nats_credentials import nats_keypair
+from arm_core.redaction import mask_urls_in
 
 log = logging.getLogger(__name__)
 

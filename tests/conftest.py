@@ -21,7 +21,8 @@ from nats.aio.client import Client
 from psycopg.rows import dict_row
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import nats_client
 from tests.support.sql import BRIDGE_LOGIN, Conn, as_login, ensure_logins

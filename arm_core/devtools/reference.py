@@ -43,7 +43,8 @@ from nats.aio.subscription import Subscription
 
 from arm_core.bridge.contracts import REQUEST_SCHEMA, RESULT_SCHEMA, schema, validator
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm, connect
-from arm_core.config import ConfigError, Settings, env_var, number, one_of, read_env
+from arm_core.config import Settings, env_var, number, one_of, read_env
+from arm_core.config_error import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from arm_core.devtools.embedded import EmbeddedPostgres, find_pg_bindir
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres, find_pg_bindir
 from arm_core.migrate import SQL_DIR, migrate
 
 # The project's schemas: everything the migrations and functions create lives in `arm`.

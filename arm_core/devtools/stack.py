@@ -31,7 +31,9 @@ from aiohttp import web
 from psycopg.rows import dict_row
 
 from arm_core.config import Settings
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.logs import Redactor, setup_logging
 from arm_core.migrate import migrate
 from arm_core.statuses import pipeline_for

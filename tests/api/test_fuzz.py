@@ -28,7 +28,8 @@ from pytest_postgresql.janitor import DatabaseJanitor
 from schemathesis import GenerationMode
 from schemathesis.core.transport import Response
 
-from arm_core.devtools.embedded import EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.http.app import OPENAPI_PATH
 from arm_core.http.file_list import encode_cursor
 from tests.support.processes import ArmProcess

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from jsonschema import Draft202012Validator
 
-from arm_core.devtools.embedded import EmbeddedPostgres
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.http.app import OPENAPI_PATH, create_app
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import TcpProxy

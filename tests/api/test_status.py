@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.metrics import METRICS
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import fast_settings, wait_for

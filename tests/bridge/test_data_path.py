@@ -26,7 +26,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.inbox import InboxStep
 from arm_core.bridge.runner import Bridge
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.runtime import bridge_app
 from arm_core.statuses import ApplyOutcome, JobStatus
 from tests.bridge.test_processes import bridge_env

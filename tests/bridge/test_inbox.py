@@ -17,7 +17,8 @@ import pytest
 from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.statuses import ApplyOutcome, JobStatus
 from tests.support.bridge import (
     TcpProxy,

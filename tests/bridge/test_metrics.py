@@ -16,7 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.http.app import create_app
 from arm_core.metrics import METRICS
 from arm_core.runtime import bridge_app

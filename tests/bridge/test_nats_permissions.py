@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
 from arm_core.config import Settings
-from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.reference import (
     DEFAULT_SUBJECTS,
     SCAN,

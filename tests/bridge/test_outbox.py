@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.publisher import Cycle
-from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import (
     NatsProxy,
     collect,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from arm_core.devtools.embedded import EmbeddedNats, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import NatsProxy, envelope, send, wait_for
 from tests.support.processes import ARM_CORE, ArmProcess, log_lines
 from tests.support.sql import BRIDGE_LOGIN, dict_conn, job, publish, scalar, upload, upload_many

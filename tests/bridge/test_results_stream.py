@@ -17,8 +17,10 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 
-from arm_core.config import ConfigError, Settings
-from arm_core.devtools.embedded import EmbeddedNats, free_port
+from arm_core.config import Settings
+from arm_core.config_error import ConfigError
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.statuses import ApplyOutcome
 from tests.support.bridge import (
     envelope,

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from arm_core.bridge.nats_client import auth_options
 from arm_core.config import Settings
-from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.http.app import create_app
 from arm_core.runtime import BRIDGE
 from tests.support.bridge import envelope, fast_settings, running_bridge, send, wait_for
@@ -212,7 +212,7 @@ async def test_R_NATS_1_user_jwt_with_seed_against_an_operator_mode_server(
 
 
 def test_bad_credentials_fail_at_start_naming_the_variable() -> None:
-    from arm_core.config import ConfigError
+    from arm_core.config_error import ConfigError
 
     with pytest.raises(ConfigError, match=r"^OPENBAO__NATS__NATS_SEED: not a valid nkey seed"):
         auth_options(Settings(nats_seed="SUXXX"))

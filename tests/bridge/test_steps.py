@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.scheduler import Scheduler
-from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.statuses import ApplyOutcome, JobStatus, PublishOutcome
 from arm_core.store import TaskRun
 from tests.support.bridge import envelope, fast_settings, nats_client

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from arm_core.devtools.embedded import EmbeddedNats, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import TcpProxy, instant_service, wait_for
 from tests.support.containers import Container, inspect_image, run_once
 from tests.support.flow import DONE, Flow, applied_results

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from arm_core.devtools.embedded import EmbeddedNatsCluster, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
 from tests.support.bridge import TcpProxy, wait_for
 from tests.support.cluster import (
     RecordingService,

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from arm_core.devtools.embedded import EmbeddedPostgres
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import instant_service, wait_for
 from tests.support.processes import ArmProcess, log_lines

@@ -13,7 +13,7 @@ import pytest
 from nats.aio.client import Client
 
 from arm_core.bridge.nats_client import confirm
-from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import envelope, fast_settings, instant_service, running_bridge, wait_for
 from tests.support.flow import DONE, Flow, applied_results
 from tests.support.processes import ArmProcess, log_lines

@@ -26,7 +26,8 @@ from pathlib import Path
 import nkeys
 import pytest
 
-from arm_core.devtools.embedded import EmbeddedNats, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import envelope, nats_client, send, wait_for
 from tests.support.natsauth import operator_mode
 from tests.support.processes import ARM_CORE, ArmProcess

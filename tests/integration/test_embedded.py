@@ -1,5 +1,5 @@
-"""Real PostgreSQL and nats-server started by arm_core.devtools.embedded (no mocks, no
-fixed ports)."""
+"""Real PostgreSQL and nats-server started by arm_core.devtools.embedded_postgres and
+embedded_nats (no mocks, no fixed ports)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ import nats
 import psycopg
 import pytest
 
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 from arm_core.bridge.contracts import RESULT_SCHEMA, schema
 from arm_core.db import query
-from arm_core.devtools.embedded import EmbeddedPostgres
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.sql import (
     APPLY_ACK,
     APPLY_RESULT,

@@ -19,7 +19,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from arm_core.db import query
-from arm_core.devtools.embedded import EmbeddedPostgres
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.sql import (
     API_LOGIN,

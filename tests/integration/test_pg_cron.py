@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from arm_core.devtools.embedded import EmbeddedPostgres, find_pg_bindir
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres, find_pg_bindir
 from arm_core.migrate import migrate
 from tests.support.sql import (
     OWNER_LOGIN,

@@ -29,7 +29,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from arm_core.db import query
-from arm_core.devtools.embedded import EmbeddedNats, EmbeddedPostgres
+from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import ROLES, SQL_DIR, RolesMissing, apply_functions, migrate
 from arm_core.runtime import POOL
 from tests.support.api import api_settings, running_api

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from arm_core.db import query
-from arm_core.devtools.embedded import EmbeddedPostgres
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.sql import CLAIM_QUEUED_JOBS, Conn, dict_conn, publish
 
 pytestmark = pytest.mark.integration

@@ -27,8 +27,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from arm_core.bridge.contracts import CONTRACTS_DIR, RESULT_SCHEMA, validator
-from arm_core.config import ConfigError, Settings
-from arm_core.devtools.embedded import EmbeddedNats
+from arm_core.config import Settings
+from arm_core.config_error import ConfigError
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.reference import (
     NATS_OPTIONS,
     NOTE,

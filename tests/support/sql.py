@@ -27,7 +27,7 @@ from arm_core.statuses import pipeline_for
 Conn = psycopg.Connection[Any]
 
 
-# The superuser of the suite's embedded PostgreSQL (arm_core.devtools.embedded).
+# The superuser of the suite's embedded PostgreSQL (arm_core.devtools.embedded_postgres).
 SUPERUSER = "postgres"
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arm_core.devtools.embedded import EmbeddedNats, free_port
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import wait_for
 from tests.support.processes import ArmProcess, log_lines
 

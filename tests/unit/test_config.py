@@ -9,7 +9,9 @@ import os
 import nkeys
 import pytest
 
-from arm_core.config import ConfigError, Settings, mask_url, mask_urls_in
+from arm_core.config import Settings
+from arm_core.config_error import ConfigError
+from arm_core.redaction import mask_url, mask_urls_in
 from tests.support.natsauth import operator_mode
 
 

