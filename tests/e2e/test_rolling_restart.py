@@ -45,15 +45,18 @@ async def test_rolling_restart_of_two_bridges_under_a_steady_flow(stack: Stack) 
     stopped: list[ArmProcess] = []
     codes: list[int] = []
     try:
-        a, b = stack.bridge(**BRIDGE_ENV), stack.bridge(**BRIDGE_ENV)
+        # Processes start and stop off the event loop: the reply service runs on it, and
+        # a loop blocked for a bridge's start would let its 1 s ack timeouts run out.
+        a = await asyncio.to_thread(stack.bridge, **BRIDGE_ENV)
+        b = await asyncio.to_thread(stack.bridge, **BRIDGE_ENV)
         with Flow(stack.db_url) as flow, dict_conn(stack.db_url) as conn:
             for name in ("A", "B"):
                 seen = scalar(conn, done)
                 await done_reaches(conn, seen + 150, "flow running")
                 old = a if name == "A" else b
-                codes.append(old.stop())  # SIGTERM in the middle of the flow
+                codes.append(await asyncio.to_thread(old.stop))  # SIGTERM mid-flow
                 stopped.append(old)
-                again = stack.bridge(**BRIDGE_ENV)
+                again = await asyncio.to_thread(stack.bridge, **BRIDGE_ENV)
                 if name == "A":
                     a = again
                 else:
