@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import arm_core
 from arm_core.config import Settings
+from arm_core.devtools import generated
 from arm_core.devtools.reference import MARKERS, MODES, SCAN, TABULAR, ReferenceConfig
 from arm_core.devtools.stack import DEV_DEFAULTS
 
@@ -262,14 +262,7 @@ def render() -> str:
 
 
 def diff(expected: str, actual: str) -> str:
-    return "".join(
-        difflib.unified_diff(
-            expected.splitlines(keepends=True),
-            actual.splitlines(keepends=True),
-            "docs/configuration.md",
-            "the settings",
-        )
-    )
+    return generated.diff(expected, actual, "docs/configuration.md", "the settings")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -282,21 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--write", action="store_true", help=f"rewrite {DOC_PATH.name}")
     mode.add_argument("--check", action="store_true", help="exit 1 with a diff when stale")
     args = parser.parse_args(argv)
-    actual = render()
-    if args.write:
-        DOC_PATH.write_text(actual, encoding="utf-8")
-        print(f"wrote {DOC_PATH}", file=sys.stderr)
-    elif args.check:
-        expected = DOC_PATH.read_text(encoding="utf-8") if DOC_PATH.exists() else ""
-        changes = diff(expected, actual)
-        if changes:
-            sys.stdout.write(changes)
-            print(f"docs/configuration.md is stale: run `{REGENERATE}`", file=sys.stderr)
-            return 1
-        print("docs/configuration.md is up to date", file=sys.stderr)
-    else:
-        sys.stdout.write(actual)
-    return 0
+    stale = generated.write_or_check(
+        DOC_PATH, render(), write=args.write, check=args.check,
+        source="the settings", regenerate=REGENERATE,
+    )  # fmt: skip
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
-__all__ = ["free_port", "log_tail"]
+__all__ = ["Server", "free_port", "log_tail"]
 
 
 def free_port() -> int:
@@ -35,3 +37,29 @@ def log_tail(path: Path, lines: int = 40, offset: int = 0) -> str:
         return f"(no log at {path})"
     text = data.decode("utf-8", "replace").splitlines()[-lines:]
     return "\n".join(text) if text else f"(log {path} is empty)"
+
+
+class Server:
+    """`with server:` starts it and stops it at the end, then lets it remove what it made
+    for itself (:meth:`release`)."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """After the last stop: remove the folders the server created for itself."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self.release()

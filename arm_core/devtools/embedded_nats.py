@@ -23,9 +23,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
-from arm_core.devtools.embedded import free_port, log_tail
+from arm_core.devtools.embedded import Server, free_port, log_tail
 
 __all__ = ["EmbeddedNats", "EmbeddedNatsCluster"]
 
@@ -47,7 +46,7 @@ def _default_nats_binary() -> str:
 
 
 @dataclass
-class EmbeddedNats:
+class EmbeddedNats(Server):
     """A nats-server child process on 127.0.0.1 that can be restarted on the same port."""
 
     binary: str | None = None
@@ -149,16 +148,7 @@ class EmbeddedNats:
         self.stop()
         self.start()
 
-    def __enter__(self) -> EmbeddedNats:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def release(self) -> None:
         if self._own_log_dir and self.log_dir is not None:
             shutil.rmtree(self.log_dir, ignore_errors=True)
             self.log_dir = None
@@ -177,7 +167,7 @@ def _monitor_json(port: int, path: str) -> dict[str, object] | None:
 
 
 @dataclass
-class EmbeddedNatsCluster:
+class EmbeddedNatsCluster(Server):
     """``size`` nats-server nodes (``n1``, ``n2``, …) clustered over loopback routes, on
     free ports: client, route and monitoring (``-m``) port per node. :meth:`start`
     returns when every running node has a route to every other one (``/routez``) and,
@@ -366,16 +356,7 @@ class EmbeddedNatsCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> EmbeddedNatsCluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def release(self) -> None:
         if self._own_base_dir and self.base_dir is not None:
             shutil.rmtree(self.base_dir, ignore_errors=True)
             self.base_dir = None

@@ -32,12 +32,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 import psycopg
 from psycopg import errors, sql
 
-from arm_core.devtools.embedded import free_port, log_tail
+from arm_core.devtools.embedded import Server, free_port, log_tail
 
 __all__ = ["EmbeddedPostgres", "find_pg_bindir"]
 
@@ -160,7 +159,7 @@ def _make_dirs(path: Path) -> list[Path]:
 
 
 @dataclass
-class EmbeddedPostgres:
+class EmbeddedPostgres(Server):
     """A throw-away (or reusable) PostgreSQL cluster listening on 127.0.0.1."""
 
     base_dir: Path
@@ -392,17 +391,6 @@ class EmbeddedPostgres:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (self.base_dir / _LOCATION_FILE).unlink()
-
-    def __enter__(self) -> EmbeddedPostgres:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- clients --------------------------------------------------------------------------
 

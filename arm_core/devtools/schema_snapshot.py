@@ -26,7 +26,6 @@ PostgreSQL major version that produced it (pg_dump's output differs between majo
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import psycopg
 from psycopg import sql
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres, find_pg_bindir
+from arm_core.devtools.generated import write_or_check
 from arm_core.migrate import SQL_DIR, migrate
 
 # The project's schemas: everything the migrations and functions create lives in `arm`.
@@ -135,18 +135,6 @@ def overloads(database_url: str) -> dict[str, list[str]]:
     return {name: list(sigs) for name, sigs in rows if name not in ALLOWED_OVERLOADS}
 
 
-def diff(expected: str, actual: str, expected_name: str, actual_name: str) -> str:
-    """A unified diff of two snapshots ('' when they are equal)."""
-    return "".join(
-        difflib.unified_diff(
-            expected.splitlines(keepends=True),
-            actual.splitlines(keepends=True),
-            fromfile=expected_name,
-            tofile=actual_name,
-        )
-    )
-
-
 def _with_dbname(url: str, dbname: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{dbname}"))
@@ -212,21 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for name, signatures in found.items():
         print(f"overloaded function arm.{name}: {', '.join(signatures)}", file=sys.stderr)
-    if args.write:
-        SNAPSHOT_PATH.write_text(actual, encoding="utf-8")
-        print(f"wrote {SNAPSHOT_PATH}", file=sys.stderr)
-    elif args.check:
-        expected = SNAPSHOT_PATH.read_text(encoding="utf-8") if SNAPSHOT_PATH.exists() else ""
-        changes = diff(expected, actual, "db/schema.sql", "migrated database")
-        if changes:
-            sys.stdout.write(changes)
-            print(f"db/schema.sql is stale: regenerate it with `{REGENERATE}`", file=sys.stderr)
-        if changes or found:
-            return 1
-        print("db/schema.sql is up to date", file=sys.stderr)
-    else:
-        sys.stdout.write(actual)
-    return 0
+    stale = write_or_check(
+        SNAPSHOT_PATH, actual, write=args.write, check=args.check,
+        source="migrated database", regenerate=REGENERATE,
+    )  # fmt: skip
+    return 1 if stale or (args.check and found) else 0
 
 
 if __name__ == "__main__":

@@ -6,11 +6,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from arm_core.devtools.generated import diff
 from arm_core.devtools.schema_snapshot import (
     ALLOWED_OVERLOADS,
     REGENERATE,
     SNAPSHOT_PATH,
-    diff,
     dump_schema,
     normalise,
     overloads,

@@ -1,0 +1,43 @@
+"""Files the repository keeps as generated output (db/schema.sql, docs/configuration.md):
+one way to write them, check them against their source, or print them."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+
+
+def diff(expected: str, actual: str, expected_name: str, actual_name: str) -> str:
+    """A unified diff of two renderings ('' when they are equal)."""
+    return "".join(
+        difflib.unified_diff(
+            expected.splitlines(keepends=True),
+            actual.splitlines(keepends=True),
+            fromfile=expected_name,
+            tofile=actual_name,
+        )
+    )
+
+
+def write_or_check(
+    path: Path, actual: str, *, write: bool, check: bool, source: str, regenerate: str
+) -> bool:
+    """--write rewrites `path`; --check prints the diff against it and says how to
+    regenerate it when it is stale; neither prints `actual`. True when --check found it
+    stale."""
+    name = f"{path.parent.name}/{path.name}"
+    if write:
+        path.write_text(actual, encoding="utf-8")
+        print(f"wrote {path}", file=sys.stderr)
+    elif check:
+        expected = path.read_text(encoding="utf-8") if path.exists() else ""
+        changes = diff(expected, actual, name, source)
+        if changes:
+            sys.stdout.write(changes)
+            print(f"{name} is stale: regenerate it with `{regenerate}`", file=sys.stderr)
+            return True
+        print(f"{name} is up to date", file=sys.stderr)
+    else:
+        sys.stdout.write(actual)
+    return False
