@@ -37,8 +37,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from arm_core.db import DatabaseError, DatabaseUnavailable
+from arm_core.rows import StatusView
 from arm_core.statuses import ApplyOutcome, JobStatus
-from arm_core.store import StatusView, Store
+from arm_core.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,10 @@
 """What `arm-core serve` and `arm-core bridge` share: the aiohttp lifecycle of the
-connection pool and the bridge, and the health check."""
+process's one connection pool and one Store (every handler and the bridge get the
+Store, nothing else gets the pool), the bridge, and the health check."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,7 +12,8 @@ from typing import Any
 from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.runner import Bridge
+from arm_core.bridge.config import bridge_config
+from arm_core.bridge.runner import Bridge, NatsState
 from arm_core.config import Settings
 from arm_core.db import DatabaseError
 from arm_core.metrics import METRICS, AppMetrics, BridgeState, metrics_handler
@@ -22,6 +25,18 @@ SETTINGS = web.AppKey("settings", Settings)
 POOL = web.AppKey("pool", AsyncConnectionPool)
 STORE = web.AppKey("store", Store)
 BRIDGE = web.AppKey("bridge", Bridge)
+# Set to stop the process (arm_core.http.server.run): by SIGINT or SIGTERM, or by the
+# bridge when it cannot go on (its `fatal` then makes the command exit 2).
+SHUTDOWN = web.AppKey("shutdown", asyncio.Event)
+
+
+def new_app(settings: Settings, **kwargs: Any) -> web.Application:
+    """An application of `arm-core serve` or `arm-core bridge`, with its settings and its
+    shutdown event."""
+    app = web.Application(**kwargs)
+    app[SETTINGS] = settings
+    app[SHUTDOWN] = asyncio.Event()
+    return app
 
 
 def make_pool(settings: Settings, max_size: int = 10) -> AsyncConnectionPool[Any]:
@@ -52,7 +67,10 @@ async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
         log.info("NATS_ENABLED=false: no bridge tasks", extra={"action": "bridge_off"})
         yield
         return
-    bridge = Bridge(settings, app[POOL])
+    shutdown = app[SHUTDOWN]
+    bridge = Bridge(
+        bridge_config(settings), app[STORE], settings, on_fatal=lambda reason: shutdown.set()
+    )
     await bridge.start()
     app[BRIDGE] = bridge
     yield
@@ -82,12 +100,12 @@ async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
         nats = app[BRIDGE].nats_state()
     else:
         nats = "starting"
-    if age is not None and age > settings.outbox_stuck_seconds and nats in ("ok", "off"):
+    if age is not None and age > settings.outbox_stuck_seconds and nats in (NatsState.OK, "off"):
         outbox = (
             f"stuck: the oldest queued job has waited {age:.0f} s "
             f"(OUTBOX_STUCK_SECONDS={settings.outbox_stuck_seconds:g})"
         )
-    ok = db == "ok" and nats in ("ok", "off") and outbox == "ok"
+    ok = db == "ok" and nats in (NatsState.OK, "off") and outbox == "ok"
     return (200 if db == "ok" else 503), {
         "status": "ok" if ok else "degraded",
         "db": db,
@@ -117,8 +135,7 @@ def bridge_app(settings: Settings) -> web.Application:
     errors JSON like the API's, served by arm_core.http.server like the API)."""
     from arm_core.http.errors import error_middleware
 
-    app = web.Application(middlewares=[error_middleware])
-    app[SETTINGS] = settings
+    app = new_app(settings, middlewares=[error_middleware])
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
     app.router.add_get("/healthcheck", healthcheck)
     install_metrics(app)

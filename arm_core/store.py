@@ -1,21 +1,18 @@
-"""The typed store: every named query of queries.sql, its parameters and its rows.
+"""The store: the one object through which a process sends its queries.
 
-One method per query, named as the query and typed with what its rows are
-(tests/integration/test_store.py keeps the two lists equal, and each row class equal to
-the columns a real database returns). The SQL stays in arm_core/queries.sql and every
-state change in the functions of db/functions; this module only says what goes in and
-what comes out: frozen dataclasses with enums (arm_core.statuses), built by a row
-factory that checks the query's columns against the dataclass's fields on every
-execute.
+A process makes one :class:`Store` on its connection pool and hands it to every service
+and handler (arm_core/runtime.py); nothing else holds the pool. Each public method is
+one runtime operation: it sends the named queries of arm_core/queries.sql it needs
+(tests/integration/test_store.py: each query is sent by exactly one method, and every
+method is called by the runtime or the admin code), owns its transaction, and turns
+driver errors into arm_core.db's DatabaseError / DatabaseUnavailable, named after the
+operation. Rows come back typed (arm_core.rows). Every state change happens in the
+functions of db/functions; this module only says what goes in and what comes out.
 
-Two kinds of method, as the callers manage their transactions:
-
-* most run one statement on a connection of the pool (autocommit) and translate driver
-  errors (arm_core.db.wrap_db_errors, the action named after the query);
-* the publisher's (publish_queued_jobs_v2, claim_unacked_jobs, mark_republished) take
-  the caller's connection and run in its open transaction (:meth:`Store.transaction`):
-  the caller publishes to NATS between the claim and the commit, and wraps the errors of
-  the whole transaction, commit included.
+The publisher's two operations take a `send` callback: the jobs are claimed, handed to
+`send` (which publishes them to NATS and returns once the server confirmed them) and
+marked within one transaction, so a job is never marked published unless `send`
+returned; when `send` raises, the transaction rolls back and the exception propagates.
 
 `arm-core migrate` is synchronous: :class:`SyncStore` has the two settings queries it
 sends, on its connection.
@@ -26,237 +23,40 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import typing
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
-from enum import Enum
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.rows import BaseRowFactory, RowMaker, no_result, scalar_row
+from psycopg.rows import scalar_row
 from psycopg.types.json import Jsonb
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
 from arm_core.db import DatabaseError, DatabaseUnavailable, query, wrap_db_errors
-from arm_core.statuses import (
-    ApplyOutcome,
-    FileStatus,
-    FileType,
-    JobStatus,
-    PublishOutcome,
-    RetryOutcome,
-    RetryReason,
+from arm_core.rows import (
+    AppliedEnvelope,
+    DeadLetteredJob,
+    FileListFilter,
+    FileListItem,
+    JsonObject,
+    PublishedJob,
+    RetryResult,
+    StatusCount,
+    StatusView,
+    TaskRun,
+    UnackedJob,
+    typed_row,
 )
+from arm_core.statuses import PublishOutcome
 
 R = TypeVar("R")
 
-# A JSON object as the database returns it (jsonb, loaded).
-JsonObject = dict[str, Any]
-
-
-# --- rows ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetteredJob:
-    """dead_letter_unacked: a published job moved to dlq (NO_ACK) after its republishes."""
-
-    job_id: uuid.UUID
-    attempt: int
-    file_id: uuid.UUID
-    republish_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class UnackedJob:
-    """claim_unacked_jobs: an overdue, unacked job locked for republishing with the same
-    subject, Nats-Msg-Id and request."""
-
-    job_id: uuid.UUID
-    attempt: int
-    subject: str
-    msg_id: str
-    republish_count: int
-    request: str  # JSON text, byte for byte what the first publish sent
-    bytes: int  # what the server counts against max_payload (arm.nats_message_bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class PublishedJob:
-    """publish_queued_jobs_v2: a claimed job, marked published (its request is to be
-    sent, the transaction committed once NATS confirmed it) or dead-lettered at once
-    because the request exceeds the server's max_payload; for a published job the seconds
-    it waited queued (requested_at → the claim)."""
-
-    job_id: uuid.UUID
-    attempt: int
-    file_id: uuid.UUID
-    outcome: PublishOutcome
-    subject: str
-    msg_id: str
-    request: str | None  # JSON text to send as it is; None when dead-lettered
-    error_message: str | None  # why it was dead-lettered
-    queued_seconds: float | None  # None when dead-lettered
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedEnvelope:
-    """apply_envelopes_v2: one element's outcome (`ord` is its 1-based place in the
-    batch), the job's attempt and status after it, and for an applied element the wait it
-    ended (an ack: published → processing; a result: processing → final; None else)."""
-
-    ord: int
-    outcome: ApplyOutcome
-    attempt: int | None
-    status: JobStatus | None
-    wait_seconds: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class StatusCount:
-    """job_counts: the number of jobs in one status."""
-
-    status: JobStatus
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
-class StatusView:
-    """status_view: GET /api/v1/status's figures (jobs and files as {status: n})."""
-
-    jobs: dict[str, int]
-    files: dict[str, int]
-    oldest_queued_age_seconds: float
-    unacked_overdue: int
-    past_deadline_unswept: int
-    last_sweep_at: dt.datetime | None
-    last_sweep_result: str | None
-    last_sweep_error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class TaskRun:
-    """run_due_tasks: a periodic task that ran, with its result or its error."""
-
-    task: str
-    result: str | None
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class RetryResult:
-    """retry_file, retry_files: one file's outcome. For `retried` the new job and its
-    attempt; for `not_retryable` the reason and the current job that prevents it."""
-
-    file_id: uuid.UUID
-    outcome: RetryOutcome
-    reason: RetryReason | None
-    job_id: uuid.UUID | None
-    attempt: int | None
-    previous_job_id: uuid.UUID | None
-    previous_status: JobStatus | None
-    previous_attempt: int | None
-    max_attempts: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class FileListItem:
-    """list_files: one file of a page, its current job (all None when it has none) and
-    whether it can be retried (arm.is_retryable: the rule of retry_file)."""
-
-    id: uuid.UUID
-    consolidation_id: uuid.UUID | None
-    original_name: str
-    file_type: FileType
-    status: FileStatus
-    s3_bucket: str
-    s3_key: str
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    job_id: uuid.UUID | None
-    job_status: JobStatus | None
-    attempt: int | None
-    max_attempts: int | None
-    error_code: str | None
-    retryable: bool
-
-
-@dataclass(frozen=True, slots=True)
-class FileListFilter:
-    """list_files' filters; None (or an empty tuple) is any."""
-
-    statuses: tuple[FileStatus, ...] = ()
-    job_statuses: tuple[JobStatus, ...] = ()
-    consolidation_id: uuid.UUID | None = None
-    file_types: tuple[FileType, ...] = ()
-    q: str | None = None
-    updated_after: dt.datetime | None = None
-    updated_before: dt.datetime | None = None
-
-
-def _enum_of(hint: Any) -> type[Enum] | None:
-    """The enum a field holds (`X` or `X | None`), or None."""
-    for candidate in typing.get_args(hint) or (hint,):
-        if isinstance(candidate, type) and issubclass(candidate, Enum):
-            return candidate
-    return None
-
-
-class _Members(dict[Any, Any]):
-    """An enum's members by value, and None for NULL: a plain dict lookup per value,
-    three times faster than calling the enum (the inbox builds up to 500 rows a batch)."""
-
-    def __init__(self, enum: type[Enum]) -> None:
-        super().__init__({member.value: member for member in enum})
-        self[None] = None
-        self.enum = enum
-
-    def __missing__(self, value: Any) -> Any:
-        raise ValueError(f"the database returned {value!r}, which is no {self.enum.__name__}")
-
-
-_FIELDS: dict[type[Any], tuple[tuple[str, ...], tuple[tuple[int, _Members], ...]]] = {}
-
-
-def _fields(cls: type[Any]) -> tuple[tuple[str, ...], tuple[tuple[int, _Members], ...]]:
-    """A row class's field names, and the place and members of each enum field (worked
-    out once per class)."""
-    if cls not in _FIELDS:
-        hints = typing.get_type_hints(cls)
-        names = tuple(f.name for f in fields(cls))
-        enums = [(i, _enum_of(hints[name])) for i, name in enumerate(names)]
-        _FIELDS[cls] = names, tuple((i, _Members(e)) for i, e in enums if e is not None)
-    return _FIELDS[cls]
-
-
-def typed_row(cls: type[R]) -> BaseRowFactory[R]:
-    """A row factory building `cls` (a dataclass) from each row, text converted to the
-    enums its fields declare. The query's columns must be the fields, in their order:
-    checked once per execute, so a query and its row class cannot drift apart silently."""
-    names, enums = _fields(cls)
-
-    def factory(cursor: Any) -> RowMaker[R]:
-        if cursor.description is None:
-            return no_result
-        columns = tuple(c.name for c in cursor.description)
-        if columns != names:
-            raise TypeError(f"{cls.__name__} has the fields {names}; the query returns {columns}")
-        if not enums:
-            return lambda values: cls(*values)
-
-        def make(values: Sequence[Any]) -> R:
-            converted = list(values)
-            for i, members in enums:
-                converted[i] = members[converted[i]]
-            return cls(*converted)
-
-        return make
-
-    return factory
+# The publisher's callbacks: publish these jobs' requests and return once NATS has them
+# (raise otherwise). The republishing one returns the jobs it sent.
+SendPublished = Callable[[list[PublishedJob]], Awaitable[None]]
+SendUnacked = Callable[[list[UnackedJob]], Awaitable[Sequence[UnackedJob]]]
 
 
 # --- parameters -----------------------------------------------------------------------
@@ -281,18 +81,10 @@ def _dumps(value: Any) -> str:
 
 
 class Store:
-    """Every query the runtime sends, on `pool` (or, for the publisher's, on the caller's
-    connection in its transaction)."""
+    """Every runtime operation on the database, on `pool` (the process's only one)."""
 
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A connection of the pool in one transaction, committed when the block ends
-        and rolled back when it raises: where the publisher's methods run."""
-        async with self.pool.connection() as conn, conn.transaction():
-            yield conn
 
     async def _rows(
         self,
@@ -343,11 +135,10 @@ class Store:
         except TimeoutError as exc:
             raise DatabaseUnavailable(f"{name}: no answer within {within:g} s") from exc
 
-    # The publisher's, in the caller's transaction --------------------------------------
+    # The publisher's: claim, send, mark, in one transaction -----------------------------
 
-    async def publish_queued_jobs_v2(
+    async def publish_queued_jobs(
         self,
-        conn: AsyncConnection[Any],
         *,
         limit: int,
         tabular_timeout: float,
@@ -355,10 +146,12 @@ class Store:
         tabular_subject: str,
         image_subject: str,
         max_bytes: int,
+        send: SendPublished,
     ) -> list[PublishedJob]:
-        """Claims up to `limit` queued jobs, oldest first, and in the same statement marks
-        them published, or dlq when the request exceeds `max_bytes`. Commit only once
-        NATS confirmed every published request; roll back otherwise."""
+        """Claims up to `limit` queued jobs, oldest first, marking them published — or
+        dlq, when the request exceeds `max_bytes` — in one statement; hands the published
+        ones to `send` and commits once it returned. Returns every claimed job. When
+        `send` raises, nothing changed (rolled back) and its exception propagates."""
         params = {
             "limit": limit,
             "tabular_timeout": tabular_timeout,
@@ -367,27 +160,35 @@ class Store:
             "image_subject": image_subject,
             "max_bytes": max_bytes,
         }
-        return await self._rows(
-            conn, "publish_queued_jobs_v2", PublishedJob, params, json_as_text=True
-        )
+        name = "publish_queued_jobs_v2"
+        with wrap_db_errors("publish"):  # the commit's errors too
+            async with self.pool.connection() as conn, conn.transaction():
+                claimed = await self._rows(conn, name, PublishedJob, params, json_as_text=True)
+                sent = [c for c in claimed if c.outcome is PublishOutcome.PUBLISHED]
+                if sent:
+                    await send(sent)
+        return claimed
 
-    async def claim_unacked_jobs(
-        self, conn: AsyncConnection[Any], *, limit: int, ack_timeout: float, max_republish: int
+    async def republish_unacked_jobs(
+        self, *, limit: int, ack_timeout: float, max_republish: int, send: SendUnacked
     ) -> list[UnackedJob]:
         """Locks up to `limit` published jobs unacked for `ack_timeout` seconds and
-        republished fewer than `max_republish` times, oldest first."""
+        republished fewer than `max_republish` times, oldest first; hands them to `send`
+        and counts a republish of each job it returns, committed once it returned.
+        Returns what `send` sent. When `send` raises, nothing changed."""
         params = {"limit": limit, "ack_timeout": ack_timeout, "max_republish": max_republish}
-        return await self._rows(conn, "claim_unacked_jobs", UnackedJob, params, json_as_text=True)
+        with wrap_db_errors("republish"):
+            async with self.pool.connection() as conn, conn.transaction():
+                claimed = await self._rows(
+                    conn, "claim_unacked_jobs", UnackedJob, params, json_as_text=True
+                )
+                sent = list(await send(claimed)) if claimed else []
+                if sent:
+                    job_ids = [c.job_id for c in sent]
+                    await self._scalar(conn, "mark_republished", {"job_ids": job_ids})
+        return sent
 
-    async def mark_republished(
-        self, conn: AsyncConnection[Any], job_ids: Sequence[uuid.UUID]
-    ) -> int:
-        """Counts a republish of jobs whose request reached NATS again; returns how many
-        (still published) changed."""
-        marked: int = await self._scalar(conn, "mark_republished", {"job_ids": list(job_ids)})
-        return marked
-
-    # On the pool -----------------------------------------------------------------------
+    # One statement each ----------------------------------------------------------------
 
     async def dead_letter_unacked(
         self, *, ack_timeout: float, max_republish: int
@@ -403,7 +204,7 @@ class Store:
         age = await self._pooled_scalar("outbox_oldest_queued_age", pool_timeout=pool_timeout)
         return float(age) if age is not None else 0.0
 
-    async def apply_envelopes_v2(self, answers: Sequence[Answer]) -> list[AppliedEnvelope]:
+    async def apply_envelopes(self, answers: Sequence[Answer]) -> list[AppliedEnvelope]:
         """Applies a batch of acks and results in one statement (one transaction), in
         order; returns one outcome per answer, in the batch's order, each applied one with
         the wait it ended."""

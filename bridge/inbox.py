@@ -10,7 +10,7 @@ callback waits for room in the buffer (INBOX_BUFFER_SIZE) instead of dropping; t
 messages meanwhile wait in nats-py's subscription queue. The buffer's other job is the
 outage: while the database is unreachable the worker holds its batch and retries with
 backoff, the buffer fills, and only once it is full are envelopes dropped — each one
-counted (`stats.dropped`, by reason) and logged with its job id. Those jobs reach
+counted (`counts`, `dropped.<reason>`) and logged with its job id. Those jobs reach
 `timeout` at their reply deadline and a retry recovers them.
 
 A batch that the database rejects as a whole (one envelope raised inside it) is applied
@@ -36,39 +36,18 @@ import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from nats.aio.msg import Msg
-from psycopg_pool import AsyncConnectionPool
 
-from arm_core import metrics
+from arm_core.bridge import events
+from arm_core.bridge.config import InboxConfig
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
-from arm_core.config import Settings
+from arm_core.bridge.service import Service
 from arm_core.db import DatabaseError, DatabaseUnavailable, is_transient
 from arm_core.statuses import ApplyOutcome, JobStatus
 from arm_core.store import Store
 
 log = logging.getLogger(__name__)
-
-# How long a full buffer makes the callback wait before it looks again whether the
-# database has meanwhile become unreachable (then it drops instead of waiting).
-_FULL_RECHECK_SECONDS = 0.5
-# A batch that was all `busy` waits this long before it is tried again, doubling while
-# it stays so, up to the maximum.
-_BUSY_PAUSE_SECONDS = 0.005
-_BUSY_PAUSE_MAX_SECONDS = 0.5
-
-
-_DROPPED_BECAUSE = {
-    "buffer_full": "the database has been unreachable for longer than INBOX_BUFFER_SIZE "
-    "({size} envelopes) lasts",
-    "shutdown": "the process stopped before it could apply it",
-}
-
-
-def _fields(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
-    """The structured log fields of a line about an envelope."""
-    return {"action": action, "job_id": envelope.job_id, "msg_id": envelope.msg_id, **more}
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,40 +83,17 @@ class InboxStep:
         )
 
 
-@dataclass
-class InboxStats:
-    received: int = 0
-    applied: int = 0
-    # A valid envelope with nothing to change: duplicate, already_final, unknown_job, …
-    ignored: int = 0
-    # Garbage: not JSON, not schema-valid, no Nats-Msg-Id, too large.
-    rejected: int = 0
-    # Valid, but the database raised on it even alone (logged with the error).
-    failed: int = 0
-    # Schema-valid envelopes that were changed to be storable (NUL, NaN, …).
-    made_storable: int = 0
-    # Lost before the database saw them, by reason (buffer_full, slow_consumer, shutdown).
-    dropped: Counter[str] = field(default_factory=Counter)
-    # Every outcome the database returned (and `failed`), by name.
-    outcomes: Counter[ApplyOutcome] = field(default_factory=Counter)
-    batches: int = 0
-    db_retries: int = 0
-    # JetStream only: messages acked (outcome final) and terminated (garbage, failed).
-    acked: int = 0
-    terminated: int = 0
-
-
-@dataclass
-class Inbox:
-    settings: Settings
-    pool: AsyncConnectionPool[Any]
+@dataclass(eq=False)
+class Inbox(Service):
+    config: InboxConfig
+    store: Store
+    counts: events.Counts = field(default_factory=events.Counts)
+    name = "inbox"
     # One buffer and one worker per INBOX_WORKERS; a job's envelopes always share one
     # (by job id), so their order holds while the workers' batches run side by side.
     queues: list[asyncio.Queue[Envelope]] = field(init=False)
-    stats: InboxStats = field(default_factory=InboxStats)
     # Set while the worker holds a batch because the database is unreachable.
     db_unreachable: bool = False
-    store: Store = field(init=False)
     # Per worker, the envelopes that lead its next batch, before anything in its buffer:
     # those that came back `busy`, or the one its loop waited for.
     _leading: list[list[Envelope]] = field(init=False)
@@ -148,48 +104,34 @@ class Inbox:
     _unsettled: dict[int, Msg] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        n = self.settings.inbox_workers
-        size = max(1, self.settings.inbox_buffer_size // n)
+        n = self.config.workers
+        size = max(1, self.config.buffer_size // n)
         self.queues = [asyncio.Queue(maxsize=size) for _ in range(n)]
         self._leading = [[] for _ in range(n)]
-        self.store = Store(self.pool)
 
     def buffered(self) -> int:
         """Envelopes waiting in the buffers."""
         return sum(q.qsize() for q in self.queues)
 
+    def dropped(self) -> int:
+        """Envelopes lost before the database saw them, whatever the reason."""
+        return sum(n for key, n in self.counts.items() if key.startswith("dropped."))
+
     async def on_message(self, msg: Msg) -> None:
         """nats-py subscription callback: never raises. Waits for room in the buffer
         while the database is reachable; drops (counted, logged) only during an outage."""
-        self.stats.received += 1
+        self.counts["received"] += 1
         try:
-            parsed = parse_envelope(msg.data, msg.headers, self.settings.inbox_max_payload_bytes)
+            parsed = parse_envelope(msg.data, msg.headers, self.config.max_payload_bytes)
         except Exception as exc:  # a bug here must not kill the subscription
             parsed = Rejected("parse_error", f"{type(exc).__name__}: {exc}")
         if isinstance(parsed, Rejected):
-            self.stats.rejected += 1
-            metrics.envelope("rejected")
-            log.warning(
-                "dropped a message from %s: %s",
-                msg.subject,
-                parsed.detail,
-                extra={
-                    "action": "inbox_drop",
-                    "reason": parsed.reason,
-                    "job_id": parsed.job_id,
-                    "msg_id": parsed.msg_id,
-                },
-            )
+            events.rejected(self.counts, msg.subject, parsed)
             if self.acks:
                 await self._settle(msg, terminate=True)
             return
         if parsed.made_storable:
-            self.stats.made_storable += 1
-            log.warning(
-                "envelope made storable (NUL, NaN/Infinity or lone surrogates replaced): %s",
-                ", ".join(parsed.made_storable)[:300],
-                extra=_fields(parsed, "inbox_sanitize", status=parsed.status),
-            )
+            events.made_storable(self.counts, parsed)
         queue = self.queues[parsed.job_id.int % len(self.queues)]
         if self.acks:
             self._unsettled[id(parsed)] = msg
@@ -202,7 +144,7 @@ class Inbox:
                     self.drop(parsed, "buffer_full")
                     return
             try:  # the database is there, the worker is only behind: wait for room
-                await asyncio.wait_for(queue.put(parsed), _FULL_RECHECK_SECONDS)
+                await asyncio.wait_for(queue.put(parsed), self.config.full_recheck_seconds)
                 return
             except TimeoutError:
                 continue
@@ -211,20 +153,11 @@ class Inbox:
         """Counts and logs an envelope that is lost before the database saw it. (From the
         results stream it is not acked: the server delivers it again after ack_wait.)"""
         self._unsettled.pop(id(envelope), None)
-        self.stats.dropped[reason] += 1
-        metrics.envelope("dropped")
-        why = _DROPPED_BECAUSE.get(reason, reason).format(size=self.settings.inbox_buffer_size)
-        log.error(
-            "dropped an envelope: %s; the job times out at its reply deadline unless the "
-            "answer comes again",
-            why,
-            extra=_fields(envelope, "inbox_drop", reason=reason, status=envelope.status),
-        )
+        events.dropped(self.counts, envelope, reason, self.config.buffer_size)
 
     def slow_consumer(self) -> None:
         """nats-py dropped a message because its subscription queue was full."""
-        self.stats.dropped["slow_consumer"] += 1
-        metrics.envelope("dropped")
+        events.slow_consumer(self.counts)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Runs one worker per buffer until `stopping` is set and the buffers are drained."""
@@ -243,7 +176,7 @@ class Inbox:
             for w in range(len(self.queues)):
                 step += await self.run_once(w, stopping)
             return step
-        queue, limit = self.queues[worker], self.settings.inbox_batch_size
+        queue, limit = self.queues[worker], self.config.batch_size
         batch, self._leading[worker] = self._leading[worker], []
         while len(batch) < limit and not queue.empty():
             batch.append(queue.get_nowait())
@@ -266,8 +199,8 @@ class Inbox:
         transaction holds their job, e.g. a publisher about to commit the request they
         answer) lead the next batch, so they are applied before anything that arrived
         after them."""
-        queue, leading = self.queues[worker], self._leading
-        pause = _BUSY_PAUSE_SECONDS
+        queue, leading, c = self.queues[worker], self._leading, self.config
+        pause = c.busy_pause_seconds
         try:
             while not (stopping.is_set() and queue.empty() and not leading[worker]):
                 if not leading[worker] and queue.empty():
@@ -280,9 +213,9 @@ class Inbox:
                     # All waiting on others' commits: a publisher's takes milliseconds;
                     # a lock held longer (a DBA's open transaction) is asked less often.
                     await asyncio.sleep(pause)
-                    pause = min(pause * 2, _BUSY_PAUSE_MAX_SECONDS)
+                    pause = min(pause * 2, c.busy_pause_max_seconds)
                 else:
-                    pause = _BUSY_PAUSE_SECONDS
+                    pause = c.busy_pause_seconds
         except asyncio.CancelledError:
             # Stopped past the shutdown grace: what waited here was never applied. (A
             # batch in flight may or may not have committed, and is not counted.)
@@ -300,7 +233,8 @@ class Inbox:
         database rejects is split into single envelopes, each applied on its own.
         Returns every envelope's outcome in the batch's order (`busy` ones are applied
         again later), and the envelopes dropped at shutdown."""
-        backoff = 0.2
+        c = self.config
+        backoff = c.backoff_seconds
         conflicts = 0
         while True:
             try:
@@ -309,23 +243,18 @@ class Inbox:
                 return results, []
             except DatabaseUnavailable as exc:
                 self.db_unreachable = True
-                self.stats.db_retries += 1
-                log.warning(
-                    "database unavailable, holding %d envelopes (%d more waiting): %s",
-                    len(batch),
-                    self.buffered(),
-                    exc,
-                    extra={"action": "inbox_hold", "count": len(batch)},
-                )
-                if stopping.is_set() and backoff > 5:
+                events.held(self.counts, len(batch), self.buffered(), exc)
+                if stopping.is_set() and backoff >= c.backoff_max_seconds:
                     for envelope in batch:
                         self.drop(envelope, "shutdown")
                     return [], batch
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, c.backoff_max_seconds)
             except DatabaseError as exc:
                 self.db_unreachable = False
-                if is_transient(exc) and conflicts < 3:  # deadlock, serialization: again
+                if (
+                    is_transient(exc) and conflicts < c.conflict_retries
+                ):  # deadlock, serialization: again
                     conflicts += 1
                     await asyncio.sleep(0.05 * conflicts)
                     continue
@@ -349,7 +278,7 @@ class Inbox:
                         if any(r.outcome is ApplyOutcome.BUSY for r in alone):
                             busy_jobs.add(envelope.job_id)
                     return results, dropped
-                self._record(batch[0], ApplyOutcome.FAILED, None, error=str(exc))
+                events.outcome(self.counts, batch[0], ApplyOutcome.FAILED, None, error=str(exc))
                 return [EnvelopeOutcome(batch[0], ApplyOutcome.FAILED)], []
 
     async def _settle(self, msg: Msg, terminate: bool = False) -> None:
@@ -358,10 +287,9 @@ class Inbox:
         try:
             if terminate:
                 await msg.term()
-                self.stats.terminated += 1
             else:
                 await msg.ack()
-                self.stats.acked += 1
+            events.settled(self.counts, terminate)
         except Exception as exc:
             log.warning(
                 "could not settle a message of the results stream (it comes again): %s",
@@ -370,62 +298,15 @@ class Inbox:
             )
 
     async def apply(self, batch: list[Envelope]) -> list[EnvelopeOutcome]:
-        """Hands `batch` to arm.apply_envelopes_v2 in one transaction; logs and counts each
+        """Hands `batch` to arm.apply_envelopes_v2 in one transaction; records each
         outcome. Returns the outcomes in the batch's order."""
-        rows = await self.store.apply_envelopes_v2(batch)
-        self.stats.batches += 1
+        rows = await self.store.apply_envelopes(batch)
         for envelope, row in zip(batch, rows, strict=True):
-            self._record(envelope, row.outcome, row.attempt)
-            if row.outcome is ApplyOutcome.APPLIED and row.status is not None:
-                metrics.transition(row.status.value)
-                phase = "ack" if row.status is JobStatus.PROCESSING else "processing"
-                metrics.waited(phase, row.wait_seconds)
-        outcomes = Counter(row.outcome for row in rows)
-        if outcomes[ApplyOutcome.APPLIED]:
-            # One line per batch at INFO; one per envelope at DEBUG (a line per envelope
-            # cost a fifth of the bridge's CPU in a burst).
-            log.info(
-                "applied %d envelopes in one transaction (%s)",
-                outcomes[ApplyOutcome.APPLIED],
-                ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items())),
-                extra={"action": "inbox_batch", "count": outcomes[ApplyOutcome.APPLIED]},
+            events.outcome(
+                self.counts, envelope, row.outcome, row.attempt, row.status, row.wait_seconds
             )
+        events.applied_batch(self.counts, Counter(row.outcome for row in rows))
         return [
             EnvelopeOutcome(envelope, row.outcome, row.attempt, row.status)
             for envelope, row in zip(batch, rows, strict=True)
         ]
-
-    def _record(
-        self,
-        envelope: Envelope,
-        outcome: ApplyOutcome,
-        attempt: int | None,
-        error: str | None = None,
-    ) -> None:
-        self.stats.outcomes[outcome] += 1
-        if outcome is ApplyOutcome.BUSY:  # not an outcome yet: it is applied again
-            return
-        metrics.envelope(outcome.value)
-        action = "ack" if envelope.is_ack else "result"
-        extra = _fields(envelope, action, attempt=attempt, status=envelope.status)
-        if outcome is ApplyOutcome.APPLIED:
-            self.stats.applied += 1
-            log.debug("%s applied", action, extra=extra)
-        elif outcome is ApplyOutcome.FAILED:
-            self.stats.failed += 1
-            log.error(
-                "%s could not be applied: %s",
-                action,
-                error,
-                extra={**extra, "reason": "apply_error", "outcome": outcome},
-            )
-        else:
-            self.stats.ignored += 1
-            level = logging.INFO if outcome is ApplyOutcome.DUPLICATE else logging.WARNING
-            log.log(
-                level,
-                "%s ignored: %s",
-                action,
-                outcome,
-                extra={**extra, "reason": outcome, "outcome": outcome},
-            )

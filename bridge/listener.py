@@ -6,44 +6,69 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
 
 import psycopg
 
-from arm_core.bridge.publisher import NOTIFY_CHANNEL
+from arm_core.bridge.service import Service
 
 log = logging.getLogger(__name__)
 
+# What arm.job's insert trigger notifies (db/functions): a job was queued.
+NOTIFY_CHANNEL = "arm_recognition_job_queued"
 
-async def listen_for_queued_jobs(
-    database_url: str,
-    wake: asyncio.Event,
-    stopping: asyncio.Event,
-    poll: float = 1.0,
-    on_state: Callable[[str], None] = lambda state: None,
-) -> None:
-    """`on_state` hears "ok" once LISTEN is in place and "reconnecting" when the
-    connection is lost (GET /api/v1/status's bridge.listener)."""
-    backoff = 0.5
-    while not stopping.is_set():
-        try:
-            async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-                await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                wake.set()  # whatever was queued while we were not listening
-                on_state("ok")
-                backoff = 0.5
-                while not stopping.is_set():
-                    async for _ in conn.notifies(timeout=poll):
-                        wake.set()
-        except psycopg.OperationalError as exc:
-            on_state("reconnecting")
-            log.warning(
-                "LISTEN connection lost, polling carries on: %s",
-                exc,
-                extra={"action": "listen", "error": str(exc)},
-            )
+
+class ListenerState(StrEnum):
+    """The LISTEN connection (GET /api/v1/status's bridge.listener)."""
+
+    CONNECTING = "connecting"
+    OK = "ok"
+    RECONNECTING = "reconnecting"
+    STOPPED = "stopped"
+
+
+@dataclass(eq=False)
+class Listener(Service):
+    """Sets `wake` on every notification, and once LISTEN is (again) in place."""
+
+    database_url: str
+    wake: asyncio.Event
+    # How often the wait for a notification looks whether it should stop.
+    poll_seconds: float = 1.0
+    backoff_max_seconds: float = 10.0
+    state: ListenerState = ListenerState.CONNECTING
+    name = "listen"
+
+    def status(self) -> ListenerState:
+        """The connection's state; `stopped` once the loop has ended."""
+        if self.ended():
+            return ListenerState.STOPPED
+        return self.state
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        backoff = 0.5
+        while not stopping.is_set():
             try:
-                await asyncio.wait_for(stopping.wait(), backoff)
-            except TimeoutError:
-                pass
-            backoff = min(backoff * 2, 10)
+                async with await psycopg.AsyncConnection.connect(
+                    self.database_url, autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.wake.set()  # whatever was queued while we were not listening
+                    self.state = ListenerState.OK
+                    backoff = 0.5
+                    while not stopping.is_set():
+                        async for _ in conn.notifies(timeout=self.poll_seconds):
+                            self.wake.set()
+            except psycopg.OperationalError as exc:
+                self.state = ListenerState.RECONNECTING
+                log.warning(
+                    "LISTEN connection lost, polling carries on: %s",
+                    exc,
+                    extra={"action": "listen", "error": str(exc)},
+                )
+                try:
+                    await asyncio.wait_for(stopping.wait(), backoff)
+                except TimeoutError:
+                    pass
+                backoff = min(backoff * 2, self.backoff_max_seconds)

@@ -27,35 +27,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client
-from psycopg_pool import AsyncConnectionPool
 
-from arm_core import metrics
+from arm_core.bridge import events
+from arm_core.bridge.config import PublisherConfig
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
-from arm_core.config import Settings
-from arm_core.db import DatabaseError, wrap_db_errors
+from arm_core.bridge.service import Service
+from arm_core.db import DatabaseError
+from arm_core.rows import DeadLetteredJob, PublishedJob, UnackedJob
 from arm_core.statuses import PublishOutcome
-from arm_core.store import DeadLetteredJob, PublishedJob, Store, UnackedJob
+from arm_core.store import Store
 
 log = logging.getLogger(__name__)
-
-NOTIFY_CHANNEL = "arm_recognition_job_queued"
 
 
 class PublishFailed(Exception):
     """A batch could not be confirmed as received by NATS; it stays queued."""
-
-
-@dataclass
-class PublisherStats:
-    published: int = 0
-    republished: int = 0
-    dead_lettered: int = 0
-    # Dead-lettered at once because the request cannot be published (REQUEST_TOO_LARGE).
-    unpublishable: int = 0
-    failed_batches: int = 0
-    batches: int = 0
-    last_error: str | None = None
-    last_cycle_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,24 +73,19 @@ class _Batch:
     failed: bool = False
 
 
-@dataclass
-class Publisher:
-    settings: Settings
-    pool: AsyncConnectionPool[Any]
+@dataclass(eq=False)
+class Publisher(Service):
+    config: PublisherConfig
+    store: Store
     nats: Client
+    # Set by a NOTIFY (bridge/listener.py) or a reconnect: a cycle runs at once.
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    stats: PublisherStats = field(default_factory=PublisherStats)
-    # NATS unreachable for longer than this is logged as an error (the first connect
-    # at start-up takes a moment and is not an error).
-    nats_grace_seconds: float = 5.0
-    store: Store = field(init=False)
-    _nats_down_since: float | None = None
+    counts: events.Counts = field(default_factory=events.Counts)
+    name = "publisher"
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _nats_down_since: float | None = None
     _nats_down_logged: bool = False
     _ack_checked_at: float = float("-inf")
-
-    def __post_init__(self) -> None:
-        self.store = Store(self.pool)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Cycles until `stopping` is set; the batch in flight always finishes (commits
@@ -114,7 +95,6 @@ class Publisher:
             try:
                 await self.run_once()
             except DatabaseError as exc:
-                self.stats.last_error = str(exc)
                 log.warning("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
             except Exception:
                 log.exception("publisher cycle crashed", extra={"action": "publish_cycle"})
@@ -124,7 +104,7 @@ class Publisher:
         waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stopping.wait())]
         try:
             await asyncio.wait(
-                waits, timeout=self.settings.outbox_poll_seconds, return_when="FIRST_COMPLETED"
+                waits, timeout=self.config.poll_seconds, return_when="FIRST_COMPLETED"
             )
         finally:
             for w in waits:
@@ -135,14 +115,13 @@ class Publisher:
         """One cycle: publish everything queued (one batch, more only behind a full one),
         then, when due, dead-letter and republish what is overdue. Returns what it did;
         raises DatabaseError when the database failed (what committed before stays)."""
-        self.stats.last_cycle_at = time.time()
+        self.counts["cycles"] += 1
         if not self.nats.is_connected:
             now = time.monotonic()
             self._nats_down_since = self._nats_down_since or now
-            self.stats.last_error = "NATS not connected"
             if (
                 not self._nats_down_logged
-                and now - self._nats_down_since >= self.nats_grace_seconds
+                and now - self._nats_down_since >= self.config.nats_grace_seconds
             ):
                 log.error(
                     "NATS unreachable for %.0f s; queued jobs stay queued until it is back",
@@ -157,10 +136,8 @@ class Publisher:
         # One batch first; only a full one means a backlog worth more batches in flight
         # (under a steady trickle the others would claim nothing, a wasted round trip).
         batches = [await self._publish_batch()]
-        if len(batches[0].claimed) == self.settings.outbox_batch_size:
-            drained = await asyncio.gather(
-                *(self._drain() for _ in range(self.settings.outbox_publishers))
-            )
+        if len(batches[0].claimed) == self.config.batch_size:
+            drained = await asyncio.gather(*(self._drain() for _ in range(self.config.publishers)))
             batches += [b for d in drained for b in d]
         claimed = [c for b in batches for c in b.claimed]
         published = Cycle(
@@ -174,12 +151,13 @@ class Publisher:
         # uploads NOTIFY wakes the publisher every few milliseconds, and two more queries
         # each time would only delay the next publish.
         now = time.monotonic()
-        if now - self._ack_checked_at < min(1.0, self.settings.ack_timeout_seconds / 4):
+        c = self.config
+        if now - self._ack_checked_at < min(c.ack_check_seconds, c.ack_timeout_seconds / 4):
             return published
         self._ack_checked_at = now
         dead = await self._dead_letter()
         republished: list[UnackedJob] = []
-        full, failed = self.settings.outbox_batch_size, published.failed_batches
+        full, failed = self.config.batch_size, published.failed_batches
         while True:
             sent, batch_failed = await self._republish_batch()
             republished += sent
@@ -199,7 +177,7 @@ class Publisher:
         """Publishes full batches until the queue is empty. OUTBOX_PUBLISHERS of these run
         at once: SKIP LOCKED gives each its own jobs, and while one batch waits for the
         server's confirmation or its commit, another is being claimed."""
-        full = self.settings.outbox_batch_size
+        full = self.config.batch_size
         batches = [await self._publish_batch()]
         while len(batches[-1].claimed) == full and not self._stopping.is_set():
             batches.append(await self._publish_batch())
@@ -210,48 +188,29 @@ class Publisher:
         (nothing when the batch failed). arm.publish_queued_jobs_v2 claims and marks them in
         one statement and dead-letters, in the same statement, any whose request exceeds
         the server's max_payload, so one such job never holds back the others."""
-        s = self.settings
+        c = self.config
+
+        async def send(jobs: list[PublishedJob]) -> None:
+            await self._send([(j.subject, j.msg_id, j.request) for j in jobs], "publish")
+
         try:
-            with wrap_db_errors("publish"):
-                async with self.store.transaction() as conn:
-                    claimed = await self.store.publish_queued_jobs_v2(
-                        conn,
-                        limit=s.outbox_batch_size,
-                        tabular_timeout=s.tabular_reply_timeout_seconds,
-                        image_timeout=s.image_reply_timeout_seconds,
-                        tabular_subject=s.tabular_request_subject,
-                        image_subject=s.image_request_subject,
-                        max_bytes=self.nats.max_payload,
-                    )
-                    sent = [c for c in claimed if c.outcome is PublishOutcome.PUBLISHED]
-                    if sent:
-                        await self._send(
-                            [(c.subject, c.msg_id, c.request) for c in sent], "publish"
-                        )
-        except PublishFailed:
-            metrics.PUBLISH_BATCHES.labels(result="failed").inc()
-            return _Batch(failed=True)
-        if sent:
-            metrics.PUBLISH_BATCHES.labels(result="ok").inc()
-            metrics.transition("published", len(sent))
-            for c in sent:
-                metrics.waited("queued", c.queued_seconds)
-            self.stats.published += len(sent)
-            self.stats.batches += 1
-            for c in sent:
-                log.debug("published", extra=_job_extra("publish", c))
-            log.info(
-                "published %d jobs", len(sent), extra={"action": "publish", "count": len(sent)}
+            claimed = await self.store.publish_queued_jobs(
+                limit=c.batch_size,
+                tabular_timeout=c.tabular_reply_timeout_seconds,
+                image_timeout=c.image_reply_timeout_seconds,
+                tabular_subject=c.tabular_request_subject,
+                image_subject=c.image_request_subject,
+                max_bytes=self.nats.max_payload,
+                send=send,
             )
-        for c in claimed:
-            if c.outcome is PublishOutcome.DLQ:
-                metrics.transition("dlq")
-                self.stats.unpublishable += 1
-                log.error(
-                    "dead-lettered: the request cannot be published: %s",
-                    c.error_message,
-                    extra={**_job_extra("dlq", c), "reason": "REQUEST_TOO_LARGE"},
-                )
+        except PublishFailed:
+            return _Batch(failed=True)
+        sent = [j for j in claimed if j.outcome is PublishOutcome.PUBLISHED]
+        if sent:
+            events.published(self.counts, sent)
+        for job in claimed:
+            if job.outcome is PublishOutcome.DLQ:
+                events.unpublishable(self.counts, job)
         return _Batch(tuple(claimed))
 
     async def _republish_batch(self) -> tuple[list[UnackedJob], bool]:
@@ -259,66 +218,36 @@ class Publisher:
         went out and whether the batch failed. A request that no longer fits the server's
         max_payload (it was lowered) is left as it is, logged, and times out at its reply
         deadline."""
-        s = self.settings
-        limit = self.nats.max_payload
-        sent: list[UnackedJob] = []
+        c, limit = self.config, self.nats.max_payload
+
+        async def send(claimed: list[UnackedJob]) -> list[UnackedJob]:
+            fits = [j for j in claimed if j.bytes <= limit]
+            for job in claimed:
+                if job.bytes > limit:
+                    events.cannot_republish(job, limit)
+            if fits:
+                await self._send([(j.subject, j.msg_id, j.request) for j in fits], "republish")
+            return fits
+
         try:
-            with wrap_db_errors("republish"):
-                async with self.store.transaction() as conn:
-                    claimed = await self.store.claim_unacked_jobs(
-                        conn,
-                        limit=s.outbox_batch_size,
-                        ack_timeout=s.ack_timeout_seconds,
-                        max_republish=s.outbox_max_republish,
-                    )
-                    for c in claimed:
-                        if c.bytes <= limit:
-                            sent.append(c)
-                        else:
-                            log.error(
-                                "cannot republish: %d bytes exceed the server's max_payload %d",
-                                c.bytes,
-                                limit,
-                                extra={**_job_extra("republish", c), "reason": "REQUEST_TOO_LARGE"},
-                            )
-                    if sent:
-                        await self._send(
-                            [(c.subject, c.msg_id, c.request) for c in sent], "republish"
-                        )
-                        await self.store.mark_republished(conn, [c.job_id for c in sent])
+            sent = await self.store.republish_unacked_jobs(
+                limit=c.batch_size,
+                ack_timeout=c.ack_timeout_seconds,
+                max_republish=c.max_republish,
+                send=send,
+            )
         except PublishFailed:
-            metrics.PUBLISH_BATCHES.labels(result="failed").inc()
             return [], True
         if sent:
-            metrics.PUBLISH_BATCHES.labels(result="ok").inc()
-            metrics.REPUBLISHED.inc(len(sent))
-        self.stats.republished += len(sent)
-        for c in sent:
-            log.info(
-                "republished: no ack yet",
-                extra={**_job_extra("republish", c), "count": c.republish_count + 1},
-            )
+            events.republished(self.counts, sent)
         return sent, False
 
     async def _dead_letter(self) -> list[DeadLetteredJob]:
-        s = self.settings
         dead = await self.store.dead_letter_unacked(
-            ack_timeout=s.ack_timeout_seconds, max_republish=s.outbox_max_republish
+            ack_timeout=self.config.ack_timeout_seconds, max_republish=self.config.max_republish
         )
-        self.stats.dead_lettered += len(dead)
-        metrics.transition("dlq", len(dead))
-        for d in dead:
-            log.warning(
-                "dead-lettered: no ack after %d republishes",
-                d.republish_count,
-                extra={
-                    "action": "dlq",
-                    "job_id": d.job_id,
-                    "attempt": d.attempt,
-                    "file_id": d.file_id,
-                    "reason": "NO_ACK",
-                },
-            )
+        if dead:
+            events.dead_lettered(self.counts, dead)
         return dead
 
     async def _send(self, messages: Sequence[tuple[str, str, Any]], action: str) -> None:
@@ -353,29 +282,12 @@ class Publisher:
                     "publish on the request subjects (docs/nats-permissions.conf)"
                 )
         except PublishFailed as exc:
-            self.stats.failed_batches += 1
-            self.stats.last_error = str(exc)
-            log.error(
-                "%s of %d jobs failed; they stay as they were: %s",
-                action,
-                len(messages),
-                exc,
-                extra={"action": action, "count": len(messages), "error": str(exc)},
-            )
+            events.batch_failed(self.counts, action, len(messages), str(exc))
             raise
 
 
 def _refused(error: Exception) -> bool:
     return "permissions violation for publish" in str(error).lower()
-
-
-def _job_extra(action: str, claimed: PublishedJob | UnackedJob) -> dict[str, Any]:
-    return {
-        "action": action,
-        "job_id": claimed.job_id,
-        "attempt": claimed.attempt,
-        "msg_id": claimed.msg_id,
-    }
 
 
 def _dumps(body: Any) -> bytes:

@@ -1,23 +1,24 @@
-"""The bridge: publisher, inbox, NOTIFY listener and schedule runner as asyncio tasks
-around one NATS connection and the shared connection pool. It keeps no state of its
-own: every decision is a call to a SQL function."""
+"""The bridge: the publisher, the inbox, the NOTIFY listener and the schedule runner
+(each a Service: bridge/service.py) around one NATS connection and the process's store.
+It keeps no state of its own: every decision is a call to a SQL function."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
-from psycopg_pool import AsyncConnectionPool
 
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.inbox import Inbox
-from arm_core.bridge.listener import listen_for_queued_jobs
+from arm_core.bridge.listener import Listener, ListenerState
 from arm_core.bridge.nats_client import (
     StreamUnavailable,
     confirm,
@@ -30,23 +31,39 @@ from arm_core.bridge.scheduler import Scheduler
 from arm_core.config import Settings, mask_url
 from arm_core.db import DatabaseError
 from arm_core.metrics import BridgeState
+from arm_core.store import Store
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+class NatsState(StrEnum):
+    """The bridge's NATS side (GET /healthcheck's and /api/v1/status's `nats`)."""
+
+    OK = "ok"  # connected and subscribed, or consuming the results stream
+    REFUSED = "refused"  # connected, but the subscription or the stream was refused
+    CONNECTING = "connecting"
+    RECONNECTING = "reconnecting"
+    DISCONNECTED = "disconnected"
+    CLOSED = "closed"
+
+
+@dataclass(eq=False)
 class Bridge:
+    config: BridgeConfig
+    store: Store
+    # The NATS connection's settings (servers, credentials, the results stream's
+    # options: bridge/nats_client.py) and the database URL of the LISTEN connection.
     settings: Settings
-    pool: AsyncConnectionPool[Any]
+    # Told once, with the reason, when the bridge cannot go on (RESULTS_STREAM set, but
+    # the server cannot hold the stream): `arm-core bridge`/`serve` then stop and exit 2.
+    on_fatal: Callable[[str], None] = lambda reason: None
     name: str = field(default_factory=lambda: f"arm-core@{socket.gethostname()}:{os.getpid()}")
     nats: Client = field(default_factory=Client)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    # Set by stop() only once the subscription is drained: the inbox's workers end when
-    # it is set and their buffers are empty, so nothing received is left unapplied.
-    inbox_stopping: asyncio.Event = field(default_factory=asyncio.Event)
     publisher: Publisher = field(init=False)
     inbox: Inbox = field(init=False)
     scheduler: Scheduler = field(init=False)
+    listener: Listener = field(init=False)
     subscription: Subscription | None = None
     # The server's word when it refused the subscription (NATS user without subscribe
     # permission on RESULT_SUBJECT in NATS_QUEUE_GROUP): the bridge would hear nothing.
@@ -54,40 +71,29 @@ class Bridge:
     # RESULTS_STREAM: the durable pull consumer the answers are fetched from (instead of
     # `subscription`).
     consumer: Any = None
-    # Why the process must stop at once (RESULTS_STREAM set, but the server cannot hold
-    # the stream); the command then exits 2 with it (arm_core/cli.py).
+    # Why the bridge cannot go on (also told to on_fatal).
     fatal: str | None = None
-    # The LISTEN connection: connecting, ok, reconnecting (bridge/listener.py).
-    listener_state: str = "connecting"
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Connects, subscribes (or consumes the stream) and, with a stream, fetches.
+    _connecting: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
-        self.publisher = Publisher(self.settings, self.pool, self.nats)
-        self.inbox = Inbox(self.settings, self.pool)
-        self.scheduler = Scheduler(self.settings, self.pool)
+        self.publisher = Publisher(self.config.publisher, self.store, self.nats)
+        self.inbox = Inbox(self.config.inbox, self.store)
+        self.scheduler = Scheduler(self.config.scheduler, self.store)
+        self.listener = Listener(self.settings.require_database_url(), self.publisher.wake)
 
     async def start(self) -> None:
-        """Starts every task; returns at once (NATS may still be connecting)."""
+        """Starts every service; returns at once (NATS may still be connecting)."""
         try:
             await self.scheduler.apply_settings()
         except DatabaseError as exc:
             log.warning("could not apply TIMEOUT_SWEEP_SECONDS yet: %s", exc)
-        url = self.settings.require_database_url()
-        self._tasks = [
-            asyncio.create_task(self._connect(), name="nats-connect"),
-            asyncio.create_task(self.publisher.run(self.stopping), name="publisher"),
-            asyncio.create_task(self.inbox.run(self.inbox_stopping), name="inbox"),
-            asyncio.create_task(
-                listen_for_queued_jobs(
-                    url, self.publisher.wake, self.stopping, on_state=self._listener_is
-                ),
-                name="listen",
-            ),
-            asyncio.create_task(self.scheduler.run(self.stopping), name="schedule"),
-        ]
+        self._connecting = asyncio.create_task(self._connect(), name="nats-connect")
+        for service in (self.publisher, self.inbox, self.listener, self.scheduler):
+            service.start()
 
     async def _connect(self) -> None:
-        s = self.settings
+        s, c = self.settings, self.config
 
         async def on_state(event: str) -> None:
             if event == "reconnected":
@@ -96,13 +102,13 @@ class Bridge:
                 self.inbox.slow_consumer()
 
         await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
-        if s.results_stream:
+        if c.results_stream:
             await self._consume_stream()
             return
         error_before = self.nats.last_error
         self.subscription = await self.nats.subscribe(
-            s.result_subject,
-            queue=s.nats_queue_group,
+            c.result_subject,
+            queue=c.queue_group,
             cb=self.inbox.on_message,
             # nats-py's own queue in front of the callback (its defaults: 512 Ki messages,
             # 128 MiB). It fills only while the inbox waits for room in its buffer, i.e.
@@ -113,18 +119,18 @@ class Bridge:
         # A refused SUB leaves the connection up; the server's -ERR comes before the PONG
         # and nats-py only passes it to the error callback (and keeps it as last_error).
         error = self.nats.last_error
-        refusal = f'permissions violation for subscription to "{s.result_subject}"'.lower()
+        refusal = f'permissions violation for subscription to "{c.result_subject}"'.lower()
         if error is not None and error is not error_before and refusal in str(error).lower():
             self.subscription_refused = str(error)
             log.error(
                 "NATS refused the subscription to %s in queue group %s (%s): this bridge "
                 'receives no acks and no results; allow its user to subscribe to "%s %s" '
                 "(docs/nats-permissions.conf) and restart it",
-                s.result_subject,
-                s.nats_queue_group,
+                c.result_subject,
+                c.queue_group,
                 error,
-                s.result_subject,
-                s.nats_queue_group,
+                c.result_subject,
+                c.queue_group,
                 extra={"action": "nats_subscribe_refused"},
             )
             return
@@ -132,8 +138,8 @@ class Bridge:
             "connected to NATS %s, subscribed to %s in queue group %s",
             # user:password@host:port as nats-py has it: the password (or token) masked
             mask_url(self.nats.connected_url.netloc) if self.nats.connected_url else "?",
-            s.result_subject,
-            s.nats_queue_group,
+            c.result_subject,
+            c.queue_group,
             extra={"action": "nats_connected"},
         )
         self.publisher.wake.set()
@@ -142,7 +148,7 @@ class Bridge:
         """RESULTS_STREAM: ensures the stream and the shared durable consumer, then fetches
         batches from it into the inbox until stopping. The inbox acks each message once
         its envelope's outcome is final (committed); what it never settles comes again."""
-        s = self.settings
+        s, c = self.settings, self.config
         while True:
             try:
                 js = await ensure_results_stream(self.nats, s)
@@ -151,11 +157,7 @@ class Bridge:
             except StreamUnavailable as exc:
                 self.fatal = str(exc)
                 log.error("%s", exc, extra={"action": "stream_unavailable"})
-                # The process's own SIGTERM handler (arm-core serve/bridge) stops it and
-                # the command exits 2; where none is installed (a bridge inside a test)
-                # the bridge only stays unhealthy (`refused`).
-                if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN):
-                    signal.raise_signal(signal.SIGTERM)
+                self.on_fatal(self.fatal)  # until the process stops, it says `refused`
                 return
             except Exception as exc:
                 # No answer from the JetStream API: a cluster electing its leader, a
@@ -163,12 +165,12 @@ class Bridge:
                 # silently; docs/nats-permissions.conf has the RESULTS_STREAM variant).
                 log.warning(
                     "JetStream does not answer for stream %s yet (%s); trying again",
-                    s.results_stream,
+                    c.results_stream,
                     f"{type(exc).__name__}: {exc}",
                     extra={"action": "stream_waiting"},
                 )
                 try:
-                    await asyncio.wait_for(self.stopping.wait(), 2.0)
+                    await asyncio.wait_for(self.stopping.wait(), c.stream_retry_seconds)
                     return
                 except TimeoutError:
                     continue
@@ -177,62 +179,56 @@ class Bridge:
         log.info(
             "connected to NATS %s, consuming %s from stream %s (durable consumer %s)",
             mask_url(self.nats.connected_url.netloc) if self.nats.connected_url else "?",
-            s.result_subject,
-            s.results_stream,
-            s.nats_queue_group,
+            c.result_subject,
+            c.results_stream,
+            c.queue_group,
             extra={"action": "nats_connected"},
         )
         self.publisher.wake.set()
         pause = 0.1
         while not self.stopping.is_set():
             try:
-                msgs = await consumer.fetch(s.inbox_batch_size, timeout=1)
+                msgs = await consumer.fetch(c.inbox.batch_size, timeout=1)
             except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
                 pause = 0.1
                 continue
             except Exception as exc:  # disconnected, the stream's leader moving, …
                 if not self.stopping.is_set():
-                    log.debug("fetch from %s failed: %s", s.results_stream, exc)
+                    log.debug("fetch from %s failed: %s", c.results_stream, exc)
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
+                pause = min(pause * 2, c.fetch_pause_max_seconds)
                 continue
             pause = 0.1
             for msg in msgs:  # handed over even when stopping: they are ours now
                 await self.inbox.on_message(msg)
 
-    def nats_state(self) -> str:
+    def nats_state(self) -> NatsState:
         """`ok` when connected and subscribed (or consuming the results stream), `refused`
         when connected but the server refused the subscription (or cannot hold the
         stream); otherwise what it is doing."""
         if self.fatal:
-            return "refused"
+            return NatsState.REFUSED
         if self.nats.is_connected and self.consumer is not None:
-            return "ok"
+            return NatsState.OK
         if self.nats.is_connected and self.subscription is not None:
-            return "refused" if self.subscription_refused else "ok"
+            return NatsState.REFUSED if self.subscription_refused else NatsState.OK
         if self.nats.is_reconnecting:
-            return "reconnecting"
+            return NatsState.RECONNECTING
         if self.nats.is_closed and self.subscription is not None:
-            return "closed"
-        return "connecting" if self.subscription is None else "disconnected"
+            return NatsState.CLOSED
+        return NatsState.CONNECTING if self.subscription is None else NatsState.DISCONNECTED
 
-    def _listener_is(self, state: str) -> None:
-        self.listener_state = state
-
-    def listener_status(self) -> str:
-        """The LISTEN connection's state; `stopped` when its task has ended."""
-        listen = next((t for t in self._tasks if t.get_name() == "listen"), None)
-        if listen is not None and listen.done():
-            return "stopped"
-        return self.listener_state
+    def listener_status(self) -> ListenerState:
+        """The LISTEN connection's state; `stopped` when its loop has ended."""
+        return self.listener.status()
 
     def metrics_state(self) -> BridgeState:
         """arm_nats_connected (connected and subscribed) and arm_inbox_buffered."""
-        return BridgeState(self.nats_state() == "ok", self.inbox.buffered())
+        return BridgeState(self.nats_state() is NatsState.OK, self.inbox.buffered())
 
-    async def stop(self, grace: float = 10.0) -> None:
+    async def stop(self, grace: float | None = None) -> None:
         """Leaves the exchange without losing what it holds, in this order (up to `grace`
-        seconds in all):
+        seconds in all; the config's stop_grace_seconds when None):
 
         1. the publisher, listener and schedule runner stop; the publisher's batch in
            flight commits or rolls back — no new requests go out;
@@ -253,18 +249,21 @@ class Bridge:
         after the subscription is gone and is lost — core NATS does not deliver it
         again. RESULTS_STREAM (a durable consumer: what is not acked comes again) is
         the setting for losing none."""
-        deadline = asyncio.get_running_loop().time() + grace
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.stop_grace_seconds if grace is None else grace)
 
         def left() -> float:
-            return max(0.0, deadline - asyncio.get_running_loop().time())
+            return max(0.0, deadline - loop.time())
 
         self.stopping.set()
-        connecting = self._tasks[0] if self._tasks else None
+        connecting = self._connecting
         if connecting is not None and not connecting.done() and self.consumer is None:
             connecting.cancel()  # still waiting for a server: nothing to finish there
-        others = [t for t in self._tasks if t.get_name() != "inbox"]
-        if others:
-            await asyncio.wait(others, timeout=left())
+        await asyncio.gather(
+            *(s.stop(left()) for s in (self.publisher, self.listener, self.scheduler))
+        )
+        if connecting is not None:  # with a stream: its fetch loop ends
+            await asyncio.wait([connecting], timeout=left())
         if self.subscription is not None and self.nats.is_connected:
             try:
                 await asyncio.wait_for(self._drain_subscription(self.subscription), left())
@@ -272,24 +271,22 @@ class Bridge:
                 log.warning(
                     "could not drain the subscription to %s (%s): messages still in "
                     "transit to this bridge may be lost",
-                    self.settings.result_subject,
+                    self.config.result_subject,
                     f"{type(exc).__name__}: {exc}",
                     extra={"action": "nats_drain_failed"},
                 )
-        self.inbox_stopping.set()
-        done, pending = await asyncio.wait(self._tasks, timeout=left()) if self._tasks else ((), ())
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                log.error("bridge task %s ended with %r", task.get_name(), task.exception())
+        await self.inbox.stop(left())
+        if connecting is not None and not connecting.done():
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
+        elif connecting is not None and not connecting.cancelled() and connecting.exception():
+            log.error("bridge task nats-connect ended with %r", connecting.exception())
         connected_once = self.subscription is not None or self.consumer is not None
         if (connected_once or self.fatal) and not self.nats.is_closed:
             await self.nats.close()
         log.info(
             "bridge stopped",
-            extra={"action": "bridge_stopped", "count": sum(self.inbox.stats.dropped.values())},
+            extra={"action": "bridge_stopped", "count": self.inbox.dropped()},
         )
 
     async def _drain_subscription(self, sub: Subscription) -> None:
@@ -300,7 +297,7 @@ class Bridge:
         await sub.drain()
         log.info(
             "left queue group %s on %s; applying what is held",
-            self.settings.nats_queue_group,
-            self.settings.result_subject,
+            self.config.queue_group,
+            self.config.result_subject,
             extra={"action": "nats_drained", "count": self.inbox.buffered()},
         )

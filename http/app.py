@@ -13,7 +13,7 @@ from arm_core.config import Settings
 from arm_core.http import file_list, handlers
 from arm_core.http.auth import auth_middleware
 from arm_core.http.errors import error_middleware
-from arm_core.runtime import SETTINGS, bridge_ctx, healthcheck, install_metrics, pool_ctx
+from arm_core.runtime import bridge_ctx, healthcheck, install_metrics, new_app, pool_ctx
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 # The operator console: static files, no build step. index.html at /, the rest
@@ -67,11 +67,11 @@ async def console_file(request: web.Request) -> web.Response:
 
 
 def create_app(settings: Settings) -> web.Application:
-    app = web.Application(
+    app = new_app(
+        settings,
         middlewares=[error_middleware, auth_middleware(settings)],
         client_max_size=settings.http_max_body_bytes,
     )
-    app[SETTINGS] = settings
     app[handlers.OPENAPI] = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
     app[CONSOLE] = _console_files()
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])

@@ -30,9 +30,9 @@ from aiohttp import web
 from multidict import MultiDict
 
 from arm_core.http.errors import ApiError
+from arm_core.rows import FileListFilter, FileListItem
 from arm_core.runtime import STORE
 from arm_core.statuses import FileStatus, FileType, JobStatus
-from arm_core.store import FileListFilter, FileListItem
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500

@@ -14,9 +14,9 @@ from aiohttp import web
 from arm_core import metrics
 from arm_core.http.auth import ACTOR, authenticate
 from arm_core.http.errors import ApiError, RequestTimeout
+from arm_core.rows import RetryResult
 from arm_core.runtime import BRIDGE, SETTINGS, STORE
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
-from arm_core.store import RetryResult
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from aiohttp import web
 from aiohttp.http import HttpProcessingError
 
 from arm_core.config import Settings
-from arm_core.runtime import SETTINGS
+from arm_core.runtime import SETTINGS, SHUTDOWN
 
 # The parser's limits (aiohttp's defaults, stated here so the documented numbers are ours).
 MAX_LINE_BYTES = 8190
@@ -95,12 +95,13 @@ async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[t
 
 
 def run(app: web.Application, host: str, port: int) -> None:
-    """`arm-core serve` and `arm-core bridge`: serve until SIGINT or SIGTERM, then stop
-    cleanly (the cleanup contexts stop the bridge — the batch in flight commits or rolls
-    back — and close the pool)."""
+    """`arm-core serve` and `arm-core bridge`: serve until SIGINT or SIGTERM (or until
+    the app's SHUTDOWN is set: the bridge cannot go on), then stop cleanly (the cleanup
+    contexts stop the bridge — the batch in flight commits or rolls back — and close the
+    pool)."""
 
     async def main() -> None:
-        stopping = asyncio.Event()
+        stopping = app[SHUTDOWN]
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stopping.set)

@@ -250,7 +250,7 @@ async def test_a_refused_publish_leaves_the_jobs_queued_and_says_why(
             scan = upload(conn, file_type="PDF")
         async with running_bridge(settings) as bridge:
             await wait_for(
-                lambda: bridge.publisher.stats.failed_batches >= 2,
+                lambda: bridge.publisher.counts["failed_batches"] >= 2,
                 10,
                 "two refused publish batches",
             )

@@ -21,12 +21,12 @@ from arm_core.config import Settings
 from arm_core.config_error import ConfigError
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from arm_core.statuses import ApplyOutcome
 from tests.support.bridge import (
     envelope,
     fast_settings,
     logged,
     nats_client,
+    new_bridge,
     running_bridge,
     send,
     wait_for,
@@ -148,7 +148,7 @@ async def test_stream_and_durable_consumer_made_and_every_message_acked_after_co
             return c.num_ack_pending == 0 and c.num_pending == 0
 
         await wait_for(settled, 30, "every message acked")
-        assert bridge.inbox.stats.acked == n
+        assert bridge.inbox.counts["acked"] == n
         assert bridge.nats_state() == "ok"
         # The same answer again: the stream drops it (Nats-Msg-Id within the window).
         await ack_all(js_client, jobs[:1])
@@ -164,22 +164,20 @@ async def test_busy_envelope_is_not_acked_until_applied_and_garbage_is_terminate
         with psycopg.connect(db_url) as dba:
             dba.execute("SELECT id FROM arm.recognition_job FOR UPDATE")  # holds the row
             await ack_all(js_client, jobs)
-            await wait_for(
-                lambda: bridge.inbox.stats.outcomes[ApplyOutcome.BUSY] >= 2, 30, "busy twice"
-            )
+            await wait_for(lambda: bridge.inbox.counts["busy"] >= 2, 30, "busy twice")
             held = await js.consumer_info(STREAM, "arm-core")
             assert held.num_ack_pending == 1  # delivered, not acked while it waits
             dba.rollback()
-        await wait_for(lambda: bridge.inbox.stats.applied == 1, 30, "applied once free")
+        await wait_for(lambda: bridge.inbox.counts["applied"] == 1, 30, "applied once free")
 
         async def acked() -> bool:
             return (await js.consumer_info(STREAM, "arm-core")).num_ack_pending == 0
 
         await wait_for(acked, 30, "acked after the commit")
         await send(js_client, b"not json", "garbage:1", SUBJECT)
-        await wait_for(lambda: bridge.inbox.stats.terminated == 1, 30, "garbage terminated")
+        await wait_for(lambda: bridge.inbox.counts["terminated"] == 1, 30, "garbage terminated")
         await wait_for(acked, 30, "nothing pending")
-        assert bridge.inbox.stats.rejected == 1
+        assert bridge.inbox.counts["rejected"] == 1
 
 
 async def test_operator_stream_used_as_it_is_with_differences_logged(
@@ -194,7 +192,7 @@ async def test_operator_stream_used_as_it_is_with_differences_logged(
     caplog.set_level(logging.INFO)
     async with running_bridge(stream_settings(db_url, js_server.url())) as bridge:
         await ack_all(js_client, jobs)
-        await wait_for(lambda: bridge.inbox.stats.acked == 3, 30, "applied from the stream")
+        await wait_for(lambda: bridge.inbox.counts["acked"] == 3, 30, "applied from the stream")
     info = await js.stream_info(STREAM)
     assert (info.config.subjects, info.config.storage) == (["files.>"], "memory")
     assert info.config.max_age == 600.0
@@ -289,31 +287,32 @@ async def test_documented_stream_permissions_are_enough(db_url: str, tmp_path: P
         await service.connect(server.url(), nkeys_seed_str=users.seeds["TABULAR_PARSER_NKEY"])
         async with running_bridge(settings) as bridge:
             await ack_all(service, jobs)
-            await wait_for(lambda: bridge.inbox.stats.acked == 2, 30, "applied through it")
+            await wait_for(lambda: bridge.inbox.counts["acked"] == 2, 30, "applied through it")
     finally:
         await service.close()
         server.stop()
 
 
-async def test_in_a_process_without_its_own_sigterm_handler_the_bridge_only_says_so(
+async def test_a_bridge_that_cannot_go_on_tells_its_owner_and_says_refused(
     db_url: str, nats_server: EmbeddedNats
 ) -> None:
-    """A bridge embedded elsewhere (here: in pytest) is not stopped by a signal: it keeps
-    the reason and reports `refused`, and stop() works as usual."""
+    """The bridge sends no signal: it tells its owner once (`on_fatal`, which stops
+    `arm-core bridge` with exit 2: test above), keeps the reason, reports `refused`,
+    and stop() works as usual."""
     from psycopg_pool import AsyncConnectionPool
-
-    from arm_core.bridge.runner import Bridge
 
     settings = stream_settings(db_url, nats_server.url())
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         settings.require_database_url(), open=False, min_size=1, max_size=2
     )
     await pool.open(wait=False)
-    bridge = Bridge(settings, pool)
+    told: list[str] = []
+    bridge = new_bridge(settings, pool, on_fatal=told.append)
     await bridge.start()
     try:
         await wait_for(lambda: bridge.fatal is not None, 30, "the stream refused")
         assert bridge.fatal is not None and bridge.fatal.startswith("RESULTS_STREAM: ")
+        assert told == [bridge.fatal]
         assert bridge.nats_state() == "refused"
     finally:
         await bridge.stop()

@@ -17,10 +17,12 @@ import pytest
 from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
+from arm_core.bridge.config import bridge_config
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.rows import TaskRun
 from arm_core.statuses import ApplyOutcome, JobStatus, PublishOutcome
-from arm_core.store import TaskRun
+from arm_core.store import Store
 from tests.support.bridge import envelope, fast_settings, nats_client
 from tests.support.sql import dict_conn, job, publish, stored_file, upload
 from tests.support.steps import NO_NATS, inbox_feed, publisher, receive, step_pool
@@ -101,7 +103,7 @@ async def test_a_publisher_step_dead_letters_a_request_too_large_for_the_server(
     assert dead.error_message is not None and "max_payload" in dead.error_message
     assert [p.job_id for p in cycle.published] == [u.job_id for u in small]
     assert cycle.failed_batches == 0
-    assert pub.stats.unpublishable == 1
+    assert pub.counts["unpublishable"] == 1
     assert sorted(seen.msg_ids()) == sorted(p.msg_id for p in cycle.published)
     with dict_conn(db_url) as conn:
         row = job(conn, big.job_id)
@@ -183,7 +185,7 @@ async def test_an_inbox_step_applies_a_batch_of_acks_and_results(
     assert step.outcomes() == Counter(
         {A.APPLIED: 4, A.DUPLICATE: 1, A.UNKNOWN_JOB: 1, A.NOT_PUBLISHED: 1}
     )
-    assert inbox.stats.batches == 1 and inbox.stats.applied == 4 and inbox.stats.ignored == 3
+    assert (inbox.counts["batches"], inbox.counts["applied"], inbox.counts["ignored"]) == (1, 4, 3)
     assert empty.results == () and inbox.buffered() == 0
     with dict_conn(db_url) as conn:
         assert job(conn, done.job_id)["status"] == "done"
@@ -250,7 +252,7 @@ async def test_one_inbox_step_takes_every_worker_and_keeps_each_jobs_order(
 
     step = await feed.step()
     assert step.outcomes() == Counter({ApplyOutcome.APPLIED: 24})
-    assert feed.inbox.stats.batches == busy_workers and feed.inbox.buffered() == 0
+    assert feed.inbox.counts["batches"] == busy_workers and feed.inbox.buffered() == 0
     order = [(r.envelope.job_id, r.status) for r in step.results]
     for up in ups:
         assert order.index((up.job_id, JobStatus.PROCESSING)) < order.index(
@@ -271,7 +273,7 @@ async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
         conn.execute(
             "UPDATE arm.periodic_task SET next_run_at = clock_timestamp() + interval '1 hour'"
         )
-    scheduler = Scheduler(fast_settings(db_url, NO_NATS), pool)
+    scheduler = Scheduler(bridge_config(fast_settings(db_url, NO_NATS)).scheduler, Store(pool))
 
     assert await scheduler.run_once() == []  # nothing due
     with dict_conn(db_url) as conn:

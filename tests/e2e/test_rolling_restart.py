@@ -115,24 +115,26 @@ async def test_sigterm_applies_every_envelope_received_before_leaving(
             await confirm(client)
             # All n at the bridge: a few in the inbox's buffers, the rest in nats-py's queue.
             await wait_for(
-                lambda: bridge.inbox.stats.received + sub.pending_msgs >= n,
+                lambda: bridge.inbox.counts["received"] + sub.pending_msgs >= n,
                 30,
-                lambda: f"{bridge.inbox.stats.received} + {sub.pending_msgs} of {n} received",
+                lambda: f"{bridge.inbox.counts['received']} + {sub.pending_msgs} of {n} received",
             )
             assert sub.pending_msgs > n // 2
             stopping = asyncio.create_task(bridge.stop(grace=60))
             # The publisher, listener and schedule runner have ended: the shutdown is under
             # way (a plain unsubscribe would have thrown the queue away by now).
             await wait_for(
-                lambda: all(t.done() for t in bridge._tasks if t.get_name() != "inbox"),
+                lambda: all(
+                    s.ended() for s in (bridge.publisher, bridge.listener, bridge.scheduler)
+                ),
                 30,
                 "the other tasks ended",
             )
             dba.rollback()  # the rows are free: the inbox can apply what it holds
         await asyncio.wait_for(stopping, 90)
-        assert bridge.inbox.stats.received == n
-        assert sum(bridge.inbox.stats.dropped.values()) == 0, bridge.inbox.stats.dropped
-        assert bridge.inbox.stats.applied == n
+        assert bridge.inbox.counts["received"] == n
+        assert bridge.inbox.dropped() == 0, bridge.inbox.counts
+        assert bridge.inbox.counts["applied"] == n
     with dict_conn(db_url) as conn:
         processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
         assert scalar(conn, processing) == n

@@ -673,7 +673,7 @@ async def test_the_bridge_under_test_connects_as_the_bridges_login(
 ) -> None:
     settings = fast_settings(db_url, nats_server.url())
     assert user_of(settings.require_database_url()) == BRIDGE_LOGIN.name  # the listener's
-    async with running_bridge(settings) as bridge, bridge.pool.connection() as conn:
+    async with running_bridge(settings) as bridge, bridge.store.pool.connection() as conn:
         cur = await conn.execute("SELECT current_user::text")
         assert await cur.fetchone() == (BRIDGE_LOGIN.name,)
 

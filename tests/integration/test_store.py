@@ -1,9 +1,10 @@
-"""The typed store (arm_core/store.py): one method per named query and one query per
-method, and every one of them called by the runtime or the admin code (a query only tests
-used would be dead weight: tests send plain SQL, tests/support/sql.py); each row class is
-the columns a real database returns; every method runs against a real database and
-returns its rows typed; the outcome enums are the texts db/functions returns; and nothing
-else in the runtime sends a named query."""
+"""The typed store (arm_core/store.py): one method per runtime operation, each named
+query sent by exactly one of them, and every method called by the runtime or the admin
+code (a query only tests used would be dead weight: tests send plain SQL,
+tests/support/sql.py); each row class is the columns a real database returns; every
+method runs against a real database and returns its rows typed; the publisher's
+operations commit only when their send callback returned; the outcome enums are the
+texts db/functions returns; and nothing else in the runtime sends a named query."""
 
 from __future__ import annotations
 
@@ -27,6 +28,15 @@ from psycopg_pool import AsyncConnectionPool
 import arm_core.store as store_module
 from arm_core.bridge.envelope import Envelope, parse_envelope
 from arm_core.db import queries
+from arm_core.rows import (
+    AppliedEnvelope,
+    FileListFilter,
+    PublishedJob,
+    RetryResult,
+    TaskRun,
+    UnackedJob,
+    typed_row,
+)
 from arm_core.statuses import (
     ApplyOutcome,
     JobStatus,
@@ -34,15 +44,7 @@ from arm_core.statuses import (
     RetryOutcome,
     RetryReason,
 )
-from arm_core.store import (
-    AppliedEnvelope,
-    FileListFilter,
-    RetryResult,
-    Store,
-    SyncStore,
-    TaskRun,
-    typed_row,
-)
+from arm_core.store import Store, SyncStore
 from tests.support.bridge import envelope
 from tests.support.sql import (
     DEAD_LETTER_UNPUBLISHABLE,
@@ -61,17 +63,28 @@ FUNCTIONS = ROOT / "db" / "functions"
 
 
 def store_methods(cls: type[Any]) -> dict[str, Any]:
-    """The public methods of a store class that send a query (not transaction())."""
+    """The public methods of a store class."""
     return {
         name: member
         for name, member in vars(cls).items()
-        if not name.startswith("_") and inspect.isfunction(member) and name != "transaction"
+        if not name.startswith("_") and inspect.isfunction(member)
     }
 
 
-def test_every_named_query_has_one_store_method_and_every_method_a_query() -> None:
-    assert sorted(store_methods(Store)) == sorted(queries())
-    for name in store_methods(Store):
+def queries_sent(method: Any) -> set[str]:
+    """The named queries a store method's source names (as string constants)."""
+    tree = ast.parse(inspect.getsource(method).strip().replace("\n    ", "\n"))
+    names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+    return {n for n in names if isinstance(n, str)} & set(queries())
+
+
+def test_each_named_query_is_sent_by_exactly_one_store_method() -> None:
+    methods = store_methods(Store)
+    sent = {name: queries_sent(m) | ({name} & set(queries())) for name, m in methods.items()}
+    assert all(sent.values()), {name for name, q in sent.items() if not q}
+    every = [q for qs in sent.values() for q in qs]
+    assert sorted(every) == sorted(queries())  # each once, none missing
+    for name in methods:
         assert inspect.iscoroutinefunction(getattr(Store, name)), name
     # SyncStore: the synchronous twins of some of them, with the same parameters.
     for name, method in store_methods(SyncStore).items():
@@ -150,6 +163,15 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
 }
 
 
+# The rows of the queries a method of another name sends.
+QUERY_ROWS: dict[str, type[Any] | None] = {
+    "publish_queued_jobs_v2": PublishedJob,
+    "claim_unacked_jobs": UnackedJob,
+    "mark_republished": None,
+    "apply_envelopes_v2": AppliedEnvelope,
+}
+
+
 def test_each_row_class_is_the_columns_the_database_returns(conn: Conn) -> None:
     assert sorted(SAMPLE_PARAMS) == sorted(queries())
     for name, sql in queries().items():
@@ -159,7 +181,7 @@ def test_each_row_class_is_the_columns_the_database_returns(conn: Conn) -> None:
             cur = conn.execute(sql, params)
             assert cur.description is not None, name
             columns = [c.name for c in cur.description]
-        cls = row_class(getattr(Store, name))
+        cls = QUERY_ROWS[name] if name in QUERY_ROWS else row_class(getattr(Store, name))
         if cls is None:  # a scalar (or a function returning void): one column
             assert len(columns) == 1, (name, columns)
         else:
@@ -172,6 +194,16 @@ def test_a_row_class_that_is_not_the_query_s_columns_is_refused(conn: Conn) -> N
             cur.execute("SELECT 'sweep' AS task, NULL::text AS error")
         cur.execute("SELECT 'sweep' AS task, '1' AS result, NULL::text AS error")
         assert cur.fetchall() == [TaskRun("sweep", "1", None)]
+
+
+PUBLISH: dict[str, Any] = {
+    "limit": 10,
+    "tabular_timeout": 600,
+    "image_timeout": 1800,
+    "tabular_subject": "files.tabular_uploaded",
+    "image_subject": "files.img_uploaded",
+    "max_bytes": 1 << 20,
+}
 
 
 @pytest.fixture
@@ -204,17 +236,25 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     with dict_conn(db_url) as conn:
         a, b, c = upload(conn), upload(conn, "PDF"), upload(conn)
 
-    # The publisher's one statement: claimed and marked published, each with its wait.
-    async with store.transaction() as tx:
-        published = await store.publish_queued_jobs_v2(
-            tx,
-            limit=10,
-            tabular_timeout=600,
-            image_timeout=1800,
-            tabular_subject="files.tabular_uploaded",
-            image_subject="files.img_uploaded",
-            max_bytes=1 << 20,
-        )
+    # The publisher's one statement: claimed and marked published, each with its wait;
+    # the jobs handed to `send` before the commit. First a send that fails: nothing
+    # changed.
+    async def failing(jobs: list[PublishedJob]) -> None:
+        raise ConnectionError("NATS did not confirm")
+
+    with pytest.raises(ConnectionError):
+        await store.publish_queued_jobs(**PUBLISH, send=failing)
+    with dict_conn(db_url) as conn:
+        assert {job(conn, u.job_id)["status"] for u in (a, b, c)} == {"queued"}
+    handed: list[PublishedJob] = []
+
+    async def send(jobs: list[PublishedJob]) -> None:
+        with dict_conn(db_url) as conn:  # not committed yet: another session sees queued
+            assert {job(conn, j.job_id)["status"] for j in jobs} == {"queued"}
+        handed.extend(jobs)
+
+    published = await store.publish_queued_jobs(**PUBLISH, send=send)
+    assert handed == published
     assert [(p.job_id, p.outcome, p.subject) for p in published] == [
         (a.job_id, PublishOutcome.PUBLISHED, "files.tabular_uploaded"),
         (b.job_id, PublishOutcome.PUBLISHED, "files.img_uploaded"),
@@ -231,12 +271,12 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     # a: an ack, then its result with a late copy of the ack, each batch on its own.
     ack_a = answer(envelope(a.job_id, a.file_id, "processing"), f"ack:{a.job_id}:1")
     done_a = answer(envelope(a.job_id, a.file_id, "done", metrics={"rows": 3}), "result:a")
-    [acked] = await store.apply_envelopes_v2([ack_a])
+    [acked] = await store.apply_envelopes([ack_a])
     assert acked.wait_seconds is not None and acked.wait_seconds >= 0
     assert acked == AppliedEnvelope(
         1, ApplyOutcome.APPLIED, 1, JobStatus.PROCESSING, acked.wait_seconds
     )
-    finished = await store.apply_envelopes_v2([done_a, ack_a])
+    finished = await store.apply_envelopes([done_a, ack_a])
     assert [(f.ord, f.outcome, f.attempt, f.status) for f in finished] == [
         (1, ApplyOutcome.APPLIED, 1, JobStatus.DONE),
         (2, ApplyOutcome.ALREADY_FINAL, 1, JobStatus.DONE),
@@ -254,7 +294,7 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
         answer(envelope(b.job_id, b.file_id, "error", "scan-gateway", error=error), "result:b"),
         answer(envelope(uuid.uuid4(), b.file_id, "done"), "result:nobody"),
     ]
-    applied = await store.apply_envelopes_v2(batch)
+    applied = await store.apply_envelopes(batch)
     assert [(e.ord, e.outcome, e.attempt, e.status) for e in applied] == [
         (1, ApplyOutcome.APPLIED, 1, JobStatus.PROCESSING),
         (2, ApplyOutcome.APPLIED, 1, JobStatus.ERROR),
@@ -285,15 +325,20 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     assert missing.outcome is RetryOutcome.NOT_FOUND
 
     # c: overdue at once (ack timeout 0): republished once, then dead-lettered.
-    async with store.transaction() as tx:
-        [unacked] = await store.claim_unacked_jobs(tx, limit=10, ack_timeout=0, max_republish=1)
-        assert (unacked.job_id, unacked.republish_count) == (c.job_id, 0)
-        assert unacked.msg_id == f"{c.job_id}:1" and unacked.subject == "files.tabular_uploaded"
-        assert json.loads(unacked.request)["job_id"] == str(c.job_id)
-        # What nats-py sends: the request and the header block with the Nats-Msg-Id.
-        header = f"NATS/1.0\r\nNats-Msg-Id: {unacked.msg_id}\r\n\r\n"
-        assert unacked.bytes == len(unacked.request.encode()) + len(header.encode())
-        assert await store.mark_republished(tx, [c.job_id]) == 1
+    async def send_unacked(claimed: list[UnackedJob]) -> list[UnackedJob]:
+        return claimed
+
+    [unacked] = await store.republish_unacked_jobs(
+        limit=10, ack_timeout=0, max_republish=1, send=send_unacked
+    )
+    assert (unacked.job_id, unacked.republish_count) == (c.job_id, 0)
+    assert unacked.msg_id == f"{c.job_id}:1" and unacked.subject == "files.tabular_uploaded"
+    assert json.loads(unacked.request)["job_id"] == str(c.job_id)
+    # What nats-py sends: the request and the header block with the Nats-Msg-Id.
+    header = f"NATS/1.0\r\nNats-Msg-Id: {unacked.msg_id}\r\n\r\n"
+    assert unacked.bytes == len(unacked.request.encode()) + len(header.encode())
+    with dict_conn(db_url) as conn:
+        assert job(conn, c.job_id)["republish_count"] == 1
     [dead] = await store.dead_letter_unacked(ack_timeout=0, max_republish=1)
     assert (dead.job_id, dead.attempt, dead.file_id, dead.republish_count) == (
         c.job_id,
@@ -321,20 +366,8 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     )
     # Nothing left to publish or apply; the counts, the status view
     # (tests/integration/test_metrics_counts.py has their behaviour).
-    async with store.transaction() as tx:
-        assert (
-            await store.publish_queued_jobs_v2(
-                tx,
-                limit=10,
-                tabular_timeout=600,
-                image_timeout=1800,
-                tabular_subject="files.tabular_uploaded",
-                image_subject="files.img_uploaded",
-                max_bytes=1 << 20,
-            )
-            == []
-        )
-    assert await store.apply_envelopes_v2([]) == []
+    assert await store.publish_queued_jobs(**PUBLISH, send=send) == []
+    assert await store.apply_envelopes([]) == []
     counts = {c.status: c.n for c in await store.job_counts(within=5)}
     assert (counts[JobStatus.DONE], counts[JobStatus.ERROR], counts[JobStatus.DLQ]) == (1, 1, 2)
     assert await store.compact_counts() > 0
@@ -388,11 +421,11 @@ def test_the_outcome_enums_are_the_texts_the_functions_return() -> None:
 
 
 def runtime_modules() -> list[Path]:
-    """The runtime's sources: arm_core, bridge/ and http/, but not the store and db.py
-    themselves nor the development tools."""
+    """The runtime's sources: arm_core, bridge/ and http/, but not the store, its rows
+    and db.py themselves nor the development tools."""
     found = [*(ROOT / "arm_core").glob("*.py"), *(ROOT / "bridge").glob("*.py")]
     found += (ROOT / "http").glob("*.py")
-    return sorted(p for p in found if p.name not in ("store.py", "db.py"))
+    return sorted(p for p in found if p.name not in ("store.py", "rows.py", "db.py"))
 
 
 def test_only_the_store_sends_named_queries_or_reads_dict_rows() -> None:

@@ -23,9 +23,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from psycopg_pool import AsyncConnectionPool
 
+from arm_core.bridge.config import bridge_config
 from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
+from arm_core.store import Store
 from tests.support.sql import BRIDGE_LOGIN, as_login
 
 
@@ -62,6 +64,12 @@ def fast_settings(db_url: str, nats_url: str, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
+def new_bridge(settings: Settings, pool: AsyncConnectionPool[Any], **kwargs: Any) -> Bridge:
+    """A bridge as arm_core.runtime makes one: its config from `settings`, a Store on
+    `pool`."""
+    return Bridge(bridge_config(settings), Store(pool), settings, **kwargs)
+
+
 @contextlib.asynccontextmanager
 async def running_bridge(settings: Settings, pool_url: str | None = None) -> AsyncIterator[Bridge]:
     """A bridge in this event loop, connected and subscribed before the body runs; its
@@ -75,7 +83,7 @@ async def running_bridge(settings: Settings, pool_url: str | None = None) -> Asy
         kwargs={"autocommit": True},
     )
     await pool.open(wait=False)
-    bridge = Bridge(settings, pool)
+    bridge = new_bridge(settings, pool)
     await bridge.start()
     try:
         await wait_for(lambda: bridge.nats_state() == "ok", 10, "bridge connected to NATS")

@@ -24,11 +24,13 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from psycopg_pool import AsyncConnectionPool
 
+from arm_core.bridge.config import bridge_config
 from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.bridge.inbox import Inbox, InboxStep
 from arm_core.bridge.nats_client import connect
 from arm_core.bridge.publisher import Publisher
 from arm_core.statuses import ApplyOutcome, JobStatus
+from arm_core.store import Store
 from tests.support.bridge import fast_settings
 from tests.support.sql import BRIDGE_LOGIN, as_login
 
@@ -72,7 +74,7 @@ async def publisher(
     closing = False
     await connect(nc, config, "publisher-step", closing=lambda: closing)
     try:
-        yield Publisher(config, pool, nc)
+        yield Publisher(bridge_config(config).publisher, Store(pool), nc)
     finally:
         closing = True
         await nc.close()
@@ -141,12 +143,13 @@ class InboxFeed:
     inbox: Inbox
     client: Client
     sub: Subscription
+    subject: str
 
     async def send(self, body: dict[str, Any] | bytes, msg_id: str | None) -> None:
         """Publishes an envelope (or any bytes; `msg_id` None sends no Nats-Msg-Id)."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         headers = {"Nats-Msg-Id": msg_id} if msg_id is not None else None
-        await self.client.publish(self.inbox.settings.result_subject, data, headers=headers)
+        await self.client.publish(self.subject, data, headers=headers)
 
     async def deliver(self) -> int:
         """Hands every message sent so far to the inbox's callback, one by one and in
@@ -170,10 +173,11 @@ async def inbox_feed(
     client: Client, db_url: str, pool: AsyncConnectionPool[Any], **settings: Any
 ) -> InboxFeed:
     """An inbox of one worker (fast_settings plus `settings`) fed through `client`."""
-    inbox = Inbox(fast_settings(db_url, NO_NATS, **{"inbox_workers": 1, **settings}), pool)
-    sub = await client.subscribe(inbox.settings.result_subject)
+    config = bridge_config(fast_settings(db_url, NO_NATS, **{"inbox_workers": 1, **settings}))
+    inbox = Inbox(config.inbox, Store(pool))
+    sub = await client.subscribe(config.result_subject)
     await _flush(client)
-    return InboxFeed(inbox, client, sub)
+    return InboxFeed(inbox, client, sub, config.result_subject)
 
 
 def outcomes(step: InboxStep) -> list[tuple[ApplyOutcome, JobStatus | None]]:

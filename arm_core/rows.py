@@ -1,0 +1,232 @@
+"""The rows the store returns: one frozen dataclass per kind of row, with enums
+(arm_core.statuses) where the database returns a status, and :func:`typed_row`, the row
+factory that builds them and checks, on every execute, that the query's columns are the
+class's fields in their order (so a query and its row class cannot drift apart)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any, TypeVar
+
+from psycopg.rows import BaseRowFactory, RowMaker, no_result
+
+from arm_core.statuses import (
+    ApplyOutcome,
+    FileStatus,
+    FileType,
+    JobStatus,
+    PublishOutcome,
+    RetryOutcome,
+    RetryReason,
+)
+
+R = TypeVar("R")
+
+# A JSON object as the database returns it (jsonb, loaded).
+JsonObject = dict[str, Any]
+
+
+# --- rows ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetteredJob:
+    """dead_letter_unacked: a published job moved to dlq (NO_ACK) after its republishes."""
+
+    job_id: uuid.UUID
+    attempt: int
+    file_id: uuid.UUID
+    republish_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnackedJob:
+    """claim_unacked_jobs: an overdue, unacked job locked for republishing with the same
+    subject, Nats-Msg-Id and request."""
+
+    job_id: uuid.UUID
+    attempt: int
+    subject: str
+    msg_id: str
+    republish_count: int
+    request: str  # JSON text, byte for byte what the first publish sent
+    bytes: int  # what the server counts against max_payload (arm.nats_message_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedJob:
+    """publish_queued_jobs_v2: a claimed job, marked published (its request is to be
+    sent, the transaction committed once NATS confirmed it) or dead-lettered at once
+    because the request exceeds the server's max_payload; for a published job the seconds
+    it waited queued (requested_at → the claim)."""
+
+    job_id: uuid.UUID
+    attempt: int
+    file_id: uuid.UUID
+    outcome: PublishOutcome
+    subject: str
+    msg_id: str
+    request: str | None  # JSON text to send as it is; None when dead-lettered
+    error_message: str | None  # why it was dead-lettered
+    queued_seconds: float | None  # None when dead-lettered
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedEnvelope:
+    """apply_envelopes_v2: one element's outcome (`ord` is its 1-based place in the
+    batch), the job's attempt and status after it, and for an applied element the wait it
+    ended (an ack: published → processing; a result: processing → final; None else)."""
+
+    ord: int
+    outcome: ApplyOutcome
+    attempt: int | None
+    status: JobStatus | None
+    wait_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCount:
+    """job_counts: the number of jobs in one status."""
+
+    status: JobStatus
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    """status_view: GET /api/v1/status's figures (jobs and files as {status: n})."""
+
+    jobs: dict[str, int]
+    files: dict[str, int]
+    oldest_queued_age_seconds: float
+    unacked_overdue: int
+    past_deadline_unswept: int
+    last_sweep_at: dt.datetime | None
+    last_sweep_result: str | None
+    last_sweep_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRun:
+    """run_due_tasks: a periodic task that ran, with its result or its error."""
+
+    task: str
+    result: str | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryResult:
+    """retry_file, retry_files: one file's outcome. For `retried` the new job and its
+    attempt; for `not_retryable` the reason and the current job that prevents it."""
+
+    file_id: uuid.UUID
+    outcome: RetryOutcome
+    reason: RetryReason | None
+    job_id: uuid.UUID | None
+    attempt: int | None
+    previous_job_id: uuid.UUID | None
+    previous_status: JobStatus | None
+    previous_attempt: int | None
+    max_attempts: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileListItem:
+    """list_files: one file of a page, its current job (all None when it has none) and
+    whether it can be retried (arm.is_retryable: the rule of retry_file)."""
+
+    id: uuid.UUID
+    consolidation_id: uuid.UUID | None
+    original_name: str
+    file_type: FileType
+    status: FileStatus
+    s3_bucket: str
+    s3_key: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    job_id: uuid.UUID | None
+    job_status: JobStatus | None
+    attempt: int | None
+    max_attempts: int | None
+    error_code: str | None
+    retryable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FileListFilter:
+    """list_files' filters; None (or an empty tuple) is any."""
+
+    statuses: tuple[FileStatus, ...] = ()
+    job_statuses: tuple[JobStatus, ...] = ()
+    consolidation_id: uuid.UUID | None = None
+    file_types: tuple[FileType, ...] = ()
+    q: str | None = None
+    updated_after: dt.datetime | None = None
+    updated_before: dt.datetime | None = None
+
+
+def _enum_of(hint: Any) -> type[Enum] | None:
+    """The enum a field holds (`X` or `X | None`), or None."""
+    for candidate in typing.get_args(hint) or (hint,):
+        if isinstance(candidate, type) and issubclass(candidate, Enum):
+            return candidate
+    return None
+
+
+class _Members(dict[Any, Any]):
+    """An enum's members by value, and None for NULL: a plain dict lookup per value,
+    three times faster than calling the enum (the inbox builds up to 500 rows a batch)."""
+
+    def __init__(self, enum: type[Enum]) -> None:
+        super().__init__({member.value: member for member in enum})
+        self[None] = None
+        self.enum = enum
+
+    def __missing__(self, value: Any) -> Any:
+        raise ValueError(f"the database returned {value!r}, which is no {self.enum.__name__}")
+
+
+_FIELDS: dict[type[Any], tuple[tuple[str, ...], tuple[tuple[int, _Members], ...]]] = {}
+
+
+def _fields(cls: type[Any]) -> tuple[tuple[str, ...], tuple[tuple[int, _Members], ...]]:
+    """A row class's field names, and the place and members of each enum field (worked
+    out once per class)."""
+    if cls not in _FIELDS:
+        hints = typing.get_type_hints(cls)
+        names = tuple(f.name for f in fields(cls))
+        enums = [(i, _enum_of(hints[name])) for i, name in enumerate(names)]
+        _FIELDS[cls] = names, tuple((i, _Members(e)) for i, e in enums if e is not None)
+    return _FIELDS[cls]
+
+
+def typed_row(cls: type[R]) -> BaseRowFactory[R]:
+    """A row factory building `cls` (a dataclass) from each row, text converted to the
+    enums its fields declare. The query's columns must be the fields, in their order:
+    checked once per execute, so a query and its row class cannot drift apart silently."""
+    names, enums = _fields(cls)
+
+    def factory(cursor: Any) -> RowMaker[R]:
+        if cursor.description is None:
+            return no_result
+        columns = tuple(c.name for c in cursor.description)
+        if columns != names:
+            raise TypeError(f"{cls.__name__} has the fields {names}; the query returns {columns}")
+        if not enums:
+            return lambda values: cls(*values)
+
+        def make(values: Sequence[Any]) -> R:
+            converted = list(values)
+            for i, members in enums:
+                converted[i] = members[converted[i]]
+            return cls(*converted)
+
+        return make
+
+    return factory

@@ -1,0 +1,159 @@
+"""Each service of the bridge has a small config of its own: the tunables it uses, with
+their defaults, checked when it is made. :func:`bridge_config` builds them all from the
+process's Settings (the environment) in this one place; a test builds the one it needs
+with the values it wants.
+
+The numbers that are not environment variables (backoffs, re-check periods) are
+defaults here, not constants in the services' code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from arm_core.config import Settings
+
+
+def _check_positive(config: object, *zero_allowed: str) -> None:
+    """Every number of a config is above zero (a zero period would spin, a zero size
+    would hold nothing), but those named, which may be zero."""
+    for f in fields(config):  # type: ignore[arg-type]
+        value = getattr(config, f.name)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        if value < 0 or (value == 0 and f.name not in zero_allowed):
+            raise ValueError(f"{type(config).__name__}.{f.name} must be above 0, not {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherConfig:
+    """The outbox publisher (bridge/publisher.py)."""
+
+    tabular_request_subject: str = "files.tabular_uploaded"
+    image_request_subject: str = "files.img_uploaded"
+    tabular_reply_timeout_seconds: float = 600.0
+    image_reply_timeout_seconds: float = 1800.0
+    ack_timeout_seconds: float = 30.0
+    # Jobs claimed per transaction, and how many such transactions run at once behind
+    # a full one.
+    batch_size: int = 500
+    publishers: int = 2
+    # The backstop of the NOTIFY wake-up.
+    poll_seconds: float = 5.0
+    max_republish: int = 3
+    # The ack-timeout steps run at most this often (and at most every ACK_TIMEOUT / 4).
+    ack_check_seconds: float = 1.0
+    # NATS unreachable for longer than this is logged as an error (the first connect at
+    # start-up takes a moment and is not an error).
+    nats_grace_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        # A deadline of 0 is due at once; 0 republishes dead-letters at the first timeout.
+        _check_positive(
+            self,
+            "max_republish",
+            "ack_timeout_seconds",
+            "tabular_reply_timeout_seconds",
+            "image_reply_timeout_seconds",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InboxConfig:
+    """The inbox (bridge/inbox.py)."""
+
+    # One buffer and one worker per worker; a job's envelopes always share one.
+    workers: int = 2
+    # Envelopes held across the buffers while the database is unreachable.
+    buffer_size: int = 10_000
+    # Envelopes per apply_envelopes_v2 call (per transaction).
+    batch_size: int = 500
+    # A message larger than this is rejected unread.
+    max_payload_bytes: int = 1 << 20
+    # How long a full buffer makes the callback wait before it looks again whether the
+    # database has meanwhile become unreachable (then it drops instead of waiting).
+    full_recheck_seconds: float = 0.5
+    # A batch that was all `busy` waits this long before it is tried again, doubling
+    # while it stays so, up to busy_pause_max_seconds.
+    busy_pause_seconds: float = 0.005
+    busy_pause_max_seconds: float = 0.5
+    # While the database is unreachable a batch is tried again after this backoff,
+    # doubling up to the maximum; at shutdown it is dropped once past the maximum.
+    backoff_seconds: float = 0.2
+    backoff_max_seconds: float = 5.0
+    # A batch that meets a deadlock or serialization failure is tried this often more.
+    conflict_retries: int = 3
+
+    def __post_init__(self) -> None:
+        _check_positive(self)
+        if self.workers > self.buffer_size:
+            raise ValueError(f"InboxConfig: {self.workers} workers need a buffer_size as large")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The schedule runner (bridge/scheduler.py)."""
+
+    tick_seconds: float = 1.0
+    # The per-status counts' deltas are folded at most this often (arm.compact_counts).
+    compact_every_seconds: float = 5.0
+    # TIMEOUT_SWEEP_SECONDS when it was given: the sweep's period, written to
+    # arm.periodic_task at start. None: the period a DBA set there stands.
+    sweep_interval_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive(self)
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeConfig:
+    """The bridge (bridge/runner.py): where answers come from, and its services'."""
+
+    result_subject: str = "files.tabular_parsed"
+    queue_group: str = "arm-core"
+    # The JetStream stream the answers are consumed from; None: core NATS, queue group.
+    results_stream: str | None = None
+    # How long stop() may take in all before what is still held is dropped (counted).
+    stop_grace_seconds: float = 10.0
+    # JetStream: how long to wait before asking again when the stream does not answer,
+    # and the longest pause between failed fetches.
+    stream_retry_seconds: float = 2.0
+    fetch_pause_max_seconds: float = 2.0
+    publisher: PublisherConfig = PublisherConfig()
+    inbox: InboxConfig = InboxConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    def __post_init__(self) -> None:
+        _check_positive(self)
+
+
+def bridge_config(settings: Settings) -> BridgeConfig:
+    """The bridge's config from the environment's Settings (already validated there)."""
+    s = settings
+    return BridgeConfig(
+        result_subject=s.result_subject,
+        queue_group=s.nats_queue_group,
+        results_stream=s.results_stream or None,
+        publisher=PublisherConfig(
+            tabular_request_subject=s.tabular_request_subject,
+            image_request_subject=s.image_request_subject,
+            tabular_reply_timeout_seconds=s.tabular_reply_timeout_seconds,
+            image_reply_timeout_seconds=s.image_reply_timeout_seconds,
+            ack_timeout_seconds=s.ack_timeout_seconds,
+            batch_size=s.outbox_batch_size,
+            publishers=s.outbox_publishers,
+            poll_seconds=s.outbox_poll_seconds,
+            max_republish=s.outbox_max_republish,
+        ),
+        inbox=InboxConfig(
+            workers=s.inbox_workers,
+            buffer_size=s.inbox_buffer_size,
+            batch_size=s.inbox_batch_size,
+            max_payload_bytes=s.inbox_max_payload_bytes,
+        ),
+        scheduler=SchedulerConfig(
+            tick_seconds=s.schedule_tick_seconds,
+            sweep_interval_seconds=(
+                s.timeout_sweep_seconds if "TIMEOUT_SWEEP_SECONDS" in s.explicit else None
+            ),
+        ),
+    )

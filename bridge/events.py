@@ -1,0 +1,259 @@
+"""One call per event of the bridge: each function here updates the Prometheus metrics
+(arm_core.metrics), writes the log line, and counts the event in the `counts` of the
+service that saw it — the per-instance figures a test (or a process hosting two bridges)
+reads, where the metrics are the process's. Nothing else in the bridge records these
+events, so a metric, its log line and its count cannot disagree.
+
+The keys of `counts` are the functions' names below (`published`, `dropped.buffer_full`,
+an envelope's outcome such as `applied` or `duplicate`, …)."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from arm_core import metrics
+from arm_core.bridge.envelope import Envelope, Rejected
+from arm_core.rows import DeadLetteredJob, PublishedJob, TaskRun, UnackedJob
+from arm_core.statuses import ApplyOutcome, JobStatus
+
+log = logging.getLogger(__name__)
+
+Counts = Counter[str]
+
+# Why an envelope was lost before the database saw it, as its log line says it.
+DROPPED_BECAUSE = {
+    "buffer_full": "the database has been unreachable for longer than INBOX_BUFFER_SIZE "
+    "({size} envelopes) lasts",
+    "shutdown": "the process stopped before it could apply it",
+}
+
+
+def _job(action: str, job: PublishedJob | UnackedJob) -> dict[str, Any]:
+    return {"action": action, "job_id": job.job_id, "attempt": job.attempt, "msg_id": job.msg_id}
+
+
+def _envelope(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
+    return {"action": action, "job_id": envelope.job_id, "msg_id": envelope.msg_id, **more}
+
+
+# --- the publisher ----------------------------------------------------------------------
+
+
+def published(counts: Counts, jobs: Sequence[PublishedJob]) -> None:
+    """A batch reached NATS and committed: its jobs are published."""
+    metrics.PUBLISH_BATCHES.labels(result="ok").inc()
+    metrics.transition("published", len(jobs))
+    for job in jobs:
+        metrics.waited("queued", job.queued_seconds)
+        log.debug("published", extra=_job("publish", job))
+    counts["published"] += len(jobs)
+    counts["batches"] += 1
+    log.info("published %d jobs", len(jobs), extra={"action": "publish", "count": len(jobs)})
+
+
+def unpublishable(counts: Counts, job: PublishedJob) -> None:
+    """Dead-lettered at claim: the request exceeds the server's max_payload."""
+    metrics.transition("dlq")
+    counts["unpublishable"] += 1
+    log.error(
+        "dead-lettered: the request cannot be published: %s",
+        job.error_message,
+        extra={**_job("dlq", job), "reason": "REQUEST_TOO_LARGE"},
+    )
+
+
+def batch_failed(counts: Counts, action: str, n: int, error: str) -> None:
+    """NATS did not confirm a batch (publish or republish): it rolled back."""
+    metrics.PUBLISH_BATCHES.labels(result="failed").inc()
+    counts["failed_batches"] += 1
+    log.error(
+        "%s of %d jobs failed; they stay as they were: %s",
+        action,
+        n,
+        error,
+        extra={"action": action, "count": n, "error": error},
+    )
+
+
+def republished(counts: Counts, jobs: Sequence[UnackedJob]) -> None:
+    """Overdue, unacked jobs went out again with the same Nats-Msg-Id."""
+    metrics.PUBLISH_BATCHES.labels(result="ok").inc()
+    metrics.REPUBLISHED.inc(len(jobs))
+    counts["republished"] += len(jobs)
+    for job in jobs:
+        log.info(
+            "republished: no ack yet",
+            extra={**_job("republish", job), "count": job.republish_count + 1},
+        )
+
+
+def cannot_republish(job: UnackedJob, max_payload: int) -> None:
+    """A request no longer fits max_payload (it was lowered): it stays as it is and times
+    out at its reply deadline."""
+    log.error(
+        "cannot republish: %d bytes exceed the server's max_payload %d",
+        job.bytes,
+        max_payload,
+        extra={**_job("republish", job), "reason": "REQUEST_TOO_LARGE"},
+    )
+
+
+def dead_lettered(counts: Counts, jobs: Sequence[DeadLetteredJob]) -> None:
+    """Published jobs moved to dlq (NO_ACK) after their republishes."""
+    metrics.transition("dlq", len(jobs))
+    counts["dead_lettered"] += len(jobs)
+    for job in jobs:
+        log.warning(
+            "dead-lettered: no ack after %d republishes",
+            job.republish_count,
+            extra={
+                "action": "dlq",
+                "job_id": job.job_id,
+                "attempt": job.attempt,
+                "file_id": job.file_id,
+                "reason": "NO_ACK",
+            },
+        )
+
+
+# --- the inbox --------------------------------------------------------------------------
+
+
+def rejected(counts: Counts, subject: str, why: Rejected) -> None:
+    """A message that is no envelope: not JSON, not schema-valid, no Nats-Msg-Id, …"""
+    metrics.envelope("rejected")
+    counts["rejected"] += 1
+    log.warning(
+        "dropped a message from %s: %s",
+        subject,
+        why.detail,
+        extra={
+            "action": "inbox_drop",
+            "reason": why.reason,
+            "job_id": why.job_id,
+            "msg_id": why.msg_id,
+        },
+    )
+
+
+def made_storable(counts: Counts, envelope: Envelope) -> None:
+    """A schema-valid envelope whose NUL, NaN/Infinity or lone surrogates were replaced."""
+    counts["made_storable"] += 1
+    log.warning(
+        "envelope made storable (NUL, NaN/Infinity or lone surrogates replaced): %s",
+        ", ".join(envelope.made_storable)[:300],
+        extra=_envelope(envelope, "inbox_sanitize", status=envelope.status),
+    )
+
+
+def dropped(counts: Counts, envelope: Envelope, reason: str, buffer_size: int) -> None:
+    """An envelope lost before the database saw it (buffer_full, shutdown)."""
+    metrics.envelope("dropped")
+    counts[f"dropped.{reason}"] += 1
+    why = DROPPED_BECAUSE.get(reason, reason).format(size=buffer_size)
+    log.error(
+        "dropped an envelope: %s; the job times out at its reply deadline unless the "
+        "answer comes again",
+        why,
+        extra=_envelope(envelope, "inbox_drop", reason=reason, status=envelope.status),
+    )
+
+
+def slow_consumer(counts: Counts) -> None:
+    """nats-py dropped a message because the subscription's queue was full (nats-py
+    logs it through the connection's error callback)."""
+    metrics.envelope("dropped")
+    counts["dropped.slow_consumer"] += 1
+
+
+def outcome(
+    counts: Counts,
+    envelope: Envelope,
+    result: ApplyOutcome,
+    attempt: int | None,
+    status: JobStatus | None = None,
+    wait_seconds: float | None = None,
+    error: str | None = None,
+) -> None:
+    """What the database made of one envelope (`busy`: not yet, it is applied again)."""
+    counts[result.value] += 1
+    if result is ApplyOutcome.BUSY:
+        return
+    metrics.envelope(result.value)
+    action = "ack" if envelope.is_ack else "result"
+    extra = _envelope(envelope, action, attempt=attempt, status=envelope.status)
+    if result is ApplyOutcome.APPLIED:
+        if status is not None:
+            metrics.transition(status.value)
+            metrics.waited("ack" if status is JobStatus.PROCESSING else "processing", wait_seconds)
+        log.debug("%s applied", action, extra=extra)
+    elif result is ApplyOutcome.FAILED:
+        log.error(
+            "%s could not be applied: %s",
+            action,
+            error,
+            extra={**extra, "reason": "apply_error", "outcome": result},
+        )
+    else:  # a valid envelope with nothing to change: duplicate, already_final, …
+        counts["ignored"] += 1
+        level = logging.INFO if result is ApplyOutcome.DUPLICATE else logging.WARNING
+        extra.update(reason=result, outcome=result)
+        log.log(level, "%s ignored: %s", action, result, extra=extra)
+
+
+def applied_batch(counts: Counts, outcomes: Counter[ApplyOutcome]) -> None:
+    """One arm.apply_envelopes_v2 call: one line at INFO for the batch (one per envelope
+    is DEBUG: a line per envelope cost a fifth of the bridge's CPU in a burst)."""
+    counts["batches"] += 1
+    applied = outcomes[ApplyOutcome.APPLIED]
+    if applied:
+        log.info(
+            "applied %d envelopes in one transaction (%s)",
+            applied,
+            ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items())),
+            extra={"action": "inbox_batch", "count": applied},
+        )
+
+
+def held(counts: Counts, n: int, waiting: int, error: Exception) -> None:
+    """The database is unreachable: the inbox holds its batch and tries again."""
+    counts["db_retries"] += 1
+    log.warning(
+        "database unavailable, holding %d envelopes (%d more waiting): %s",
+        n,
+        waiting,
+        error,
+        extra={"action": "inbox_hold", "count": n},
+    )
+
+
+def settled(counts: Counts, terminated: bool) -> None:
+    """A message of the results stream acked (outcome final) or terminated (garbage)."""
+    counts["terminated" if terminated else "acked"] += 1
+
+
+# --- the schedule -----------------------------------------------------------------------
+
+
+def task_ran(counts: Counts, task: TaskRun) -> None:
+    """A periodic task ran (the sweep's result is how many jobs timed out)."""
+    counts[f"task.{task.task}"] += 1
+    if task.task == "sweep_timeouts" and task.result and task.result.isdigit():
+        metrics.transition("timeout", int(task.result))
+    if task.error:
+        log.error(
+            "periodic task %s failed: %s",
+            task.task,
+            task.error,
+            extra={"action": "schedule", "error": task.error},
+        )
+    elif task.result not in (None, "0"):
+        log.info(
+            "periodic task %s: %s",
+            task.task,
+            task.result,
+            extra={"action": "schedule", "count": task.result},
+        )
