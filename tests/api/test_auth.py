@@ -1,7 +1,7 @@
 """AUTH_MODE=token through the real app (real sockets, a real PostgreSQL): each
 configured token names its own actor in the retry audit, and nothing that is not
 exactly a configured token gets in — a prefix, one character more or less, another
-case, a token of another length, bytes that are not UTF-8 (issue 10, part 3)."""
+case, a token of another length, bytes that are not UTF-8."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A property-based run over the OpenAPI document (issue 10, part 7): schemathesis
+"""A property-based run over the OpenAPI document: schemathesis
 generates requests for every documented operation — valid ones and, as often, invalid
 ones (wrong types, missing fields, bad ids, odd headers, methods the route does not
 allow) — and sends them to a real `arm-core serve` on a real PostgreSQL. Every response

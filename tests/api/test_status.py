@@ -1,4 +1,4 @@
-"""GET /api/v1/status (issue 11, part 3): the figures of constructed situations — an
+"""GET /api/v1/status: the figures of constructed situations — an
 overdue unacked job, one past its deadline that no sweep has timed out, the oldest queued
 age, the last sweep with its error — through the real API as arm_api; `bridge` null
 without a bridge and the states of a running one; 401 without credentials."""

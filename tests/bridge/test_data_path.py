@@ -1,4 +1,4 @@
-"""The data path under load and with bad input (issue 8): a burst through a real
+"""The data path under load and with bad input: a burst through a real
 `arm-core bridge` loses nothing, the inbox waits instead of dropping while the database is
 up, a batch with bad envelopes still applies the good ones, results PostgreSQL cannot store
 as given are made storable, and one unpublishable request never holds back the rest.

@@ -1,4 +1,4 @@
-"""NATS permissions (issue 10, part 6): docs/nats-permissions.conf, quoted in
+"""NATS permissions: docs/nats-permissions.conf, quoted in
 docs/service-teams.md, is the least the core and the two recognition services need. A
 real nats-server runs on that block verbatim: a job goes from queued to done through it,
 and every user is refused everything else. A bridge whose subscription is refused says so

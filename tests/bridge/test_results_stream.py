@@ -1,4 +1,4 @@
-"""RESULTS_STREAM (issue 12, part 2): the core captures answers in a JetStream stream
+"""RESULTS_STREAM: the core captures answers in a JetStream stream
 and consumes it through one durable consumer, acking a message only once its envelope's
 outcome is final. Settings, the stream and consumer it makes, the acks, busy envelopes,
 garbage, an operator's stream, and a server without JetStream."""

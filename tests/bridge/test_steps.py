@@ -1,4 +1,4 @@
-"""The bridge's steps, driven one at a time (issue 9): Publisher.run_once,
+"""The bridge's steps, driven one at a time: Publisher.run_once,
 Inbox.run_once and Scheduler.run_once against a real PostgreSQL and a real nats-server,
 each asserted on what it returns and on what it left in the database. Nothing here runs
 the bridge's loops, so nothing waits for a poll or a tick; and nothing waits for a

@@ -1,4 +1,4 @@
-"""The operator console in a real headless Chromium (issue 11, part 5), against a real
+"""The operator console in a real headless Chromium, against a real
 `arm-core serve` on a real PostgreSQL: filter, open a file, retry it (a double click asks
 once), batch retry with each file's answer, and the sign-in flow of AUTH_MODE=token.
 

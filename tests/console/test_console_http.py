@@ -1,4 +1,4 @@
-"""The console's shell as the server serves it (issue 11): the page and its static files
+"""The console's shell as the server serves it: the page and its static files
 with a strict Content-Security-Policy, no data without credentials, and
 /api/v1/whoami for each AUTH_MODE. The browser tests are in test_console.py."""
 

@@ -2,7 +2,7 @@
 API answers, Ctrl-C stops everything it started, and a second run reuses its data. Its
 stdout is a readable feed — the console's URL first, then the banner and the status
 changes — with the processes' logs in files under the dev folder, or on stderr when
-DEBUG is set (issue 11, part 6)."""
+DEBUG is set."""
 
 from __future__ import annotations
 

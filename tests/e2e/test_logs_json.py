@@ -1,4 +1,4 @@
-"""LOG_FORMAT as users set it (issue 11, part 2): a real `arm-core bridge` with
+"""LOG_FORMAT as users set it: a real `arm-core bridge` with
 LOG_FORMAT=json writes one JSON object a line for a job's whole path (publish, ack,
 result), typed and with UTC milliseconds; a forged job_id stays inside its one line and
 reads back as it was; no secret is written; and any other value of LOG_FORMAT stops the

@@ -1,4 +1,4 @@
-"""The exchange on a three-node NATS cluster (issue 12, part 3): the core connects with
+"""The exchange on a three-node NATS cluster: the core connects with
 NATS_URL listing every node, the services sit on the other nodes, and the core's node is
 killed with kill -9 in the middle of a flow of uploads. The core reconnects to another
 node; nothing it marked published went undelivered except what the dead node held at

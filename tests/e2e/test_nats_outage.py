@@ -1,5 +1,5 @@
 """nats-server stopped for 3 s in the middle of a burst, with the real core and the real
-reference service (issue 12, part 5): the answers the service made while NATS was gone
+reference service: the answers the service made while NATS was gone
 wait in its queue and are sent after the reconnect, so every job ends `done` — no
 result lost, none applied twice, each job processed once."""
 

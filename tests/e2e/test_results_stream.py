@@ -1,4 +1,4 @@
-"""RESULTS_STREAM end to end (issue 12, part 2): kill -9 of the only bridge in the middle
+"""RESULTS_STREAM end to end: kill -9 of the only bridge in the middle
 of a burst, restarted seconds later, with nats-server -js. The answers published while
 no core instance was running are kept by the stream and applied after the restart:
 every job done, every result applied once, nothing left live."""

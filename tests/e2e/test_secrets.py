@@ -1,4 +1,4 @@
-"""What `arm-core` prints, run as users run it (issue 10, parts 2, 3 and 5):
+"""What `arm-core` prints, run as users run it:
 
 - a configuration that cannot work stops `serve`, `bridge` and `migrate` at start with
   exit code 2 and a message naming the variable — a bad NATS seed or JWT included,

@@ -1,4 +1,4 @@
-"""arm.apply_envelopes (issue 8): a batch of acks and results applied in one transaction,
+"""arm.apply_envelopes: a batch of acks and results applied in one transaction,
 in order, with apply_ack's and apply_result's outcomes; all or nothing when an element
 raises; jobs locked in id order so concurrent bridges never deadlock."""
 

@@ -1,4 +1,4 @@
-"""arm.list_files, the file list of GET /api/v1/files (issue 11), called as the API's
+"""arm.list_files, the file list of GET /api/v1/files, called as the API's
 login (a member of arm_api only): every filter alone and combined, the keyset, `retryable`
 against what arm.retry_file really does, Cyrillic `q` on a database created with
 LOCALE 'C', and the plans that keep a page's cost independent of the table's size.

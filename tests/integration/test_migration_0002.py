@@ -1,4 +1,4 @@
-"""Migration 0002 (issue 8) on a database of the previous release that holds data: it
+"""Migration 0002 on a database of the previous release that holds data: it
 applies without touching the data, its constraints hold from then on, and it rolls back.
 Also the upload bounds it adds, as an uploader meets them."""
 

@@ -1,4 +1,4 @@
-"""pg_cron for real (issue 12, part 6): a PostgreSQL of its own with
+"""pg_cron for real: a PostgreSQL of its own with
 shared_preload_libraries = 'pg_cron', arm.schedule_with_pg_cron() called by a DBA of
 arm_owner, and the timeout sweep happening with no bridge running — pg_cron alone calls
 arm.run_due_tasks(). Skipped where the extension is not installed (Debian:

@@ -1,4 +1,4 @@
-"""Database roles (issue 10; docs/dbas.md "Database roles"; db/roles.sql, db/grants.sql).
+"""Database roles (docs/dbas.md "Database roles"; db/roles.sql, db/grants.sql).
 
 Both halves, for a login member of each role: everything the role must do works, and
 everything else fails — a direct write to a table, an INSERT into arm.periodic_task, a

@@ -1,4 +1,4 @@
-"""Scans bounded by what is due (issue 8): the claims, the dead-lettering and the timeout
+"""Scans bounded by what is due: the claims, the dead-lettering and the timeout
 sweep read their indexes from a bound computed once, so what they cost follows the rows
 they return — not the backlog, the live jobs or the history. Checked on the real
 functions, with the plans auto_explain logs from inside them (nested statements, actual

@@ -1,4 +1,4 @@
-"""queued → dlq for a request that cannot be published (issue 8): arm.dead_letter_unpublishable,
+"""queued → dlq for a request that cannot be published: arm.dead_letter_unpublishable,
 the guard that allows it, and the publish-field invariant that makes room for it."""
 
 from __future__ import annotations

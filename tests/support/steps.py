@@ -1,4 +1,4 @@
-"""Test support for driving the bridge one step at a time (issue 9): a connection pool,
+"""Test support for driving the bridge one step at a time: a connection pool,
 a publisher on a NATS connection of its own, what a real subscriber received, and an
 inbox fed the way the bridge's subscription feeds it.
 

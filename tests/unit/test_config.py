@@ -111,7 +111,7 @@ def test_auth_settings() -> None:
         Settings.from_env({"AUTH_HEADER": "X User"})
 
 
-# --- secrets never shown (issue 10, part 2) ------------------------------------------
+# --- secrets never shown ------------------------------------------
 
 
 def no_part_of(secret: str, text: str, width: int = 5) -> bool:
@@ -282,7 +282,7 @@ def test_repr_and_secrets_hide_and_list_every_secret() -> None:
     assert Settings().secrets() == ()
 
 
-# --- safe by default on the network (issue 10, part 3) ---------------------------------
+# --- safe by default on the network ---------------------------------
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "localhost", "::1", "[::1]"])

@@ -1,5 +1,5 @@
 """docs/architecture.md stays true: its picture is the render of its checked-in source,
-and every path it names exists (issue 9)."""
+and every path it names exists."""
 
 from __future__ import annotations
 

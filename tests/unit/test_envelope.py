@@ -1,4 +1,4 @@
-"""Making schema-valid input storable (issue 8): what PostgreSQL's text and jsonb cannot
+"""Making schema-valid input storable: what PostgreSQL's text and jsonb cannot
 hold is replaced, everything else is left exactly as it came."""
 
 from __future__ import annotations

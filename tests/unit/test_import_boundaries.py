@@ -1,4 +1,4 @@
-"""The import boundaries of pyproject.toml [tool.importlinter] hold (issue 9): the runtime
+"""The import boundaries of pyproject.toml [tool.importlinter] hold: the runtime
 never imports arm_core.devtools, and arm_core never imports tests or benchmarks. `make
 lint` runs lint-imports too; this test makes a bare `pytest` check them as well."""
 

@@ -1,7 +1,7 @@
 """The log formats (arm_core.logs): one event is one line whatever its values hold, and no
-configured secret is written (issue 10, parts 2 and 5), in the text format and in JSON;
+configured secret is written, in the text format and in JSON;
 every extra field is rendered, typed in JSON, and the time is UTC with milliseconds
-(issue 11, part 2). The same forged job_id through the real inbox of a running
+(part 2). The same forged job_id through the real inbox of a running
 `arm-core bridge` is in tests/e2e/test_secrets.py; a bridge with LOG_FORMAT=json in
 tests/e2e/test_logs_json.py."""
 
@@ -153,7 +153,7 @@ def test_setup_logging_installs_the_formatter_with_the_redactor() -> None:
         root.setLevel(level)
 
 
-# --- issue 11, part 2: every extra field, UTC with its offset, and JSON -----------------
+# --- every extra field, UTC with its offset, and JSON -----------------
 
 FIXED = datetime(2026, 11, 30, 5, 0, 0, 123000, tzinfo=UTC)
 
