@@ -123,6 +123,16 @@ def row_class(method: Any) -> type[Any] | None:
     return returned if isinstance(returned, type) and dataclasses.is_dataclass(returned) else None
 
 
+# The publish statement's parameters (also store.publish_queued_jobs' besides `send`).
+PUBLISH: dict[str, Any] = {
+    "limit": 10,
+    "tabular_timeout": 600,
+    "image_timeout": 1800,
+    "tabular_subject": "files.tabular_uploaded",
+    "image_subject": "files.img_uploaded",
+    "max_bytes": 1 << 20,
+}
+
 # Harmless parameters for every query: on a fresh database they change nothing that
 # matters, and they are enough for PostgreSQL to say which columns come back.
 SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
@@ -148,14 +158,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
         "updated_after": None,
         "updated_before": None,
     },
-    "publish_queued_jobs_v2": {
-        "limit": 10,
-        "tabular_timeout": 600,
-        "image_timeout": 1800,
-        "tabular_subject": "files.tabular_uploaded",
-        "image_subject": "files.img_uploaded",
-        "max_bytes": 1 << 20,
-    },
+    "publish_queued_jobs_v2": PUBLISH,
     "apply_envelopes_v2": {"envelopes": Jsonb([])},
     "job_counts": {},
     "compact_counts": {},
@@ -195,15 +198,6 @@ def test_a_row_class_that_is_not_the_query_s_columns_is_refused(conn: Conn) -> N
         cur.execute("SELECT 'sweep' AS task, '1' AS result, NULL::text AS error")
         assert cur.fetchall() == [TaskRun("sweep", "1", None)]
 
-
-PUBLISH: dict[str, Any] = {
-    "limit": 10,
-    "tabular_timeout": 600,
-    "image_timeout": 1800,
-    "tabular_subject": "files.tabular_uploaded",
-    "image_subject": "files.img_uploaded",
-    "max_bytes": 1 << 20,
-}
 
 
 @pytest.fixture
