@@ -1,4 +1,4 @@
-"""The typed store (arm_core/store.py): one method per named query and one query per
+"""The typed store (src/arm_core/store.py): one method per named query and one query per
 method, and every one of them called by the runtime or the admin code (a query only tests
 used would be dead weight: tests send plain SQL, tests/support/sql.py); each row class is
 the columns a real database returns; every method runs against a real database and
@@ -94,7 +94,7 @@ def test_every_named_query_is_called_by_the_runtime_or_the_admin_code() -> None:
     """A query only tests send is not kept for them: they send plain SQL
     (tests/support/sql.py). The runtime's and the development tools' modules count; the
     store itself does not."""
-    sources = [p for d in ("arm_core", "bridge", "http") for p in (ROOT / d).rglob("*.py")]
+    sources = [p for d in ("src/arm_core", "bridge", "http") for p in (ROOT / d).rglob("*.py")]
     called = called_methods([p for p in sources if p.name != "store.py"])
     for cls in (Store, SyncStore):
         unused = sorted(set(store_methods(cls)) - called)
@@ -388,9 +388,9 @@ def test_the_outcome_enums_are_the_texts_the_functions_return() -> None:
 
 
 def runtime_modules() -> list[Path]:
-    """The runtime's sources: arm_core, bridge/ and http/, but not the store and db.py
+    """The runtime's sources: src/arm_core, bridge/ and http/, but not the store and db.py
     themselves nor the development tools."""
-    found = [*(ROOT / "arm_core").glob("*.py"), *(ROOT / "bridge").glob("*.py")]
+    found = [*(ROOT / "src" / "arm_core").glob("*.py"), *(ROOT / "bridge").glob("*.py")]
     found += (ROOT / "http").glob("*.py")
     return sorted(p for p in found if p.name not in ("store.py", "db.py"))
 
