@@ -9,18 +9,34 @@ STAMP  := $(VENV)/.installed
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-8s %s\n", $$1, $$2}'
 
+# The editable install is strict (pyproject.toml [tool.setuptools]): setuptools' default
+# one cannot import arm_core.http (http/ is mapped by package-dir and has no __init__.py).
+# Strict mode links each file of the package into build/__editable__.*/arm_core, so a
+# module added to (or removed from) one of the package's folders is importable, and seen
+# by mypy, only once the links are made again. LINKS does that, without the
+# dependencies (seconds), whenever a folder's modification time says that its list of
+# files changed (an edit in place does not change it; an editor's temporary file may,
+# which costs one needless relink).
+EDITABLE := --config-settings editable_mode=strict
+PACKAGE_DIRS := $(shell find src/arm_core bridge http db docs/contracts -type d -not -name __pycache__)
+LINKS := $(VENV)/.linked
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' $(EDITABLE)
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install arm-core with its test tools
+$(LINKS): $(STAMP) $(PACKAGE_DIRS)
+	$(BIN)/pip install --quiet --no-deps -e . $(EDITABLE)
+	touch $(LINKS)
 
-run: $(STAMP) ## run the whole stack on embedded PostgreSQL and NATS (arm-core dev)
+install: $(LINKS) ## create .venv and install arm-core with its test tools
+
+run: $(LINKS) ## run the whole stack on embedded PostgreSQL and NATS (arm-core dev)
 	$(BIN)/arm-core dev
 
-lint: $(STAMP) ## ruff, mypy and the import boundaries (lint-imports)
+lint: $(LINKS) ## ruff, mypy and the import boundaries (lint-imports)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy -p arm_core -p tests -p benchmarks
@@ -32,19 +48,19 @@ test: lint ## lint, then the whole test suite against real PostgreSQL and nats-s
 # The bench extra (PgQueuer + asyncpg, the reference queue) is installed on demand.
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet -e '.[test,bench]' $(EDITABLE)
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) ## figures next to same-run references (BENCH_ARGS=--quick, --only sweep,retry)
+bench: $(BENCH_STAMP) $(LINKS) ## figures next to same-run references (BENCH_ARGS=--quick, --only sweep,retry)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
-chaos: $(STAMP) ## faults against real processes: lost, applied twice, stuck, recovery (CHAOS_ARGS=--quick)
+chaos: $(LINKS) ## faults against real processes: lost, applied twice, stuck, recovery (CHAOS_ARGS=--quick)
 	$(BIN)/python -m benchmarks.chaos $(CHAOS_ARGS)
 
-schema: $(STAMP) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
+schema: $(LINKS) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
 	$(BIN)/python -m arm_core.devtools.schema_snapshot --write
 
-docs: $(STAMP) ## render docs/architecture.svg (needs graphviz), write docs/configuration.md
+docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/configuration.md
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 	$(BIN)/python -m arm_core.devtools.config_doc --write
 

@@ -142,7 +142,7 @@ def _tree() -> str:
     root = str(Path(__file__).resolve().parents[1])
     head = _run(["git", "-C", root, "log", "-1", "--format=%h %s"])
     out = subprocess.run(
-        ["git", "-C", root, "status", "--porcelain", "--", "arm_core", "bridge", "http", "db"],
+        ["git", "-C", root, "status", "--porcelain", "--", "src", "bridge", "http", "db"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -12,7 +12,7 @@ from jsonschema import Draft202012Validator
 
 import arm_core
 
-# docs/contracts: arm_core/contracts is a symlink to it in a checkout, a copy in a wheel.
+# docs/contracts, mapped to arm_core.contracts by package-dir (pyproject.toml).
 CONTRACTS_DIR = Path(arm_core.__file__).parent / "contracts"
 
 REQUEST_SCHEMA = "recognition-request.schema.json"

@@ -1,4 +1,4 @@
-"""GET /metrics (arm_core/metrics.py) on both ports: the bridge's health port
+"""GET /metrics (src/arm_core/metrics.py) on both ports: the bridge's health port
 (`arm-core bridge`) and `arm-core serve`. A job through the real bridge moves the
 transition, envelope and batch counters and the three wait histograms; the API's retries
 are counted by outcome; arm_jobs equals a real COUNT(*); and /metrics still answers,

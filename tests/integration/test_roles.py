@@ -331,7 +331,7 @@ def test_a_login_may_call_exactly_the_functions_of_its_roles(db_url: str, login:
 
 
 def test_the_bridge_role_does_everything_the_bridge_sends(db_url: str) -> None:
-    """Every query of the bridge's steps, as arm_core/queries.sql has them, by a login of
+    """Every query of the bridge's steps, as src/arm_core/queries.sql has them, by a login of
     arm_bridge alone."""
     with dict_conn(db_url) as admin:
         done, unacked, overdue = upload(admin), upload(admin), upload(admin, "PDF")

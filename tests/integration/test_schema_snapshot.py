@@ -87,7 +87,7 @@ def test_no_function_of_schema_arm_is_overloaded(db_url: str) -> None:
         "CREATE OR REPLACE creates a second function beside the first): "
         f"{found}. Give the new signature a new name (arm.x_v2) and drop the old one in a "
         "numbered migration a release later (db/README.md); list a deliberate overload in "
-        "ALLOWED_OVERLOADS of arm_core/devtools/schema_snapshot.py with its reason."
+        "ALLOWED_OVERLOADS of src/arm_core/devtools/schema_snapshot.py with its reason."
     )
 
 

@@ -1,4 +1,4 @@
-"""The typed store (arm_core/store.py): one method per runtime operation, each named
+"""The typed store (src/arm_core/store.py): one method per runtime operation, each named
 query sent by exactly one of them, and every method called by the runtime or the admin
 code (a query only tests used would be dead weight: tests send plain SQL,
 tests/support/sql.py); each row class is the columns a real database returns; every
@@ -107,7 +107,7 @@ def test_every_named_query_is_called_by_the_runtime_or_the_admin_code() -> None:
     """A query only tests send is not kept for them: they send plain SQL
     (tests/support/sql.py). The runtime's and the development tools' modules count; the
     store itself does not."""
-    sources = [p for d in ("arm_core", "bridge", "http") for p in (ROOT / d).rglob("*.py")]
+    sources = [p for d in ("src/arm_core", "bridge", "http") for p in (ROOT / d).rglob("*.py")]
     called = called_methods([p for p in sources if p.name != "store.py"])
     for cls in (Store, SyncStore):
         unused = sorted(set(store_methods(cls)) - called)
@@ -197,7 +197,6 @@ def test_a_row_class_that_is_not_the_query_s_columns_is_refused(conn: Conn) -> N
             cur.execute("SELECT 'sweep' AS task, NULL::text AS error")
         cur.execute("SELECT 'sweep' AS task, '1' AS result, NULL::text AS error")
         assert cur.fetchall() == [TaskRun("sweep", "1", None)]
-
 
 
 @pytest.fixture
@@ -415,9 +414,9 @@ def test_the_outcome_enums_are_the_texts_the_functions_return() -> None:
 
 
 def runtime_modules() -> list[Path]:
-    """The runtime's sources: arm_core, bridge/ and http/, but not the store, its rows
+    """The runtime's sources: src/arm_core, bridge/ and http/, but not the store, its rows
     and db.py themselves nor the development tools."""
-    found = [*(ROOT / "arm_core").glob("*.py"), *(ROOT / "bridge").glob("*.py")]
+    found = [*(ROOT / "src" / "arm_core").glob("*.py"), *(ROOT / "bridge").glob("*.py")]
     found += (ROOT / "http").glob("*.py")
     return sorted(p for p in found if p.name not in ("store.py", "rows.py", "db.py"))
 

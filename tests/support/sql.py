@@ -196,7 +196,7 @@ def jobs_of(conn: Conn, file_id: uuid.UUID) -> list[dict[str, Any]]:
 
 
 # The functions DBAs and the previous release's bridges call but today's runtime does not
-# (arm_core/queries.sql holds only what the runtime sends), as the tests call them.
+# (src/arm_core/queries.sql holds only what the runtime sends), as the tests call them.
 CLAIM_QUEUED_JOBS = """
 SELECT job_id, attempt, pipeline::text AS pipeline, msg_id, reply_deadline, request
 FROM arm.claim_queued_jobs(%(limit)s, make_interval(secs => %(tabular_timeout)s),

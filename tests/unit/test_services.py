@@ -25,7 +25,7 @@ OWNERS = {"runtime.py", "store.py", "migrate.py"}
 
 def runtime_sources() -> list[Path]:
     found = [*(ROOT / "bridge").glob("*.py"), *(ROOT / "http").glob("*.py")]
-    found += (ROOT / "arm_core").glob("*.py")
+    found += (ROOT / "src" / "arm_core").glob("*.py")
     return sorted(found)
 
 

@@ -45,8 +45,10 @@ class MigrateReport:
     function_files: list[str]
 
 
-# db/ of the checkout (arm_core/sql is a symlink to it) or of the installed package.
-SQL_DIR = Path(__file__).resolve().parent / "sql"
+# db/, mapped to arm_core.sql by setuptools' package-dir (pyproject.toml): a copy in a
+# wheel, a tree of links in the editable install (so not resolve(): that would follow a
+# link back to src/arm_core, where there is no sql/).
+SQL_DIR = Path(__file__).parent / "sql"
 
 # The group roles db/roles.sql creates (docs/dbas.md "Database roles"), the owner first.
 OWNER_ROLE = "arm_owner"

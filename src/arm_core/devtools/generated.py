@@ -7,6 +7,13 @@ import difflib
 import sys
 from pathlib import Path
 
+# The source checkout, whose files these are: this module is src/arm_core/devtools/ of it.
+# resolve() matters: the editable install (editable_mode=strict) loads the package from
+# links in build/__editable__.*/arm_core, and resolving this file's link leads back to
+# the checkout. A package installed from a wheel has no checkout: --write and --check
+# refuse (below).
+CHECKOUT = Path(__file__).resolve().parents[3]
+
 
 def diff(expected: str, actual: str, expected_name: str, actual_name: str) -> str:
     """A unified diff of two renderings ('' when they are equal)."""
@@ -27,6 +34,8 @@ def write_or_check(
     regenerate it when it is stale; neither prints `actual`. True when --check found it
     stale."""
     name = f"{path.parent.name}/{path.name}"
+    if (write or check) and not path.parent.is_dir():
+        raise SystemExit(f"{name}: no {path.parent} here; --write and --check need a checkout")
     if write:
         path.write_text(actual, encoding="utf-8")
         print(f"wrote {path}", file=sys.stderr)

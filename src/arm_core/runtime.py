@@ -121,7 +121,7 @@ async def healthcheck(request: web.Request) -> web.Response:
 
 def install_metrics(app: web.Application) -> None:
     """GET /metrics on `app`: this process's counters, the bridge's state when it runs
-    one, and the database's gauges (bounded and cached: arm_core/metrics.py)."""
+    one, and the database's gauges (bounded and cached: src/arm_core/metrics.py)."""
 
     def bridge_state() -> BridgeState | None:
         return app[BRIDGE].metrics_state() if BRIDGE in app else None

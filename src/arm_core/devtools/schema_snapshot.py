@@ -40,13 +40,14 @@ import psycopg
 from psycopg import sql
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres, find_pg_bindir
-from arm_core.devtools.generated import write_or_check
-from arm_core.migrate import SQL_DIR, migrate
+from arm_core.devtools.generated import CHECKOUT, write_or_check
+from arm_core.migrate import migrate
 
 # The project's schemas: everything the migrations and functions create lives in `arm`.
 SCHEMAS = ("arm",)
-# db/schema.sql (arm_core/sql is the checkout's db/).
-SNAPSHOT_PATH = (SQL_DIR / "schema.sql").resolve()
+# db/schema.sql of the checkout: it is no package data (arm_core.sql holds what migrate
+# reads), so it is not beside the installed SQL.
+SNAPSHOT_PATH = CHECKOUT / "db" / "schema.sql"
 REGENERATE = "python -m arm_core.devtools.schema_snapshot --write"
 
 # Function names of schema `arm` that deliberately have more than one overload, with the

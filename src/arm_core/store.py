@@ -1,8 +1,8 @@
 """The store: the one object through which a process sends its queries.
 
 A process makes one :class:`Store` on its connection pool and hands it to every service
-and handler (arm_core/runtime.py); nothing else holds the pool. Each public method is
-one runtime operation: it sends the named queries of arm_core/queries.sql it needs
+and handler (src/arm_core/runtime.py); nothing else holds the pool. Each public method is
+one runtime operation: it sends the named queries of src/arm_core/queries.sql it needs
 (tests/integration/test_store.py: each query is sent by exactly one method, and every
 method is called by the runtime or the admin code), owns its transaction, and turns
 driver errors into arm_core.db's DatabaseError / DatabaseUnavailable, named after the
