@@ -168,6 +168,10 @@ class EmbeddedPostgres(Server):
     # Extra server settings, passed as ``-c name=value`` at every start after the defaults
     # (so they win), e.g. ``{"shared_preload_libraries": "pg_cron"}``.
     settings: dict[str, str] = field(default_factory=dict)
+    # False (tests, ``arm-core dev``): fsync, synchronous_commit and full_page_writes off,
+    # fast and unsafe on a crash of the machine. True: initdb's defaults (all three on), as
+    # in production; what ``make bench`` measures by default.
+    durable: bool = False
     _cluster_dir: Path = field(init=False, repr=False)
     _bindir: Path = field(init=False, repr=False)
     _as_root: bool = field(init=False, repr=False)
@@ -310,9 +314,11 @@ class EmbeddedPostgres(Server):
                 f"-p {port}",
                 f"-k {shlex.quote(str(self._socket_directory()))}",
                 "-c listen_addresses=127.0.0.1",
-                "-c fsync=off",
-                "-c synchronous_commit=off",
-                "-c full_page_writes=off",
+                *(
+                    ()
+                    if self.durable
+                    else ("-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off")
+                ),
                 "-c max_connections=300",
                 "-c shared_buffers=128MB",
                 *(f"-c {shlex.quote(f'{k}={v}')}" for k, v in self.settings.items()),
