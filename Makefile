@@ -51,7 +51,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]' $(EDITABLE)
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) $(LINKS) ## figures next to same-run references (BENCH_ARGS=--quick, --only sweep,retry)
+bench: $(BENCH_STAMP) $(LINKS) ## figures next to same-run references, durable PostgreSQL (BENCH_ARGS=--quick, --only sweep,retry, --durability off)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 chaos: $(LINKS) ## faults against real processes: lost, applied twice, stuck, recovery (CHAOS_ARGS=--quick)

@@ -1,4 +1,5 @@
-"""`python -m benchmarks [--quick] [--only publish,sweep]` (what `make bench` runs)."""
+"""`python -m benchmarks [--quick] [--only publish,sweep] [--durability off]` (what `make bench`
+runs)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from benchmarks import files, lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
 from benchmarks.harness import Bench, Sizes
-from benchmarks.report import Report, machine, markdown
+from benchmarks.report import Report, durability_sentence, machine, markdown, server_settings
 
 Section = Callable[[Bench, Report], Awaitable[None] | None]
 
@@ -46,6 +47,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--only",
         default="",
         help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}",
+    )
+    parser.add_argument(
+        "--durability",
+        choices=("on", "off"),
+        default="on",
+        help="on (default): PostgreSQL with initdb's defaults, fsync, synchronous_commit and "
+        "full_page_writes on, as in production; off: all three off, as the tests run it",
     )
     parser.add_argument(
         "--doc", type=Path, default=DOC, help="where to write the table (default: %(default)s)"
@@ -81,12 +89,14 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="arm-bench-") as tmp:
         workdir = Path(tmp)
-        pg = EmbeddedPostgres(base_dir=workdir / "pg")
+        pg = EmbeddedPostgres(base_dir=workdir / "pg", durable=args.durability == "on")
         nats = EmbeddedNats(log_dir=workdir / "nats")
         try:
             pg.start()
             nats.start()
-            machine_lines = machine()  # before: others may commit while the run goes on
+            settings = server_settings(pg.url())  # what the server runs with, not what we asked
+            print(durability_sentence(settings), file=sys.stderr, flush=True)
+            machine_lines = machine(settings)  # before: others may commit while the run goes on
             bench = Bench(pg, nats, workdir, sizes)
             asyncio.run(run_sections(bench, report, args.sections))
         finally:
@@ -94,6 +104,8 @@ def main(argv: list[str]) -> int:
             pg.destroy()
     wall = time.perf_counter() - started
     command = "make bench" + (f" BENCH_ARGS={shlex.quote(' '.join(argv))}" if argv else "")
+    print()
+    print(durability_sentence(settings))
     print()
     print(report.table())
     print()
@@ -106,7 +118,9 @@ def main(argv: list[str]) -> int:
         or ""
         for name in args.sections
     }
-    args.doc.write_text(markdown(report, machine_lines, command, wall, methods), encoding="utf-8")
+    args.doc.write_text(
+        markdown(report, machine_lines, command, wall, methods, settings), encoding="utf-8"
+    )
     return 0
 
 

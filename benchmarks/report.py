@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
+
 from arm_core.devtools.embedded_postgres import find_pg_bindir
 
 
@@ -110,8 +112,34 @@ def _run(cmd: list[str]) -> str:
     return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
 
 
-def machine() -> list[str]:
-    """nproc, memory, CPU model, the server versions and the date, one per line."""
+# What the embedded server runs with unless told otherwise (EmbeddedPostgres(durable=False):
+# the tests', `arm-core dev`'s and `make chaos`'s cluster).
+FAST_SETTINGS = "fsync=off, synchronous_commit=off, full_page_writes=off, shared_buffers=128MB"
+SETTINGS_SHOWN = ("fsync", "synchronous_commit", "full_page_writes", "shared_buffers")
+
+
+def server_settings(url: str) -> str:
+    """`fsync=on, synchronous_commit=on, …` as the running server reports them (SHOW), so
+    the header says what was measured, not what was asked for."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name",
+            (list(SETTINGS_SHOWN),),
+        ).fetchall()
+    return ", ".join(f"{name}={value}" for name, value in rows)
+
+
+def durability(settings: str) -> str:
+    """`on` when fsync, synchronous_commit and full_page_writes are all on, `off` when all
+    three are off, else `mixed`."""
+    values = dict(part.split("=", 1) for part in settings.split(", "))
+    three = {values.get(k) for k in SETTINGS_SHOWN[:3]}
+    return "on" if three == {"on"} else "off" if three == {"off"} else "mixed"
+
+
+def machine(settings: str = FAST_SETTINGS) -> list[str]:
+    """nproc, memory, CPU model, the server versions (with the embedded PostgreSQL's
+    durability `settings`) and the date, one per line."""
     cpu = "unknown"
     mem_kb = 0
     try:
@@ -130,8 +158,7 @@ def machine() -> list[str]:
         f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"cpus (nproc): {os.cpu_count()}; cpu: {cpu}; memory: {mem_kb / 1024 / 1024:.1f} GiB",
         f"os: {platform.platform()}; python {platform.python_version()}",
-        f"PostgreSQL: {postgres} (embedded: fsync=off, synchronous_commit=off, "
-        "full_page_writes=off, shared_buffers=128MB)",
+        f"PostgreSQL: {postgres} (embedded: {settings})",
         f"nats-server: {_run([nats_binary, '--version']).removeprefix('nats-server: ')}",
         f"arm-core: {_tree()}",
     ]
@@ -160,6 +187,7 @@ def markdown(
     command: str,
     wall: float,
     methods: dict[str, str],
+    settings: str = FAST_SETTINGS,
 ) -> str:
     """docs/benchmarks.md: how it was run, on what, the table, the notes, and how each
     section measures (the docstrings of the section modules)."""
@@ -172,6 +200,8 @@ def markdown(
         "ratios, not the absolute numbers.",
         "",
         f"Command: `{command}`; the whole run took {wall:.0f} s.",
+        "",
+        durability_sentence(settings),
         "",
         "## Machine",
         "",
@@ -193,3 +223,22 @@ def markdown(
         for paragraph in doc.split("\n\n")[1:]:
             parts += [" ".join(paragraph.split()), ""]
     return "\n".join(parts)
+
+
+def durability_sentence(settings: str) -> str:
+    """What the run's PostgreSQL promised about a commit, in one sentence."""
+    mode = durability(settings)
+    if mode == "on":
+        return (
+            "Durability: **on**: the embedded PostgreSQL ran with initdb's defaults "
+            f"({settings}), as in production: every commit waits for its WAL flush. "
+            '(`make bench BENCH_ARGS="--durability off"` runs with fsync, '
+            "synchronous_commit and full_page_writes off, as the tests do.)"
+        )
+    if mode == "off":
+        return (
+            f"Durability: **off** ({settings}): commits do not wait for a WAL flush and no "
+            "full-page images are written, so the figures are higher than production's "
+            "(`make bench` without `--durability off` measures with initdb's defaults)."
+        )
+    return f"Durability: **mixed** ({settings})."
