@@ -17,7 +17,16 @@ from types import ModuleType
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from benchmarks import files, lifecycle, pgbench, pgqueuer_drain, publish, retry, sweep
+from benchmarks import (
+    files,
+    lifecycle,
+    pgbench,
+    pgqueuer_drain,
+    publish,
+    retry,
+    sweep,
+    upload_scaling,
+)
 from benchmarks.harness import Bench, Sizes
 from benchmarks.report import Report, durability_sentence, machine, markdown, server_settings
 
@@ -26,6 +35,7 @@ Section = Callable[[Bench, Report], Awaitable[None] | None]
 # Each section is a module with a `run(bench, report)`; its docstring says how it measures.
 MODULES: dict[str, ModuleType] = {
     "pgbench": pgbench,
+    "uploads": upload_scaling,
     "pgqueuer": pgqueuer_drain,
     "publish": publish,
     "lifecycle": lifecycle,

@@ -31,7 +31,7 @@ from benchmarks.harness import Bench, connect, median, progress
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files
 
-SECTION = "7 file list"
+SECTION = "9 file list"
 REPEATS = 15
 PAGE = 51  # the API's default limit (50) plus one
 BATCH = 100_000

@@ -37,7 +37,7 @@ from benchmarks.report import Report
 from benchmarks.uploads import upload_files, upload_files_async
 from tests.support.bridge import instant_service
 
-SECTION = "4 lifecycle"
+SECTION = "6 lifecycle"
 STALL_SECONDS = 45.0  # > ACK_TIMEOUT_SECONDS (30): a lost ack gets its republish first
 POLL_SECONDS = 0.5
 UPLOAD_CONNECTIONS = 2

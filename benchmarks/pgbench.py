@@ -20,8 +20,8 @@ def run(bench: Bench, report: Report) -> None:
     bench.fresh_database("pgbench", migrated=False)
     pgbench = str(find_pg_bindir() / "pgbench")
     common = ["-h", "127.0.0.1", "-p", str(bench.pg.port), "-U", bench.pg.user]
-    _pgbench([pgbench, "-i", "-q", "-s", str(s.pgbench_scale), *common, "pgbench"])
-    out = _pgbench(
+    run_pgbench([pgbench, "-i", "-q", "-s", str(s.pgbench_scale), *common, "pgbench"])
+    out = run_pgbench(
         [
             pgbench,
             "-N",
@@ -35,23 +35,28 @@ def run(bench: Bench, report: Report) -> None:
             "pgbench",
         ]
     )
-    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
-    if match is None:
-        raise RuntimeError(f"no tps in pgbench's output:\n{out}")
     report.add(
         KEY,
         "1 pgbench",
         f"pgbench -N, {CLIENTS} clients, -j {THREADS}, scale {s.pgbench_scale}, "
         f"{s.pgbench_seconds} s",
-        float(match.group(1)),
+        tps(out),
         "tps",
         short="pgbench -N",
     )
     bench.drop_database(bench.pg.url("pgbench"))
 
 
-def _pgbench(cmd: list[str]) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+def tps(out: str) -> float:
+    """The tps pgbench printed (without the initial connection time)."""
+    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)
+    if match is None:
+        raise RuntimeError(f"no tps in pgbench's output:\n{out}")
+    return float(match.group(1))
+
+
+def run_pgbench(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}")
     return done.stdout + done.stderr

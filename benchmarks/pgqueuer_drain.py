@@ -18,7 +18,7 @@ from benchmarks.report import Report
 
 KEY = "pgqueuer"
 BATCH_SIZE = 100
-SECTION = "2 PgQueuer"
+SECTION = "4 PgQueuer"
 
 
 async def run(bench: Bench, report: Report) -> None:

@@ -23,7 +23,7 @@ from benchmarks.harness import Bench, commits, connect, publish_batches, scalar
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files
 
-SECTION = "3 publish"
+SECTION = "5 publish"
 POLL_SECONDS = 0.25
 
 

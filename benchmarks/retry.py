@@ -19,7 +19,7 @@ from benchmarks.harness import Bench, connect
 from benchmarks.report import Report
 from benchmarks.uploads import publish_in_sql, upload_files
 
-SECTION = "6 retry API"
+SECTION = "8 retry API"
 
 
 def _failed_files(url: str, n: int) -> list[uuid.UUID]:

@@ -28,7 +28,7 @@ from benchmarks.harness import Bench, Sizes, connect, median, progress
 from benchmarks.report import Report
 from benchmarks.uploads import publish_in_sql, upload_files
 
-SECTION = "5 sweep"
+SECTION = "7 sweep"
 HOUR = 3600.0
 
 

@@ -1,0 +1,146 @@
+"""Uploads from 1 and from 16 writers: docs/dbas.md's upload as upstream sends it — four
+statements in ONE transaction per file — as a pgbench custom script (UPLOAD_SCRIPT, the
+ids carried from statement to statement with `\\gset`), `-M extended` (bound parameters,
+as a driver sends them), beside `pgbench -N -M extended` from the same client counts, all
+on the same cluster in the same run.
+
+The uploads run in a migrated database (`bench.fresh_database("uploads")`, nothing else
+running in it: no bridge, so the queued jobs pile up), logged in as the upload service's
+role: the login `arm_test_uploader`, member of `arm_uploader` only (tests.support.sql's
+UPLOADER_LOGIN, created by ensure_logins), which may do exactly this upload and nothing
+else. Every file is an XLSX `ОСВ <n>.xlsx` with a fresh object key and consolidation id.
+The `-N` reference runs in its own database, initialised with `pgbench -i` at the same
+scale as section 1, as the superuser. The four runs alternate (-N 1, uploads 1, -N 16,
+uploads 16) so a drift of the machine hits both sides alike; 1 client runs with `-j 1`,
+16 with `-j 2` (2 cores).
+
+Read: each upload tps ÷ the `-N` tps at the same client count (one upload is one
+transaction of four statements, three of them inserts into indexed tables, against `-N`'s
+three updates/selects and an insert), and the scaling — tps at 16 ÷ tps at 1 — of uploads
+÷ that of `-N`: below 1 means the uploads gain less from more writers than PostgreSQL
+itself does (a hot spot of their own: an index page, a trigger's counter row, a lock).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from arm_core.devtools.embedded_postgres import find_pg_bindir
+from benchmarks.harness import Bench, progress, scalar
+from benchmarks.pgbench import run_pgbench, tps
+from benchmarks.report import Report
+from tests.support.sql import UPLOADER_LOGIN, ensure_logins
+
+SECTION = "2 uploads"
+CLIENTS = ((1, 1), (16, 2))  # (clients, pgbench threads)
+
+# docs/dbas.md "Database roles": the upload as arm_uploader, one file per transaction.
+UPLOAD_SCRIPT = """\
+-- docs/dbas.md's upload, as upstream sends it: four statements, one transaction.
+BEGIN;
+INSERT INTO arm.s3_object (bucket, key, bucket_role, created_by)
+VALUES ('arm-ka', 'uploads/' || gen_random_uuid() || '/ОСВ.xlsx', 'uploads', 'upload-service')
+RETURNING id AS obj \\gset
+INSERT INTO arm.stored_file (consolidation_id, original_name, file_type, s3_object_id)
+VALUES (gen_random_uuid(), 'ОСВ ' || (random() * 1000000)::int || '.xlsx', 'XLSX', :obj)
+RETURNING id AS file \\gset
+INSERT INTO arm.recognition_job (file_id, pipeline, attempt)
+VALUES (:file, 'tabular', 1)
+RETURNING id AS job \\gset
+UPDATE arm.stored_file SET current_recognition_job_id = :job WHERE id = :file;
+COMMIT;
+"""
+
+
+def upload_script(bench: Bench) -> Path:
+    """UPLOAD_SCRIPT as a file pgbench can read (as root it runs as root: any place)."""
+    path = bench.workdir / "upload.sql"
+    path.write_text(UPLOAD_SCRIPT, encoding="utf-8")
+    return path
+
+
+def pgbench_base(bench: Bench, user: str) -> list[str]:
+    """pgbench's path and its connection options for `user` on the bench's cluster."""
+    return [
+        str(find_pg_bindir() / "pgbench"),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(bench.pg.port),
+        "-U",
+        user,
+    ]
+
+
+def pgbench_env() -> dict[str, str]:
+    """The script holds Cyrillic file names: the client speaks UTF-8 whatever the locale."""
+    return {**os.environ, "PGCLIENTENCODING": "UTF8"}
+
+
+def run(bench: Bench, report: Report) -> None:
+    s = bench.sizes
+    uploads_url = bench.fresh_database("uploads")
+    ensure_logins(uploads_url)
+    bench.fresh_database("uploads_ref", migrated=False)
+    superuser = pgbench_base(bench, bench.pg.user)
+    uploader = pgbench_base(bench, UPLOADER_LOGIN.name)
+    script = upload_script(bench)
+    env = pgbench_env()
+    run_pgbench([*superuser, "-i", "-q", "-s", str(s.pgbench_scale), "uploads_ref"], env)
+    seconds = ["-T", str(s.pgbench_seconds), "-M", "extended"]
+    measured: dict[tuple[str, int], float] = {}
+    for clients, threads in CLIENTS:
+        load = ["-c", str(clients), "-j", str(threads), *seconds]
+        progress(f"pgbench -N -M extended, {clients} client(s)")
+        measured["N", clients] = tps(run_pgbench([*superuser, "-N", *load, "uploads_ref"], env))
+        progress(f"uploads (pgbench -f upload.sql -M extended), {clients} client(s)")
+        out = run_pgbench([*uploader, "-n", "-f", str(script), *load, "uploads"], env)
+        measured["up", clients] = tps(out)
+    for clients, threads in CLIENTS:
+        ref = f"uploads.N{clients}"
+        report.add(
+            ref,
+            SECTION,
+            f"pgbench -N -M extended, {clients} client{'s' * (clients > 1)}, -j {threads}, "
+            f"scale {s.pgbench_scale}, {s.pgbench_seconds} s",
+            measured["N", clients],
+            "tps",
+            short=f"-N, {clients} client{'s' * (clients > 1)}",
+        )
+        report.add(
+            f"uploads.up{clients}",
+            SECTION,
+            f"upload: 4 statements, 1 transaction (docs/dbas.md), -M extended, role "
+            f"arm_uploader, {clients} client{'s' * (clients > 1)}, -j {threads}, "
+            f"{s.pgbench_seconds} s",
+            measured["up", clients],
+            "files/s",
+            ref=ref,
+        )
+    (low, _), (high, _) = CLIENTS
+    report.add(
+        "uploads.N.scaling",
+        SECTION,
+        f"    pgbench -N -M extended: tps at {high} clients ÷ at {low}",
+        measured["N", high] / measured["N", low],
+        "×",
+        digits=2,
+        short=f"-N, {high} ÷ {low}",
+    )
+    report.add(
+        "uploads.scaling",
+        SECTION,
+        f"    uploads: files/s at {high} clients ÷ at {low} (ratio: ÷ the scaling of -N)",
+        measured["up", high] / measured["up", low],
+        "×",
+        ref="uploads.N.scaling",
+        digits=2,
+    )
+    files = int(scalar(uploads_url, "SELECT count(*) FROM arm.stored_file"))
+    report.note(
+        f"Uploads: {files:,} files uploaded over both runs (each an s3_object, a stored_file "
+        "and a queued job), as arm_test_uploader (member of arm_uploader only)."
+    )
+    bench.drop_database(uploads_url)
+    bench.drop_database(bench.pg.url("uploads_ref"))
