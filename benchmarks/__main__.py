@@ -26,6 +26,7 @@ from benchmarks import (
     retry,
     sweep,
     upload_scaling,
+    wal,
 )
 from benchmarks.harness import Bench, Sizes
 from benchmarks.report import Report, durability_sentence, machine, markdown, server_settings
@@ -36,6 +37,7 @@ Section = Callable[[Bench, Report], Awaitable[None] | None]
 MODULES: dict[str, ModuleType] = {
     "pgbench": pgbench,
     "uploads": upload_scaling,
+    "wal": wal,
     "pgqueuer": pgqueuer_drain,
     "publish": publish,
     "lifecycle": lifecycle,

@@ -42,6 +42,7 @@ class Sizes:
     retry_files: int = 5_000
     retry_concurrency: int = 32
     file_list: tuple[int, int] = (10_000, 1_000_000)
+    wal_files: int = 10_000
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -59,6 +60,7 @@ class Sizes:
             sweep_repeats=3,
             retry_files=500,
             file_list=(10_000, 100_000),
+            wal_files=2_000,
         )
 
 
