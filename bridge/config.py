@@ -39,6 +39,10 @@ class PublisherConfig:
     publishers: int = 2
     # The backstop of the NOTIFY wake-up.
     poll_seconds: float = 5.0
+    # For active_seconds after a cycle that claimed jobs, the next cycle comes after
+    # active_poll_seconds: a job that joined the non-empty queue meanwhile sent no NOTIFY.
+    active_poll_seconds: float = 0.01
+    active_seconds: float = 1.0
     max_republish: int = 3
     # The ack-timeout steps run at most this often (and at most every ACK_TIMEOUT / 4).
     ack_check_seconds: float = 1.0

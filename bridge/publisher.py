@@ -86,6 +86,7 @@ class Publisher(Service):
     _nats_down_since: float | None = None
     _nats_down_logged: bool = False
     _ack_checked_at: float = float("-inf")
+    _active_until: float = float("-inf")
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Cycles until `stopping` is set; the batch in flight always finishes (commits
@@ -93,19 +94,28 @@ class Publisher(Service):
         self._stopping = stopping
         while not stopping.is_set():
             try:
-                await self.run_once()
+                cycle = await self.run_once()
+                if cycle.published or cycle.unpublishable or cycle.republished:
+                    self._active_until = time.monotonic() + self.config.active_seconds
             except DatabaseError as exc:
                 log.warning("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
             except Exception:
                 log.exception("publisher cycle crashed", extra={"action": "publish_cycle"})
-            await self._sleep(stopping)
+            await self._sleep(stopping, self.next_poll())
 
-    async def _sleep(self, stopping: asyncio.Event) -> None:
+    def next_poll(self) -> float:
+        """Seconds until the next cycle unless woken: active_poll_seconds for
+        active_seconds after the last cycle that claimed jobs (a job that joined the
+        queue while the others were published sent no NOTIFY: db/functions/
+        10_triggers.sql), poll_seconds otherwise."""
+        if time.monotonic() < self._active_until:
+            return self.config.active_poll_seconds
+        return self.config.poll_seconds
+
+    async def _sleep(self, stopping: asyncio.Event, seconds: float) -> None:
         waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stopping.wait())]
         try:
-            await asyncio.wait(
-                waits, timeout=self.config.poll_seconds, return_when="FIRST_COMPLETED"
-            )
+            await asyncio.wait(waits, timeout=seconds, return_when="FIRST_COMPLETED")
         finally:
             for w in waits:
                 w.cancel()

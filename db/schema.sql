@@ -1699,10 +1699,16 @@ ALTER FUNCTION arm.tg_recognition_job__guard() OWNER TO arm_owner;
 --
 
 CREATE FUNCTION arm.tg_recognition_job__notify_queued() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
+DECLARE
+    v_mine bigint;
 BEGIN
-    IF EXISTS (SELECT 1 FROM inserted WHERE status = 'queued') THEN
+    SELECT count(*) INTO v_mine FROM inserted WHERE status = 'queued';
+    IF v_mine > 0 AND (SELECT count(*) FROM (SELECT 1 FROM arm.recognition_job j
+                                             WHERE j.status = 'queued'
+                                             LIMIT v_mine + 1) q) <= v_mine THEN
         PERFORM pg_notify('arm_recognition_job_queued', '');
     END IF;
     RETURN NULL;

@@ -5,8 +5,9 @@
 -- file's type, max_attempts comes from arm.setting 'default_max_attempts'. A job always
 -- starts queued, and its pipeline must match its file's type.
 -- SECURITY DEFINER with a pinned search_path: it reads arm.stored_file and arm.setting,
--- which the uploader role (INSERT only, docs/dbas.md "Database roles") may not read. The other
--- triggers read and write no table and run with the rights of whoever writes, so a
+-- which the uploader role (INSERT only, docs/dbas.md "Database roles") may not read (so
+-- does the NOTIFY trigger below, once per statement). The row triggers (the guard, the
+-- touch) read and write no table and run with the rights of whoever writes, so a
 -- search_path of the writer's choosing gains the writer nothing; they fire once per row
 -- (500 times in a batch of apply_envelopes_v2), where a SET clause costs about 1 µs a call,
 -- and inside the functions they run under the functions' pinned path anyway.
@@ -90,15 +91,32 @@ CREATE OR REPLACE TRIGGER tg_recognition_job__guard
     BEFORE UPDATE ON arm.recognition_job
     FOR EACH ROW EXECUTE FUNCTION arm.tg_recognition_job__guard();
 
--- Wakes the publisher (LISTEN arm_recognition_job_queued) when queued jobs appear:
--- one notification per statement, not per row, so a batch insert is one wake-up.
--- NOTIFY is delivered at commit; LISTEN is a wake-up only, polling is the backstop.
+-- Wakes the publisher (LISTEN arm_recognition_job_queued) when queued jobs appear in an
+-- empty queue: one notification per statement, and only when no other queued job is
+-- there. PostgreSQL serializes the commits of notifying transactions on one global lock
+-- held across the commit's WAL flush, so a NOTIFY in every upload would make concurrent
+-- uploads (and retries) commit one at a time. A job that joins a non-empty queue needs
+-- no wake-up: the publisher was woken for the first one, and after every cycle that
+-- claimed jobs it polls at a short interval for a while (bridge/publisher.py), which
+-- finds a job committed while it was publishing the others. OUTBOX_POLL_SECONDS is the
+-- backstop of both (docs/behaviour.md#wake-up).
+-- "Other": a queued job this statement did not insert (it may be the same transaction's,
+-- from an earlier statement, which then had its own say). The probe reads at most one
+-- more queued row than the statement inserted, through recognition_job_queued_idx.
+-- SECURITY DEFINER, pinned: the uploader may insert jobs but not read them.
 CREATE OR REPLACE FUNCTION arm.tg_recognition_job__notify_queued()
 RETURNS trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
+DECLARE
+    v_mine bigint;
 BEGIN
-    IF EXISTS (SELECT 1 FROM inserted WHERE status = 'queued') THEN
+    SELECT count(*) INTO v_mine FROM inserted WHERE status = 'queued';
+    IF v_mine > 0 AND (SELECT count(*) FROM (SELECT 1 FROM arm.recognition_job j
+                                             WHERE j.status = 'queued'
+                                             LIMIT v_mine + 1) q) <= v_mine THEN
         PERFORM pg_notify('arm_recognition_job_queued', '');
     END IF;
     RETURN NULL;

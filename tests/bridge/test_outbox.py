@@ -137,6 +137,56 @@ async def test_notify_wakes_the_publisher_long_before_the_poll(
     requests.assert_valid_requests()
 
 
+NO_NOTIFY = "ALTER TABLE arm.recognition_job DISABLE TRIGGER tg_recognition_job__notify_queued"
+
+
+def disable_notify(db_url: str) -> None:
+    with dict_conn(db_url) as conn:
+        conn.execute(NO_NOTIFY)
+
+
+async def test_with_no_notification_at_all_the_poll_alone_publishes(
+    db_url: str, nats_server: EmbeddedNats, client: Client
+) -> None:
+    """The wake-up's backstop: with the NOTIFY trigger off, a queued job still goes out,
+    on the publisher's timed poll (OUTBOX_POLL_SECONDS, here 1 s)."""
+    requests = await collect(client, "files.tabular_uploaded")
+    disable_notify(db_url)  # before the bridge runs
+    settings = fast_settings(db_url, nats_server.url(), outbox_poll_seconds=1.0)
+    async with running_bridge(settings) as bridge:
+        await wait_for(lambda: bridge.publisher.counts["cycles"] > 0, 5)
+        with dict_conn(db_url) as conn:
+            up = upload(conn)
+            await wait_for(lambda: len(requests.messages) == 1, 10, "published by the poll")
+            assert job(conn, up.job_id)["status"] == "published"
+    requests.assert_valid_requests()
+
+
+async def test_a_job_that_joins_the_queue_while_others_go_out_is_not_left_to_the_poll(
+    db_url: str, nats_server: EmbeddedNats, client: Client
+) -> None:
+    """A job committed while the publisher is busy with others sends no NOTIFY (the queue
+    was not empty); the publisher's short polling after a cycle that claimed jobs
+    finds it, long before the timed poll (here every 60 s)."""
+    requests = await collect(client, "files.tabular_uploaded")
+    settings = fast_settings(db_url, nats_server.url(), outbox_poll_seconds=60)
+    async with running_bridge(settings) as bridge:
+        # Short polling for 30 s after a claim (1 s by default): the test's own steps
+        # may take longer than a second on a loaded machine.
+        bridge.publisher.config = replace(bridge.publisher.config, active_seconds=30)
+        await wait_for(lambda: bridge.publisher.counts["cycles"] > 0, 5)
+        with dict_conn(db_url) as conn:
+            first = upload(conn)  # into an empty queue: NOTIFY wakes the publisher
+            await wait_for(lambda: len(requests.messages) == 1, 10, "woken by NOTIFY")
+            # What a job behind others gets: no notification. Off the event loop: the ALTER
+            # waits for the publisher's open transaction, which needs the loop to commit.
+            await asyncio.to_thread(disable_notify, db_url)
+            second = upload(conn)
+            await wait_for(lambda: len(requests.messages) == 2, 10, "found by the short poll")
+            assert {job(conn, j)["status"] for j in (first.job_id, second.job_id)} == {"published"}
+    requests.assert_valid_requests()
+
+
 async def test_S_OUT_2_nats_down_jobs_stay_queued_then_publish(
     db_url: str, nats_server: EmbeddedNats, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -100,7 +100,6 @@ INVOKER = {"schedule_with_pg_cron", "unschedule_pg_cron"}
 # call (a trigger function is only ever fired, and CREATE TRIGGER needs EXECUTE).
 ROW_TRIGGERS = {
     "tg_recognition_job__guard",
-    "tg_recognition_job__notify_queued",
     "tg_stored_file__touch",
 }
 PINNED = ["search_path=pg_catalog, arm, pg_temp"]
@@ -422,7 +421,8 @@ def test_the_api_role_retries_reads_and_checks_health(db_url: str) -> None:
 def test_the_uploader_role_does_the_readme_upload_with_its_defaults(db_url: str) -> None:
     """docs/dbas.md's plain-SQL upload as a login of arm_uploader alone: the defaults trigger
     (which reads stored_file and arm.setting, which the uploader may not) fills pipeline
-    and max_attempts, and the publisher is woken."""
+    and max_attempts, and the publisher is woken (once: the second job joins a queue that
+    holds the first; tests/integration/test_wake_up.py has the rule)."""
     with dict_conn(db_url) as admin, psycopg.connect(db_url, autocommit=True) as listener:
         admin.execute("SELECT arm.set_setting('default_max_attempts', '5')")
         listener.execute("LISTEN arm_recognition_job_queued")
@@ -455,8 +455,8 @@ def test_the_uploader_role_does_the_readme_upload_with_its_defaults(db_url: str)
             row = job(admin, new_job)
             assert (row["pipeline"], row["max_attempts"], row["status"]) == (pipeline, 5, "queued")
         assert stored_file(admin, file_id)["current_recognition_job_id"] == job_id
-        notified = listener.notifies(timeout=5, stop_after=2)
-        assert [n.channel for n in notified] == ["arm_recognition_job_queued"] * 2
+        notified = listener.notifies(timeout=5, stop_after=1)
+        assert [n.channel for n in notified] == ["arm_recognition_job_queued"]
 
 
 def test_the_readonly_role_reads_every_table_and_the_file_view(db_url: str) -> None:
