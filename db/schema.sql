@@ -167,6 +167,7 @@ CREATE TABLE arm.stored_file (
     current_recognition_job_id uuid,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    failed boolean GENERATED ALWAYS AS ((status = 'ERROR'::arm.file_status)) STORED,
     CONSTRAINT stored_file_original_name_check CHECK ((original_name <> ''::text))
 )
 WITH (fillfactor='70');
@@ -938,6 +939,7 @@ DECLARE
     v_cap integer := 200;  -- Q_CAP
     v_matches uuid[];
     v_folded text;
+    v_others arm.file_status[];
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1001 THEN
         RAISE EXCEPTION 'list_files: p_limit must be 1..1001, not %', p_limit
@@ -1007,12 +1009,23 @@ BEGIN
         v_page := 'SELECT f.* FROM arm.stored_file f WHERE true' || v_where
             || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10';
     ELSE
-        -- One index walk per distinct status, each stopping at p_limit, then the merge.
-        v_page := 'SELECT p.* FROM (SELECT DISTINCT s FROM unnest($3) s) st'
-            || ' CROSS JOIN LATERAL (SELECT f.* FROM arm.stored_file f'
-            || ' WHERE f.status = st.s' || v_where
-            || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10) p'
-            || ' ORDER BY p.created_at DESC, p.id DESC LIMIT $10';
+        -- ERROR, the rare one: its partial index (stored_file_failed_created_idx, on the
+        -- generated `failed`: migration 0008), walked from its newest entry. The others
+        -- (PROCESSING is most files, UPLOADED the newest ones): the walk of
+        -- stored_file_created_idx, filtered. Each stops at p_limit; then the merge.
+        v_others := ARRAY(SELECT DISTINCT s FROM unnest(p_statuses) s WHERE s <> 'ERROR');
+        v_page := 'SELECT p.* FROM ('
+            || CASE WHEN 'ERROR' = ANY (p_statuses) THEN
+                   '(SELECT f.* FROM arm.stored_file f WHERE f.failed' || v_where
+                   || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10)'
+               ELSE '' END
+            || CASE WHEN 'ERROR' = ANY (p_statuses) AND cardinality(v_others) > 0
+                    THEN ' UNION ALL ' ELSE '' END
+            || CASE WHEN cardinality(v_others) > 0 THEN
+                   '(SELECT f.* FROM arm.stored_file f WHERE f.status = ANY ($12)' || v_where
+                   || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10)'
+               ELSE '' END
+            || ') p ORDER BY p.created_at DESC, p.id DESC LIMIT $10';
     END IF;
 
     RETURN QUERY EXECUTE
@@ -1031,7 +1044,7 @@ BEGIN
         || ' ORDER BY f.created_at DESC, f.id DESC'
     USING p_after_created_at, p_after_id, p_statuses, p_job_statuses, p_consolidation_id,
           p_file_types, arm.name_pattern(p_q), p_updated_after, p_updated_before, p_limit,
-          v_matches;
+          v_matches, v_others;
 END;
 $_$;
 
@@ -2103,10 +2116,10 @@ CREATE INDEX stored_file_created_idx ON arm.stored_file USING btree (created_at 
 
 
 --
--- Name: stored_file_current_job_idx; Type: INDEX; Schema: arm; Owner: arm_owner
+-- Name: stored_file_failed_created_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
-CREATE INDEX stored_file_current_job_idx ON arm.stored_file USING btree (current_recognition_job_id);
+CREATE INDEX stored_file_failed_created_idx ON arm.stored_file USING btree (created_at DESC, id DESC) WHERE failed;
 
 
 --
@@ -2114,13 +2127,6 @@ CREATE INDEX stored_file_current_job_idx ON arm.stored_file USING btree (current
 --
 
 CREATE INDEX stored_file_name_trgm_idx ON arm.stored_file USING gin (arm.fold_name(original_name) public.gin_trgm_ops);
-
-
---
--- Name: stored_file_status_created_idx; Type: INDEX; Schema: arm; Owner: arm_owner
---
-
-CREATE INDEX stored_file_status_created_idx ON arm.stored_file USING btree (status, created_at DESC, id DESC);
 
 
 --

@@ -61,8 +61,9 @@ $$;
 -- Cost: the statement is built from the filters present (EXECUTE … USING, so each call
 -- is planned with its own values and no filter costs a "$n IS NULL OR" the planner cannot
 -- see through), and it never sorts the matching rows: without a status filter it walks
--- stored_file_created_idx from the keyset and stops at p_limit; with one it walks
--- stored_file_status_created_idx once per status (at most p_limit rows each) and merges.
+-- stored_file_created_idx from the keyset and stops at p_limit; with one, ERROR walks
+-- its partial index and the other statuses walk stored_file_created_idx, filtered (at
+-- most p_limit rows each), and the two are merged.
 -- The page's object and current job are primary-key lookups per file, never joins of
 -- whole tables (tests/integration/test_list_files.py reads the plans).
 -- The other filters are applied along the walk, so their cost is the rows walked past
@@ -121,6 +122,7 @@ DECLARE
     v_cap integer := 200;  -- Q_CAP
     v_matches uuid[];
     v_folded text;
+    v_others arm.file_status[];
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1001 THEN
         RAISE EXCEPTION 'list_files: p_limit must be 1..1001, not %', p_limit
@@ -190,12 +192,23 @@ BEGIN
         v_page := 'SELECT f.* FROM arm.stored_file f WHERE true' || v_where
             || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10';
     ELSE
-        -- One index walk per distinct status, each stopping at p_limit, then the merge.
-        v_page := 'SELECT p.* FROM (SELECT DISTINCT s FROM unnest($3) s) st'
-            || ' CROSS JOIN LATERAL (SELECT f.* FROM arm.stored_file f'
-            || ' WHERE f.status = st.s' || v_where
-            || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10) p'
-            || ' ORDER BY p.created_at DESC, p.id DESC LIMIT $10';
+        -- ERROR, the rare one: its partial index (stored_file_failed_created_idx, on the
+        -- generated `failed`: migration 0008), walked from its newest entry. The others
+        -- (PROCESSING is most files, UPLOADED the newest ones): the walk of
+        -- stored_file_created_idx, filtered. Each stops at p_limit; then the merge.
+        v_others := ARRAY(SELECT DISTINCT s FROM unnest(p_statuses) s WHERE s <> 'ERROR');
+        v_page := 'SELECT p.* FROM ('
+            || CASE WHEN 'ERROR' = ANY (p_statuses) THEN
+                   '(SELECT f.* FROM arm.stored_file f WHERE f.failed' || v_where
+                   || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10)'
+               ELSE '' END
+            || CASE WHEN 'ERROR' = ANY (p_statuses) AND cardinality(v_others) > 0
+                    THEN ' UNION ALL ' ELSE '' END
+            || CASE WHEN cardinality(v_others) > 0 THEN
+                   '(SELECT f.* FROM arm.stored_file f WHERE f.status = ANY ($12)' || v_where
+                   || ' ORDER BY f.created_at DESC, f.id DESC LIMIT $10)'
+               ELSE '' END
+            || ') p ORDER BY p.created_at DESC, p.id DESC LIMIT $10';
     END IF;
 
     RETURN QUERY EXECUTE
@@ -214,6 +227,6 @@ BEGIN
         || ' ORDER BY f.created_at DESC, f.id DESC'
     USING p_after_created_at, p_after_id, p_statuses, p_job_statuses, p_consolidation_id,
           p_file_types, arm.name_pattern(p_q), p_updated_after, p_updated_before, p_limit,
-          v_matches;
+          v_matches, v_others;
 END;
 $$;

@@ -415,14 +415,15 @@ def test_a_page_is_an_index_walk_that_stops_at_the_limit(conn: Conn) -> None:
     assert "Index Scan using stored_file_created_idx on stored_file" in plans, plans
     assert "Index Cond: (ROW(created_at, id) < ROW(" in plans, plans
 
-    # A rare status: its own index, walked from its newest entry.
+    # The rare status: its partial index, walked from its newest entry.
     plans = plans_of(conn, {"limit": 51, "statuses": ["ERROR"]})
     no_whole_table(plans)
-    assert "Index Scan using stored_file_status_created_idx on stored_file" in plans, plans
-    assert "Index Cond: (status = s.s)" in plans, plans
-    # Several: one bounded walk each, whichever index the planner finds cheaper.
+    assert "Index Scan using stored_file_failed_created_idx on stored_file" in plans, plans
+    # With another: one bounded walk each (the other on the newest-first index), merged.
     plans = plans_of(conn, {"limit": 51, "statuses": ["ERROR", "UPLOADED"]})
     no_whole_table(plans)
+    assert "Index Scan using stored_file_failed_created_idx on stored_file" in plans, plans
+    assert "Index Scan using stored_file_created_idx on stored_file" in plans, plans
     assert plans.count("Limit") >= 2, plans
     # job_status has no index: the planner walks the newest-first index when it expects
     # many matches, and reads the table when it expects few (docs/operators.md "The file

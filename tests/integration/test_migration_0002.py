@@ -43,6 +43,7 @@ LATER = [
     "0005_file_list_indexes",
     "0006_file_name_trigram_index",
     "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
+    "0008_stored_file_hot_updates",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table
@@ -101,8 +102,13 @@ def _old_release_with_data(url: str) -> dict[str, Upload]:
 
 
 def _data(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row, as stored (stored_file.failed, which migration 0008 adds, is derived
+    from status: not data of its own)."""
     with psycopg.connect(url) as conn:
-        return {t: conn.execute(f"SELECT * FROM arm.{t} ORDER BY id").fetchall() for t in TABLES}
+        return {
+            t: conn.execute(f"SELECT to_jsonb(x) - 'failed' FROM arm.{t} x ORDER BY id").fetchall()
+            for t in TABLES
+        }
 
 
 def _constraints(conn: Conn) -> dict[str, bool]:

@@ -5,15 +5,23 @@ constraints and triggers state the invariants for every write path, plain SQL in
 from __future__ import annotations
 
 import concurrent.futures
-import select
-import time
 
 import psycopg
 import pytest
 
 from arm_core.migrate import migrate, rollback_all
 from arm_core.statuses import DB_ENUMS, FileType, pipeline_for
-from tests.support.sql import Conn, dict_conn, fail_by_timeout, job, publish, scalar, upload
+from tests.support.sql import (
+    Conn,
+    ack,
+    dict_conn,
+    fail_by_timeout,
+    job,
+    publish,
+    scalar,
+    stored_file,
+    upload,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +68,7 @@ MIGRATIONS = [
     "0005_file_list_indexes",
     "0006_file_name_trigram_index",
     "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
+    "0008_stored_file_hot_updates",
 ]
 
 
@@ -220,43 +229,37 @@ def test_hot_queries_have_partial_indexes(conn: Conn) -> None:
     assert "UNIQUE" in defs["recognition_job_one_live_per_file_idx"]
 
 
-def _notifications(listener: Conn, timeout: float) -> list[str]:
-    """Everything that arrives on the listener within `timeout` seconds."""
-    got: list[str] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return got
-        select.select([listener.fileno()], [], [], left)
-        listener.pgconn.consume_input()
-        while (n := listener.pgconn.notifies()) is not None:
-            got.append(n.relname.decode())
-
-
-def test_plain_insert_of_queued_rows_notifies_once_per_statement(db_url: str) -> None:
-    with dict_conn(db_url) as conn, psycopg.connect(db_url, autocommit=True) as listener:
-        listener.execute("LISTEN arm_recognition_job_queued")
-        files = [upload(conn).file_id for _ in range(3)]  # three upload transactions
-        assert _notifications(listener, 0.5) == ["arm_recognition_job_queued"] * 3
-
-        publish(conn)  # publishing and dead-lettering queue nothing: no wake-up
-        conn.execute("SELECT * FROM arm.dead_letter_unacked('0 seconds', 0)")
-        assert _notifications(listener, 0.3) == []
-
-        # Three queued rows in one plain INSERT statement: one wake-up.
-        conn.execute(
-            "INSERT INTO arm.recognition_job (file_id, attempt) "
-            "SELECT f, 2 FROM unnest(%s::uuid[]) f",
-            (files,),
-        )
-        assert _notifications(listener, 0.5) == ["arm_recognition_job_queued"]
-        assert scalar(conn, "SELECT count(*) FROM arm.recognition_job WHERE status = 'queued'") == 3
-
-
 def test_stored_file_pages_keep_room_for_hot_status_updates(conn: Conn) -> None:
     """Migration 0003: stored_file has fillfactor 70, so a file's status changes (not
     indexed) can stay on their page and write no index entries; rolled back, the
     default again."""
     reloptions = "SELECT reloptions FROM pg_class WHERE oid = 'arm.stored_file'::regclass"
     assert scalar(conn, reloptions) == ["fillfactor=70"]
+
+
+FILE_UPDATES = (
+    "SELECT pg_stat_get_xact_tuples_updated('arm.stored_file'::regclass) AS updated,"
+    " pg_stat_get_xact_tuples_hot_updated('arm.stored_file'::regclass) AS hot"
+)
+
+
+def test_a_file_s_updates_after_its_upload_write_no_index_entries(conn: Conn) -> None:
+    """Migration 0008: the upload's current-job update and the ack's status change are
+    HOT (no index names current_recognition_job_id or status; the failed files' index
+    reads the generated `failed`); a failure, which sets `failed`, is not. Counted by
+    PostgreSQL for this transaction."""
+    with conn.transaction():
+        up = upload(conn)  # its UPDATE of current_recognition_job_id
+        publish(conn)
+        ack(conn, up.job_id, up.file_id)  # UPLOADED → PROCESSING
+        assert scalar(conn, FILE_UPDATES.replace(" AS hot", "")) == 2
+        row = conn.execute(FILE_UPDATES).fetchone()
+        assert row is not None and (row["updated"], row["hot"]) == (2, 2)
+        conn.execute(
+            "UPDATE arm.recognition_job SET reply_deadline = now() - interval '1 s' WHERE id = %s",
+            (up.job_id,),
+        )
+        conn.execute("SELECT arm.sweep_timeouts()")  # PROCESSING → ERROR: `failed` flips
+        row = conn.execute(FILE_UPDATES).fetchone()
+        assert row is not None and (row["updated"], row["hot"]) == (3, 2)
+    assert stored_file(conn, up.file_id)["failed"] is True

@@ -55,8 +55,10 @@ def test_an_upload_into_an_empty_queue_notifies_once_one_into_a_waiting_queue_no
         upload(conn, "PDF")
     assert notified_since(listener, db_url) == []
     with dict_conn(db_url) as conn:
-        publish(conn)  # the publisher took them all: the queue is empty again
-        upload(conn)
+        publish(conn)  # publishing and dead-lettering queue nothing: no wake-up
+        conn.execute("SELECT * FROM arm.dead_letter_unacked('0 seconds', 0)")
+        assert notified_since(listener, db_url) == []
+        upload(conn)  # the publisher took them all: the queue is empty again
     assert notified_since(listener, db_url) == [""]
 
 
