@@ -15,8 +15,8 @@ uploads 16) so a drift of the machine hits both sides alike; 1 client runs with 
 16 with `-j 2` (2 cores).
 
 Read: each upload tps ÷ the `-N` tps at the same client count (one upload is one
-transaction of four statements, three of them inserts into indexed tables, against `-N`'s
-three updates/selects and an insert), and the scaling — tps at 16 ÷ tps at 1 — of uploads
+transaction of four statements, three inserts into indexed tables and an update, against
+`-N`'s update, select and insert), and the scaling — tps at 16 ÷ tps at 1 — of uploads
 ÷ that of `-N`: below 1 means the uploads gain less from more writers than PostgreSQL
 itself does (a hot spot of their own: an index page, a trigger's counter row, a lock).
 """

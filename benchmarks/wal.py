@@ -2,10 +2,12 @@
 write-ahead log, read as `pg_current_wal_insert_lsn()` after − before, ÷ the files, on a
 quiet cluster (nothing else runs in it; autovacuum is off for the tables of `arm` in this
 database, so its passes do not land in the window). A CHECKPOINT opens each window, so
-each figure includes the full-page images the first change of every page after a
-checkpoint costs (with full_page_writes on) — what production pays again after each of
-its checkpoints; on a 10,000-file database most pages are touched often within one
-window, a larger table's random index pages far less.
+each figure includes the full-page image that the first change of a page after a
+checkpoint costs (with full_page_writes on), as production pays after each of its
+checkpoints. Read the FPI share as this database's: the upload window starts on empty
+tables (a new page needs no image), and in 10,000 files each page takes many changes per
+checkpoint to share its image; a large table's random-UUID index pages take few, so there
+the images weigh more per file.
 
 Upload: the uploads section's pgbench script (docs/dbas.md's four statements, one
 transaction per file), N transactions from 1 client as `arm_test_uploader` (member of
