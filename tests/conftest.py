@@ -33,6 +33,32 @@ pytest_plugins = ["tests.support.ci_skips"]
 
 TEMPLATE_DB = "arm_template"
 
+ROOT = Path(__file__).resolve().parents[1]
+# The folders package-dir maps into arm_core (pyproject.toml), and where under it.
+PACKAGE_DIRS = {"src/arm_core": "", "bridge": "bridge", "http": "http", "db": "sql"}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The strict editable install (Makefile) links each file of the package: a module or
+    migration added since is not importable until `make install` links it again. Say so
+    at once, instead of a test failing on a migration it cannot see."""
+    import arm_core
+
+    installed = Path(arm_core.__file__).parent
+    if installed == ROOT / "src" / "arm_core":
+        return  # not through the link tree (a wheel's copy is checked by its own build)
+    missing = [
+        f"{folder}/{path.relative_to(ROOT / folder)}"
+        for folder, target in PACKAGE_DIRS.items()
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".sql")
+        and "__pycache__" not in path.parts
+        and path.name != "schema.sql"
+        and not (installed / target / path.relative_to(ROOT / folder)).exists()
+    ]
+    if missing:
+        pytest.exit(f"not in the installed package yet: {', '.join(missing)}; run `make install`")
+
 
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
