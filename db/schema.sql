@@ -1472,7 +1472,7 @@ ALTER FUNCTION arm.set_sweep_interval(p_run_every interval) OWNER TO arm_owner;
 
 CREATE FUNCTION arm.setting_int(p_name text) RETURNS integer
     LANGUAGE plpgsql STABLE
-    AS $$
+    AS $_$
 DECLARE
     v_value text;
 BEGIN
@@ -1480,13 +1480,17 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'arm.setting % is missing', p_name USING ERRCODE = 'no_data_found';
     END IF;
-    RETURN v_value::integer;
-EXCEPTION
-    WHEN invalid_text_representation THEN
-        RAISE EXCEPTION 'arm.setting % is not an integer: %', p_name, v_value
-            USING ERRCODE = 'invalid_parameter_value';
+    -- What integer input accepts: blanks around an optional sign and decimal digits,
+    -- within int4's range (at most 10 significant digits, cast to bigint to compare).
+    IF v_value ~ '^\s*[+-]?0*[0-9]{1,10}\s*$' THEN
+        IF v_value::bigint BETWEEN -2147483648 AND 2147483647 THEN
+            RETURN v_value::integer;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'arm.setting % is not an integer: %', p_name, v_value
+        USING ERRCODE = 'invalid_parameter_value';
 END;
-$$;
+$_$;
 
 
 ALTER FUNCTION arm.setting_int(p_name text) OWNER TO arm_owner;
@@ -1796,27 +1800,12 @@ ALTER TABLE arm.file_count OWNER TO arm_owner;
 --
 
 CREATE TABLE arm.file_count_delta (
-    id bigint NOT NULL,
     status arm.file_status NOT NULL,
     n bigint NOT NULL
 );
 
 
 ALTER TABLE arm.file_count_delta OWNER TO arm_owner;
-
---
--- Name: file_count_delta_id_seq; Type: SEQUENCE; Schema: arm; Owner: arm_owner
---
-
-ALTER TABLE arm.file_count_delta ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME arm.file_count_delta_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
-);
-
 
 --
 -- Name: job_count; Type: TABLE; Schema: arm; Owner: arm_owner
@@ -1835,27 +1824,12 @@ ALTER TABLE arm.job_count OWNER TO arm_owner;
 --
 
 CREATE TABLE arm.job_count_delta (
-    id bigint NOT NULL,
     status arm.job_status NOT NULL,
     n bigint NOT NULL
 );
 
 
 ALTER TABLE arm.job_count_delta OWNER TO arm_owner;
-
---
--- Name: job_count_delta_id_seq; Type: SEQUENCE; Schema: arm; Owner: arm_owner
---
-
-ALTER TABLE arm.job_count_delta ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME arm.job_count_delta_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
-);
-
 
 --
 -- Name: periodic_task; Type: TABLE; Schema: arm; Owner: arm_owner
@@ -1925,27 +1899,11 @@ CREATE TABLE arm.setting (
 ALTER TABLE arm.setting OWNER TO arm_owner;
 
 --
--- Name: file_count_delta file_count_delta_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
---
-
-ALTER TABLE ONLY arm.file_count_delta
-    ADD CONSTRAINT file_count_delta_pkey PRIMARY KEY (id);
-
-
---
 -- Name: file_count file_count_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.file_count
     ADD CONSTRAINT file_count_pkey PRIMARY KEY (status);
-
-
---
--- Name: job_count_delta job_count_delta_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
---
-
-ALTER TABLE ONLY arm.job_count_delta
-    ADD CONSTRAINT job_count_delta_pkey PRIMARY KEY (id);
 
 
 --

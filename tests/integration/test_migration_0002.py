@@ -44,6 +44,7 @@ LATER = [
     "0006_file_name_trigram_index",
     "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
     "0008_stored_file_hot_updates",
+    "0009_count_deltas_heap_only",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table

@@ -69,6 +69,7 @@ MIGRATIONS = [
     "0006_file_name_trigram_index",
     "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
     "0008_stored_file_hot_updates",
+    "0009_count_deltas_heap_only",
 ]
 
 
@@ -146,6 +147,29 @@ def test_max_attempts_default_follows_the_setting(conn: Conn) -> None:
     conn.execute("SELECT arm.set_setting('default_max_attempts', '5')")
     up = upload(conn)
     assert job(conn, up.job_id)["max_attempts"] == 5
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(" 7 ", 7), ("+3", 3), ("-2147483648", -2147483648), ("0002147483647", 2147483647)],
+)
+def test_an_integer_setting_reads_what_integer_input_reads(
+    conn: Conn, value: str, expected: int
+) -> None:
+    conn.execute("SELECT arm.set_setting('default_max_attempts', %s)", (value,))
+    assert scalar(conn, "SELECT arm.setting_int('default_max_attempts')") == expected
+
+
+@pytest.mark.parametrize("value", ["", "seven", "7.5", "2147483648", "-2147483649", "1e3"])
+def test_a_setting_that_is_not_an_integer_is_named_in_the_error(conn: Conn, value: str) -> None:
+    """Checked, not caught: setting_int runs in every upload and has no EXCEPTION block
+    (a subtransaction per call); the error is the one the cast used to be turned into."""
+    conn.execute("SELECT arm.set_setting('default_max_attempts', %s)", (value,))
+    with pytest.raises(
+        psycopg.errors.InvalidParameterValue,
+        match="arm.setting default_max_attempts is not an integer",
+    ):
+        conn.execute("SELECT arm.setting_int('default_max_attempts')")
 
 
 def test_pipeline_may_be_left_out_but_not_contradict_the_file_type(
