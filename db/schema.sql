@@ -258,6 +258,8 @@ DECLARE
     v_locked uuid[];
     v_bad record;
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     IF jsonb_typeof(p_envelopes) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'apply_envelopes takes a JSON array of envelopes, not %',
             coalesce(jsonb_typeof(p_envelopes), 'NULL')
@@ -631,6 +633,8 @@ DECLARE
     v_files uuid[];
     v_republished integer[];
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     LOOP
         SELECT array_agg(d.id ORDER BY d.last_published_at, d.id), max(d.last_published_at)
         INTO v_due, v_after_at
@@ -686,6 +690,8 @@ CREATE FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes te
     AS $$
 #variable_conflict use_column
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
        OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids) THEN
         RAISE EXCEPTION 'dead_letter_unpublishable takes one error code and one error message '
@@ -1062,6 +1068,8 @@ CREATE FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p_reply_
 DECLARE
     v_count integer;
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     UPDATE arm.recognition_job j
     SET status = 'published',
         published_at = clock_timestamp(),
@@ -1167,6 +1175,8 @@ CREATE FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_time
 DECLARE
     v_now timestamptz := clock_timestamp();
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     RETURN QUERY
     WITH claimed AS (
         SELECT j.id
@@ -1538,6 +1548,8 @@ DECLARE
     v_files uuid[];
     v_count integer := 0;
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     LOOP
         SELECT array_agg(d.id), max(d.reply_deadline)
         INTO v_due, v_from
@@ -1579,6 +1591,39 @@ $$;
 
 
 ALTER FUNCTION arm.sweep_timeouts() OWNER TO arm_owner;
+
+--
+-- Name: tg_count_status_row(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.tg_count_status_row() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'recognition_job' THEN
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.job_count_delta (status, n) VALUES (NEW.status, 1);
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
+        ELSE
+            INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1);
+        END IF;
+    ELSE
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.file_count_delta (status, n) VALUES (NEW.status, 1);
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
+        ELSE
+            INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1);
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+
+ALTER FUNCTION arm.tg_count_status_row() OWNER TO arm_owner;
 
 --
 -- Name: tg_count_statuses(); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -2091,14 +2136,28 @@ CREATE INDEX stored_file_name_trgm_idx ON arm.stored_file USING gin (arm.fold_na
 -- Name: recognition_job tg_recognition_job__count_delete; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_recognition_job__count_delete AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_recognition_job__count_delete AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: recognition_job tg_recognition_job__count_delete_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_recognition_job__count_delete_row AFTER DELETE ON arm.recognition_job FOR EACH ROW WHEN ((current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text)) EXECUTE FUNCTION arm.tg_count_status_row();
 
 
 --
 -- Name: recognition_job tg_recognition_job__count_insert; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_recognition_job__count_insert AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_recognition_job__count_insert AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: recognition_job tg_recognition_job__count_insert_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_recognition_job__count_insert_row AFTER INSERT ON arm.recognition_job FOR EACH ROW WHEN ((current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text)) EXECUTE FUNCTION arm.tg_count_status_row();
 
 
 --
@@ -2112,7 +2171,14 @@ CREATE TRIGGER tg_recognition_job__count_truncate AFTER TRUNCATE ON arm.recognit
 -- Name: recognition_job tg_recognition_job__count_update; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_recognition_job__count_update AFTER UPDATE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_recognition_job__count_update AFTER UPDATE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: recognition_job tg_recognition_job__count_update_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_recognition_job__count_update_row AFTER UPDATE ON arm.recognition_job FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text))) EXECUTE FUNCTION arm.tg_count_status_row();
 
 
 --
@@ -2140,14 +2206,28 @@ CREATE TRIGGER tg_recognition_job__notify_queued AFTER INSERT ON arm.recognition
 -- Name: stored_file tg_stored_file__count_delete; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_stored_file__count_delete AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_stored_file__count_delete AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: stored_file tg_stored_file__count_delete_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_stored_file__count_delete_row AFTER DELETE ON arm.stored_file FOR EACH ROW WHEN ((current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text)) EXECUTE FUNCTION arm.tg_count_status_row();
 
 
 --
 -- Name: stored_file tg_stored_file__count_insert; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_stored_file__count_insert AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_stored_file__count_insert AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: stored_file tg_stored_file__count_insert_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_stored_file__count_insert_row AFTER INSERT ON arm.stored_file FOR EACH ROW WHEN ((current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text)) EXECUTE FUNCTION arm.tg_count_status_row();
 
 
 --
@@ -2161,7 +2241,14 @@ CREATE TRIGGER tg_stored_file__count_truncate AFTER TRUNCATE ON arm.stored_file 
 -- Name: stored_file tg_stored_file__count_update; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_stored_file__count_update AFTER UPDATE ON arm.stored_file REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+CREATE TRIGGER tg_stored_file__count_update AFTER UPDATE ON arm.stored_file REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
+
+
+--
+-- Name: stored_file tg_stored_file__count_update_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_stored_file__count_update_row AFTER UPDATE ON arm.stored_file FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text))) EXECUTE FUNCTION arm.tg_count_status_row();
 
 
 --
@@ -2572,6 +2659,13 @@ GRANT ALL ON FUNCTION arm.status_view(p_ack_timeout interval) TO arm_readonly;
 --
 
 REVOKE ALL ON FUNCTION arm.sweep_timeouts() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION tg_count_status_row(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.tg_count_status_row() FROM PUBLIC;
 
 
 --

@@ -71,6 +71,8 @@ AS $$
 DECLARE
     v_count integer;
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     UPDATE arm.recognition_job j
     SET status = 'published',
         published_at = clock_timestamp(),
@@ -131,6 +133,8 @@ DECLARE
     v_files uuid[];
     v_republished integer[];
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     LOOP
         SELECT array_agg(d.id ORDER BY d.last_published_at, d.id), max(d.last_published_at)
         INTO v_due, v_after_at
@@ -197,6 +201,8 @@ SET search_path = pg_catalog, arm, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
        OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids) THEN
         RAISE EXCEPTION 'dead_letter_unpublishable takes one error code and one error message '

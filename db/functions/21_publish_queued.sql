@@ -53,6 +53,8 @@ AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     RETURN QUERY
     WITH claimed AS (
         SELECT j.id

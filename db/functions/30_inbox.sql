@@ -226,6 +226,8 @@ DECLARE
     v_locked uuid[];
     v_bad record;
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     IF jsonb_typeof(p_envelopes) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'apply_envelopes takes a JSON array of envelopes, not %',
             coalesce(jsonb_typeof(p_envelopes), 'NULL')

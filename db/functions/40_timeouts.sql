@@ -42,6 +42,8 @@ DECLARE
     v_files uuid[];
     v_count integer := 0;
 BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
     LOOP
         SELECT array_agg(d.id), max(d.reply_deadline)
         INTO v_due, v_from

@@ -1,22 +1,39 @@
 -- Per-status counts and the status view (arm_jobs{status}, GET /api/v1/status).
 --
 -- Counting: the tables arm.job_count / arm.file_count hold the counts as of the last
--- compaction; arm.job_count_delta / arm.file_count_delta hold, one row per status and
--- write statement since, the net change that statement made (migration 0004). The
--- triggers below are statement-level with transition tables: a statement that moves 500
--- jobs appends at most one row per status it touched, and an UPDATE that changes no
--- status (republish, touch) appends nothing. No writer updates a shared row, so writers
--- never wait on each other for a counter. arm.compact_counts() folds the deltas into the
--- counts (the bridge's schedule runner calls it every few seconds; any number may run at
--- once: each DELETE … RETURNING takes a delta row once). Readers add the deltas not
--- folded yet, so a count is exact at the reader's snapshot, and reading costs the number
--- of statements since the last compaction, never the number of jobs or files ever stored.
+-- compaction; arm.job_count_delta / arm.file_count_delta hold net changes per status
+-- since (migration 0004; heap only since 0009). No writer updates a shared row, so
+-- writers never wait on each other for a counter. arm.compact_counts() folds the deltas
+-- into the counts (the bridge's schedule runner calls it every few seconds; any number
+-- may run at once: each DELETE … RETURNING takes a delta row once). Readers add the
+-- deltas not folded yet, so a count is exact at the reader's snapshot, and reading costs
+-- the number of delta rows since the last compaction, never the number of jobs or files
+-- ever stored.
+--
+-- Every write is counted, whoever writes, in one of two ways, chosen per statement by the
+-- setting arm.counting:
+--   * 'statement' — set by the functions that write many rows per statement (the
+--     publish, the inbox's batch, the sweep, the dead-letter steps), with set_config(…,
+--     true) as they start, so to the end of their transaction (a SET clause on the
+--     function would need a superuser's GRANT SET ON PARAMETER): statement-level
+--     triggers with transition tables append at most one delta row per status the
+--     statement touched, whatever the number of rows;
+--   * anything else (plain SQL: the upload, a DBA's UPDATE; the one-row functions: a
+--     retry, a single ack or result) — row-level triggers append one delta row per row
+--     inserted or deleted and per row whose status changed. Their WHEN clause is
+--     checked without calling any function body, so a row whose status does not change
+--     (the upload's `SET current_recognition_job_id`, a republish) costs nothing.
+-- The two WHEN clauses are each other's negation on the same setting, so exactly one
+-- trigger counts each row. A session that sets arm.counting itself only chooses how it is
+-- counted, never whether. An upload was three statement-level trigger calls (insert of
+-- the file, of the job, the update), ~170 µs of its ~0.9 ms server time; two row-level
+-- calls now (docs/benchmarks.md, uploads).
 
--- The one trigger function of the eight count triggers (recognition_job and stored_file;
--- INSERT, UPDATE, DELETE, TRUNCATE). SECURITY DEFINER: the uploader's INSERT fires it and
--- may not write the delta tables itself. It fires per statement, where the SET costs once.
--- This is its only definition: migration 0004 creates the tables it writes, the triggers
--- come below.
+-- The statement-level trigger function (eight triggers: recognition_job and stored_file;
+-- INSERT, UPDATE, DELETE with transition tables, and TRUNCATE). SECURITY DEFINER: the
+-- uploader's INSERT fires it and may not write the delta tables itself. It fires per
+-- statement, where the SET costs once. This is its only definition: migration 0004
+-- creates the tables it writes, the triggers come below.
 CREATE OR REPLACE FUNCTION arm.tg_count_statuses()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -67,19 +84,55 @@ BEGIN
 END;
 $$;
 
--- The eight triggers that fire it: AFTER INSERT, UPDATE, DELETE (with transition tables)
--- and TRUNCATE, FOR EACH STATEMENT, on arm.recognition_job and arm.stored_file. Created
--- (or replaced, unchanged) on every migrate, in this file's transaction and under a lock
--- that holds writers back (10_triggers.sql takes the same one); the migrate that creates
--- them — the first after migration 0004 — also takes the counts in that transaction, so
--- not a change falls between the counts and the first counted statement, and the
--- triggers never fire anything but the function above. Until then the tables are empty
--- and nothing reads them: job_counts() and the rest come with this file. A database
--- before 0004 (a test applies today's functions to a 0001 one) gets no triggers: writing
--- tables that do not exist would break every upload.
+-- The row-level trigger function (six triggers: INSERT, UPDATE and DELETE on both
+-- tables), for statements that do not count by statement: one delta row per row — +1 for
+-- an inserted row, -1 for a deleted one, -1 and +1 for a status change (the WHEN clause
+-- of the UPDATE triggers lets only those through). SECURITY DEFINER as above.
+CREATE OR REPLACE FUNCTION arm.tg_count_status_row()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'recognition_job' THEN
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.job_count_delta (status, n) VALUES (NEW.status, 1);
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
+        ELSE
+            INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1);
+        END IF;
+    ELSE
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO arm.file_count_delta (status, n) VALUES (NEW.status, 1);
+        ELSIF TG_OP = 'UPDATE' THEN
+            INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
+        ELSE
+            INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1);
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- The fourteen triggers: the eight statement-level ones (AFTER INSERT, UPDATE, DELETE
+-- with transition tables, when arm.counting is 'statement', and AFTER TRUNCATE, always),
+-- and the six row-level ones (AFTER INSERT, UPDATE of the status, DELETE, otherwise), on
+-- arm.recognition_job and arm.stored_file. Created (or replaced) on every migrate, in
+-- this file's transaction and under a lock that holds writers back (10_triggers.sql
+-- takes the same one); the migrate that creates them — the first after migration 0004 —
+-- also takes the counts in that transaction, so not a change falls between the counts
+-- and the first counted statement, and the triggers never fire anything but the
+-- functions above. A database whose eight statement-level triggers exist was counting
+-- every write (the previous release's triggers had no WHEN clause); its counts carry on.
+-- Until then the tables are empty and nothing reads them: job_counts() and the rest come
+-- with this file. A database before 0004 (a test applies today's functions to a 0001 one)
+-- gets no triggers: writing tables that do not exist would break every upload.
 DO $count_triggers$
 DECLARE
     v_counting boolean;
+    v_table text;
 BEGIN
     IF to_regclass('arm.job_count_delta') IS NULL THEN
         RETURN;
@@ -88,32 +141,48 @@ BEGIN
     v_counting := (SELECT count(*) = 8 FROM pg_catalog.pg_trigger t
                    WHERE t.tgfoid = 'arm.tg_count_statuses()'::regprocedure);
 
-    CREATE OR REPLACE TRIGGER tg_recognition_job__count_insert
-        AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-    CREATE OR REPLACE TRIGGER tg_recognition_job__count_update
-        AFTER UPDATE ON arm.recognition_job
-        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-    CREATE OR REPLACE TRIGGER tg_recognition_job__count_delete
-        AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-    CREATE OR REPLACE TRIGGER tg_recognition_job__count_truncate
-        AFTER TRUNCATE ON arm.recognition_job
-        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-    CREATE OR REPLACE TRIGGER tg_stored_file__count_insert
-        AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-    CREATE OR REPLACE TRIGGER tg_stored_file__count_update
-        AFTER UPDATE ON arm.stored_file
-        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-    CREATE OR REPLACE TRIGGER tg_stored_file__count_delete
-        AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows
-        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-    CREATE OR REPLACE TRIGGER tg_stored_file__count_truncate
-        AFTER TRUNCATE ON arm.stored_file
-        FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+    FOREACH v_table IN ARRAY ARRAY['recognition_job', 'stored_file'] LOOP
+        EXECUTE format($t$
+            CREATE OR REPLACE TRIGGER tg_%1$s__count_insert
+                AFTER INSERT ON arm.%1$I REFERENCING NEW TABLE AS new_rows
+                FOR EACH STATEMENT
+                WHEN (pg_catalog.current_setting('arm.counting', true) = 'statement')
+                EXECUTE FUNCTION arm.tg_count_statuses();
+            CREATE OR REPLACE TRIGGER tg_%1$s__count_update
+                AFTER UPDATE ON arm.%1$I
+                REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+                FOR EACH STATEMENT
+                WHEN (pg_catalog.current_setting('arm.counting', true) = 'statement')
+                EXECUTE FUNCTION arm.tg_count_statuses();
+            CREATE OR REPLACE TRIGGER tg_%1$s__count_delete
+                AFTER DELETE ON arm.%1$I REFERENCING OLD TABLE AS old_rows
+                FOR EACH STATEMENT
+                WHEN (pg_catalog.current_setting('arm.counting', true) = 'statement')
+                EXECUTE FUNCTION arm.tg_count_statuses();
+            CREATE OR REPLACE TRIGGER tg_%1$s__count_truncate
+                AFTER TRUNCATE ON arm.%1$I
+                FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
+            CREATE OR REPLACE TRIGGER tg_%1$s__count_insert_row
+                AFTER INSERT ON arm.%1$I
+                FOR EACH ROW
+                WHEN (pg_catalog.current_setting('arm.counting', true)
+                      IS DISTINCT FROM 'statement')
+                EXECUTE FUNCTION arm.tg_count_status_row();
+            CREATE OR REPLACE TRIGGER tg_%1$s__count_update_row
+                AFTER UPDATE ON arm.%1$I
+                FOR EACH ROW
+                WHEN (OLD.status IS DISTINCT FROM NEW.status
+                      AND pg_catalog.current_setting('arm.counting', true)
+                          IS DISTINCT FROM 'statement')
+                EXECUTE FUNCTION arm.tg_count_status_row();
+            CREATE OR REPLACE TRIGGER tg_%1$s__count_delete_row
+                AFTER DELETE ON arm.%1$I
+                FOR EACH ROW
+                WHEN (pg_catalog.current_setting('arm.counting', true)
+                      IS DISTINCT FROM 'statement')
+                EXECUTE FUNCTION arm.tg_count_status_row();
+        $t$, v_table);
+    END LOOP;
 
     IF NOT v_counting THEN
         -- The triggers were not (all) there: the counts start again from the rows.

@@ -63,13 +63,35 @@ def test_the_counts_equal_count_star_after_random_transitions_retries_and_compac
     rng = random.Random(11)
     assert_counts_are_real(conn)
     compactions = 0
+    walked: set[str] = set()
     for _ in range(400):
         action = rng.choice(
-            ["upload", "upload", "publish", "ack", "result", "sweep", "dlq", "retry", "delete"]
+            ["upload", "upload", "publish", "ack", "result", "sweep", "dlq", "retry", "delete",
+             "dba_timeout"]
         )
+        walked.add(action)
         if action == "upload":
-            for _ in range(rng.randint(1, 3)):
-                upload(conn, rng.choice(["XLSX", "PDF"]))
+            # Counted per row (plain SQL); now and then in a session that asked for
+            # counting per statement, which must count the same.
+            with conn.transaction():
+                if rng.random() < 0.3:
+                    conn.execute("SELECT set_config('arm.counting', 'statement', true)")
+                for _ in range(rng.randint(1, 3)):
+                    upload(conn, rng.choice(["XLSX", "PDF"]))
+        elif action == "dba_timeout":
+            # A DBA times out a few live jobs and fails their files by hand, one plain
+            # UPDATE each (row by row counting, several rows per statement).
+            with conn.transaction():
+                conn.execute(
+                    "UPDATE arm.recognition_job SET status = 'timeout', finished_at = now(), "
+                    "error_code = 'TIMEOUT' WHERE id IN (SELECT id FROM arm.recognition_job "
+                    "WHERE status IN ('published', 'processing') ORDER BY random() LIMIT 3)"
+                )
+                conn.execute(
+                    "UPDATE arm.stored_file f SET status = 'ERROR' FROM arm.recognition_job j "
+                    "WHERE j.id = f.current_recognition_job_id AND j.status = 'timeout' "
+                    "AND f.status <> 'ERROR'"
+                )
         elif action == "publish":
             publish(conn, limit=rng.randint(1, 5), tabular_timeout=rng.choice([0, 600]))
         elif action == "ack" and (jobs := live_jobs(conn, "published")):
@@ -114,6 +136,7 @@ def test_the_counts_equal_count_star_after_random_transitions_retries_and_compac
     conn.execute("SELECT arm.compact_counts()")
     assert_counts_are_real(conn)
     statuses = {s for s, n in real(conn, "recognition_job", "job_status").items() if n}
+    assert "dba_timeout" in walked and "upload" in walked
     # The walk went everywhere worth going.
     assert {"queued", "done", "error", "timeout", "dlq"} <= statuses, statuses
     assert compactions > 10
@@ -144,6 +167,44 @@ def test_a_status_change_costs_one_delta_row_per_statement_not_per_row(conn: Con
     ids = [j["id"] for j in live_jobs(conn, "published")]
     conn.execute("SELECT arm.mark_republished(%s::uuid[])", (ids,))
     assert scalar(conn, "SELECT count(*) FROM arm.job_count_delta") == 2
+
+
+def deltas(conn: Conn, table: str) -> list[tuple[str, int]]:
+    rows = conn.execute(f"SELECT status::text AS status, n FROM arm.{table}").fetchall()
+    return sorted((r["status"], r["n"]) for r in rows)
+
+
+def test_an_upload_is_counted_by_row_and_its_current_job_update_appends_nothing(
+    conn: Conn,
+) -> None:
+    """The plain-SQL upload: one delta row for the file, one for the job; the UPDATE that
+    sets the file's current job changes no status, so its row trigger's WHEN clause keeps
+    it from firing and no statement-level trigger runs (arm.counting is not set)."""
+    conn.execute("SELECT arm.compact_counts()")
+    upload(conn)
+    assert deltas(conn, "job_count_delta") == [("queued", 1)]
+    assert deltas(conn, "file_count_delta") == [("UPLOADED", 1)]
+
+
+def test_a_dbas_update_is_counted_per_row_and_the_sweeps_per_statement(conn: Conn) -> None:
+    """Six processing jobs: a DBA times out three with one plain UPDATE (three rows of
+    -processing and three of +timeout), the sweep the other three (one row each way)."""
+    for _ in range(6):
+        upload(conn)
+    publish(conn, limit=6, tabular_timeout=0)
+    for j in live_jobs(conn, "published"):
+        ack(conn, j["id"], j["file_id"])
+    conn.execute("SELECT arm.compact_counts()")
+    conn.execute(
+        "UPDATE arm.recognition_job SET status = 'timeout', finished_at = now(), "
+        "error_code = 'TIMEOUT' WHERE id IN (SELECT id FROM arm.recognition_job "
+        "WHERE status = 'processing' ORDER BY id LIMIT 3)"
+    )
+    assert deltas(conn, "job_count_delta") == [("processing", -1)] * 3 + [("timeout", 1)] * 3
+    conn.execute("SELECT arm.compact_counts()")
+    conn.execute("SELECT arm.sweep_timeouts()")
+    assert deltas(conn, "job_count_delta") == [("processing", -3), ("timeout", 3)]
+    assert_counts_are_real(conn)
 
 
 def test_the_counts_and_the_status_view_never_read_stored_file(db_url: str) -> None:
