@@ -66,8 +66,18 @@ def test_the_counts_equal_count_star_after_random_transitions_retries_and_compac
     walked: set[str] = set()
     for _ in range(400):
         action = rng.choice(
-            ["upload", "upload", "publish", "ack", "result", "sweep", "dlq", "retry", "delete",
-             "dba_timeout"]
+            [
+                "upload",
+                "upload",
+                "publish",
+                "ack",
+                "result",
+                "sweep",
+                "dlq",
+                "retry",
+                "delete",
+                "dba_timeout",
+            ]
         )
         walked.add(action)
         if action == "upload":

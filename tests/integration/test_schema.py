@@ -167,7 +167,7 @@ def test_a_setting_that_is_not_an_integer_is_named_in_the_error(conn: Conn, valu
     conn.execute("SELECT arm.set_setting('default_max_attempts', %s)", (value,))
     with pytest.raises(
         psycopg.errors.InvalidParameterValue,
-        match="arm.setting default_max_attempts is not an integer",
+        match=r"arm\.setting default_max_attempts is not an integer",
     ):
         conn.execute("SELECT arm.setting_int('default_max_attempts')")
 
