@@ -1602,21 +1602,9 @@ CREATE FUNCTION arm.tg_count_status_row() RETURNS trigger
     AS $$
 BEGIN
     IF TG_TABLE_NAME = 'recognition_job' THEN
-        IF TG_OP = 'INSERT' THEN
-            INSERT INTO arm.job_count_delta (status, n) VALUES (NEW.status, 1);
-        ELSIF TG_OP = 'UPDATE' THEN
-            INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
-        ELSE
-            INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1);
-        END IF;
+        INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
     ELSE
-        IF TG_OP = 'INSERT' THEN
-            INSERT INTO arm.file_count_delta (status, n) VALUES (NEW.status, 1);
-        ELSIF TG_OP = 'UPDATE' THEN
-            INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
-        ELSE
-            INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1);
-        END IF;
+        INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
     END IF;
     RETURN NULL;
 END;
@@ -2136,28 +2124,14 @@ CREATE INDEX stored_file_name_trgm_idx ON arm.stored_file USING gin (arm.fold_na
 -- Name: recognition_job tg_recognition_job__count_delete; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_recognition_job__count_delete AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
-
-
---
--- Name: recognition_job tg_recognition_job__count_delete_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
---
-
-CREATE TRIGGER tg_recognition_job__count_delete_row AFTER DELETE ON arm.recognition_job FOR EACH ROW WHEN ((current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text)) EXECUTE FUNCTION arm.tg_count_status_row();
+CREATE TRIGGER tg_recognition_job__count_delete AFTER DELETE ON arm.recognition_job REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
 
 
 --
 -- Name: recognition_job tg_recognition_job__count_insert; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_recognition_job__count_insert AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
-
-
---
--- Name: recognition_job tg_recognition_job__count_insert_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
---
-
-CREATE TRIGGER tg_recognition_job__count_insert_row AFTER INSERT ON arm.recognition_job FOR EACH ROW WHEN ((current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text)) EXECUTE FUNCTION arm.tg_count_status_row();
+CREATE TRIGGER tg_recognition_job__count_insert AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
 
 
 --
@@ -2206,28 +2180,14 @@ CREATE TRIGGER tg_recognition_job__notify_queued AFTER INSERT ON arm.recognition
 -- Name: stored_file tg_stored_file__count_delete; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_stored_file__count_delete AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
-
-
---
--- Name: stored_file tg_stored_file__count_delete_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
---
-
-CREATE TRIGGER tg_stored_file__count_delete_row AFTER DELETE ON arm.stored_file FOR EACH ROW WHEN ((current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text)) EXECUTE FUNCTION arm.tg_count_status_row();
+CREATE TRIGGER tg_stored_file__count_delete AFTER DELETE ON arm.stored_file REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
 
 
 --
 -- Name: stored_file tg_stored_file__count_insert; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_stored_file__count_insert AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT WHEN ((current_setting('arm.counting'::text, true) = 'statement'::text)) EXECUTE FUNCTION arm.tg_count_statuses();
-
-
---
--- Name: stored_file tg_stored_file__count_insert_row; Type: TRIGGER; Schema: arm; Owner: arm_owner
---
-
-CREATE TRIGGER tg_stored_file__count_insert_row AFTER INSERT ON arm.stored_file FOR EACH ROW WHEN ((current_setting('arm.counting'::text, true) IS DISTINCT FROM 'statement'::text)) EXECUTE FUNCTION arm.tg_count_status_row();
+CREATE TRIGGER tg_stored_file__count_insert AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
 
 
 --

@@ -10,24 +10,24 @@
 -- the number of delta rows since the last compaction, never the number of jobs or files
 -- ever stored.
 --
--- Every write is counted, whoever writes, in one of two ways, chosen per statement by the
--- setting arm.counting:
---   * 'statement' — set by the functions that write many rows per statement (the
+-- Every write is counted, whoever writes. INSERT, DELETE and TRUNCATE by statement-level
+-- triggers with transition tables: one delta row per status a statement touched, whatever
+-- the number of rows (a bulk upload of 30,000 files or a purge appends one). An UPDATE in
+-- one of two ways, chosen per statement by the setting arm.counting:
+--   * 'statement' — set by the functions that change many statuses per statement (the
 --     publish, the inbox's batch, the sweep, the dead-letter steps), with set_config(…,
 --     true) as they start, so to the end of their transaction (a SET clause on the
---     function would need a superuser's GRANT SET ON PARAMETER): statement-level
---     triggers with transition tables append at most one delta row per status the
---     statement touched, whatever the number of rows;
---   * anything else (plain SQL: the upload, a DBA's UPDATE; the one-row functions: a
---     retry, a single ack or result) — row-level triggers append one delta row per row
---     inserted or deleted and per row whose status changed. Their WHEN clause is
---     checked without calling any function body, so a row whose status does not change
---     (the upload's `SET current_recognition_job_id`, a republish) costs nothing.
--- The two WHEN clauses are each other's negation on the same setting, so exactly one
--- trigger counts each row. A session that sets arm.counting itself only chooses how it is
--- counted, never whether. An upload was three statement-level trigger calls (insert of
--- the file, of the job, the update), ~170 µs of its ~0.9 ms server time; two row-level
--- calls now (docs/benchmarks.md, uploads).
+--     function would need a superuser's GRANT SET ON PARAMETER): the statement-level
+--     trigger, as above;
+--   * anything else (plain SQL: the upload's `SET current_recognition_job_id`, a DBA's
+--     UPDATE; the one-row functions: a retry, a single ack or result, a republish) — a
+--     row-level trigger whose WHEN clause lets only a changed status through, checked
+--     without calling any function body: an UPDATE that changes no status costs nothing,
+--     one that does appends -1 and +1 for each row.
+-- The two WHEN clauses negate each other on the same setting, so exactly one trigger
+-- counts each UPDATE. A session that sets arm.counting itself only chooses how its
+-- updates are counted, never whether. The upload's UPDATE ran the statement-level
+-- trigger for nothing: about 30 µs of its ~0.8 ms server time (docs/benchmarks.md).
 
 -- The statement-level trigger function (eight triggers: recognition_job and stored_file;
 -- INSERT, UPDATE, DELETE with transition tables, and TRUNCATE). SECURITY DEFINER: the
@@ -84,10 +84,9 @@ BEGIN
 END;
 $$;
 
--- The row-level trigger function (six triggers: INSERT, UPDATE and DELETE on both
--- tables), for statements that do not count by statement: one delta row per row — +1 for
--- an inserted row, -1 for a deleted one, -1 and +1 for a status change (the WHEN clause
--- of the UPDATE triggers lets only those through). SECURITY DEFINER as above.
+-- The row-level trigger function (two triggers: UPDATE on both tables), for updates that
+-- are not counted by statement and change a row's status (the WHEN clause): -1 for the
+-- old status, +1 for the new. SECURITY DEFINER as above.
 CREATE OR REPLACE FUNCTION arm.tg_count_status_row()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -96,39 +95,28 @@ SET search_path = pg_catalog, arm, pg_temp
 AS $$
 BEGIN
     IF TG_TABLE_NAME = 'recognition_job' THEN
-        IF TG_OP = 'INSERT' THEN
-            INSERT INTO arm.job_count_delta (status, n) VALUES (NEW.status, 1);
-        ELSIF TG_OP = 'UPDATE' THEN
-            INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
-        ELSE
-            INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1);
-        END IF;
+        INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
     ELSE
-        IF TG_OP = 'INSERT' THEN
-            INSERT INTO arm.file_count_delta (status, n) VALUES (NEW.status, 1);
-        ELSIF TG_OP = 'UPDATE' THEN
-            INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
-        ELSE
-            INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1);
-        END IF;
+        INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
     END IF;
     RETURN NULL;
 END;
 $$;
 
--- The fourteen triggers: the eight statement-level ones (AFTER INSERT, UPDATE, DELETE
--- with transition tables, when arm.counting is 'statement', and AFTER TRUNCATE, always),
--- and the six row-level ones (AFTER INSERT, UPDATE of the status, DELETE, otherwise), on
+-- The ten triggers: the eight statement-level ones (AFTER INSERT and DELETE with
+-- transition tables, AFTER UPDATE with them when arm.counting is 'statement', AFTER
+-- TRUNCATE) and the two row-level ones (AFTER UPDATE of a status, otherwise), on
 -- arm.recognition_job and arm.stored_file. Created (or replaced) on every migrate, in
 -- this file's transaction and under a lock that holds writers back (10_triggers.sql
 -- takes the same one); the migrate that creates them — the first after migration 0004 —
 -- also takes the counts in that transaction, so not a change falls between the counts
 -- and the first counted statement, and the triggers never fire anything but the
 -- functions above. A database whose eight statement-level triggers exist was counting
--- every write (the previous release's triggers had no WHEN clause); its counts carry on.
--- Until then the tables are empty and nothing reads them: job_counts() and the rest come
--- with this file. A database before 0004 (a test applies today's functions to a 0001 one)
--- gets no triggers: writing tables that do not exist would break every upload.
+-- every write (the previous release's UPDATE triggers had no WHEN clause); its counts
+-- carry on. Until then the tables are empty and nothing reads them: job_counts() and the
+-- rest come with this file. A database before 0004 (a test applies today's functions to
+-- a 0001 one) gets no triggers: writing tables that do not exist would break every
+-- upload.
 DO $count_triggers$
 DECLARE
     v_counting boolean;
@@ -145,9 +133,7 @@ BEGIN
         EXECUTE format($t$
             CREATE OR REPLACE TRIGGER tg_%1$s__count_insert
                 AFTER INSERT ON arm.%1$I REFERENCING NEW TABLE AS new_rows
-                FOR EACH STATEMENT
-                WHEN (pg_catalog.current_setting('arm.counting', true) = 'statement')
-                EXECUTE FUNCTION arm.tg_count_statuses();
+                FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
             CREATE OR REPLACE TRIGGER tg_%1$s__count_update
                 AFTER UPDATE ON arm.%1$I
                 REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
@@ -156,30 +142,16 @@ BEGIN
                 EXECUTE FUNCTION arm.tg_count_statuses();
             CREATE OR REPLACE TRIGGER tg_%1$s__count_delete
                 AFTER DELETE ON arm.%1$I REFERENCING OLD TABLE AS old_rows
-                FOR EACH STATEMENT
-                WHEN (pg_catalog.current_setting('arm.counting', true) = 'statement')
-                EXECUTE FUNCTION arm.tg_count_statuses();
+                FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
             CREATE OR REPLACE TRIGGER tg_%1$s__count_truncate
                 AFTER TRUNCATE ON arm.%1$I
                 FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_count_statuses();
-            CREATE OR REPLACE TRIGGER tg_%1$s__count_insert_row
-                AFTER INSERT ON arm.%1$I
-                FOR EACH ROW
-                WHEN (pg_catalog.current_setting('arm.counting', true)
-                      IS DISTINCT FROM 'statement')
-                EXECUTE FUNCTION arm.tg_count_status_row();
             CREATE OR REPLACE TRIGGER tg_%1$s__count_update_row
                 AFTER UPDATE ON arm.%1$I
                 FOR EACH ROW
                 WHEN (OLD.status IS DISTINCT FROM NEW.status
                       AND pg_catalog.current_setting('arm.counting', true)
                           IS DISTINCT FROM 'statement')
-                EXECUTE FUNCTION arm.tg_count_status_row();
-            CREATE OR REPLACE TRIGGER tg_%1$s__count_delete_row
-                AFTER DELETE ON arm.%1$I
-                FOR EACH ROW
-                WHEN (pg_catalog.current_setting('arm.counting', true)
-                      IS DISTINCT FROM 'statement')
                 EXECUTE FUNCTION arm.tg_count_status_row();
         $t$, v_table);
     END LOOP;

@@ -81,8 +81,8 @@ def test_the_counts_equal_count_star_after_random_transitions_retries_and_compac
         )
         walked.add(action)
         if action == "upload":
-            # Counted per row (plain SQL); now and then in a session that asked for
-            # counting per statement, which must count the same.
+            # Now and then in a session that asked for counting per statement: its
+            # updates (the current job's) must count the same.
             with conn.transaction():
                 if rng.random() < 0.3:
                     conn.execute("SELECT set_config('arm.counting', 'statement', true)")
@@ -184,12 +184,12 @@ def deltas(conn: Conn, table: str) -> list[tuple[str, int]]:
     return sorted((r["status"], r["n"]) for r in rows)
 
 
-def test_an_upload_is_counted_by_row_and_its_current_job_update_appends_nothing(
+def test_an_upload_appends_a_row_per_insert_and_none_for_its_current_job_update(
     conn: Conn,
 ) -> None:
     """The plain-SQL upload: one delta row for the file, one for the job; the UPDATE that
-    sets the file's current job changes no status, so its row trigger's WHEN clause keeps
-    it from firing and no statement-level trigger runs (arm.counting is not set)."""
+    sets the file's current job changes no status: the row trigger's WHEN clause keeps it
+    from firing, and the statement-level one runs only when arm.counting says so."""
     conn.execute("SELECT arm.compact_counts()")
     upload(conn)
     assert deltas(conn, "job_count_delta") == [("queued", 1)]
