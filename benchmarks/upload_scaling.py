@@ -16,6 +16,10 @@ runs, so that a drift of the machine (its disk's flush time above all, with dura
 on) hits both sides and both client counts alike; the notes give every run. 1 client
 runs with `-j 1`, 16 with `-j 2` (2 cores).
 
+During the 16-client runs (both sides) benchmarks/waits.py samples pg_stat_activity and
+reports where the backends were: running (CPU), waiting for the WAL flush of a commit
+(group commit), on a lock, or on the client.
+
 Read: each upload tps ÷ the `-N` tps at the same client count (one upload is one
 transaction of four statements, three inserts into indexed tables and an update, against
 `-N`'s update, select and insert), and the scaling — tps at 16 ÷ tps at 1 — of uploads
@@ -25,6 +29,7 @@ itself does (a hot spot of their own: an index page, a trigger's counter row, a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -32,6 +37,7 @@ from arm_core.devtools.embedded_postgres import find_pg_bindir
 from benchmarks.harness import Bench, progress, scalar
 from benchmarks.pgbench import run_pgbench, tps
 from benchmarks.report import Report
+from benchmarks.waits import SAMPLE_SECONDS, WaitSampler
 from tests.support.sql import UPLOADER_LOGIN, ensure_logins
 
 SECTION = "2 uploads"
@@ -92,13 +98,19 @@ def run(bench: Bench, report: Report) -> None:
     run_pgbench([*superuser, "-i", "-q", "-s", str(s.pgbench_scale), "uploads_ref"], env)
     seconds = ["-T", str(s.pgbench_seconds), "-M", "extended"]
     runs: dict[tuple[str, int], list[float]] = {}
+    (low, _), (high, _) = CLIENTS
+    admin = bench.pg.url("postgres")
+    waits = {"N": WaitSampler(admin, "uploads_ref"), "up": WaitSampler(admin, "uploads")}
     for clients, threads in [*CLIENTS, *reversed(CLIENTS)]:  # 1, 16, 16, 1
         load = ["-c", str(clients), "-j", str(threads), *seconds]
+        sampled = clients == high
         progress(f"pgbench -N -M extended, {clients} client(s)")
-        out = run_pgbench([*superuser, "-N", *load, "uploads_ref"], env)
+        with waits["N"] if sampled else contextlib.nullcontext():
+            out = run_pgbench([*superuser, "-N", *load, "uploads_ref"], env)
         runs.setdefault(("N", clients), []).append(tps(out))
         progress(f"uploads (pgbench -f upload.sql -M extended), {clients} client(s)")
-        out = run_pgbench([*uploader, "-n", "-f", str(script), *load, "uploads"], env)
+        with waits["up"] if sampled else contextlib.nullcontext():
+            out = run_pgbench([*uploader, "-n", "-f", str(script), *load, "uploads"], env)
         runs.setdefault(("up", clients), []).append(tps(out))
     measured = {key: sum(values) / len(values) for key, values in runs.items()}
     for clients, threads in CLIENTS:
@@ -122,7 +134,6 @@ def run(bench: Bench, report: Report) -> None:
             "files/s",
             ref=ref,
         )
-    (low, _), (high, _) = CLIENTS
     report.add(
         "uploads.N.scaling",
         SECTION,
@@ -140,6 +151,14 @@ def run(bench: Bench, report: Report) -> None:
         "×",
         ref="uploads.N.scaling",
         digits=2,
+    )
+    report.add(
+        "uploads.waits",
+        SECTION,
+        f"    where the {high} clients' backends were (pg_stat_activity every "
+        f"{SAMPLE_SECONDS * 1000:g} ms; WAL flush = waiting for a commit's WAL to be written "
+        "and fsynced)",
+        text=f"uploads: {waits['up'].describe()}; -N: {waits['N'].describe()}",
     )
     files = int(scalar(uploads_url, "SELECT count(*) FROM arm.stored_file"))
     each = "; ".join(
