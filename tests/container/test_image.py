@@ -213,7 +213,11 @@ async def test_the_healthcheck_follows_the_database(
         parts._replace(netloc=parts.netloc.replace(f":{parts.port}", f":{proxy.port}"))
     )
     try:
-        ctr = Container(image, ["bridge"], bridge_env(via_proxy, nats_server.url()))
+        # Off the event loop: bridge_env connects (ensure_logins) through the proxy, which
+        # this loop serves; called on it, the connect blocked the loop and waited for the
+        # kernel's connect timeout (about two minutes) before the test could go on.
+        env = await asyncio.to_thread(bridge_env, via_proxy, nats_server.url())
+        ctr = Container(image, ["bridge"], env)
         containers.append(ctr)
         await asyncio.to_thread(ctr.start)
         await asyncio.to_thread(ctr.wait_healthy)
