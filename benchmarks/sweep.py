@@ -13,6 +13,12 @@ enabled again. After each build the table is VACUUM ANALYZEd, as autovacuum woul
 Each measurement: in a transaction, move the deadline of `due` random live jobs into
 the past (allowed while they are live), time the sweep statement (client side, loopback),
 roll back; the median of several runs.
+
+With the smallest and the largest history, the two batch functions of the bridge are
+timed the same way: the inbox's arm.apply_envelopes_v2 with acks for BATCH random
+published jobs, and the publisher's arm.publish_queued_jobs_v2 claiming BATCH queued jobs
+(uploaded for it), each in a transaction rolled back, with the job and file rows it read.
+Like the sweep, a batch should cost what it carries, not what is stored.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from benchmarks.harness import Bench, Sizes, connect, median, progress
 from benchmarks.report import Report
@@ -30,6 +37,7 @@ from benchmarks.uploads import publish_in_sql, upload_files
 
 SECTION = "7 sweep"
 HOUR = 3600.0
+BATCH = 10  # envelopes (acks) per inbox batch, jobs per publish claim
 
 
 def run(bench: Bench, report: Report) -> None:
@@ -42,6 +50,8 @@ def run(bench: Bench, report: Report) -> None:
         _add_live(conn, live_small)
         base = _measure(conn, s.sweep_due, s.sweep_repeats)
         _row(report, "sweep.base", f"{live_small:,} live, {hist_small:,} history", base, s)
+        small_where = f"{live_small:,} live, {hist_small:,} history"
+        small_batches = _batches(conn, s.sweep_repeats)
 
         progress(f"sweep: {live_large - live_small:,} more live jobs via the functions")
         _add_live(conn, live_large - live_small)
@@ -74,6 +84,22 @@ def run(bench: Bench, report: Report) -> None:
             s,
             ref="sweep.base",
         )
+
+        large_where = f"{live_now:,} live, {history_now:,} history"
+        large_batches = _batches(conn, s.sweep_repeats)
+        for (key, what), small, large in zip(
+            (
+                ("inbox", f"apply_envelopes_v2(), {BATCH} acks"),
+                ("claim", f"publish_queued_jobs_v2(), {BATCH} queued jobs claimed"),
+            ),
+            small_batches,
+            large_batches,
+            strict=True,
+        ):
+            _batch_row(report, f"sweep.{key}.base", what, small_where, small)
+            _batch_row(
+                report, f"sweep.{key}.history", what, large_where, large, f"sweep.{key}.base"
+            )
 
         # The target: both large at once, against the large history alone.
         progress(f"sweep: {live_large - live_small:,} more live jobs again, with the history")
@@ -112,6 +138,81 @@ def _row(
         digits=1,
         short=f"{s.sweep_due} due among {where}",
     )
+
+
+def _batch_row(
+    report: Report, key: str, what: str, where: str, batch: Sweep, ref: str | None = None
+) -> None:
+    report.add(
+        key,
+        SECTION,
+        f"{what}, among {where}; it read {batch.rows_read:,} job+file rows",
+        batch.ms,
+        "ms",
+        ref=ref,
+        digits=2,
+        short=f"{what}, among {where}",
+    )
+
+
+def _batches(conn: psycopg.Connection[Any], repeats: int) -> tuple[Sweep, Sweep]:
+    """The inbox's batch and the publisher's claim of BATCH each, at the database's
+    present size: median milliseconds over `repeats` rolled-back runs, rows read."""
+    published = [
+        (r[0], r[1])
+        for r in conn.execute(
+            "SELECT id, file_id FROM arm.recognition_job WHERE status = 'published'"
+        ).fetchall()
+    ]
+    upload_files(conn, BATCH, "claim")
+    inbox, claim = [], []
+    inbox_read = claim_read = 0
+    for _ in range(repeats):
+        acks = [
+            {
+                "job_id": str(job_id),
+                "file_id": str(file_id),
+                "msg_id": f"ack:{job_id}:1",
+                "status": "processing",
+                "service_name": "tabular-parser",
+                "service_version": "1.4.2",
+            }
+            for job_id, file_id in random.sample(published, BATCH)
+        ]
+        ms, inbox_read = _rolled_back(
+            conn, "SELECT count(*) FROM arm.apply_envelopes_v2(%s)", (Jsonb(acks),), BATCH
+        )
+        inbox.append(ms)
+        ms, claim_read = _rolled_back(
+            conn,
+            "SELECT count(*) FROM arm.publish_queued_jobs_v2(%s, interval '1 hour', "
+            "interval '1 hour', 'files.tabular_uploaded', 'files.img_uploaded', 1048576)",
+            (BATCH,),
+            BATCH,
+        )
+        claim.append(ms)
+    # The claim's jobs stay queued: the next _add_live publishes them with the others.
+    return Sweep(median(inbox), inbox_read), Sweep(median(claim), claim_read)
+
+
+def _rolled_back(
+    conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...], expect: int
+) -> tuple[float, int]:
+    """Milliseconds of `sql` (which returns how many rows it acted on: `expect`) in a
+    transaction that is rolled back, and the job and file rows it read."""
+    try:
+        with conn.transaction():
+            before = _rows_read(conn)
+            started = time.perf_counter()
+            row = conn.execute(sql, params).fetchone()
+            ms = (time.perf_counter() - started) * 1000
+            read = _rows_read(conn) - before
+            if row is None or row[0] != expect:
+                raise RuntimeError(f"{sql}: {row and row[0]} rows, not {expect}")
+            raise psycopg.Rollback
+    except psycopg.Rollback:
+        pass
+    return ms, read
 
 
 def _count(conn: psycopg.Connection[Any], where: str) -> int:

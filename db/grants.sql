@@ -79,7 +79,8 @@ GRANT USAGE ON SCHEMA arm TO arm_bridge, arm_api, arm_uploader, arm_readonly;
 -- 3. Read-only helpers, called per row inside the functions: executable by anyone, with
 -- the caller's rights and no SET clause (db/functions/00_helpers.sql says why).
 GRANT EXECUTE ON FUNCTION
-    arm.is_final, arm.pipeline_for, arm.setting_int, arm._request_body, arm.job_view,
+    arm.is_final, arm.pipeline_for, arm.setting_int, arm._request_body, arm._request_text,
+    arm.job_view,
     arm.fold_name, arm.name_pattern, arm.is_retryable, arm.nats_message_bytes,
     arm.envelope_problem
 TO PUBLIC;

@@ -1,13 +1,14 @@
--- The publisher's hot path (R-OUT-1) in one statement per batch. The bridge runs, in ONE
+-- The publisher's hot path (R-OUT-1) in one call per batch. The bridge runs, in ONE
 -- transaction:
 --   publish_queued_jobs_v2 → publish every `published` row's request to NATS → confirm
 --   the server has them → COMMIT   (or ROLLBACK when the batch could not be confirmed).
--- The rows are marked in the same statement that claims them, so each job costs one row
--- version instead of a lock and then an update (claim_queued_jobs + mark_published: the
--- previous release's bridges call them, DBAs and tests may). Nothing changes in what others can see: until the commit the
--- jobs are queued for everyone else, and the commit comes only after the server confirmed
--- every message, so a job is still never marked published unless its message reached
--- NATS. published_at is the moment of the claim, a few milliseconds before the publish.
+-- The rows are marked in the same call that claims them, so each job costs one round
+-- trip and one row version, where the previous release's bridges call claim_queued_jobs
+-- and then mark_published (DBAs and tests may). Nothing changes in what others can see:
+-- until the commit the jobs are queued for everyone else, and the commit comes only
+-- after the server confirmed every message, so a job is still never marked published
+-- unless its message reached NATS. published_at is the moment of the claim, a few
+-- milliseconds before the publish.
 
 -- Claims up to p_limit queued jobs, oldest first, skipping rows another publisher holds,
 -- and in the same statement:
@@ -52,27 +53,41 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
+    v_ids uuid[];
 BEGIN
     -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
     PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
-    RETURN QUERY
-    WITH claimed AS (
-        SELECT j.id
+    -- Two steps, like claim_unacked_jobs: 1. lock the batch, oldest first, through
+    -- recognition_job_queued_idx; 2. build, size and mark it by primary key (id = ANY of
+    -- the batch). In one statement the planner could not know the batch was small and,
+    -- at some table sizes, hashed all of recognition_job and stored_file (final jobs
+    -- included) to join a few hundred rows; and the one statement was planned again on
+    -- every call (its generic plan was that hash), about 2 ms a batch. These two plan
+    -- once and read only the batch.
+    SELECT array_agg(q.id ORDER BY q.requested_at, q.id)
+    INTO v_ids
+    FROM (
+        SELECT j.id, j.requested_at
         FROM arm.recognition_job j
         WHERE j.status = 'queued'
         ORDER BY j.requested_at, j.id
         LIMIT p_limit
         FOR UPDATE OF j SKIP LOCKED
-    ), built AS (
+    ) q;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH built AS (
         SELECT j.id, j.file_id, j.attempt, j.requested_at,
                j.id::text || ':' || j.attempt AS msg_id,
                CASE j.pipeline WHEN 'tabular' THEN p_tabular_subject
                                ELSE p_image_subject END AS subject,
                d.deadline,
-               -- jsonb's text form: byte for byte what a republish sends again.
-               arm._request_body(j, f, o, d.deadline)::text AS request
-        FROM claimed c
-        JOIN arm.recognition_job j ON j.id = c.id
+               arm._request_text(j.id, f.id, j.pipeline, f.file_type, f.original_name,
+                                 o.bucket, o.key, d.deadline, j.attempt) AS request
+        FROM arm.recognition_job j
         JOIN arm.stored_file f ON f.id = j.file_id
         JOIN arm.s3_object o ON o.id = f.s3_object_id
         CROSS JOIN LATERAL (
@@ -80,6 +95,7 @@ BEGIN
                 + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
                                   ELSE p_image_reply_timeout END) AS deadline
         ) d
+        WHERE j.id = ANY (v_ids)
     ), sized AS (
         -- What the server counts against max_payload (00_helpers.sql).
         SELECT b.*, arm.nats_message_bytes(b.request, b.msg_id) AS bytes
@@ -99,7 +115,7 @@ BEGIN
                 s.bytes, p_max_bytes) END,
             finished_at = CASE WHEN s.bytes > p_max_bytes THEN v_now END
         FROM sized s
-        WHERE j.id = s.id
+        WHERE j.id = s.id AND j.id = ANY (v_ids)
         RETURNING j.id, j.status, j.error_message, j.published_at
     ), files AS (
         UPDATE arm.stored_file f

@@ -223,6 +223,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
+    v_named uuid[];
     v_locked uuid[];
     v_bad record;
 BEGIN
@@ -252,9 +253,15 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Every job the batch names, then those of them this call holds. The jobs are read
+    -- by primary key (id = ANY of an array, whose length the planner knows or, in the
+    -- generic plan, takes as small): joined to the envelopes as a set, the planner
+    -- expected a hundred of them and hashed all of recognition_job, final jobs included,
+    -- twice per batch — a batch's cost grew with the history.
+    v_named := ARRAY(SELECT DISTINCT (x.env ->> 'job_id')::uuid
+                     FROM jsonb_array_elements(p_envelopes) AS x(env));
     v_locked := ARRAY(SELECT j.id FROM arm.recognition_job j
-                      WHERE j.id IN (SELECT (x.env ->> 'job_id')::uuid
-                                     FROM jsonb_array_elements(p_envelopes) AS x(env))
+                      WHERE j.id = ANY (v_named)
                       ORDER BY j.id
                       FOR UPDATE SKIP LOCKED);
 
@@ -270,7 +277,8 @@ BEGIN
                j.file_id AS job_file_id, j.attempt AS job_attempt,
                j.status AS s0, j.result_msg_id AS m0
         FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)
-        LEFT JOIN arm.recognition_job j ON j.id = (x.env ->> 'job_id')::uuid
+        LEFT JOIN arm.recognition_job j
+               ON j.id = (x.env ->> 'job_id')::uuid AND j.id = ANY (v_named)
     ), c AS (
         -- Elements that act on their job: found, held, same file, the job not queued.
         SELECT e.*,

@@ -85,6 +85,7 @@ PUBLIC_HELPERS = {
     "pipeline_for",
     "setting_int",
     "_request_body",
+    "_request_text",
     "job_view",
     "fold_name",
     "name_pattern",

@@ -68,6 +68,42 @@ def test_S_OUT_1_claim_builds_a_valid_request_and_marks_published(
     assert 590 < deadline_left <= 600
 
 
+@pytest.mark.parametrize(
+    ("file_type", "name"),
+    [
+        ("XLSX", "ОСВ 2024.xlsx"),
+        ("PNG", 'скан "кв. 1" \\ back\\slash\ttab\nnewline\x01\x1f ctl 😀 €.png'),
+        ("PDF", "'single' </script> &amp; \u2028 line sep.pdf"),
+    ],
+)
+def test_the_request_text_is_byte_for_byte_the_request_bodys_jsonb_text(
+    conn: Conn, file_type: str, name: str
+) -> None:
+    """The claim prints the request by concatenation (arm._request_text), the republish
+    prints _request_body's jsonb: the same bytes, or a republish would differ from the
+    publish (its key, bucket and name carry every escape JSON has)."""
+    up = upload(conn, file_type, name=name, bucket='b"q')
+    text, body = one_row(
+        conn,
+        """
+        SELECT arm._request_text(j.id, f.id, j.pipeline, f.file_type, f.original_name,
+                                 o.bucket, o.key, d.t, 7) AS text,
+               arm._request_body(j, f, o, d.t)::text AS body
+        FROM arm.recognition_job j
+        JOIN arm.stored_file f ON f.id = j.file_id
+        JOIN arm.s3_object o ON o.id = f.s3_object_id
+        CROSS JOIN (SELECT timestamptz '2026-12-01 10:11:12.345678+03' AS t) d
+        WHERE j.id = %s
+        """,
+        (up.job_id,),
+    ).values()
+    assert text == body.replace('"attempt": 1', '"attempt": 7')
+    request = json.loads(text)
+    assert request["original_name"] == name and request["attempt"] == 7
+    assert request["s3"]["bucket"] == 'b"q'
+    assert request["reply_deadline"] == "2026-12-01T07:11:12.345Z"
+
+
 def test_image_jobs_get_the_image_reply_timeout(conn: Conn) -> None:
     up = upload(conn, "PNG")
     [claimed] = publish(conn, tabular_timeout=600, image_timeout=1800)
