@@ -200,6 +200,29 @@ $$;
 ALTER FUNCTION arm._request_body(p_job arm.recognition_job, p_file arm.stored_file, p_source arm.s3_object, p_reply_deadline timestamp with time zone) OWNER TO arm_owner;
 
 --
+-- Name: _request_text(uuid, uuid, arm.pipeline, arm.file_type, text, text, text, timestamp with time zone, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm._request_text(p_job_id uuid, p_file_id uuid, p_pipeline arm.pipeline, p_file_type arm.file_type, p_original_name text, p_bucket text, p_key text, p_reply_deadline timestamp with time zone, p_attempt integer) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT '{"s3": {"key": ' || to_json(p_key)::text
+        || ', "bucket": ' || to_json(p_bucket)::text
+        || '}, "job_id": "' || p_job_id::text
+        || '", "attempt": ' || p_attempt::text
+        || ', "file_id": "' || p_file_id::text
+        || '", "pipeline": "' || p_pipeline::text
+        || '", "file_type": "' || p_file_type::text
+        || '", "original_name": ' || to_json(p_original_name)::text
+        || ', "reply_deadline": "'
+        || to_char(p_reply_deadline AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+        || '", "schema_version": "1.0"}'
+$$;
+
+
+ALTER FUNCTION arm._request_text(p_job_id uuid, p_file_id uuid, p_pipeline arm.pipeline, p_file_type arm.file_type, p_original_name text, p_bucket text, p_key text, p_reply_deadline timestamp with time zone, p_attempt integer) OWNER TO arm_owner;
+
+--
 -- Name: apply_ack(uuid, uuid, text, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -255,6 +278,7 @@ CREATE FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) RETURNS TABLE(ord inte
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
+    v_named uuid[];
     v_locked uuid[];
     v_bad record;
 BEGIN
@@ -284,9 +308,15 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Every job the batch names, then those of them this call holds. The jobs are read
+    -- by primary key (id = ANY of an array, whose length the planner knows or, in the
+    -- generic plan, takes as small): joined to the envelopes as a set, the planner
+    -- expected a hundred of them and hashed all of recognition_job, final jobs included,
+    -- twice per batch — a batch's cost grew with the history.
+    v_named := ARRAY(SELECT DISTINCT (x.env ->> 'job_id')::uuid
+                     FROM jsonb_array_elements(p_envelopes) AS x(env));
     v_locked := ARRAY(SELECT j.id FROM arm.recognition_job j
-                      WHERE j.id IN (SELECT (x.env ->> 'job_id')::uuid
-                                     FROM jsonb_array_elements(p_envelopes) AS x(env))
+                      WHERE j.id = ANY (v_named)
                       ORDER BY j.id
                       FOR UPDATE SKIP LOCKED);
 
@@ -302,7 +332,8 @@ BEGIN
                j.file_id AS job_file_id, j.attempt AS job_attempt,
                j.status AS s0, j.result_msg_id AS m0
         FROM jsonb_array_elements(p_envelopes) WITH ORDINALITY AS x(env, n)
-        LEFT JOIN arm.recognition_job j ON j.id = (x.env ->> 'job_id')::uuid
+        LEFT JOIN arm.recognition_job j
+               ON j.id = (x.env ->> 'job_id')::uuid AND j.id = ANY (v_named)
     ), c AS (
         -- Elements that act on their job: found, held, same file, the job not queued.
         SELECT e.*,
@@ -1174,27 +1205,41 @@ CREATE FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_time
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
+    v_ids uuid[];
 BEGIN
     -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
     PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
-    RETURN QUERY
-    WITH claimed AS (
-        SELECT j.id
+    -- Two steps, like claim_unacked_jobs: 1. lock the batch, oldest first, through
+    -- recognition_job_queued_idx; 2. build, size and mark it by primary key (id = ANY of
+    -- the batch). In one statement the planner could not know the batch was small and,
+    -- at some table sizes, hashed all of recognition_job and stored_file (final jobs
+    -- included) to join a few hundred rows; and the one statement was planned again on
+    -- every call (its generic plan was that hash), about 2 ms a batch. These two plan
+    -- once and read only the batch.
+    SELECT array_agg(q.id ORDER BY q.requested_at, q.id)
+    INTO v_ids
+    FROM (
+        SELECT j.id, j.requested_at
         FROM arm.recognition_job j
         WHERE j.status = 'queued'
         ORDER BY j.requested_at, j.id
         LIMIT p_limit
         FOR UPDATE OF j SKIP LOCKED
-    ), built AS (
+    ) q;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH built AS (
         SELECT j.id, j.file_id, j.attempt, j.requested_at,
                j.id::text || ':' || j.attempt AS msg_id,
                CASE j.pipeline WHEN 'tabular' THEN p_tabular_subject
                                ELSE p_image_subject END AS subject,
                d.deadline,
-               -- jsonb's text form: byte for byte what a republish sends again.
-               arm._request_body(j, f, o, d.deadline)::text AS request
-        FROM claimed c
-        JOIN arm.recognition_job j ON j.id = c.id
+               arm._request_text(j.id, f.id, j.pipeline, f.file_type, f.original_name,
+                                 o.bucket, o.key, d.deadline, j.attempt) AS request
+        FROM arm.recognition_job j
         JOIN arm.stored_file f ON f.id = j.file_id
         JOIN arm.s3_object o ON o.id = f.s3_object_id
         CROSS JOIN LATERAL (
@@ -1202,6 +1247,7 @@ BEGIN
                 + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
                                   ELSE p_image_reply_timeout END) AS deadline
         ) d
+        WHERE j.id = ANY (v_ids)
     ), sized AS (
         -- What the server counts against max_payload (00_helpers.sql).
         SELECT b.*, arm.nats_message_bytes(b.request, b.msg_id) AS bytes
@@ -1221,7 +1267,7 @@ BEGIN
                 s.bytes, p_max_bytes) END,
             finished_at = CASE WHEN s.bytes > p_max_bytes THEN v_now END
         FROM sized s
-        WHERE j.id = s.id
+        WHERE j.id = s.id AND j.id = ANY (v_ids)
         RETURNING j.id, j.status, j.error_message, j.published_at
     ), files AS (
         UPDATE arm.stored_file f
