@@ -15,7 +15,7 @@ the past (allowed while they are live), time the sweep statement (client side, l
 roll back; the median of several runs.
 
 With the smallest and the largest history, the two batch functions of the bridge are
-timed the same way: the inbox's arm.apply_envelopes_v2 with acks for BATCH random
+timed the same way: the inbox's arm.apply_envelopes_v2 with acks for BATCH (10) random
 published jobs, and the publisher's arm.publish_queued_jobs_v2 claiming BATCH queued jobs
 (uploaded for it), each in a transaction rolled back, with the job and file rows it read.
 Like the sweep, a batch should cost what it carries, not what is stored.
