@@ -133,7 +133,7 @@ async def test_notify_wakes_the_publisher_long_before_the_poll(
         with dict_conn(db_url) as conn:
             up = upload(conn, "PNG")
             await wait_for(lambda: len(requests.messages) == 1, 10, "woken by NOTIFY")
-            assert job(conn, up.job_id)["status"] == "published"
+            await wait_for(lambda: job(conn, up.job_id)["status"] == "published", 10, "committed")
     requests.assert_valid_requests()
 
 
@@ -158,7 +158,9 @@ async def test_with_no_notification_at_all_the_poll_alone_publishes(
         with dict_conn(db_url) as conn:
             up = upload(conn)
             await wait_for(lambda: len(requests.messages) == 1, 10, "published by the poll")
-            assert job(conn, up.job_id)["status"] == "published"
+            # The message arrives before the publisher's commit (it commits once NATS has
+            # confirmed): the status is waited for, not read once.
+            await wait_for(lambda: job(conn, up.job_id)["status"] == "published", 10, "committed")
     requests.assert_valid_requests()
 
 
@@ -183,7 +185,13 @@ async def test_a_job_that_joins_the_queue_while_others_go_out_is_not_left_to_the
             await asyncio.to_thread(disable_notify, db_url)
             second = upload(conn)
             await wait_for(lambda: len(requests.messages) == 2, 10, "found by the short poll")
-            assert {job(conn, j)["status"] for j in (first.job_id, second.job_id)} == {"published"}
+            await wait_for(
+                lambda: (
+                    {job(conn, j)["status"] for j in (first.job_id, second.job_id)} == {"published"}
+                ),
+                10,
+                "both committed",
+            )
     requests.assert_valid_requests()
 
 
