@@ -10,8 +10,14 @@ docs/contracts/examples/result-processing.json and result-done.json.
     has moved for STALL_SECONDS, longer than the ack timeout, so a republish had its
     chance), with the final states and the envelopes the bridge says it dropped;
 (b) uploads paced at half of that rate for a few seconds, then enqueue→published and
-    enqueue→done percentiles computed in SQL from requested_at, published_at and
-    finished_at (requested_at is the upload transaction's start).
+    enqueue→done percentiles. Enqueued is the moment the upload's COMMIT returned (the
+    client's wall clock, kept per job; the server's published_at — the publisher's claim
+    — and finished_at are on the same machine's clock): no publisher can see a job
+    earlier. The same percentiles from requested_at (the upload transaction's start,
+    what this section reported before) add the upload's own duration;
+(c) the same at a quarter of (a)'s rate: at half, the paced uploads (small transactions,
+    dearer per file than the burst's one), the bridge and PostgreSQL keep both cores
+    busy, and the latency is mostly queueing for a CPU. CPU is measured for each.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +48,9 @@ SECTION = "6 lifecycle"
 STALL_SECONDS = 45.0  # > ACK_TIMEOUT_SECONDS (30): a lost ack gets its republish first
 POLL_SECONDS = 0.5
 UPLOAD_CONNECTIONS = 2
+# The paced runs after the burst: at half its rate (the issue's target), and at a quarter
+# (headroom on this 2-core machine: at half, uploads, bridge and PostgreSQL use ~all of it).
+PACED = (("b", 2), ("c", 4))
 LIVE = "status IN ('queued', 'published', 'processing')"
 
 
@@ -69,7 +79,9 @@ async def run(bench: Bench, report: Report) -> None:
             burst.dropped = dropped_envelopes(proc.log())
             _report_burst(report, burst)
             if burst.rate > 0:
-                await _latency(url, burst.rate / 2, bench.sizes.latency_seconds, report)
+                for label, share in PACED:
+                    paced = Paced(label, share, burst.rate / share, bench.sizes.latency_seconds)
+                    await _latency(url, paced, report, meter)
             report.note(
                 f"Lifecycle: the instant service received {service.answered:,} requests; "
                 f"the bridge logged {dropped_envelopes(proc.log()):,} dropped envelopes "
@@ -141,70 +153,128 @@ def _report_burst(report: Report, b: Burst) -> None:
     )
 
 
-async def _latency(url: str, rate: float, seconds: float, report: Report) -> None:
+@dataclass(frozen=True)
+class Paced:
+    """One paced run: uploads at `rate` (the burst's rate ÷ `share`) for `seconds`."""
+
+    label: str
+    share: int
+    rate: float
+    seconds: float
+
+
+async def _latency(url: str, paced: Paced, report: Report, meter: CpuMeter) -> None:
+    rate, seconds = paced.rate, paced.seconds
     started_at: datetime.datetime = await asyncio.to_thread(scalar, url, "SELECT clock_timestamp()")
     conns = [
         await psycopg.AsyncConnection.connect(url, autocommit=True)
         for _ in range(UPLOAD_CONNECTIONS)
     ]
+    committed: list[tuple[uuid.UUID, datetime.datetime]] = []
+    meter.start()
     try:
         sent = await asyncio.gather(
-            *(_paced(c, rate / len(conns), seconds, f"paced{i}") for i, c in enumerate(conns))
+            *(
+                _paced(c, rate / len(conns), seconds, f"paced{i}", committed)
+                for i, c in enumerate(conns)
+            )
         )
     finally:
         for c in conns:
             await c.close()
     where = f"requested_at >= '{started_at.isoformat()}'::timestamptz"
     await _wait_settled(url, where)
+    meter.stop()
     with connect(url) as conn:
         row = conn.execute(
             f"""
+            WITH c AS (
+                SELECT * FROM unnest(%(jobs)s::uuid[], %(ats)s::timestamptz[])
+                    AS c(job_id, committed_at)
+            ), j AS (
+                SELECT j.status,
+                       1000 * extract(epoch FROM j.published_at - j.requested_at) AS pub_tx,
+                       1000 * extract(epoch FROM j.finished_at - j.requested_at) AS done_tx,
+                       1000 * extract(epoch FROM j.published_at - c.committed_at) AS pub,
+                       1000 * extract(epoch FROM j.finished_at - c.committed_at) AS done
+                FROM arm.recognition_job j LEFT JOIN c ON c.job_id = j.id
+                WHERE {where}
+            )
             SELECT count(*),
                    count(*) FILTER (WHERE status = 'done'),
-                   1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY
-                       extract(epoch FROM published_at - requested_at)),
-                   1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY
-                       extract(epoch FROM published_at - requested_at)),
-                   1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY
-                       extract(epoch FROM finished_at - requested_at))
+                   count(pub),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY pub),
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY pub),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY done)
                        FILTER (WHERE status = 'done'),
-                   1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY
-                       extract(epoch FROM finished_at - requested_at))
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY done)
+                       FILTER (WHERE status = 'done'),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY pub_tx),
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY pub_tx),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY done_tx)
+                       FILTER (WHERE status = 'done'),
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY done_tx)
                        FILTER (WHERE status = 'done')
-            FROM arm.recognition_job WHERE {where}
-            """
+            FROM j
+            """,
+            {"jobs": [j for j, _ in committed], "ats": [a for _, a in committed]},
         ).fetchone()
     assert row is not None
-    total, done, pub50, pub99, done50, done99 = row
+    total, done, timed, pub50, pub99, done50, done99, pubtx50, pubtx99, donetx50, donetx99 = row
+    assert timed == total == sum(sent), (timed, total, sum(sent))
     achieved = sum(sent) / seconds
+    p, key = paced, f"lifecycle.paced{paced.share}"
     load = (
-        f"(b) {sum(sent):,} uploads paced at {achieved:,.0f} files/s for {seconds:.0f} s "
-        f"(target: half of (a), {rate:,.0f}/s; {UPLOAD_CONNECTIONS} connections, small batches)"
+        f"({p.label}) {sum(sent):,} uploads paced at {achieved:,.0f} files/s for {seconds:.0f} s "
+        f"(target: 1/{p.share} of (a), {rate:,.0f}/s; {UPLOAD_CONNECTIONS} connections, "
+        "small batches)"
     )
-    report.add("lifecycle.paced", SECTION, load, text=f"{done:,} of {total:,} done")
+    report.add(key, SECTION, load, text=f"{done:,} of {total:,} done")
     report.add(
-        "lifecycle.published",
+        f"{key}.cpu",
         SECTION,
-        "    enqueue → published, p50 · p99",
+        "    CPU, % of one core, from the first upload until every job is final",
+        text=meter.describe(),
+    )
+    report.add(
+        f"{key}.published",
+        SECTION,
+        "    enqueue (the upload's COMMIT returned) → published, p50 · p99",
         text=f"{_ms(pub50)} · {_ms(pub99)}",
     )
     report.add(
-        "lifecycle.done",
+        f"{key}.done",
         SECTION,
-        "    enqueue → done, p50 · p99",
+        "    enqueue (the upload's COMMIT returned) → done, p50 · p99",
         text=f"{_ms(done50)} · {_ms(done99)}",
+    )
+    report.add(
+        f"{key}.from_start",
+        SECTION,
+        "    from the upload transaction's start: → published · → done, p50 · p99",
+        text=f"{_ms(pubtx50)} · {_ms(pubtx99)}; {_ms(donetx50)} · {_ms(donetx99)}",
     )
 
 
-async def _paced(conn: psycopg.AsyncConnection[Any], rate: float, seconds: float, tag: str) -> int:
+async def _paced(
+    conn: psycopg.AsyncConnection[Any],
+    rate: float,
+    seconds: float,
+    tag: str,
+    committed: list[tuple[uuid.UUID, datetime.datetime]],
+) -> int:
     """Uploads at `rate` files/s for `seconds`: each transaction carries the files that
-    are due by then (one when the pace allows, a few when it falls behind)."""
+    are due by then (one when the pace allows, a few when it falls behind). Appends each
+    job with the moment its upload's COMMIT returned to `committed` (the wall clock the
+    server's timestamps use: same machine)."""
     started = time.monotonic()
     sent = 0
     while (elapsed := time.monotonic() - started) < seconds:
         due = int(elapsed * rate) + 1 - sent
         if due > 0:
-            await upload_files_async(conn, due, f"{tag}-{sent}")
+            jobs = await upload_files_async(conn, due, f"{tag}-{sent}")
+            at = datetime.datetime.now(datetime.UTC)
+            committed += [(job, at) for job in jobs]
             sent += due
         else:
             await asyncio.sleep(max((sent / rate) - elapsed, 0.001))

@@ -10,6 +10,7 @@ current_recognition_job_id out; this one sets it, as docs/dbas.md says.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import psycopg
@@ -64,14 +65,16 @@ def upload_files(
 
 async def upload_files_async(
     conn: psycopg.AsyncConnection[Any], n: int, tag: str, mixed: bool = True
-) -> None:
-    """The same as :func:`upload_files`, on an async connection (paced uploads)."""
+) -> list[uuid.UUID]:
+    """The same as :func:`upload_files`, on an async connection (paced uploads); returns
+    the ids of the jobs, committed."""
     async with conn.transaction():
         cur = await conn.execute(_INSERT, {"n": n, "tag": tag, "mixed": mixed})
         rows = await cur.fetchall()
         await conn.execute(
             _SET_CURRENT, {"file_ids": [r[0] for r in rows], "job_ids": [r[1] for r in rows]}
         )
+    return [r[1] for r in rows]
 
 
 # What the publisher does, in SQL and without NATS: claim a batch and mark it published
