@@ -221,7 +221,8 @@ def applied_batch(counts: Counts, outcomes: Counter[ApplyOutcome]) -> None:
 def held(counts: Counts, n: int, waiting: int, error: Exception) -> None:
     """The database is unreachable: the inbox holds its batch and tries again."""
     counts["db_retries"] += 1
-    log.warning(
+    # DEBUG: the outage itself is logged once by arm_core.db.OUTAGE, not once per retry.
+    log.debug(
         "database unavailable, holding %d envelopes (%d more waiting): %s",
         n,
         waiting,

@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from arm_core.bridge.service import Service
+from arm_core.db import OUTAGE, connection_options
+from arm_core.redaction import mask_urls_in
 
 log = logging.getLogger(__name__)
 
@@ -50,23 +53,28 @@ class Listener(Service):
         backoff = 0.5
         while not stopping.is_set():
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.database_url, autocommit=True
-                ) as conn:
+                conninfo = make_conninfo(self.database_url, **connection_options(self.database_url))
+                async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self.wake.set()  # whatever was queued while we were not listening
+                    if self.state is ListenerState.RECONNECTING:
+                        log.info("LISTEN connection back", extra={"action": "listen"})
                     self.state = ListenerState.OK
+                    OUTAGE.available()
                     backoff = 0.5
                     while not stopping.is_set():
                         async for _ in conn.notifies(timeout=self.poll_seconds):
                             self.wake.set()
             except psycopg.OperationalError as exc:
+                # Logged once per loss; the outage itself is arm_core.db.OUTAGE's to log.
+                if self.state is not ListenerState.RECONNECTING:
+                    log.warning(
+                        "LISTEN connection lost, polling carries on: %s",
+                        mask_urls_in(str(exc)),
+                        extra={"action": "listen"},
+                    )
                 self.state = ListenerState.RECONNECTING
-                log.warning(
-                    "LISTEN connection lost, polling carries on: %s",
-                    exc,
-                    extra={"action": "listen", "error": str(exc)},
-                )
+                OUTAGE.failed(f"listen: {mask_urls_in(str(exc))}")
                 try:
                     await asyncio.wait_for(stopping.wait(), backoff)
                 except TimeoutError:

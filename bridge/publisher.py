@@ -32,7 +32,7 @@ from arm_core.bridge import events
 from arm_core.bridge.config import PublisherConfig
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
 from arm_core.bridge.service import Service
-from arm_core.db import DatabaseError
+from arm_core.db import DatabaseError, DatabaseUnavailable
 from arm_core.rows import DeadLetteredJob, PublishedJob, UnackedJob
 from arm_core.statuses import PublishOutcome
 from arm_core.store import Store
@@ -97,6 +97,8 @@ class Publisher(Service):
                 cycle = await self.run_once()
                 if cycle.published or cycle.unpublishable or cycle.republished:
                     self._active_until = time.monotonic() + self.config.active_seconds
+            except DatabaseUnavailable as exc:  # logged once as an outage (arm_core.db)
+                log.debug("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
             except DatabaseError as exc:
                 log.warning("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
             except Exception:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from arm_core.bridge import events
 from arm_core.bridge.config import SchedulerConfig
 from arm_core.bridge.service import Service
-from arm_core.db import DatabaseError
+from arm_core.db import DatabaseError, DatabaseUnavailable
 from arm_core.rows import TaskRun
 from arm_core.store import Store
 
@@ -57,7 +57,8 @@ class Scheduler(Service):
         try:
             return await self.store.compact_counts()
         except DatabaseError as exc:
-            log.warning("compact_counts failed: %s", exc, extra={"action": "schedule"})
+            level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+            log.log(level, "compact_counts failed: %s", exc, extra={"action": "schedule"})
             return None
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -66,7 +67,9 @@ class Scheduler(Service):
             try:
                 await self.run_once()
             except DatabaseError as exc:
-                log.warning("schedule tick failed: %s", exc, extra={"action": "schedule"})
+                # An unavailable database is logged once as an outage (arm_core.db).
+                level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+                log.log(level, "schedule tick failed: %s", exc, extra={"action": "schedule"})
             try:
                 await asyncio.wait_for(stopping.wait(), self.config.tick_seconds)
             except TimeoutError:

@@ -87,7 +87,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             exc.status, _HTTP_CODES.get(exc.status, "HTTP_ERROR"), message, headers=headers
         )
     except DatabaseUnavailable as exc:
-        log.warning("database unavailable: %s", exc, extra={"action": "http"})
+        # The outage is logged once by arm_core.db.OUTAGE, not once per request.
+        log.debug("database unavailable: %s", exc, extra={"action": "http"})
         return error_response(503, "DATABASE_UNAVAILABLE", "the database cannot be reached")
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)

@@ -117,13 +117,18 @@ def _port(name: str, raw: str) -> int:
 
 
 def _database_url(name: str, raw: str) -> str:
+    """A libpq connection string: a postgresql:// URL (several hosts allowed, as
+    host1:5432,host2:5432 with target_session_attrs=read-write) or the key=value form
+    (host=a,b port=5432,5432 dbname=arm …)."""
     value = raw.strip()
     scheme, sep, _ = value.partition("://")
-    if not sep or scheme not in ("postgresql", "postgres"):
+    is_url, is_keywords = bool(sep), not sep and "=" in value
+    if (is_url and scheme not in ("postgresql", "postgres")) or not (is_url or is_keywords):
         raise ConfigError(
-            f"{name}: expected a postgresql://… connection string, got {mask_url(value)!r}"
+            f"{name}: expected a postgresql://… URL or libpq's key=value form, "
+            f"got {mask_url(value)!r}"
         )
-    try:  # libpq's own parser: a URL it cannot read fails here, not at the first query
+    try:  # libpq's own parser: a string it cannot read fails here, not at the first query
         conninfo_to_dict(value)
     except psycopg.Error as exc:
         # libpq quotes the part it could not read, which may be the password.
@@ -131,7 +136,7 @@ def _database_url(name: str, raw: str) -> str:
         for secret in url_secrets(value, bare_user_is_secret=False):
             said = said.replace(secret, "***")
         raise ConfigError(
-            f"{name}: not a valid connection URL ({mask_url(value)!r}): {mask_urls_in(said)}"
+            f"{name}: not a valid connection string ({mask_url(value)!r}): {mask_urls_in(said)}"
         ) from None
     return value
 
@@ -386,7 +391,11 @@ class Settings:
 
     def require_database_url(self) -> str:
         if not self.database_url:
-            raise ConfigError("DATABASE_URL: required (postgresql://user@host:port/dbname)")
+            raise ConfigError(
+                "DATABASE_URL: required (postgresql://user@host:port/dbname, or several "
+                "hosts: postgresql://user@host1:5432,host2:5432/dbname"
+                "?target_session_attrs=read-write)"
+            )
         return self.database_url
 
     def subject_for(self, pipeline: str) -> str:

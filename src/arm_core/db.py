@@ -1,21 +1,34 @@
-"""Database access: the named queries of queries.sql and one boundary for driver errors.
+"""Database access: the named queries of queries.sql, one boundary for driver errors,
+the options every connection gets, and the outage log.
 
 Python never writes the job tables itself; every query here calls a function of
 db/functions. The runtime sends them only through arm_core.store, which types their
 parameters and rows; query(name) is for the store (and for tests that run a query as
-it is). Driver errors become :class:`DatabaseUnavailable` (the server cannot be reached;
-retrying later makes sense) or :class:`DatabaseError` (anything else).
+it is). Driver errors become :class:`DatabaseUnavailable` (the server cannot be reached,
+or is read-only — a standby: retrying later makes sense) or :class:`DatabaseError`
+(anything else).
+
+An outage is one event for the operator, however many connections and tasks meet it:
+:data:`OUTAGE` logs it once when it starts (with the cause), every
+:data:`Outage.report_every` seconds while it lasts, and once when it ends (with its
+length). Every failure goes there — a query's (wrap_db_errors), the pool's connection
+attempts (its log records, taken over by :func:`install_pool_log_filter`), the LISTEN
+connection's — and the first success ends it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from functools import cache
 from importlib import resources
+from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from arm_core.redaction import mask_urls_in
 
@@ -48,12 +61,129 @@ def query(name: str) -> str:
         raise KeyError(f"no query named {name!r} in arm_core/queries.sql") from None
 
 
+log = logging.getLogger(__name__)
+
+
 def is_unavailable(exc: BaseException) -> bool:
-    """Whether a psycopg error means the server is unreachable (worth waiting for)."""
+    """Whether a psycopg error means the server is unreachable (worth waiting for). A
+    read-only server counts: a standby, or a primary being demoted, while the writable
+    one is elsewhere (a failover in progress)."""
     return isinstance(
         exc,
-        psycopg.OperationalError | psycopg.errors.AdminShutdown | psycopg.errors.CannotConnectNow,
+        psycopg.OperationalError
+        | psycopg.errors.AdminShutdown
+        | psycopg.errors.CannotConnectNow
+        | psycopg.errors.ReadOnlySqlTransaction,
     ) or (isinstance(exc, psycopg.InterfaceError) and "closed" in str(exc))
+
+
+# What every connection of the runtime gets unless DATABASE_URL says otherwise: a
+# connection attempt to a host that does not answer gives up after connect_timeout
+# seconds (per host of a multi-host URL) instead of the kernel's minutes, and TCP
+# keepalives find a peer that died without closing its sockets (a machine lost, a
+# network cut) within about keepalives_idle + keepalives_interval x keepalives_count
+# seconds, where a query would otherwise wait forever.
+CONNECTION_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
+
+
+def connection_options(database_url: str) -> dict[str, str]:
+    """CONNECTION_DEFAULTS without those `database_url` sets itself (libpq reads both
+    forms: a URL, one or several hosts, and key=value)."""
+    given = conninfo_to_dict(database_url)
+    return {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+
+
+def read_only(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the server of `conn` takes no writes, from the parameters it reports on
+    its own (PostgreSQL 14+): in hot standby, or read-only by default. No round trip."""
+    status = conn.info.parameter_status
+    return status("in_hot_standby") == "on" or status("default_transaction_read_only") == "on"
+
+
+class Outage:
+    """The database's unavailability as this process sees it, logged as one event."""
+
+    report_every = 30.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.since: float | None = None
+        self.failures = 0
+        self._reported_at = 0.0
+
+    def failed(self, cause: str) -> None:
+        """A query or a connection attempt failed because the database is unavailable."""
+        now = self._clock()
+        self.failures += 1
+        if self.since is None:
+            self.since, self.failures, self._reported_at = now, 1, now
+            log.error(
+                "database unavailable: %s",
+                cause,
+                extra={"action": "db_outage", "state": "started"},
+            )
+        elif now - self._reported_at >= self.report_every:
+            self._reported_at = now
+            log.error(
+                "database still unavailable after %.0f s (%d failed attempts): %s",
+                now - self.since,
+                self.failures,
+                cause,
+                extra={"action": "db_outage", "state": "ongoing", "count": self.failures},
+            )
+
+    def available(self) -> None:
+        """A query or a connection attempt succeeded: an outage, if any, has ended."""
+        if self.since is None:
+            return
+        lasted = self._clock() - self.since
+        log.warning(
+            "database available again after %.1f s (%d failed attempts)",
+            lasted,
+            self.failures,
+            extra={
+                "action": "db_outage",
+                "state": "ended",
+                "count": self.failures,
+                "seconds": round(lasted, 1),
+            },
+        )
+        self.since, self.failures = None, 0
+
+
+OUTAGE = Outage()
+
+
+class _PoolLogFilter(logging.Filter):
+    """psycopg_pool logs a warning for every failed connection attempt (several a second
+    during an outage, each naming every host of a multi-host URL) and for every broken
+    connection it discards: the first kind goes to OUTAGE instead, the second is left
+    out while an outage is logged anyway."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        if message.startswith(("error connecting", "reconnection attempt")):
+            OUTAGE.failed(mask_urls_in(message))
+            return False
+        return not (message.startswith("discarding ") and OUTAGE.since is not None)
+
+
+_POOL_LOG_FILTER = _PoolLogFilter()
+
+
+def install_pool_log_filter() -> None:
+    """Routes psycopg_pool's connection failures to OUTAGE (idempotent)."""
+    pool_log = logging.getLogger("psycopg.pool")
+    if _POOL_LOG_FILTER not in pool_log.filters:
+        pool_log.addFilter(_POOL_LOG_FILTER)
 
 
 # Errors that say "try again" rather than "this input is wrong": serialization failure,
@@ -76,5 +206,8 @@ def wrap_db_errors(action: str) -> Iterator[None]:
         # libpq may quote the connection string it could not use: never its password.
         said = mask_urls_in(str(exc))
         if is_unavailable(exc):
+            OUTAGE.failed(f"{action}: {said}")
             raise DatabaseUnavailable(f"{action}: database unavailable: {said}") from exc
+        OUTAGE.available()
         raise DatabaseError(f"{action}: {said}") from exc
+    OUTAGE.available()

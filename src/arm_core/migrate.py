@@ -24,13 +24,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from yoyo import get_backend, read_migrations
 
 from arm_core.config import Settings
-from arm_core.db import DatabaseError, wrap_db_errors
+from arm_core.db import DatabaseError, connection_options, wrap_db_errors
 from arm_core.store import SyncStore
 
 log = logging.getLogger(__name__)
@@ -67,11 +69,13 @@ class RolesMissing(DatabaseError):
 
 
 def yoyo_url(database_url: str) -> str:
-    """yoyo needs the psycopg 3 driver named in the scheme."""
-    scheme, sep, rest = database_url.partition("://")
-    if not sep or scheme not in ("postgresql", "postgres"):
-        raise ValueError(f"not a postgresql:// URL: {database_url!r}")
-    return f"postgresql+psycopg://{rest}"
+    """`database_url` (any connection string libpq reads: a URL with one or several hosts,
+    or the key=value form) as yoyo's URL. yoyo parses its URL with urllib, which takes
+    neither several hosts nor key=value, and hands the query's parameters to
+    psycopg.connect: so every parameter goes in the query, the netloc stays empty, and
+    libpq reads them as it reads DATABASE_URL itself (target_session_attrs included)."""
+    params = {k: str(v) for k, v in conninfo_to_dict(database_url).items()}
+    return "postgresql+psycopg:///?" + urlencode(params | connection_options(database_url))
 
 
 @contextlib.contextmanager
@@ -198,7 +202,8 @@ def migrate(database_url: str, settings: Settings | None = None) -> MigrateRepor
     """Brings the database at database_url up to date. Idempotent and safe to run
     concurrently: runs queue on an advisory lock held for the whole migration."""
     settings = settings or Settings()
-    with wrap_db_errors("migrate"), psycopg.connect(database_url, autocommit=True) as conn:
+    conninfo = make_conninfo(database_url, **connection_options(database_url))
+    with wrap_db_errors("migrate"), psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
         try:
             ensure_roles(conn)

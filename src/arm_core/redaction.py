@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
+_KEYWORD_START = re.compile(r"\s*[A-Za-z_]+\s*=")
 _PASSWORD_PARAM = re.compile(r"(?i)\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)")
 # scheme://userinfo@ inside a longer text (a driver's message).
 _URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/?#@\"']*)@")
@@ -33,11 +34,19 @@ def _split_userinfo(url: str) -> tuple[str, str | None, str | None, str]:
     return head, user, (password if colon else None), location
 
 
+def _keywords(url: str) -> bool:
+    """Whether `url` is libpq's key=value form (host=db password=…), not a URL (with or
+    without its scheme: user:password@host/db is masked as one)."""
+    return "://" not in url and _KEYWORD_START.match(url) is not None
+
+
 def mask_url(url: str, bare_user_is_secret: bool = False) -> str:
     """`url` for a message: postgresql://admin:***@host/db. A password in the query
     (`?password=…`, libpq's `password=…` form) becomes *** too. A userinfo without a
     colon is a user name for PostgreSQL but a token for NATS (nats://token@host): with
     `bare_user_is_secret` it is masked as well."""
+    if _keywords(url):  # only a password= to hide
+        return _PASSWORD_PARAM.sub(r"\1***", url)
     head, user, password, location = _split_userinfo(url)
     if user is not None:
         if password is not None:
@@ -60,7 +69,10 @@ def mask_urls_in(text: str) -> str:
 
 
 def url_secrets(url: str, bare_user_is_secret: bool) -> list[str]:
-    """The password of `url` (or its token) as written and percent-decoded."""
+    """The password of `url` (or its token) as written and percent-decoded; of a
+    key=value conninfo, its password= values."""
+    if _keywords(url):
+        return [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
     _, user, password, _ = _split_userinfo(url)
     secret = password if password is not None else (user if bare_user_is_secret else None)
     found = [secret, unquote(secret)] if secret else []

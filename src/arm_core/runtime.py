@@ -9,13 +9,21 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 from aiohttp import web
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.config import bridge_config
 from arm_core.bridge.runner import Bridge, NatsState
 from arm_core.config import Settings
-from arm_core.db import DatabaseError
+from arm_core.db import (
+    OUTAGE,
+    DatabaseError,
+    connection_options,
+    install_pool_log_filter,
+    read_only,
+)
 from arm_core.metrics import METRICS, AppMetrics, BridgeState, metrics_handler
 from arm_core.store import Store
 
@@ -40,15 +48,35 @@ def new_app(settings: Settings, **kwargs: Any) -> web.Application:
 
 
 def make_pool(settings: Settings, max_size: int = 10) -> AsyncConnectionPool[Any]:
+    """The process's pool: connections with arm_core.db's timeouts and keepalives; one
+    that finds its server read-only (a standby: the primary has moved) is discarded
+    when taken, not reused; connection failures are logged as one outage."""
+    url = settings.require_database_url()
+    install_pool_log_filter()
     return AsyncConnectionPool(
-        settings.require_database_url(),
+        url,
         open=False,
         min_size=1,
         max_size=max_size,
         timeout=settings.db_pool_timeout_seconds,
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, **connection_options(url)},
+        check=_writable,
+        configure=_connected,
         name="arm-core",
     )
+
+
+async def _writable(conn: AsyncConnection[Any]) -> None:
+    """The pool's check, when a connection is taken: one to a read-only server is
+    closed (the pool then discards it and connects anew) and another one taken."""
+    if read_only(conn):
+        await conn.close()
+        raise psycopg.errors.ReadOnlySqlTransaction("the server is read-only (a standby)")
+
+
+async def _connected(conn: AsyncConnection[Any]) -> None:
+    """Every new connection of the pool: the database is reachable."""
+    OUTAGE.available()
 
 
 async def pool_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -21,10 +21,11 @@ sends, on its connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import psycopg
@@ -107,18 +108,32 @@ class Store:
         await cur.execute(query(name), params)
         return await cur.fetchone()
 
+    @contextlib.asynccontextmanager
+    async def _connection(
+        self, pool_timeout: float | None = None
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection of the pool. One whose server refused a write as read-only (a
+        standby, or a primary being demoted, at a failover) is closed, so the pool
+        replaces it with one to the writable server instead of handing it out again."""
+        async with self.pool.connection(timeout=pool_timeout) as conn:
+            try:
+                yield conn
+            except psycopg.errors.ReadOnlySqlTransaction:
+                await conn.close()
+                raise
+
     async def _pooled_rows(
         self, name: str, row: type[R], params: dict[str, Any] | None = None
     ) -> list[R]:
         with wrap_db_errors(name):
-            async with self.pool.connection() as conn:
+            async with self._connection() as conn:
                 return await self._rows(conn, name, row, params)
 
     async def _pooled_scalar(
         self, name: str, params: dict[str, Any] | None = None, pool_timeout: float | None = None
     ) -> Any:
         with wrap_db_errors(name):
-            async with self.pool.connection(timeout=pool_timeout) as conn:
+            async with self._connection(pool_timeout) as conn:
                 return await self._scalar(conn, name, params)
 
     async def _bounded_rows(
@@ -130,7 +145,7 @@ class Store:
         try:
             async with asyncio.timeout(within):
                 with wrap_db_errors(name):
-                    async with self.pool.connection(timeout=within) as conn:
+                    async with self._connection(within) as conn:
                         return await self._rows(conn, name, row, params)
         except TimeoutError as exc:
             raise DatabaseUnavailable(f"{name}: no answer within {within:g} s") from exc
@@ -162,7 +177,7 @@ class Store:
         }
         name = "publish_queued_jobs_v2"
         with wrap_db_errors("publish"):  # the commit's errors too
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self._connection() as conn, conn.transaction():
                 claimed = await self._rows(conn, name, PublishedJob, params, json_as_text=True)
                 sent = [c for c in claimed if c.outcome is PublishOutcome.PUBLISHED]
                 if sent:
@@ -178,7 +193,7 @@ class Store:
         Returns what `send` sent. When `send` raises, nothing changed."""
         params = {"limit": limit, "ack_timeout": ack_timeout, "max_republish": max_republish}
         with wrap_db_errors("republish"):
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self._connection() as conn, conn.transaction():
                 claimed = await self._rows(
                     conn, "claim_unacked_jobs", UnackedJob, params, json_as_text=True
                 )

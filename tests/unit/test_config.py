@@ -91,6 +91,23 @@ def test_a_bad_value_fails_naming_the_variable(name: str, value: str) -> None:
         Settings.from_env({name: value})
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://arm@db1:5432,db2:5432/arm?target_session_attrs=read-write",
+        "postgres://arm@[::1]:5432,db2/arm",
+        "host=db1,db2 port=5432,5433 dbname=arm user=arm target_session_attrs=read-write",
+        "host=db1 dbname=arm password='Pw9x Q2vL7k'",
+    ],
+)
+def test_database_url_takes_what_libpq_takes(url: str) -> None:
+    """Several hosts for a primary and its standbys, and libpq's key=value form: every
+    command takes DATABASE_URL as libpq does (a failover setup needs the first)."""
+    s = Settings.from_env({"DATABASE_URL": url})
+    assert s.require_database_url() == url
+    assert no_part_of("Pw9xQ2vL7k", repr(s)), repr(s)
+
+
 def test_database_url_is_required_where_needed() -> None:
     with pytest.raises(ConfigError, match=r"^DATABASE_URL: required"):
         Settings.from_env({}).require_database_url()
@@ -130,7 +147,8 @@ def error_of(env: dict[str, str]) -> str:
     [
         ("DATABASE_URL", "mysql://admin:Pw9xQ2vL7k@db.example/arm", "mysql://admin:***@db.example"),
         ("DATABASE_URL", "admin:Pw9xQ2vL7k@db.example/arm", "admin:***@db.example/arm"),
-        ("DATABASE_URL", "host=db user=admin password=Pw9xQ2vL7k", "password=***"),
+        ("DATABASE_URL", "admin:Pw9xQ2vL7k@db/arm?sslmode=require", "admin:***@db/arm"),
+        ("DATABASE_URL", "host=db user=admin password=Pw9xQ2vL7k oops", "password=***"),
         # libpq's parser quotes what it cannot read, here the password itself
         ("DATABASE_URL", "postgresql://admin:Pw9x Q2vL7k@db/arm", 'spaces found in "***"'),
         ("DATABASE_URL", "postgresql://admin:Pw9x%zzQ2vL7k@db/arm", "percent-encoded token"),

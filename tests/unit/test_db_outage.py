@@ -1,0 +1,121 @@
+"""An outage of the database is one event in the log (issue 19): started once with its
+cause, repeated at most every Outage.report_every seconds while it lasts, ended once
+with its length — however many queries, pool connection attempts and LISTEN reconnects
+meet it. And the connection options every process adds to DATABASE_URL."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from arm_core import db
+from arm_core.db import CONNECTION_DEFAULTS, Outage, connection_options, install_pool_log_filter
+from arm_core.migrate import yoyo_url
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def outage_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "action", None) == "db_outage"]
+
+
+def test_an_outage_is_logged_once_at_a_bounded_rate_and_once_when_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    outage = Outage(clock)
+    caplog.set_level(logging.INFO, logger="arm_core.db")
+    outage.available()  # nothing to end
+    for _ in range(200):  # many failures a second, for 29 s
+        outage.failed("connection refused")
+        clock.now += 0.145
+    states = [r.state for r in outage_records(caplog)]  # type: ignore[attr-defined]
+    assert states == ["started"]
+    assert outage_records(caplog)[0].getMessage() == "database unavailable: connection refused"
+    clock.now += 2  # 31 s after the start
+    outage.failed("connection refused")
+    outage.failed("connection refused")
+    ongoing = outage_records(caplog)[1:]
+    assert [r.state for r in ongoing] == ["ongoing"]  # type: ignore[attr-defined]
+    assert ongoing[0].getMessage().startswith("database still unavailable after 31 s (201 ")
+    clock.now += 4.5
+    outage.available()
+    outage.available()
+    ended = outage_records(caplog)[2:]
+    assert [r.state for r in ended] == ["ended"]  # type: ignore[attr-defined]
+    assert ended[0].getMessage() == "database available again after 35.5 s (202 failed attempts)"
+    assert ended[0].levelno == logging.WARNING and ended[0].seconds == 35.5  # type: ignore[attr-defined]
+    outage.failed("again")  # a new outage starts a new event
+    assert [r.state for r in outage_records(caplog)[3:]] == ["started"]  # type: ignore[attr-defined]
+
+
+def test_the_pools_connection_failures_become_the_outage(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg_pool's warning per failed attempt (naming every host, maybe the URL) is
+    not logged as such: it starts the outage, with the password masked."""
+    outage = Outage(Clock())
+    monkeypatch.setattr(db, "OUTAGE", outage)
+    install_pool_log_filter()
+    install_pool_log_filter()  # idempotent
+    assert len(logging.getLogger("psycopg.pool").filters) == 1
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="psycopg.pool")
+    pool_log = logging.getLogger("psycopg.pool")
+    said = "connection to server at 127.0.0.1 failed: postgresql://arm:Pw9xQ2vL7k@db1/arm"
+    for _ in range(5):
+        pool_log.warning("error connecting in %r: %s", "arm-core", said)
+    pool_log.warning("discarding closed connection: %s", "<conn>")
+    pool_log.info("growing pool %r to %s", "arm-core", 2)
+    from_pool = [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"]
+    assert from_pool == ["growing pool 'arm-core' to 2"]
+    [started] = outage_records(caplog)
+    assert "Pw9xQ2vL7k" not in started.getMessage()
+    assert "arm:***@db1" in started.getMessage()
+    assert outage.failures == 5
+    outage.available()
+    pool_log.warning("discarding closed connection: %s", "<conn>")  # no outage: shown
+    assert [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"][-1] == (
+        "discarding closed connection: <conn>"
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://arm:p%40ss%26w@db1:5432,db2:5433/arm?target_session_attrs=read-write",
+        "host=db1,db2 port=5432,5433 dbname=arm user=arm password='p@ss&w' "
+        "target_session_attrs=read-write",
+    ],
+)
+def test_every_connection_string_libpq_reads_goes_to_yoyo_whole(url: str) -> None:
+    """yoyo parses its URL with urllib (one host, no key=value): the parameters go in
+    its query, which it hands to psycopg.connect as they are."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    parts = urlsplit(yoyo_url(url))
+    assert (parts.scheme, parts.netloc, parts.path) == ("postgresql+psycopg", "", "/")
+    assert dict(parse_qsl(parts.query)) == {
+        "host": "db1,db2",
+        "port": "5432,5433",
+        "dbname": "arm",
+        "user": "arm",
+        "password": "p@ss&w",
+        "target_session_attrs": "read-write",
+        **CONNECTION_DEFAULTS,
+    }
+
+
+def test_connection_options_leave_what_the_url_sets() -> None:
+    assert connection_options("postgresql://arm@db/arm") == CONNECTION_DEFAULTS
+    given = connection_options("postgresql://arm@db/arm?connect_timeout=30&keepalives=0")
+    assert "connect_timeout" not in given and "keepalives" not in given
+    assert given["keepalives_idle"] == CONNECTION_DEFAULTS["keepalives_idle"]
+    assert "connect_timeout" not in connection_options("host=db connect_timeout=2")
