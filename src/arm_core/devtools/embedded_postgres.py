@@ -109,6 +109,21 @@ def _wait_pid_gone(pid: int, timeout: float, reaped: bool = False) -> None:
         time.sleep(0.05)
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (a postmaster's backends and workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            found.append(int(entry.name))
+    return found
+
+
 def _live_postmaster(data_dir: Path) -> int | None:
     """PID of a running postmaster serving ``data_dir``, or None (no or stale postmaster.pid)."""
     try:
@@ -172,6 +187,12 @@ class EmbeddedPostgres(Server):
     # fast and unsafe on a crash of the machine. True: initdb's defaults (all three on), as
     # in production; what ``make bench`` measures by default.
     durable: bool = False
+    # A streaming standby of this (running) cluster: the first start() makes the data
+    # directory with ``pg_basebackup -R`` from it instead of initdb; ``promote()`` makes
+    # it a primary. It connects to the primary as ``application_name`` (the name
+    # synchronous_standby_names and pg_stat_replication know it by).
+    standby_of: EmbeddedPostgres | None = None
+    application_name: str = "arm-core-standby"
     _cluster_dir: Path = field(init=False, repr=False)
     _bindir: Path = field(init=False, repr=False)
     _as_root: bool = field(init=False, repr=False)
@@ -262,6 +283,51 @@ class EmbeddedPostgres(Server):
             errors_seen.append(f"--locale={locale}: {result.stdout}{result.stderr}")
         raise RuntimeError("initdb failed:\n" + "\n".join(errors_seen))
 
+    def _basebackup(self, primary: EmbeddedPostgres) -> None:
+        """The data directory as a streaming standby of `primary` (pg_basebackup -R
+        writes primary_conninfo and standby.signal); initdb's pg_hba.conf lets
+        replication connections in from 127.0.0.1 (--auth=trust)."""
+        if primary.port is None:
+            raise RuntimeError("the primary must be running before its standby starts")
+        if self.data_dir.exists():
+            shutil.rmtree(self.data_dir)
+        self._run(
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            primary.user,
+            "-D",
+            str(self.data_dir),
+            "-R",
+            "-X",
+            "stream",
+            "--checkpoint=fast",
+            "-d",
+            f"application_name={self.application_name}",
+        )
+
+    def promote(self) -> None:
+        """``pg_ctl promote -w``: the standby leaves recovery and takes writes (what
+        Patroni or an operator does after the primary is lost)."""
+        self._run("pg_ctl", "promote", "-w", "-t", "60", "-D", str(self.data_dir))
+
+    def kill(self) -> None:
+        """kill -9 of the postmaster and every process of the cluster, as when its
+        machine dies: no shutdown checkpoint, clients' connections reset."""
+        pid = _live_postmaster(self.data_dir)
+        if pid is None:
+            return
+        victims = [pid, *_children(pid)]
+        for victim in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, 9)
+        for victim in victims:
+            _wait_pid_gone(victim, timeout=10)
+        self._last_pid = pid
+
     def _socket_directory(self) -> Path:
         if len(str(self._cluster_dir)) <= _MAX_SOCKET_DIR_LEN:
             return self._cluster_dir
@@ -277,7 +343,10 @@ class EmbeddedPostgres(Server):
     def start(self) -> EmbeddedPostgres:
         """Start the server (initdb first if needed); reuses an existing data directory."""
         if not (self.data_dir / "PG_VERSION").is_file():
-            self._initdb()
+            if self.standby_of is None:
+                self._initdb()
+            else:
+                self._basebackup(self.standby_of)
         pid_file = self.data_dir / "postmaster.pid"
         if pid_file.exists():
             live = _live_postmaster(self.data_dir)
