@@ -9,6 +9,16 @@ service (`arm-core reference`, 50 ms per file, both services) run as subprocesse
 users run them. The uploads are queued at once (plain SQL, one transaction); the fault
 lands once a fifth of the answers are applied, i.e. mid-burst.
 
+The failover faults run on a primary and a streaming standby of their own
+(tests.support.replication: `pg_basebackup -R`; synchronous: the primary names the
+standby in `synchronous_standby_names`), every process with one multi-host
+DATABASE_URL (`target_session_attrs=read-write`). The fault: kill -9 of every process of
+the primary (its machine dies), 3 s without a writable host (what a failover tool takes
+to decide), then `pg_ctl promote` of the standby. With asynchronous replication an
+answer the primary applied in its last moments may never reach the standby: its job is
+back to `processing` there, the service has acked the message, and the job waits for
+its reply deadline — counted lost.
+
 Per fault:
 
 - **lost**: jobs that did not end `done` (an answer that never reached the database
@@ -55,6 +65,7 @@ from arm_core.migrate import migrate
 from benchmarks.harness import progress, status_counts
 from benchmarks.report import machine
 from tests.support.processes import ArmProcess, log_lines
+from tests.support.replication import Replicated, start_pair
 from tests.support.sql import ensure_logins, upload_many
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
@@ -88,6 +99,7 @@ class World:
     workdir: Path
     db_url: str = ""
     procs: list[ArmProcess] = field(default_factory=list)
+    pair: Replicated | None = None  # the failover faults' primary and standby
 
     def env(self, **extra: Any) -> dict[str, str]:
         base = {
@@ -127,11 +139,12 @@ class World:
         return proc
 
     def fresh_database(self, name: str) -> None:
-        self.pg.drop_database(name)
-        self.pg.create_database(name)
-        with psycopg.connect(self.pg.url(), autocommit=True) as conn:
+        pg = self.pair.primary if self.pair else self.pg
+        pg.drop_database(name)
+        pg.create_database(name)
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
             conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
-        self.db_url = self.pg.url(name)
+        self.db_url = self.pair.url(name) if self.pair else pg.url(name)
         migrate(self.db_url)
         ensure_logins(self.db_url)
 
@@ -285,25 +298,53 @@ async def pg_stop_immediate(world: World) -> float:
     return time.monotonic()
 
 
+async def primary_lost(world: World) -> float:
+    pair = world.pair
+    assert pair is not None
+    await asyncio.to_thread(pair.primary.kill)
+    await asyncio.sleep(3)  # no writable host while the failover tool decides
+    await asyncio.to_thread(pair.standby.promote)
+    return time.monotonic()
+
+
+async def on_a_pair(
+    world: World, synchronous: bool, run: Callable[[], Awaitable[Outcome]]
+) -> Outcome:
+    """`run` with a primary and a standby of its own as the world's database."""
+    base = world.workdir / f"pair-{time.monotonic_ns()}"
+    world.pair = await asyncio.to_thread(start_pair, base, synchronous)
+    try:
+        return await run()
+    finally:
+        pair, world.pair = world.pair, None
+        await asyncio.to_thread(pair.destroy)
+
+
 def has_results_stream() -> bool:
     return any(f.name == "results_stream" for f in dataclasses.fields(Settings))
 
 
-async def run_all(world: World, quick: bool) -> list[Outcome]:
+async def run_all(world: World, quick: bool, only: list[str]) -> list[Outcome]:
     scale = 5 if quick else 1
 
     def n(jobs: int) -> int:
         return jobs // scale
 
     stream = {"RESULTS_STREAM": STREAM}
-    plan: list[tuple[str, int, int, Fault | None, dict[str, Any]]] = [
+    # (fault, jobs, bridges, the fault, env, None or a replicated pair: synchronous?)
+    plan: list[tuple[str, int, int, Fault | None, dict[str, Any], bool | None]] = [
         ("kill -9 of the only bridge mid-burst, restarted after 3 s", n(2000), 1,
-         kill_only_bridge, {}),
-        ("kill -9 of one of two bridges", n(2000), 2, kill_one_of_two, {}),
-        ("nats-server stopped 3 s mid-burst", n(3000), 1, nats_stopped, {}),
-        ("PostgreSQL restart -m fast", n(3000), 1, pg_restart_fast, {}),
-        ("PostgreSQL stop -m immediate, 6 s down, start", n(3000), 1, pg_stop_immediate, {}),
-        ("two bridges, no fault", n(5000), 2, None, {}),
+         kill_only_bridge, {}, None),
+        ("kill -9 of one of two bridges", n(2000), 2, kill_one_of_two, {}, None),
+        ("nats-server stopped 3 s mid-burst", n(3000), 1, nats_stopped, {}, None),
+        ("PostgreSQL restart -m fast", n(3000), 1, pg_restart_fast, {}, None),
+        ("PostgreSQL stop -m immediate, 6 s down, start", n(3000), 1, pg_stop_immediate, {},
+         None),
+        ("two bridges, no fault", n(5000), 2, None, {}, None),
+        ("PostgreSQL primary killed, synchronous standby promoted after 3 s", n(3000), 2,
+         primary_lost, {}, True),
+        ("PostgreSQL primary killed, asynchronous standby promoted after 3 s", n(3000), 2,
+         primary_lost, {}, False),
     ]  # fmt: skip
     if has_results_stream():
         plan.append(
@@ -313,13 +354,29 @@ async def run_all(world: World, quick: bool) -> list[Outcome]:
                 1,
                 lambda w: kill_only_bridge(w, **stream),
                 stream,
+                None,
             )
         )
     outcomes = []
-    for name, jobs, bridges, fault, env in plan:
+    for name, jobs, bridges, fault, env, synchronous in plan:
+        if only and not any(word in name.lower() for word in only):
+            continue
         progress(f"{name}: {jobs:,} jobs, {bridges} bridge(s)")
+
+        def run(
+            name: str = name,
+            jobs: int = jobs,
+            bridges: int = bridges,
+            fault: Fault | None = fault,
+            env: dict[str, Any] = env,
+        ) -> Awaitable[Outcome]:
+            return run_fault(world, name, jobs, bridges, fault, **env)
+
         try:
-            outcome = await run_fault(world, name, jobs, bridges, fault, **env)
+            if synchronous is None:
+                outcome = await run()
+            else:
+                outcome = await on_a_pair(world, synchronous, run)
         except Exception as exc:
             traceback.print_exc()
             world.stop_all()
@@ -388,6 +445,11 @@ def markdown(outcomes: list[Outcome], command: str, wall: float) -> str:
 async def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a fifth of the jobs; no doc")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="the faults whose name contains one of these comma-separated words; no doc",
+    )
     args = parser.parse_args(argv)
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="arm-chaos-") as tmp:
@@ -397,12 +459,13 @@ async def main(argv: list[str]) -> int:
             log_dir=workdir / "nats", extra_args=["-js", "-sd", str(workdir / "js")]
         ).start()
         try:
-            outcomes = await run_all(World(pg, nats_server, workdir), args.quick)
+            only = [w.strip().lower() for w in args.only.split(",") if w.strip()]
+            outcomes = await run_all(World(pg, nats_server, workdir), args.quick, only)
         finally:
             nats_server.stop()
             pg.destroy()
     print(table(outcomes))
-    if not args.quick:
+    if not args.quick and not args.only:
         command = shlex.join(["python", "-m", "benchmarks.chaos", *argv])
         DOC.write_text(markdown(outcomes, command, time.monotonic() - began))
         print(f"written to {DOC}")

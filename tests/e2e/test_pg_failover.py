@@ -39,78 +39,40 @@ from typing import Any
 import psycopg
 import pytest
 
-from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import instant_service, wait_for
 from tests.support.processes import ArmProcess, log_lines
+from tests.support.replication import Replicated, start_pair
 from tests.support.sql import dict_conn, ensure_logins, upload, upload_many
 from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
 
-STANDBY = "arm_standby"
 BATCH = 5  # files per upload transaction
 BATCH_EVERY = 0.02  # seconds between upload transactions
 DONE_BEFORE_FAULT = 300
-
-
-@dataclass
-class Replicated:
-    primary: EmbeddedPostgres
-    standby: EmbeddedPostgres
-    url: str  # both hosts, read-write wanted: what every process gets
-
-
-def start_pair(tmp: Path, synchronous: bool) -> Replicated:
-    primary = EmbeddedPostgres(base_dir=tmp / "primary").start()
-    primary.create_database("arm")
-    with psycopg.connect(primary.url(), autocommit=True) as conn:
-        # The embedded server runs with synchronous_commit=off for speed: this database
-        # runs as production does (a database's setting overrides the command line).
-        conn.execute("ALTER DATABASE arm SET synchronous_commit = on")
-    standby = EmbeddedPostgres(
-        base_dir=tmp / "standby", standby_of=primary, application_name=STANDBY
-    ).start()
-    with psycopg.connect(primary.url(), autocommit=True) as conn:
-        if synchronous:
-            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY}'")
-            conn.execute("SELECT pg_reload_conf()")
-        wanted = "sync" if synchronous else "async"
-
-        def streaming() -> bool:
-            row = conn.execute(
-                "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
-                (STANDBY,),
-            ).fetchone()
-            return row is not None and row[0] == wanted
-
-        deadline = time.monotonic() + 30
-        while not streaming():
-            assert time.monotonic() < deadline, f"the standby never became {wanted}"
-            time.sleep(0.05)
-    url = (
-        f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/arm"
-        "?target_session_attrs=read-write"
-    )
-    return Replicated(primary, standby, url)
 
 
 @pytest.fixture(params=[True, False], ids=["synchronous", "asynchronous"])
 def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Replicated]:
     servers = start_pair(tmp_path, synchronous=request.param)
     try:
+        servers.primary.create_database("arm")
+        with psycopg.connect(servers.primary.url(), autocommit=True) as conn:
+            # The embedded server runs with synchronous_commit=off for speed: this
+            # database runs as production does (its setting overrides the command line).
+            conn.execute("ALTER DATABASE arm SET synchronous_commit = on")
         # Through the URL every process gets: migrate takes several hosts too.
-        migrate(servers.url)
-        ensure_logins(servers.url)
+        migrate(servers.url("arm"))
+        ensure_logins(servers.url("arm"))
         yield servers
     finally:
-        servers.standby.destroy()
-        servers.primary.destroy()
+        servers.destroy()
 
 
 @pytest.fixture
 def stack(pair: Replicated, tmp_path: Path) -> Iterator[Stack]:
-    yield from running_stack(pair.url, tmp_path)
+    yield from running_stack(pair.url("arm"), tmp_path)
 
 
 def count(url: str, sql: str) -> int:
@@ -213,7 +175,7 @@ async def flow_with_failover(pair: Replicated, stack: Stack) -> tuple[Uploader, 
     DONE_BEFORE_FAULT jobs are done, the API and health checked while no host takes
     writes, the standby promoted, and the flow carried on until 100 more batches went
     in. Returns the uploader and the seconds from the kill until health was ok again."""
-    url = pair.url
+    url = pair.url("arm")
     with dict_conn(url) as conn:
         known = upload(conn)
         upload_many(conn, UPLOADED_BEFORE - 1)
@@ -264,11 +226,9 @@ async def flow_with_failover(pair: Replicated, stack: Stack) -> tuple[Uploader, 
     return uploader, recovered
 
 
-async def test_failover_to_the_standby_loses_nothing(
-    pair: Replicated, stack: Stack, request: pytest.FixtureRequest
-) -> None:
-    synchronous = request.node.callspec.params["pair"]
-    url = pair.url
+async def test_failover_to_the_standby_loses_nothing(pair: Replicated, stack: Stack) -> None:
+    synchronous = pair.synchronous
+    url = pair.url("arm")
     # The service listens before anything is published: a request nobody heard would
     # wait for its republish (ACK_TIMEOUT_SECONDS) and blur the figures.
     service = await instant_service(stack.nats.url())

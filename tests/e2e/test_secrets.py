@@ -96,14 +96,14 @@ CASES = [
         ("migrate", "serve", "bridge"),
         "DATABASE_URL",
         f"mysql://admin:{DB_PASSWORD}@db.example/arm",
-        "DATABASE_URL: expected a postgresql://… connection string, got "
+        "DATABASE_URL: expected a postgresql://… URL or libpq's key=value form, got "
         "'mysql://admin:***@db.example/arm'",
     ),
     (
         ("migrate", "serve", "bridge"),
         "DATABASE_URL",
         "postgresql://admin:Db-S3cret 9xQ2@127.0.0.1/arm",
-        "DATABASE_URL: not a valid connection URL ('postgresql://admin:***@127.0.0.1/arm'): "
+        "DATABASE_URL: not a valid connection string ('postgresql://admin:***@127.0.0.1/arm'): "
         'unexpected spaces found in "***"',
     ),
     (
