@@ -1,0 +1,119 @@
+"""A database host that stops answering without closing its sockets — its machine lost,
+a network cut — must not hang a process: a connection attempt gives up after
+connect_timeout, a query after TCP's own deadlines (arm_core.db.CONNECTION_DEFAULTS:
+keepalives on an idle connection, tcp_user_timeout while a query is unacknowledged),
+and the caller gets DatabaseUnavailable (the API's 503, the inbox's hold) to retry.
+
+A kill -9 on loopback resets the sockets, which any client notices at once: here the
+host is made silent instead — a listener that accepts and never speaks, and iptables
+dropping every packet to and from a running PostgreSQL's port (the test's own server;
+the rules are removed at the end, whatever happens)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from arm_core.config import Settings
+from arm_core.db import CONNECTION_DEFAULTS, DatabaseUnavailable
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.migrate import migrate
+from arm_core.runtime import make_pool
+from arm_core.store import Store
+
+pytestmark = pytest.mark.e2e
+
+CONNECT_TIMEOUT = float(CONNECTION_DEFAULTS["connect_timeout"])
+USER_TIMEOUT = float(CONNECTION_DEFAULTS["tcp_user_timeout"]) / 1000
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[int]:
+    """A port that accepts TCP connections and never says a word."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=16)
+    try:
+        yield server.getsockname()[1]
+    finally:
+        server.close()
+
+
+async def test_a_connection_attempt_to_a_silent_host_gives_up(silent_listener: int) -> None:
+    url = f"postgresql://arm@127.0.0.1:{silent_listener}/arm"
+    started = time.monotonic()
+    with pytest.raises(DatabaseUnavailable, match="timeout expired"):
+        # A deadline of its own: without connect_timeout this would wait forever.
+        await asyncio.wait_for(
+            asyncio.to_thread(migrate, url, Settings(database_url=url)), CONNECT_TIMEOUT + 30
+        )
+    took = time.monotonic() - started
+    assert CONNECT_TIMEOUT - 1 <= took < CONNECT_TIMEOUT + 10, took
+
+
+def _iptables(action: str, port: int) -> None:
+    for direction in ("--dport", "--sport"):
+        subprocess.run(
+            ["iptables", action, "OUTPUT", "-o", "lo", "-p", "tcp", direction, str(port),
+             "-j", "DROP"],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def black_hole(port: int) -> Iterator[None]:
+    """Every packet to and from `port` on loopback dropped: a peer that vanished."""
+    _iptables("-A", port)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _iptables("-D", port)
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    if shutil.which("iptables") is None:
+        pytest.skip("iptables is not installed (apt-get install iptables) to make a host silent")
+    server = EmbeddedPostgres(base_dir=tmp_path / "pg").start()
+    try:
+        server.create_database("arm")
+        migrate(server.url("arm"))
+        yield server
+    finally:
+        server.destroy()
+
+
+async def test_a_query_on_a_host_that_went_silent_fails_instead_of_hanging(
+    pg: EmbeddedPostgres,
+) -> None:
+    pool = make_pool(Settings(database_url=pg.url("arm"), db_pool_timeout_seconds=60), 2)
+    await pool.open(wait=True)
+    store = Store(pool)
+    try:
+        assert await store.outbox_oldest_queued_age() == 0  # the connection works
+        assert pg.port is not None
+        with black_hole(pg.port):
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable):
+                await asyncio.wait_for(store.outbox_oldest_queued_age(), USER_TIMEOUT + 60)
+            took = time.monotonic() - started
+        print(f"\na query on a silent host failed after {took:.1f} s")
+        assert took < USER_TIMEOUT + 30, took
+        # The host answers again: the pool replaces the dead connection by itself.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert await store.outbox_oldest_queued_age() == 0
+                break
+            except DatabaseUnavailable:
+                assert time.monotonic() < deadline, "the pool never connected again"
+                await asyncio.sleep(0.5)
+    finally:
+        await pool.close(timeout=5)
