@@ -39,14 +39,26 @@ RESULTS = "files.tabular_parsed"
 
 # What each user may do, written out here independently of the file: the test holds the
 # file to it. (subject, queue group) for subscriptions.
+# A service may also find the stream that captures its answers and read its PubAcks
+# (JetStream publish, docs/service-teams.md): any inbox, any queue group or none.
+INBOXES = {
+    ("_INBOX.>", queue) for queue in ("", "arm-core", "tabular-parser", "scan-gateway", "other")
+}
+STREAM_NAMES = "$JS.API.STREAM.NAMES"
 ALLOWED: dict[str, tuple[set[str], set[tuple[str, str]]]] = {
     "ARM_CORE_NKEY": (set(REQUESTS), {(RESULTS, "arm-core")}),
-    "TABULAR_PARSER_NKEY": ({RESULTS}, {("files.tabular_uploaded", "tabular-parser")}),
-    "SCAN_GATEWAY_NKEY": ({RESULTS}, {("files.img_uploaded", "scan-gateway")}),
+    "TABULAR_PARSER_NKEY": (
+        {RESULTS, STREAM_NAMES},
+        {("files.tabular_uploaded", "tabular-parser"), *INBOXES},
+    ),
+    "SCAN_GATEWAY_NKEY": (
+        {RESULTS, STREAM_NAMES},
+        {("files.img_uploaded", "scan-gateway"), *INBOXES},
+    ),
 }
 # Everything else each user is refused: the exchange's subjects and some others, with
 # every queue group and none.
-PUBLISH_TO = (*REQUESTS, RESULTS, "files.other", "_INBOX.x", "$JS.API.INFO")
+PUBLISH_TO = (*REQUESTS, RESULTS, "files.other", "_INBOX.x", "$JS.API.INFO", STREAM_NAMES)
 SUBSCRIBE_TO = (*REQUESTS, RESULTS, "files.other", "files.>", ">", "_INBOX.>")
 QUEUES = ("", "arm-core", "tabular-parser", "scan-gateway", "other")
 

@@ -842,7 +842,8 @@ def test_service_teams_page_recommends_the_reference_services_nats_options() -> 
     the reference service runs with."""
     page = (Path(__file__).parents[2] / "docs" / "service-teams.md").read_text("utf-8")
     section = page.split("\n## For service teams\n", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
+    [block] = [b for b in blocks if "NATS_OPTIONS = " in b]
     literal = block.split("NATS_OPTIONS = ", 1)[1].split("\n}\n", 1)[0] + "\n}"
     assert ast.literal_eval(literal) == NATS_OPTIONS
     assert "**NATS_OPTIONS" in block and 'queue="tabular-parser"' in block

@@ -105,7 +105,7 @@ class NkeyUsers:
 
 def nkey_users(snippet: str) -> NkeyUsers:
     lines = [line for line in snippet.splitlines() if not line.lstrip().startswith("#")]
-    names = sorted(set(re.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", "\n".join(lines))))
+    names = sorted(set(re.findall(r"nkey:\s*\$([A-Za-z_][A-Za-z0-9_]*)", "\n".join(lines))))
     seeds, defined = {}, []
     for name in names:
         seed, user = _key(nkeys.PREFIX_BYTE_USER)

@@ -17,6 +17,16 @@ duplicate). REFERENCE_PENDING_MAX bounds the queue: when it is full the OLDEST a
 is dropped — logged (action ref_pending_drop) and counted (stats.pending_dropped) —
 because the oldest job is the nearest to its reply deadline, and a lost ack is
 recovered anyway (the core republishes, the service acks again).
+
+Where a JetStream stream captures the result subject (RESULTS_STREAM), answers go
+through JetStream publish instead: each waits for the stream's acknowledgement (PubAck),
+with the same Nats-Msg-Id on every try; a timeout, "no responders" (the stream has no
+leader: its node died, the others are electing one) or an API error leaves the answer
+and those after it in the queue, tried again with a back-off of 0.25 s doubling to 2 s
+for as long as it takes; a PubAck marked duplicate is a success (the stream had it).
+A core publish on the stream's subject is captured only while the stream has a leader;
+a JetStream publish is either stored or retried. Whether a stream captures the subject
+is asked at start and, while none does, every STREAM_CHECK_SECONDS.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from jsonschema.exceptions import best_match
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js.errors import NotFoundError
 
 from arm_core.bridge.contracts import REQUEST_SCHEMA, RESULT_SCHEMA, schema, validator
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm, connect
@@ -60,6 +71,9 @@ MSG_ID = MSG_ID_HEADER
 REMEMBERED_JOBS = 100_000  # job ids kept for duplicate detection (oldest forgotten first)
 SEND_BATCH = 500  # answers published before one confirmation
 RETRY_SECONDS = 0.2  # while NATS is unreachable, how often the sender looks again
+JS_BACKOFF = (0.25, 2.0)  # JetStream publish not acknowledged: first and longest wait
+JS_TIMEOUT = 2.0  # seconds a JetStream publish waits for its PubAck
+STREAM_CHECK_SECONDS = 30.0  # while no stream captures the result subject, ask again
 
 # The nats-py connect options docs/service-teams.md recommends to service teams ("For
 # service teams"; tests/reference checks that the page shows exactly these). Servers, name,
@@ -206,6 +220,8 @@ class ReferenceService:
         self._drained = asyncio.Event()  # set when nothing is pending or in flight
         self._drained.set()
         self._sender: asyncio.Task[None] | None = None
+        self.stream: str | None = None  # the stream that captures the result subject
+        self._stream_checked = float("-inf")
 
     @property
     def pending(self) -> int:
@@ -214,6 +230,7 @@ class ReferenceService:
 
     async def start(self) -> None:
         cfg = self.config
+        await self._find_stream()
         self._sender = asyncio.create_task(self._send_loop())
         self._sub = await self.nc.subscribe(cfg.subject, queue=cfg.queue, cb=self._on_message)
         await confirm(self.nc)  # the server has the SUB before we say we listen
@@ -223,8 +240,31 @@ class ReferenceService:
             cfg.mode,
             cfg.subject,
             cfg.queue,
-            extra={"action": "ref_start", "subject": cfg.subject},
+            extra={"action": "ref_start", "subject": cfg.subject, "stream": self.stream},
         )
+
+    async def _find_stream(self) -> None:
+        """Which stream, if any, captures the result subject: answers then go through
+        JetStream publish. No JetStream, no such stream, or no answer: core NATS."""
+        self._stream_checked = time.monotonic()
+        found: str | None
+        try:
+            found = await self.nc.jetstream().find_stream_name_by_subject(
+                self.config.result_subject
+            )
+        except NotFoundError:  # JetStream answered: no stream captures it (any more)
+            found = None
+        except Exception as exc:  # no JetStream, no answer: as before (core at start)
+            log.debug("no stream found for %s: %s", self.config.result_subject, exc)
+            return
+        if found != self.stream:
+            self.stream = found
+            log.info(
+                "%s: answers go through %s",
+                self.config.service,
+                f"JetStream (stream {found})" if found else "core NATS (no stream captures them)",
+                extra={"action": "ref_stream", "stream": found},
+            )
 
     async def stop(self, grace: float = 5.0) -> None:
         """Takes no new request, cancels the work in progress, gives the queued answers
@@ -390,6 +430,7 @@ class ReferenceService:
         only when the server has read it: connected before and after, no reconnect in
         between (nats-py drops what it had written to a dead socket), two PONGs back."""
         outage = False
+        backoff = JS_BACKOFF[0]
         while True:
             await self._more.wait()
             if not self._pending:
@@ -406,13 +447,20 @@ class ReferenceService:
                     )
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
+            # While no stream captures the subject, or while the one that did stays
+            # silent: is there one (still)?
+            if (self.stream is None or outage) and time.monotonic() - self._stream_checked > (
+                STREAM_CHECK_SECONDS
+            ):
+                await self._find_stream()
             batch = self._inflight = [
                 self._pending.popleft() for _ in range(min(SEND_BATCH, len(self._pending)))
             ]
             confirmed = await self._publish(batch)
             self._inflight = []
-            if confirmed:
-                self.stats.sent += len(batch)
+            self.stats.sent += confirmed
+            if confirmed == len(batch):
+                backoff = JS_BACKOFF[0]
                 if not self._pending:
                     self._drained.set()
                 if outage:
@@ -423,8 +471,9 @@ class ReferenceService:
                         len(self._pending),
                         extra={"action": "ref_resumed", "count": len(self._pending)},
                     )
-            else:  # back to the front, in order; the bound holds again
-                self._pending.extendleft(reversed(batch))
+            else:  # the unconfirmed back to the front, in order; the bound holds again
+                unconfirmed = batch[confirmed:]
+                self._pending.extendleft(reversed(unconfirmed))
                 if not outage and not self.nc.is_closed:
                     outage = True
                     log.warning(
@@ -435,10 +484,18 @@ class ReferenceService:
                     )
                 while len(self._pending) > self.config.pending_max:
                     self._drop_oldest()
-                self.stats.resent += len(batch)
-                await asyncio.sleep(RETRY_SECONDS)
+                self.stats.resent += len(unconfirmed)
+                if self.stream is None:
+                    await asyncio.sleep(RETRY_SECONDS)
+                else:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, JS_BACKOFF[1])
 
-    async def _publish(self, batch: list[_Answer]) -> bool:
+    async def _publish(self, batch: list[_Answer]) -> int:
+        """Publishes `batch` in order; returns how many of its first answers are
+        confirmed (all or none for core NATS)."""
+        if self.stream is not None:
+            return await self._publish_js(batch)
         nc = self.nc
         reconnects = nc.stats["reconnects"]
         try:
@@ -449,8 +506,26 @@ class ReferenceService:
             await confirm(nc)
         except Exception as exc:  # disconnected, timed out, closed: all sent again
             log.debug("publish not confirmed: %s: %s", type(exc).__name__, exc)
-            return False
-        return nc.is_connected and nc.stats["reconnects"] == reconnects
+            return 0
+        ok = nc.is_connected and nc.stats["reconnects"] == reconnects
+        return len(batch) if ok else 0
+
+    async def _publish_js(self, batch: list[_Answer]) -> int:
+        """JetStream publish, one answer after another, each once its PubAck came (a
+        duplicate is one: the stream has it); stops at the first that is not."""
+        js = self.nc.jetstream()
+        for done, answer in enumerate(batch):
+            try:
+                await js.publish(
+                    self.config.result_subject,
+                    answer.data,
+                    timeout=JS_TIMEOUT,
+                    headers={MSG_ID: answer.msg_id},
+                )
+            except Exception as exc:  # timeout, no responders, 503, disconnected
+                log.debug("JetStream publish not acknowledged: %s: %s", type(exc).__name__, exc)
+                return done
+        return len(batch)
 
     async def _schema_mismatch(
         self, msg: Msg, body: dict[str, Any], job_id: str, problem: str
