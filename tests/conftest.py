@@ -143,6 +143,18 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
 
 
 @pytest.fixture
+def js_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """The same with JetStream (its store in the test's own folder)."""
+    server = EmbeddedNats(
+        log_dir=tmp_path / "nats", extra_args=["-js", "-sd", str(tmp_path / "js")]
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
 async def client(nats_server: EmbeddedNats) -> AsyncIterator[Client]:
     """The test's own NATS connection: plays the services (or the core)."""
     nc = await nats_client(nats_server.url())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +39,6 @@ pytestmark = pytest.mark.integration
 PERMISSIONS = Path(__file__).resolve().parents[2] / "docs" / "nats-permissions.conf"
 STREAM = "ARM_RESULTS"
 SUBJECT = "files.tabular_parsed"
-
-
-@pytest.fixture
-def js_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(
-        log_dir=tmp_path / "nats", extra_args=["-js", "-sd", str(tmp_path / "js")]
-    ).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

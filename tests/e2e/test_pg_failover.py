@@ -26,10 +26,7 @@ usually 0 here; the README says why production needs synchronous replication any
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +38,7 @@ import pytest
 
 from arm_core.migrate import migrate
 from tests.support.bridge import instant_service, wait_for
+from tests.support.faults import by_status, count, http_get
 from tests.support.processes import ArmProcess, log_lines
 from tests.support.replication import Replicated, start_pair
 from tests.support.sql import dict_conn, ensure_logins, upload, upload_many
@@ -73,34 +71,6 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Replicated]
 @pytest.fixture
 def stack(pair: Replicated, tmp_path: Path) -> Iterator[Stack]:
     yield from running_stack(pair.url("arm"), tmp_path)
-
-
-def count(url: str, sql: str) -> int:
-    """A fresh connection each time (-1 while no host takes writes)."""
-    try:
-        with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
-            row = conn.execute(sql).fetchone()
-    except psycopg.OperationalError:
-        return -1
-    assert row is not None
-    return int(row[0])
-
-
-def by_status(url: str) -> dict[str, int]:
-    with dict_conn(url) as conn:
-        rows = conn.execute(
-            "SELECT status::text AS s, count(*) AS n FROM arm.recognition_job GROUP BY 1"
-        ).fetchall()
-    return {r["s"]: r["n"] for r in rows}
-
-
-def http_get(url: str) -> tuple[int, dict[str, Any]]:
-    """GET with a deadline: a hang fails the test as a timeout, not a pass."""
-    try:
-        with urllib.request.urlopen(url, timeout=15) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 @dataclass

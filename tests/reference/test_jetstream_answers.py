@@ -10,12 +10,10 @@ import asyncio
 import json
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nats
-import pytest
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
@@ -26,17 +24,6 @@ from tests.support.bridge import nats_client, wait_for
 RESULTS = "files.tabular_parsed"
 REQUESTS = "files.tabular_uploaded"
 STREAM = StreamConfig(name="ANSWERS", subjects=[RESULTS])
-
-
-@pytest.fixture
-def js_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(
-        log_dir=tmp_path / "nats", extra_args=["-js", "-sd", str(tmp_path / "js")]
-    ).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def request() -> dict[str, Any]:
