@@ -23,11 +23,9 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
 from tests.support.bridge import wait_for
 from tests.support.cluster import (
@@ -35,10 +33,11 @@ from tests.support.cluster import (
     close_all,
     move_stream_leader,
     recording_service,
+    start_bridge,
     stream_leader,
     wait_interest,
 )
-from tests.support.processes import ArmProcess, log_lines
+from tests.support.processes import log_lines
 from tests.support.sql import dict_conn, scalar, upload_many
 from tests.support.stack import Stack
 
@@ -68,18 +67,6 @@ async def flow(db_url: str) -> None:
                 time.sleep(0.05)
 
     await asyncio.to_thread(upload)
-
-
-async def start_bridge(stack: Stack, cluster: EmbeddedNatsCluster, **env: Any) -> ArmProcess:
-    port = free_port()
-    bridge = stack.start("bridge", BRIDGE_HEALTH_PORT=port, NATS_URL=cluster.url(), **env)
-
-    async def healthy() -> bool:
-        body = await asyncio.to_thread(bridge.health, port)
-        return body is not None and body.get("status") == "ok"
-
-    await wait_for(healthy, 30, lambda: f"bridge healthy: {bridge.log()[-2000:]}")
-    return bridge
 
 
 @pytest.mark.parametrize("publisher", ["jetstream", "core"])

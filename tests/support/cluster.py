@@ -7,18 +7,22 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
 from tests.support.bridge import envelope, nats_client, wait_for
 from tests.support.processes import ArmProcess
+from tests.support.stack import Stack
 
 REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
 SERVICE_QUEUE = "recognition-services"
@@ -52,7 +56,7 @@ class RecordingService:
     delay: float = 0.2
     result_subject: str = "files.tabular_parsed"
     received: Counter[str] = field(default_factory=Counter)
-    results_sent: Counter[str] = field(default_factory=Counter)
+    sent_at: dict[str, float] = field(default_factory=dict)  # job id: first answer's time
     _answering: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def on_request(self, msg: Msg) -> None:
@@ -68,6 +72,7 @@ class RecordingService:
         job_id, file_id = uuid.UUID(request["job_id"]), uuid.UUID(request["file_id"])
         attempt = request["attempt"]
         service = "tabular-parser" if request["pipeline"] == "tabular" else "scan-gateway"
+        self.sent_at.setdefault(str(job_id), time.monotonic())
         if self.ack:
             await self.client.publish(
                 self.result_subject,
@@ -79,16 +84,34 @@ class RecordingService:
             json.dumps(envelope(job_id, file_id, "done", service)).encode(),
             headers={"Nats-Msg-Id": f"result:{job_id}:{attempt}"},
         )
-        self.results_sent[f"{job_id}:{attempt}"] += 1
 
     async def on_probe(self, msg: Msg) -> None:
         await msg.respond(b"here")
 
 
-async def recording_service(url: str, ack: bool = False) -> RecordingService:
-    """A RecordingService connected to `url` and subscribed to both request subjects in
-    one queue group (close its client when done)."""
-    service = RecordingService(await nats_client(url), ack=ack)
+async def recording_service(url: str | list[str], ack: bool = False) -> RecordingService:
+    """A RecordingService connected to `url` (or the first of a list of nodes, the others
+    its way elsewhere) and subscribed to both request subjects in one queue group (close
+    its client when done)."""
+    if isinstance(url, list):
+        # Told that its node is going away (lame-duck mode), it moves at once: a
+        # connection the client closes loses nothing it sent, one the server closes can.
+        moving: list[Client] = []
+
+        async def move() -> None:
+            await moving[0].force_reconnect()
+
+        client = await nats.connect(
+            url,
+            dont_randomize=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+            lame_duck_mode_cb=move,
+        )
+        moving.append(client)
+    else:
+        client = await nats_client(url)
+    service = RecordingService(client, ack=ack)
     for subject in REQUEST_SUBJECTS:
         await service.client.subscribe(subject, queue=SERVICE_QUEUE, cb=service.on_request)
     # Last: an answer to the probe from another node proves the SUBs above reached it too
@@ -166,3 +189,53 @@ async def move_stream_leader(cluster: EmbeddedNatsCluster, stream: str, to: int)
         await wait_for(led_by_it, 60, f"{stream} led by {name}")
     finally:
         await client.close()
+
+
+def stream_replicas(cluster: EmbeddedNatsCluster, stream: str) -> dict[str, bool]:
+    """Per server name of `stream`'s leader and replicas, as the leader's node reports
+    them in /jsz: True for the leader and for a replica that is current (has every
+    message)."""
+    leader = stream_leader(cluster, stream)
+    if leader is None:
+        return {}
+    index = next(i for i in range(cluster.size) if cluster.name(i) == leader)
+    url = f"http://127.0.0.1:{cluster.monitor_ports[index]}/jsz?accounts=true&streams=true"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            jsz = json.loads(resp.read())
+    except (OSError, ValueError):
+        return {}
+    for account in jsz.get("account_details") or []:
+        for detail in account.get("stream_detail") or []:
+            if detail.get("name") == stream:
+                found = (detail.get("cluster") or {}).get("replicas") or []
+                return {leader: True} | {r["name"]: bool(r.get("current")) for r in found}
+    return {}
+
+
+async def stream_whole(cluster: EmbeddedNatsCluster, stream: str, within: float = 60) -> None:
+    """Waits until every node holds a current copy of `stream` (after a node's restart:
+    it has caught up), so that the next planned restart leaves a quorum."""
+    every = {cluster.name(i) for i in range(cluster.size)}
+
+    def whole() -> bool:
+        replicas = stream_replicas(cluster, stream)
+        return set(replicas) == every and all(replicas.values())
+
+    await wait_for(
+        whole, within, lambda: f"{stream} current on every node: {stream_replicas(cluster, stream)}"
+    )
+
+
+async def start_bridge(stack: Stack, cluster: EmbeddedNatsCluster, **env: Any) -> ArmProcess:
+    """`arm-core bridge` with NATS_URL listing every node, once healthy (waited on
+    without blocking the loop the test's services run in)."""
+    port = free_port()
+    bridge = stack.start("bridge", BRIDGE_HEALTH_PORT=port, NATS_URL=cluster.url(), **env)
+
+    async def healthy() -> bool:
+        body = await asyncio.to_thread(bridge.health, port)
+        return body is not None and body.get("status") == "ok"
+
+    await wait_for(healthy, 30, lambda: f"bridge healthy: {bridge.log()[-2000:]}")
+    return bridge

@@ -174,8 +174,13 @@ class EmbeddedNatsCluster(Server):
     with ``jetstream``, when every node knows the meta leader and says it is healthy
     (``/jsz``, ``/healthz``). A client lists :meth:`urls` (``url()`` is the NATS_URL
     form, comma-separated); :meth:`node_of` finds the node a client is connected to by
-    its name (``/connz``); :meth:`kill` is ``kill -9`` of one node and
-    :meth:`start_node` brings it back on the same ports."""
+    its name (``/connz``); :meth:`kill` is ``kill -9`` of one node, :meth:`lame_duck`
+    its planned shutdown, and :meth:`start_node` brings it back on the same ports.
+
+    ``lame_duck_grace`` (seconds) is each node's ``lame_duck_grace_period``: how long a
+    node in lame-duck mode waits before it starts closing its clients (nats-server's
+    default: 10 s). The duration stays nats-server's minimum, 30 s, spread over the
+    clients at most 1 s apart: a node with few clients is gone within seconds."""
 
     size: int = 3
     base_dir: Path | None = None
@@ -183,6 +188,7 @@ class EmbeddedNatsCluster(Server):
     cluster_name: str = "arm"
     binary: str | None = None
     extra_args: list[str] = field(default_factory=list)
+    lame_duck_grace: float = 1.0
     nodes: list[EmbeddedNats] = field(default_factory=list, init=False)
     monitor_ports: list[int] = field(default_factory=list, init=False)
     cluster_ports: list[int] = field(default_factory=list, init=False)
@@ -228,6 +234,14 @@ class EmbeddedNatsCluster(Server):
             args += ["-routes", routes]
         if self.jetstream:
             args += ["-js", "-sd", str(log_dir / "jetstream")]
+        # Lame-duck timings exist only as configuration-file options; the flags above
+        # and the node's own (port, log) take precedence over anything in it.
+        log_dir.mkdir(parents=True, exist_ok=True)
+        config = log_dir / "node.conf"
+        config.write_text(
+            f'lame_duck_duration: "30s"\nlame_duck_grace_period: "{self.lame_duck_grace}s"\n'
+        )
+        args = ["-c", str(config), *args]
         return EmbeddedNats(
             binary=self.binary,
             port=client,
@@ -341,6 +355,29 @@ class EmbeddedNatsCluster(Server):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         node._proc = None
+
+    def lame_duck(self, index: int, within: float = 60.0) -> float:
+        """The planned shutdown of node ``index``: ``nats-server --signal ldm=<pid>``,
+        as an operator types it. The node stops accepting clients, hands the leadership
+        of its JetStream assets to other nodes, closes its clients one by one and exits;
+        returns once it has, with the seconds it took."""
+        node = self.nodes[index]
+        proc = node._proc
+        if proc is None or proc.poll() is not None:
+            raise RuntimeError(f"node {self.name(index)} is not running")
+        started = time.monotonic()
+        binary = self.binary or _default_nats_binary()
+        subprocess.run(
+            [binary, "--signal", f"ldm={proc.pid}"], check=True, capture_output=True, timeout=10
+        )
+        try:
+            proc.wait(timeout=within)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(
+                f"node {self.name(index)} still running {within:.0f} s after lame-duck mode"
+            ) from exc
+        node._proc = None
+        return time.monotonic() - started
 
     def stop_node(self, index: int) -> None:
         """SIGTERM of node ``index`` (its clients are told to reconnect elsewhere)."""
