@@ -149,6 +149,19 @@ def made_storable(counts: Counts, envelope: Envelope) -> None:
     )
 
 
+def redelivered(counts: Counts, n: int) -> None:
+    """Messages of a fetch from the results stream that were delivered before and not
+    acknowledged in time: the answers an instance held when it died come back this way."""
+    metrics.REDELIVERED.inc(n)
+    counts["redelivered"] += n
+    log.info(
+        "%d answer(s) delivered again by the results stream (not acknowledged within its "
+        "ack_wait: an instance holding them stopped or died)",
+        n,
+        extra={"action": "inbox_redelivered", "count": n},
+    )
+
+
 def dropped(counts: Counts, envelope: Envelope, reason: str, buffer_size: int) -> None:
     """An envelope lost before the database saw it (buffer_full, shutdown)."""
     metrics.envelope("dropped")

@@ -16,6 +16,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
+from arm_core.bridge import events
 from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import Listener, ListenerState
@@ -199,6 +200,9 @@ class Bridge:
                 pause = min(pause * 2, c.fetch_pause_max_seconds)
                 continue
             pause = 0.1
+            again = sum(1 for msg in msgs if msg.metadata.num_delivered > 1)
+            if again:
+                events.redelivered(self.inbox.counts, again)
             for msg in msgs:  # handed over even when stopping: they are ours now
                 await self.inbox.on_message(msg)
 

@@ -73,6 +73,12 @@ PUBLISH_BATCHES = Counter(
     ["result"],
     registry=REGISTRY,
 )
+REDELIVERED = Counter(
+    "arm_inbox_redelivered",
+    "Messages RESULTS_STREAM delivered again because no instance acknowledged them "
+    "within its ack_wait (one that held them stopped or died, or the database was out)",
+    registry=REGISTRY,
+)
 REPUBLISHED = Counter(
     "arm_republished_jobs",
     "Requests sent again because no ack came within ACK_TIMEOUT_SECONDS",

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from arm_core.devtools.embedded import free_port
 from tests.support.bridge import envelope, nats_client, wait_for
 from tests.support.processes import log_lines
 from tests.support.sql import dict_conn, scalar, upload_many
@@ -124,3 +127,77 @@ async def test_kill_9_of_the_only_bridge_loses_nothing_with_the_results_stream(
     # Never twice. (A kill -9 may land between a batch's commit and its log lines, so
     # the log may name fewer than n; the database's count above is the exact one.)
     assert set(applied.values()) == {1} and len(applied) <= n
+
+
+def buffered(port: int) -> float:
+    """The `arm_inbox_buffered` gauge on a bridge's health port (0 while it does not
+    answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("arm_inbox_buffered "):
+            return float(line.split()[1])
+    return 0
+
+
+async def test_kill_9_of_one_of_two_bridges_loses_nothing_with_the_results_stream(
+    js_stack: Stack,
+) -> None:
+    """Issue 19: two bridges consume RESULTS_STREAM; one is killed with answers in its
+    buffers (received, not yet applied, so not acked). The stream delivers them again to
+    the other after its ack_wait (30 s): every job done, each result applied once.
+    Without the stream those answers are lost (docs/reliability.md)."""
+    n = 2000
+    stack = js_stack
+    env = {
+        "RESULTS_STREAM": "ARM_RESULTS",
+        "DEBUG": "true",  # a log line per envelope applied
+        # Small batches behind a large buffer: answers wait inside a bridge.
+        "INBOX_BATCH_SIZE": 4,
+        "INBOX_BUFFER_SIZE": 200,
+        # Beyond the redelivery (30 s): a job waiting for its ack is not republished.
+        "ACK_TIMEOUT_SECONDS": 120,
+        "TABULAR_REPLY_TIMEOUT_SECONDS": 600,
+        "IMAGE_REPLY_TIMEOUT_SECONDS": 600,
+    }
+    ports = [free_port(), free_port()]
+    bridges = [stack.start("bridge", BRIDGE_HEALTH_PORT=port, **env) for port in ports]
+    for bridge, port in zip(bridges, ports, strict=True):
+        bridge.wait_healthy(port)
+    reference = stack.reference(REFERENCE_DELAY_SECONDS=0)
+    await wait_for(
+        lambda: log_lines(reference.log(), action="ref_stream"), 30, "the reference on the stream"
+    )
+    done = "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'"
+    with dict_conn(stack.db_url) as conn:
+        upload_many(conn, n, mixed=True)
+        await wait_for(lambda: scalar(conn, done) >= n // 5, 60, "a fifth done")
+        # The kill lands while the victim holds answers it has not applied yet.
+        await wait_for(lambda: buffered(ports[0]) >= 20, 60, "answers waiting in bridge A")
+        bridges[0].proc.send_signal(signal.SIGKILL)
+        bridges[0].proc.wait()
+        killed = time.monotonic()
+        await wait_for(lambda: scalar(conn, done) == n, 120, lambda: f"{n} done")
+        drained = time.monotonic() - killed
+        assert scalar(conn, "SELECT count(*) FROM arm.recognition_job") == n
+        results = scalar(conn, "SELECT count(*) FROM arm.s3_object WHERE bucket_role = 'results'")
+    assert results == n
+    again = sum(
+        int(line.split(" count=")[1].split()[0])
+        for line in log_lines(bridges[1].log(), action="inbox_redelivered")
+    )
+    applied: Counter[str] = Counter()
+    for line in log_lines(bridges[0].log() + bridges[1].log(), action="result"):
+        if "result applied" in line:
+            applied[line.split(" job_id=")[1].split()[0]] += 1
+    print(
+        f"\nkill -9 of one of two bridges, RESULTS_STREAM: {n} jobs, {n} done, 0 lost, "
+        f"{again} answers delivered again to the survivor, all done {drained:.1f} s "
+        "after the kill"
+    )
+    # The victim's answers came back through the stream, and none was applied twice.
+    assert again > 0
+    assert set(applied.values()) == {1}
