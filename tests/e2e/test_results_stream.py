@@ -169,7 +169,9 @@ async def test_kill_9_of_one_of_two_bridges_loses_nothing_with_the_results_strea
         bridge.wait_healthy(port)
     reference = stack.reference(REFERENCE_DELAY_SECONDS=0)
     await wait_for(
-        lambda: log_lines(reference.log(), action="ref_stream"), 30, "the reference on the stream"
+        lambda: bool(log_lines(reference.log(), action="ref_stream")),
+        30,
+        "the reference on the stream",
     )
     done = "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'"
     with dict_conn(stack.db_url) as conn:
