@@ -19,6 +19,17 @@ answer the primary applied in its last moments may never reach the standby: its 
 back to `processing` there, the service has acked the message, and the job waits for
 its reply deadline — counted lost.
 
+The NATS cluster faults run on three nats-server nodes of their own (JetStream, routes
+over loopback, `lame_duck_grace_period` 1 s), every process with NATS_URL listing all
+three, RESULTS_STREAM with 3 replicas. The reference service answers through JetStream
+publish (each answer waits for the stream's PubAck and is sent again until it gets one)
+or, with `REFERENCE_PUBLISH=core`, with core NATS, as a service that has not adopted it.
+The faults: kill -9 of the node that leads the stream (the two others elect a new leader
+after 4–9 s; the node stays down), and a lame-duck rolling restart (`nats-server --signal
+ldm=<pid>` of each node in turn, started again once it has exited, the next once the
+stream is current on it again). Their uploads come as a steady flow (5 every 50 ms)
+rather than at once: answers are on their way when the fault lands.
+
 Per fault:
 
 - **lost**: jobs that did not end `done` (an answer that never reached the database
@@ -59,11 +70,12 @@ from nats.aio.msg import Msg
 
 from arm_core.config import Settings
 from arm_core.devtools.embedded import free_port
-from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_nats import EmbeddedNats, EmbeddedNatsCluster
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from benchmarks.harness import progress, status_counts
 from benchmarks.report import machine
+from tests.support.cluster import stream_leader, stream_whole
 from tests.support.processes import ArmProcess, log_lines
 from tests.support.replication import Replicated, start_pair
 from tests.support.sql import ensure_logins, upload_many
@@ -74,6 +86,12 @@ GIVE_UP_AFTER = REPLY_TIMEOUT + 90.0
 LIVE = "status IN ('queued', 'published', 'processing')"
 REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
 STREAM = "ARM_CHAOS_RESULTS"
+CLUSTER = "cluster"
+# The NATS cluster faults' uploads: a steady flow (100 a second, 30 s for 3,000), so
+# that answers are on their way when the fault lands, as in production — a burst is
+# answered within seconds and then only waits to be applied.
+FLOW_CHUNK = 5
+FLOW_PAUSE = 0.05
 
 
 @dataclass
@@ -100,11 +118,15 @@ class World:
     db_url: str = ""
     procs: list[ArmProcess] = field(default_factory=list)
     pair: Replicated | None = None  # the failover faults' primary and standby
+    cluster: EmbeddedNatsCluster | None = None  # the NATS cluster faults' three nodes
+
+    def nats_urls(self) -> list[str]:
+        return self.cluster.urls() if self.cluster else [self.nats.url()]
 
     def env(self, **extra: Any) -> dict[str, str]:
         base = {
             "DATABASE_URL": self.db_url,
-            "NATS_URL": self.nats.url(),
+            "NATS_URL": ",".join(self.nats_urls()),
             "NATS_ENABLED": "true",
             "OUTBOX_POLL_SECONDS": "0.2",
             "SCHEDULE_TICK_SECONDS": "0.5",
@@ -133,8 +155,8 @@ class World:
         proc.wait_healthy(port, within=60)
         return proc
 
-    async def reference(self) -> ArmProcess:
-        proc = self.start("reference")
+    async def reference(self, **env: Any) -> ArmProcess:
+        proc = self.start("reference", **env)
         await until(lambda: len(log_lines(proc.log(), action="ref_start")) >= 2, 30, "reference")
         return proc
 
@@ -200,24 +222,48 @@ class Observer:
 Fault = Callable[[World], Awaitable[float]]  # injects, returns when the fault ended
 
 
+def steady_uploads(url: str, jobs: int) -> None:
+    """`jobs` uploads as a steady flow: FLOW_CHUNK every FLOW_PAUSE seconds."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(jobs // FLOW_CHUNK):
+            upload_many(conn, FLOW_CHUNK, mixed=True)
+            time.sleep(FLOW_PAUSE)
+
+
 async def run_fault(
-    world: World, name: str, jobs: int, bridges: int, fault: Fault | None, **env: Any
+    world: World,
+    name: str,
+    jobs: int,
+    bridges: int,
+    fault: Fault | None,
+    steady: bool = False,
+    **env: Any,
 ) -> Outcome:
-    """Fresh database, reference service, `bridges` bridges, `jobs` uploads; the fault
-    once a fifth are done; then wait until nothing is live, and count."""
+    """Fresh database, reference service, `bridges` bridges, `jobs` uploads (at once, or
+    with `steady` as a flow); the fault once a fifth are done; then wait until nothing
+    is live, and count."""
     out = Outcome(name, jobs)
     world.fresh_database(f"chaos_{len(name)}_{abs(hash(name)) % 10**8}")
     observer = Observer()
-    nc = await nats.connect(world.nats.url(), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    nc = await nats.connect(world.nats_urls(), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     try:
         for subject in REQUEST_SUBJECTS:
             await nc.subscribe(subject, cb=observer.on_msg, pending_msgs_limit=-1)
         await nc.flush()
-        await world.reference()
+        # The bridges first: they make RESULTS_STREAM, which the reference service looks
+        # for at its start (answers through JetStream publish where a stream captures
+        # them, unless REFERENCE_PUBLISH=core).
         for _ in range(bridges):
             world.bridge(**env)
-        with psycopg.connect(world.db_url, autocommit=True) as conn:
-            upload_many(conn, jobs, mixed=True)
+        await world.reference(**env)
+        if steady:
+            flow: asyncio.Task[None] | None = asyncio.create_task(
+                asyncio.to_thread(steady_uploads, world.db_url, jobs)
+            )
+        else:
+            flow = None
+            with psycopg.connect(world.db_url, autocommit=True) as conn:
+                upload_many(conn, jobs, mixed=True)
         started = time.monotonic()
         if fault is not None:
             await until(lambda: done(world.db_url) >= jobs // 5, 120, "a fifth of the answers")
@@ -231,6 +277,8 @@ async def run_fault(
                     break
                 await asyncio.sleep(0.1)
             started = injected
+        if flow is not None:
+            await flow
         live = f"SELECT count(*) FROM arm.recognition_job WHERE {LIVE}"
         with contextlib.suppress(TimeoutError):
             await until(lambda: count(world.db_url, live) == 0, GIVE_UP_AFTER, "nothing live")
@@ -255,6 +303,11 @@ async def run_fault(
         out.sent_twice = observer.twice()
     finally:
         world.stop_all()
+        if "RESULTS_STREAM" in env and world.cluster is None:
+            # The next fault on this server starts from no stream (and no consumer
+            # holding this fault's messages).
+            with contextlib.suppress(Exception):
+                await nc.jetstream().delete_stream(STREAM)
         await nc.close()
     return out
 
@@ -320,6 +373,50 @@ async def on_a_pair(
         await asyncio.to_thread(pair.destroy)
 
 
+async def on_a_cluster(world: World, run: Callable[[], Awaitable[Outcome]]) -> Outcome:
+    """`run` with a three-node JetStream cluster of its own as the world's NATS."""
+    base = world.workdir / f"cluster-{time.monotonic_ns()}"
+    cluster = EmbeddedNatsCluster(size=3, base_dir=base, jetstream=True, lame_duck_grace=1)
+    world.cluster = await asyncio.to_thread(cluster.start)
+    try:
+        return await run()
+    finally:
+        world.cluster = None
+        await asyncio.to_thread(cluster.stop)
+
+
+def leader_index(cluster: EmbeddedNatsCluster) -> int:
+    leader = stream_leader(cluster, STREAM)
+    return next(i for i in range(cluster.size) if cluster.name(i) == leader)
+
+
+async def leader_node_killed(world: World) -> float:
+    """kill -9 of the node that leads the results stream; returns once the two others
+    have elected a new leader (the node stays down)."""
+    cluster = world.cluster
+    assert cluster is not None
+    killed = leader_index(cluster)
+    cluster.kill(killed)
+    await until(
+        lambda: stream_leader(cluster, STREAM) not in (None, cluster.name(killed)),
+        60,
+        "a new leader",
+    )
+    return time.monotonic()
+
+
+async def lame_duck_rolling_restart(world: World) -> float:
+    """Each node in turn: lame-duck mode (nats-server --signal ldm=<pid>) until it
+    exits, started again, the stream current on it again before the next."""
+    cluster = world.cluster
+    assert cluster is not None
+    for index in range(cluster.size):
+        await asyncio.to_thread(cluster.lame_duck, index)
+        await asyncio.to_thread(cluster.start_node, index)
+        await stream_whole(cluster, STREAM, within=120)
+    return time.monotonic()
+
+
 def has_results_stream() -> bool:
     return any(f.name == "results_stream" for f in dataclasses.fields(Settings))
 
@@ -331,8 +428,11 @@ async def run_all(world: World, quick: bool, only: list[str]) -> list[Outcome]:
         return jobs // scale
 
     stream = {"RESULTS_STREAM": STREAM}
-    # (fault, jobs, bridges, the fault, env, None or a replicated pair: synchronous?)
-    plan: list[tuple[str, int, int, Fault | None, dict[str, Any], bool | None]] = [
+    replicated = {**stream, "RESULTS_STREAM_REPLICAS": 3}
+    core = {**replicated, "REFERENCE_PUBLISH": "core"}
+    # (fault, jobs, bridges, the fault, env, where: None (one PostgreSQL, one nats-server),
+    # True/False (a replicated pair: synchronous?) or CLUSTER (three NATS nodes))
+    plan: list[tuple[str, int, int, Fault | None, dict[str, Any], bool | str | None]] = [
         ("kill -9 of the only bridge mid-burst, restarted after 3 s", n(2000), 1,
          kill_only_bridge, {}, None),
         ("kill -9 of one of two bridges", n(2000), 2, kill_one_of_two, {}, None),
@@ -345,6 +445,16 @@ async def run_all(world: World, quick: bool, only: list[str]) -> list[Outcome]:
          primary_lost, {}, True),
         ("PostgreSQL primary killed, asynchronous standby promoted after 3 s", n(3000), 2,
          primary_lost, {}, False),
+        ("kill -9 of one of two bridges, RESULTS_STREAM set", n(2000), 2, kill_one_of_two,
+         stream, None),
+        ("kill -9 of the NATS node leading RESULTS_STREAM, services publish via JetStream",
+         n(3000), 2, leader_node_killed, replicated, CLUSTER),
+        ("kill -9 of the NATS node leading RESULTS_STREAM, services publish via core NATS",
+         n(3000), 2, leader_node_killed, core, CLUSTER),
+        ("lame-duck rolling restart of 3 NATS nodes, services publish via JetStream",
+         n(3000), 2, lame_duck_rolling_restart, replicated, CLUSTER),
+        ("lame-duck rolling restart of 3 NATS nodes, services publish via core NATS",
+         n(3000), 2, lame_duck_rolling_restart, core, CLUSTER),
     ]  # fmt: skip
     if has_results_stream():
         plan.append(
@@ -358,7 +468,7 @@ async def run_all(world: World, quick: bool, only: list[str]) -> list[Outcome]:
             )
         )
     outcomes = []
-    for name, jobs, bridges, fault, env, synchronous in plan:
+    for name, jobs, bridges, fault, env, where in plan:
         if only and not any(word in name.lower() for word in only):
             continue
         progress(f"{name}: {jobs:,} jobs, {bridges} bridge(s)")
@@ -369,14 +479,17 @@ async def run_all(world: World, quick: bool, only: list[str]) -> list[Outcome]:
             bridges: int = bridges,
             fault: Fault | None = fault,
             env: dict[str, Any] = env,
+            steady: bool = where == CLUSTER,
         ) -> Awaitable[Outcome]:
-            return run_fault(world, name, jobs, bridges, fault, **env)
+            return run_fault(world, name, jobs, bridges, fault, steady, **env)
 
         try:
-            if synchronous is None:
+            if where is None:
                 outcome = await run()
+            elif where == CLUSTER:
+                outcome = await on_a_cluster(world, run)
             else:
-                outcome = await on_a_pair(world, synchronous, run)
+                outcome = await on_a_pair(world, bool(where), run)
         except Exception as exc:
             traceback.print_exc()
             world.stop_all()

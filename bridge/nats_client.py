@@ -105,6 +105,21 @@ async def connect(
     async def closed() -> None:
         await state("closed")
 
+    async def lame_duck() -> None:
+        # The server is going away (a planned restart: nats-server --signal ldm) and will
+        # close this connection within seconds. A connection the server closes can lose
+        # what was in flight on it; one the client closes loses nothing it sent. So move
+        # now, when the pool holds another server; with only this one, stay until it
+        # closes (there is nowhere to go).
+        others = len(client.servers) > 1
+        log.info(
+            "NATS server entering lame-duck mode: %s",
+            "moving to another server" if others else "staying until it closes (no other)",
+            extra={"action": "nats_lame_duck"},
+        )
+        if others:
+            await client.force_reconnect()
+
     options: dict[str, Any] = {
         "servers": list(settings.nats_urls),
         "name": name,
@@ -117,6 +132,7 @@ async def connect(
         "reconnected_cb": reconnected,
         "error_cb": error,
         "closed_cb": closed,
+        "lame_duck_mode_cb": lame_duck,
         **auth_options(settings),
         **overrides,
     }

@@ -104,6 +104,10 @@ def test_dev_runs_the_demo_and_stops_cleanly_twice(tmp_path: Path) -> None:
         assert f"logs         {serve_log} (API, bridge), {reference_log}" in text
         served, referenced = serve_log.read_text(), reference_log.read_text()
         assert "action=nats_connected" in served and "action=inbox_batch" in served
+        # The production shape: answers captured by a JetStream stream on the embedded
+        # server (its store under the dev folder), read through the durable consumer.
+        assert "(answers kept in JetStream stream arm_results)" in text
+        assert "from stream arm_results" in served
         assert "action=ref_result" in referenced and "arm_core.devtools.reference" not in served
         assert all(LOG_LINE.match(line) or line.startswith("  ") for line in served.splitlines())
         # Nothing it started is left behind.

@@ -125,3 +125,33 @@ async def test_without_a_stream_answers_go_by_core_nats(
         await service.stop(grace=0)
         await nc.close()
         await client.close()
+
+
+async def test_reference_publish_core_answers_by_core_nats_even_with_a_stream(
+    js_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """REFERENCE_PUBLISH=core: a service that has not adopted JetStream publish. With a
+    stream capturing the subject it still publishes with core NATS — and with the
+    stream gone its answers leave at once, waiting for nobody (lost)."""
+    client = await nats_client(js_server.url())
+    js = client.jetstream()
+    await js.add_stream(STREAM)
+    nc = await nats.connect(js_server.url(), **NATS_OPTIONS)
+    config = ReferenceConfig(
+        TABULAR, delay_seconds=0.05, results_dir=tmp_path / "bucket", publish="core"
+    )
+    service = ReferenceService(nc, config)
+    try:
+        await service.start()
+        assert service.stream is None
+        await send(client, request())
+        await wait_for(lambda: service.stats.sent == 2, 10, "answered")
+        assert len(await stored(client)) == 2  # captured by the stream all the same
+        await js.delete_stream(STREAM.name or "")
+        await send(client, request())
+        await wait_for(lambda: service.stats.sent == 4, 10, "answered into the void")
+        assert service.pending == 0 and service.stats.resent == 0
+    finally:
+        await service.stop(grace=0)
+        await nc.close()
+        await client.close()

@@ -119,6 +119,10 @@ MEANINGS: dict[str, str] = {
     "REFERENCE_PENDING_MAX": "answers kept while NATS is unreachable; when full the oldest "
     "is dropped (a `WARNING`, `action=ref_pending_drop`, counted; see "
     "[For service teams](service-teams.md#for-service-teams))",
+    "REFERENCE_PUBLISH": "`auto`: answers through JetStream publish (waiting for the "
+    "PubAck) where a stream captures the result subject, else core NATS · `core`: always "
+    "core NATS, as a service that has not adopted JetStream publish (`make chaos` measures "
+    "what it loses)",
 }
 
 # Variables read outside the dataclasses: name → (default, meaning). Each must still be

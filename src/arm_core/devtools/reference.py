@@ -126,6 +126,10 @@ class ReferenceConfig:
     results_bucket: str = env_var("REFERENCE_RESULTS_BUCKET", _bucket, "arm-ka")
     # Answers kept while NATS is unreachable; when full the oldest is dropped (logged).
     pending_max: int = env_var("REFERENCE_PENDING_MAX", number(int, 1), 5000)
+    # auto: JetStream publish where a stream captures the result subject, else core NATS;
+    # core: always core NATS, as a service that has not adopted JetStream publish (make
+    # chaos measures what such a service loses).
+    publish: str = env_var("REFERENCE_PUBLISH", one_of(("auto", "core")), "auto")
     request_subject: str | None = None  # default by service
     result_subject: str = "files.tabular_parsed"
     queue_group: str | None = None  # default: the service name
@@ -222,6 +226,7 @@ class ReferenceService:
         self._sender: asyncio.Task[None] | None = None
         self.stream: str | None = None  # the stream that captures the result subject
         self._stream_checked = float("-inf")
+        self._core_said = False
 
     @property
     def pending(self) -> int:
@@ -248,6 +253,15 @@ class ReferenceService:
         JetStream publish. No JetStream, no such stream, or no answer: core NATS."""
         self._stream_checked = time.monotonic()
         found: str | None
+        if self.config.publish == "core":
+            if not self._core_said:
+                self._core_said = True
+                log.info(
+                    "%s: answers go through core NATS (REFERENCE_PUBLISH=core)",
+                    self.config.service,
+                    extra={"action": "ref_stream", "stream": None},
+                )
+            return
         try:
             found = await self.nc.jetstream().find_stream_name_by_subject(
                 self.config.result_subject

@@ -60,13 +60,22 @@ DEMO_FILES = [
 FINAL = {"done", "needs_check", "error", "timeout", "dlq"}
 
 
-def dev_settings(settings: Settings, database_url: str, nats_url: str, http_port: int) -> Settings:
+# The production shape's answer capture (docs/not-losing-answers.md) on the embedded
+# nats-server, which runs with JetStream; not on a server given by NATS_URL, which may not.
+DEV_RESULTS_STREAM = "arm_results"
+
+
+def dev_settings(
+    settings: Settings, database_url: str, nats_url: str, http_port: int, embedded_nats: bool
+) -> Settings:
     changes: dict[str, Any] = {
         "database_url": database_url,
         "nats_urls": (nats_url,),
         "nats_enabled": True,
         "http_port": http_port,
     }
+    if embedded_nats and "RESULTS_STREAM" not in settings.explicit:
+        changes["results_stream"] = DEV_RESULTS_STREAM
     explicit = set(settings.explicit) | {"TIMEOUT_SWEEP_SECONDS"}
     for env, (name, value) in DEV_DEFAULTS.items():
         if env not in settings.explicit:
@@ -163,7 +172,9 @@ def embedded_servers(settings: Settings, root: Path) -> Iterator[tuple[str, str]
         if "NATS_URL" in settings.explicit:
             nats_url = settings.nats_urls[0]
         else:
-            nats_server = EmbeddedNats(log_dir=root / "nats").start()
+            nats_server = EmbeddedNats(
+                log_dir=root / "nats", extra_args=["-js", "-sd", str(root / "nats" / "jetstream")]
+            ).start()
             nats_url = nats_server.url()
         yield database_url, nats_url
     finally:
@@ -209,7 +220,12 @@ def banner(settings: Settings, base: str, root: Path, files: list[dict[str, Any]
         f"  OpenAPI      {base}/api/v1/openapi.json",
         f"  health       {base}/healthcheck",
         f"  PostgreSQL   psql '{settings.database_url}'",
-        f"  NATS         {settings.nats_urls[0]}",
+        f"  NATS         {settings.nats_urls[0]}"
+        + (
+            f" (answers kept in JetStream stream {settings.results_stream})"
+            if settings.results_stream
+            else ""
+        ),
         f"  results      {root / 'results'} (the reference services' stand-in for S3)",
         *(
             f"  {'logs' if i == 0 else '':<12} {text}"
@@ -290,7 +306,8 @@ def run(settings: Settings) -> int:
     print(f"logs: {where_logs_go(settings, root)[0]}", flush=True)
     with logs_to_files(settings, root), embedded_servers(settings, root) as urls:
         database_url, nats_url = urls
-        settings = dev_settings(settings, database_url, nats_url, port)
+        embedded_nats = "NATS_URL" not in settings.explicit
+        settings = dev_settings(settings, database_url, nats_url, port, embedded_nats)
         migrate(database_url, settings)
         asyncio.run(serve_dev(settings, root))
     return 0
