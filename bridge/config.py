@@ -122,12 +122,17 @@ class BridgeConfig:
     # and the longest pause between failed fetches.
     stream_retry_seconds: float = 2.0
     fetch_pause_max_seconds: float = 2.0
+    # RESULTS_STREAM_REPLAY_SECONDS (bridge/replay.py); 0: off.
+    replay_seconds: float = 15.0
+    # After the stream's leader-elected advisory, how long to let the answers published
+    # before the election reach this bridge by core NATS before they are applied again.
+    replay_delay_seconds: float = 1.0
     publisher: PublisherConfig = PublisherConfig()
     inbox: InboxConfig = InboxConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
 
     def __post_init__(self) -> None:
-        _check_positive(self)
+        _check_positive(self, "replay_seconds")
 
 
 def bridge_config(settings: Settings) -> BridgeConfig:
@@ -137,6 +142,7 @@ def bridge_config(settings: Settings) -> BridgeConfig:
         result_subject=s.result_subject,
         queue_group=s.nats_queue_group,
         results_stream=s.results_stream or None,
+        replay_seconds=s.results_stream_replay_seconds,
         publisher=PublisherConfig(
             tabular_request_subject=s.tabular_request_subject,
             image_request_subject=s.image_request_subject,

@@ -162,6 +162,21 @@ def redelivered(counts: Counts, n: int) -> None:
     )
 
 
+def replayed(counts: Counts, n: int, stream: str, leader: str) -> None:
+    """The stream elected a leader: the answers core NATS brought in the last seconds go
+    to the inbox again (bridge/replay.py)."""
+    metrics.REPLAYED.inc(n)
+    counts["replayed"] += n
+    log.info(
+        "stream %s has a new leader (%s): %d answer(s) of the last seconds applied again "
+        "from core NATS, for those it did not store while it had none",
+        stream,
+        leader or "?",
+        n,
+        extra={"action": "stream_replay", "count": n, "leader": leader},
+    )
+
+
 def dropped(counts: Counts, envelope: Envelope, reason: str, buffer_size: int) -> None:
     """An envelope lost before the database saw it (buffer_full, shutdown)."""
     metrics.envelope("dropped")

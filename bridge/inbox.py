@@ -117,9 +117,12 @@ class Inbox(Service):
         """Envelopes lost before the database saw them, whatever the reason."""
         return sum(n for key, n in self.counts.items() if key.startswith("dropped."))
 
-    async def on_message(self, msg: Msg) -> None:
+    async def on_message(self, msg: Msg, settle: bool = True) -> None:
         """nats-py subscription callback: never raises. Waits for room in the buffer
-        while the database is reachable; drops (counted, logged) only during an outage."""
+        while the database is reachable; drops (counted, logged) only during an outage.
+        `settle=False`: a core NATS message handed in while the answers come from the
+        results stream (bridge/replay.py), with nothing to acknowledge."""
+        settle = settle and self.acks
         self.counts["received"] += 1
         try:
             parsed = parse_envelope(msg.data, msg.headers, self.config.max_payload_bytes)
@@ -127,13 +130,13 @@ class Inbox(Service):
             parsed = Rejected("parse_error", f"{type(exc).__name__}: {exc}")
         if isinstance(parsed, Rejected):
             events.rejected(self.counts, msg.subject, parsed)
-            if self.acks:
+            if settle:
                 await self._settle(msg, terminate=True)
             return
         if parsed.made_storable:
             events.made_storable(self.counts, parsed)
         queue = self.queues[parsed.job_id.int % len(self.queues)]
-        if self.acks:
+        if settle:
             self._unsettled[id(parsed)] = msg
         while True:
             try:

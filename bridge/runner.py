@@ -5,6 +5,7 @@ It keeps no state of its own: every decision is a call to a SQL function."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -14,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from arm_core.bridge import events
@@ -28,6 +30,7 @@ from arm_core.bridge.nats_client import (
     results_consumer,
 )
 from arm_core.bridge.publisher import Publisher
+from arm_core.bridge.replay import Recent
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.config import Settings, mask_url
 from arm_core.db import DatabaseError
@@ -76,6 +79,10 @@ class Bridge:
     fatal: str | None = None
     # Connects, subscribes (or consumes the stream) and, with a stream, fetches.
     _connecting: asyncio.Task[None] | None = None
+    # RESULTS_STREAM: the answers core NATS brought lately (bridge/replay.py), and the
+    # replays under way after a leader election.
+    recent: Recent | None = None
+    _replays: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.publisher = Publisher(self.config.publisher, self.store, self.nats)
@@ -177,6 +184,8 @@ class Bridge:
                     continue
         self.inbox.acks = True
         self.consumer = consumer
+        if c.replay_seconds > 0:
+            await self._keep_recent_answers()
         log.info(
             "connected to NATS %s, consuming %s from stream %s (durable consumer %s)",
             mask_url(self.nats.connected_url.netloc) if self.nats.connected_url else "?",
@@ -205,6 +214,58 @@ class Bridge:
                 events.redelivered(self.inbox.counts, again)
             for msg in msgs:  # handed over even when stopping: they are ours now
                 await self.inbox.on_message(msg)
+
+    async def _keep_recent_answers(self) -> None:
+        """RESULTS_STREAM: also receive the answers by core NATS (queue group), keep
+        them for RESULTS_STREAM_REPLAY_SECONDS, and apply them again when the stream
+        elects a leader (bridge/replay.py). Without the permissions for it (the user's
+        subscribe allow list, docs/nats-permissions.conf) the server refuses the SUBs:
+        logged, and the bridge goes on without."""
+        c = self.config
+        stream = c.results_stream or ""
+        self.recent = Recent(c.replay_seconds)
+        elected = f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"
+        error_before = self.nats.last_error
+        await self.nats.subscribe(c.result_subject, queue=c.queue_group, cb=self.recent.keep)
+        await self.nats.subscribe(elected, cb=self._leader_elected)
+        await confirm(self.nats)
+        error = self.nats.last_error
+        if error is not None and error is not error_before and "permissions" in str(error).lower():
+            log.warning(
+                "NATS refused a subscription (%s): the answers services publish with core "
+                "NATS while stream %s has no leader are not kept (allow the subscriptions "
+                "of docs/nats-permissions.conf's RESULTS_STREAM variant)",
+                error,
+                stream,
+                extra={"action": "stream_replay_refused"},
+            )
+
+    async def _leader_elected(self, msg: Msg) -> None:
+        """The stream's leader-elected advisory: in a task of its own, since nats-py runs
+        a subscription's callbacks one at a time and the inbox may make it wait."""
+        task = asyncio.create_task(self._replay(msg), name="stream-replay")
+        self._replays.add(task)
+        task.add_done_callback(self._replays.discard)
+
+    async def _replay(self, advisory: Msg) -> None:
+        c = self.config
+        try:
+            leader = str(json.loads(advisory.data).get("leader") or "")
+        except (ValueError, AttributeError):
+            leader = ""
+        # Answers published just before the election may still be on their way here.
+        try:
+            await asyncio.wait_for(self.stopping.wait(), c.replay_delay_seconds)
+            return
+        except TimeoutError:
+            pass
+        recent = self.recent
+        if recent is None:
+            return
+        taken = recent.take()
+        events.replayed(self.inbox.counts, len(taken), c.results_stream or "", leader)
+        for msg in taken:
+            await self.inbox.on_message(msg, settle=False)
 
     def nats_state(self) -> NatsState:
         """`ok` when connected and subscribed (or consuming the results stream), `refused`

@@ -318,6 +318,11 @@ class Settings:
     results_stream_duplicate_window_seconds: float = env_var(
         "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS", number(float, 1), 120.0
     )
+    # How long each bridge keeps the answers core NATS delivered, to apply them again when
+    # the stream elects a leader (bridge/replay.py); 0: not kept.
+    results_stream_replay_seconds: float = env_var(
+        "RESULTS_STREAM_REPLAY_SECONDS", number(float, 0), 15.0
+    )
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
     @classmethod

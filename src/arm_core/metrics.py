@@ -79,6 +79,13 @@ REDELIVERED = Counter(
     "within its ack_wait (one that held them stopped or died, or the database was out)",
     registry=REGISTRY,
 )
+REPLAYED = Counter(
+    "arm_inbox_replayed",
+    "Answers this process received by core NATS and handed to its inbox again when "
+    "RESULTS_STREAM elected a leader (what the stream missed is applied, the rest are "
+    "duplicates)",
+    registry=REGISTRY,
+)
 REPUBLISHED = Counter(
     "arm_republished_jobs",
     "Requests sent again because no ack came within ACK_TIMEOUT_SECONDS",

@@ -5,6 +5,7 @@ garbage, an operator's stream, and a server without JetStream."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -258,9 +259,12 @@ def stream_variant(snippet: str) -> str:
     return "\n".join(lines[:core_start] + variant + lines[core_end + 1 :]) + "\n"
 
 
-async def test_documented_stream_permissions_are_enough(db_url: str, tmp_path: Path) -> None:
+async def test_documented_stream_permissions_are_enough(
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A jetstream server with exactly the documented RESULTS_STREAM variant for arm-core:
-    the bridge makes the stream and the consumer, and a job goes through."""
+    the bridge makes the stream and the consumer, keeps the answers for a replay (its
+    two SUBs are not refused), and a job goes through."""
     from tests.support.natsauth import nkey_users
 
     users = nkey_users(stream_variant(PERMISSIONS.read_text()))
@@ -277,6 +281,8 @@ async def test_documented_stream_permissions_are_enough(db_url: str, tmp_path: P
         async with running_bridge(settings) as bridge:
             await ack_all(service, jobs)
             await wait_for(lambda: bridge.inbox.counts["acked"] == 2, 30, "applied through it")
+            assert bridge.recent is not None and len(bridge.recent) == 2
+        assert logged(caplog.records, action="stream_replay_refused") == []
     finally:
         await service.close()
         server.stop()
@@ -306,3 +312,64 @@ async def test_a_bridge_that_cannot_go_on_tells_its_owner_and_says_refused(
     finally:
         await bridge.stop()
         await pool.close()
+
+
+async def test_answers_the_stream_missed_are_applied_when_it_elects_a_leader(
+    db_url: str, js_server: EmbeddedNats, js_client: Client
+) -> None:
+    """bridge/replay.py. The stream stops capturing the result subject (as while it has
+    no leader), services publish acks with core NATS, the stream captures again and
+    announces a leader: the bridge applies the acks it kept from core NATS — and
+    without the advisory it does not (nothing else brought them)."""
+    n = 20
+    jobs = published_jobs(db_url, n)
+    settings = stream_settings(db_url, js_server.url())
+    processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+    async with running_bridge(settings) as bridge:
+        js = js_client.jetstream()
+        config = (await js.stream_info(STREAM)).config
+        await js.update_stream(dataclasses.replace(config, subjects=["elsewhere"]))
+        await ack_all(js_client, jobs)  # stored by no one
+        await wait_for(lambda: bridge.recent is not None and len(bridge.recent) == n, 10, "kept")
+        await js.update_stream(config)
+        with dict_conn(db_url) as conn:
+            assert scalar(conn, processing) == 0
+            assert (await js.stream_info(STREAM)).state.messages == 0
+            advisory = {"type": "io.nats.jetstream.advisory.v1.stream_leader_elected"}
+            await js_client.publish(
+                f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{STREAM}",
+                json.dumps({**advisory, "stream": STREAM, "leader": "n2"}).encode(),
+            )
+            await wait_for(lambda: scalar(conn, processing) == n, 30, "the kept acks applied")
+        assert bridge.inbox.counts["replayed"] == n
+        assert bridge.recent is not None and len(bridge.recent) == 0
+        # Replayed messages are not the stream's: nothing to acknowledge, nothing failed.
+        assert bridge.inbox.counts["acked"] == 0
+
+
+async def test_without_replay_the_answers_the_stream_missed_stay_lost(
+    db_url: str, js_server: EmbeddedNats, js_client: Client
+) -> None:
+    """RESULTS_STREAM_REPLAY_SECONDS=0: the same sequence leaves the jobs published."""
+    jobs = published_jobs(db_url, 5)
+    settings = stream_settings(db_url, js_server.url(), results_stream_replay_seconds=0.0)
+    async with running_bridge(settings) as bridge:
+        assert bridge.recent is None
+        js = js_client.jetstream()
+        config = (await js.stream_info(STREAM)).config
+        await js.update_stream(dataclasses.replace(config, subjects=["elsewhere"]))
+        await ack_all(js_client, jobs)
+        await js.update_stream(config)
+        await js_client.publish(
+            f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{STREAM}", b'{"leader": "n2"}'
+        )
+        await js_client.flush()
+        # One sent again does come through the stream: the bridge is working.
+        await ack_all(js_client, jobs[:1])
+        with dict_conn(db_url) as conn:
+            await wait_for(
+                lambda: bridge.inbox.counts["acked"] == 1, 30, "the resent ack through the stream"
+            )
+            processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+            assert scalar(conn, processing) == 1
+        assert bridge.inbox.counts["replayed"] == 0

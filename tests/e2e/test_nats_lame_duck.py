@@ -5,20 +5,23 @@ ports and given time to catch up on RESULTS_STREAM before the next one. Two brid
 (NATS_URL listing every node) and the services are moved at least once each.
 
 A node in lame-duck mode stops accepting clients, hands the leadership of the streams
-and consumers it leads to another node, then closes its clients one by one.
+and consumers it leads to another node, tells its clients after its grace period (they
+move to another node at once) and closes those that have not moved.
 
-- Services that answer through JetStream publish (the real `arm-core reference`): every
-  job done, each result applied once, nothing stuck.
-- Services that answer with core NATS (moving to another node when theirs announces
-  lame-duck mode): their answers are stored only through the stream's leader, and the
-  hand-over of the leadership takes tens of milliseconds in which nothing published on
-  the subject is stored. Measured here: a few answers per hand-over, all published
-  within a second of the leader's node entering lame-duck mode (asserted: no loss
-  anywhere else — not at the clients' moves, not at the bridges'). These services
-  answer the ack and the result together, so a lost pair leaves its job `published`
-  and the ack timeout sends it again: every job ends done, and the figure is printed
-  (docs/not-losing-answers.md). A service that acks first would see a result lost
-  alone wait for its reply deadline."""
+- Services that answer through JetStream publish (the real `arm-core reference`).
+- Services that answer with core NATS (RecordingService, moving when told). Their
+  answers are stored only through the stream's leader, and while its leadership moves
+  (tens of milliseconds) nothing published on the subject is stored — 3 to 8 answers
+  per hand-over at this rate when the bridges kept nothing. The bridges keep what core
+  NATS brought them lately and apply it again when the stream announces its new leader
+  (bridge/replay.py): nothing lost.
+
+Judged for both: every job `done`, each result applied once (the bridges' DEBUG lines
+and the result objects), and no job republished although every request of it had
+reached a service (an answer lost on the way back). ACK_TIMEOUT_SECONDS is 90 s, beyond
+the stream consumer's ack_wait (30 s): an answer fetched by a bridge whose connection
+was moving comes again from the stream after 30 s, before its job could be republished
+for want of it."""
 
 from __future__ import annotations
 
@@ -76,9 +79,9 @@ async def test_lame_duck_rolling_restart_of_the_nats_cluster(
     env = {
         "RESULTS_STREAM": STREAM,
         "RESULTS_STREAM_REPLICAS": 3,
-        # A lost request is published again after 30 s; a lost answer would leave its
+        # A lost request is published again after 90 s; a lost result would leave its
         # job waiting for the reply deadline, far beyond the test: seen as stuck.
-        "ACK_TIMEOUT_SECONDS": 30,
+        "ACK_TIMEOUT_SECONDS": 90,
         "OUTBOX_MAX_REPUBLISH": 10,
         "TABULAR_REPLY_TIMEOUT_SECONDS": 600,
         "IMAGE_REPLY_TIMEOUT_SECONDS": 600,
@@ -121,7 +124,7 @@ async def test_lame_duck_rolling_restart_of_the_nats_cluster(
                 )
             n = flow.stop()
             started = time.monotonic()
-            await wait_for(lambda: scalar(conn, LIVE) == 0, 120, "no job left live")
+            await wait_for(lambda: scalar(conn, LIVE) == 0, 180, "no job left live")
             drained = time.monotonic() - started
             rows = conn.execute(
                 "SELECT id, status::text AS status, request_msg_id, republish_count "
@@ -142,7 +145,7 @@ async def test_lame_duck_rolling_restart_of_the_nats_cluster(
                 for job, at in service.sent_at.items():
                     sent_at[job] = min(at, sent_at.get(job, at))
             # Published again although every publish of it had reached a service: its
-            # answer was lost on the way back.
+            # answers were lost on the way back.
             lost_at = [
                 sent_at[str(r["id"])]
                 for r in republished
@@ -164,8 +167,11 @@ async def test_lame_duck_rolling_restart_of_the_nats_cluster(
         assert results == n
         assert set(applied.values()) == {1} and len(applied) == n
         assert handovers  # the leader's node was restarted too
-        # What core publishing lost, it lost at the leader's hand-over, nowhere else.
-        assert all(any(0 <= t - h < 1 for h in handovers) for t in lost_at), (lost_at, handovers)
+        # Nothing lost on the way back, even by core publishers.
+        assert lost_at == []
+        if publisher == "core":  # the bridges did replay at the hand-overs
+            replays = [log_lines(b.log(), action="stream_replay") for b in bridges]
+            assert all(replays), "a bridge applied nothing again at an election"
     finally:
         await close_all(services)
         for proc in stack.procs:

@@ -11,10 +11,12 @@ on the stream's subject is stored.
   window, keeps its answers queued and sends them again with back-off: every job done,
   no answer lost, none applied twice.
 - A service that answers with core NATS (on a node that stays up) publishes into the
-  window and nobody stores what it sent: the jobs whose result was lost wait for their
-  reply deadline (20 s here) and time out; those whose ack and result were both lost are
-  republished after the ack timeout. Printed, not asserted: the figure of what that mode
-  loses (docs/not-losing-answers.md).
+  window. The bridges also receive its answers by core NATS and keep the last 15 s of
+  them (bridge/replay.py); when the new leader is elected they apply them again: every
+  job done, none applied twice.
+- The same with the bridges keeping nothing (RESULTS_STREAM_REPLAY_SECONDS=0): what core
+  publishing loses then, printed, not asserted — the jobs whose result was lost wait for
+  their reply deadline (20 s here) and time out (docs/not-losing-answers.md).
 """
 
 from __future__ import annotations
@@ -69,15 +71,15 @@ async def flow(db_url: str) -> None:
     await asyncio.to_thread(upload)
 
 
-@pytest.mark.parametrize("publisher", ["jetstream", "core"])
+@pytest.mark.parametrize("publisher", ["jetstream", "core", "core-unreplayed"])
 async def test_kill_9_of_the_stream_leaders_node_mid_flow(
     db_url: str, js_cluster: EmbeddedNatsCluster, tmp_path: Path, publisher: str
 ) -> None:
     cluster = js_cluster
     stack = Stack(db_url=db_url, nats=cluster.nodes[0], tmp=tmp_path, results=tmp_path / "res")
-    # Core publishers lose results: their jobs time out after 20 s, within the test. With
-    # JetStream publishing nothing is lost, and a deadline far away shows it.
-    deadline = 20 if publisher == "core" else 300
+    # Unreplayed core publishing loses results: their jobs time out after 20 s, within
+    # the test. Otherwise nothing is lost, and a deadline far away shows it.
+    deadline = 20 if publisher == "core-unreplayed" else 300
     env = {
         "RESULTS_STREAM": STREAM,
         "RESULTS_STREAM_REPLICAS": 3,
@@ -87,6 +89,8 @@ async def test_kill_9_of_the_stream_leaders_node_mid_flow(
         "IMAGE_REPLY_TIMEOUT_SECONDS": deadline,
         "DEBUG": "true",  # a log line per result applied
     }
+    if publisher == "core-unreplayed":
+        env["RESULTS_STREAM_REPLAY_SECONDS"] = 0
     services: list[RecordingService] = []
     try:
         bridges = [await start_bridge(stack, cluster, **env) for _ in range(2)]
@@ -146,6 +150,10 @@ async def test_kill_9_of_the_stream_leaders_node_mid_flow(
             assert by_status == {"done": JOBS}
             # It did meet the window: publishes not acknowledged, answers kept and resent.
             assert log_lines(reference.log(), action="ref_waiting"), reference.log()[-3000:]
+        elif publisher == "core":
+            assert by_status == {"done": JOBS}
+            # The window's answers came from the bridges' replay at the election.
+            assert any(log_lines(b.log(), action="stream_replay") for b in bridges)
     finally:
         await close_all(services)
         for proc in stack.procs:

@@ -106,6 +106,11 @@ MEANINGS: dict[str, str] = {
     "default is 7 days)",
     "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "the created stream drops a message whose "
     "`Nats-Msg-Id` it saw within this; at most the maximum age",
+    "RESULTS_STREAM_REPLAY_SECONDS": "with `RESULTS_STREAM`, each bridge also receives the "
+    "answers by core NATS and keeps those of the last this many seconds in memory; when the "
+    "stream elects a leader it applies them again, so that what services published with "
+    "core NATS while the stream had none is not lost (duplicates are ignored; "
+    "[Not losing answers](not-losing-answers.md#on-a-nats-cluster)); `0`: off",
     # ReferenceConfig
     "REFERENCE_MODE": f"how the services answer: {' · '.join(f'`{m}`' for m in MODES)}; "
     f"{', '.join(f'`{marker}`' for marker, _ in MARKERS)} in a file's name overrides it for "
