@@ -23,7 +23,9 @@ The NATS cluster faults run on three nats-server nodes of their own (JetStream, 
 over loopback, `lame_duck_grace_period` 1 s), every process with NATS_URL listing all
 three, RESULTS_STREAM with 3 replicas. The reference service answers through JetStream
 publish (each answer waits for the stream's PubAck and is sent again until it gets one)
-or, with `REFERENCE_PUBLISH=core`, with core NATS, as a service that has not adopted it.
+or, with `REFERENCE_PUBLISH=core`, with core NATS, as a service that has not adopted it;
+the bridges keep what core NATS brings them for 15 s and apply it again when the stream
+elects a leader (bridge/replay.py), except in the row that turns it off.
 The faults: kill -9 of the node that leads the stream (the two others elect a new leader
 after 4–9 s; the node stays down), and a lame-duck rolling restart (`nats-server --signal
 ldm=<pid>` of each node in turn, started again once it has exited, the next once the
@@ -430,6 +432,7 @@ async def run_all(world: World, quick: bool, only: list[str]) -> list[Outcome]:
     stream = {"RESULTS_STREAM": STREAM}
     replicated = {**stream, "RESULTS_STREAM_REPLICAS": 3}
     core = {**replicated, "REFERENCE_PUBLISH": "core"}
+    unreplayed = {**core, "RESULTS_STREAM_REPLAY_SECONDS": 0}
     # (fault, jobs, bridges, the fault, env, where: None (one PostgreSQL, one nats-server),
     # True/False (a replicated pair: synchronous?) or CLUSTER (three NATS nodes))
     plan: list[tuple[str, int, int, Fault | None, dict[str, Any], bool | str | None]] = [
@@ -451,6 +454,9 @@ async def run_all(world: World, quick: bool, only: list[str]) -> list[Outcome]:
          n(3000), 2, leader_node_killed, replicated, CLUSTER),
         ("kill -9 of the NATS node leading RESULTS_STREAM, services publish via core NATS",
          n(3000), 2, leader_node_killed, core, CLUSTER),
+        ("kill -9 of the NATS node leading RESULTS_STREAM, services publish via core NATS, "
+         "bridges replay nothing (RESULTS_STREAM_REPLAY_SECONDS=0)",
+         n(3000), 2, leader_node_killed, unreplayed, CLUSTER),
         ("lame-duck rolling restart of 3 NATS nodes, services publish via JetStream",
          n(3000), 2, lame_duck_rolling_restart, replicated, CLUSTER),
         ("lame-duck rolling restart of 3 NATS nodes, services publish via core NATS",
