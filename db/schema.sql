@@ -1755,6 +1755,7 @@ ALTER FUNCTION arm.tg_recognition_job__defaults() OWNER TO arm_owner;
 
 CREATE FUNCTION arm.tg_recognition_job__guard() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 BEGIN
     IF (NEW.id, NEW.file_id, NEW.attempt, NEW.pipeline, NEW.max_attempts, NEW.requested_at)
@@ -1820,6 +1821,7 @@ ALTER FUNCTION arm.tg_recognition_job__notify_queued() OWNER TO arm_owner;
 
 CREATE FUNCTION arm.tg_stored_file__touch() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 BEGIN
     IF NEW IS DISTINCT FROM OLD THEN

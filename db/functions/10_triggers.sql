@@ -52,9 +52,13 @@ CREATE OR REPLACE TRIGGER tg_recognition_job__defaults
 --   queued → dlq (the request cannot be published, arm.dead_letter_unpublishable),
 --   published → done | needs_check | error (a result whose ack was lost).
 -- A job's identity never changes; a final job changes only in group_schema (mapping).
+-- Pinned like every function of arm: a trigger runs under the search_path of whoever
+-- fired it, and a DBA's or an uploader's own schema first in it would otherwise decide
+-- what `=` on arm.job_status means here. The caller's rights (no SECURITY DEFINER).
 CREATE OR REPLACE FUNCTION arm.tg_recognition_job__guard()
 RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 BEGIN
     IF (NEW.id, NEW.file_id, NEW.attempt, NEW.pipeline, NEW.max_attempts, NEW.requested_at)
@@ -128,10 +132,13 @@ CREATE OR REPLACE TRIGGER tg_recognition_job__notify_queued
     REFERENCING NEW TABLE AS inserted
     FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_recognition_job__notify_queued();
 
--- Keeps stored_file.updated_at current on every update.
+-- Keeps stored_file.updated_at current on every update. Pinned (the plain-SQL upload's
+-- UPDATE of current_recognition_job_id fires it under the uploader's search_path), the
+-- caller's rights.
 CREATE OR REPLACE FUNCTION arm.tg_stored_file__touch()
 RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, arm, pg_temp
 AS $$
 BEGIN
     IF NEW IS DISTINCT FROM OLD THEN

@@ -148,7 +148,7 @@ def test_every_function_is_owned_pinned_and_granted_as_listed(conn: Conn) -> Non
 
 def assert_functions_owned_pinned_and_granted(conn: Conn) -> None:
     """Every function of arm is arm_owner's; the PUBLIC helpers are read-only, unpinned
-    and anyone's; the ROW_TRIGGERS unpinned, invoker and nobody's; every other one is
+    and anyone's; the ROW_TRIGGERS pinned, invoker and nobody's; every other one is
     pinned, not PUBLIC's, SECURITY DEFINER unless listed in INVOKER, and callable by
     exactly the roles CALLERS names."""
     found = functions(conn)
@@ -156,7 +156,7 @@ def assert_functions_owned_pinned_and_granted(conn: Conn) -> None:
     for name, f in found.items():
         assert f["owner"] == "arm_owner", name
         if name in ROW_TRIGGERS:
-            assert f["is_trigger"] and (f["definer"], f["config"]) == (False, None), name
+            assert f["is_trigger"] and (f["definer"], f["config"]) == (False, PINNED), name
             assert not f["public_execute"] and f["callers"] == [], name
             continue
         if name in PUBLIC_HELPERS:
@@ -527,7 +527,11 @@ def test_no_runtime_role_writes_a_table_directly(db_url: str, login: Login) -> N
 # --- search_path hijack --------------------------------------------------------------------
 
 EVIL = """
-CREATE TABLE evil.used (what text NOT NULL, who text NOT NULL);
+-- in_trigger: the look-alike ran inside a trigger (a trigger function called it).
+CREATE TABLE evil.used (
+    what text NOT NULL, who text NOT NULL,
+    in_trigger boolean NOT NULL DEFAULT pg_catalog.pg_trigger_depth() > 0
+);
 GRANT INSERT ON evil.used TO PUBLIC;
 -- Look-alikes of a built-in function and of uuid's `=`: each notes who ran it, then does
 -- what the real one does (so nothing else gives it away).
@@ -547,6 +551,20 @@ BEGIN
     RETURN a OPERATOR(pg_catalog.=) b;
 END $$;
 CREATE OPERATOR evil.= (LEFTARG = uuid, RIGHTARG = uuid, FUNCTION = evil.uuid_eq);
+CREATE FUNCTION evil.status_eq(a arm.job_status, b arm.job_status) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO evil.used VALUES ('job_status = job_status', current_user);
+    RETURN a::text OPERATOR(pg_catalog.=) b::text;
+END $$;
+CREATE OPERATOR evil.= (
+    LEFTARG = arm.job_status, RIGHTARG = arm.job_status, FUNCTION = evil.status_eq
+);
+CREATE FUNCTION evil.pg_notify(channel text, payload text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO evil.used VALUES ('pg_notify(text, text)', current_user);
+    PERFORM pg_catalog.pg_notify(channel, payload);
+END $$;
 GRANT USAGE ON SCHEMA evil TO PUBLIC;
 """
 # evil before pg_catalog: a name of the caller's own schema wins over the built-in.
@@ -563,11 +581,16 @@ def plant_evil(db_url: str, login: Login) -> None:
         conn.execute(EVIL)
         # The look-alikes are live: a caller's own statement under the path uses them.
         conn.execute(HIJACK_PATH)
-        conn.execute("SELECT clock_timestamp(), now(), gen_random_uuid() = gen_random_uuid()")
+        conn.execute(
+            "SELECT clock_timestamp(), now(), gen_random_uuid() = gen_random_uuid(), "
+            "'queued'::arm.job_status = 'queued', pg_notify('nobody', '')"
+        )
         used = conn.execute("SELECT DISTINCT what, who FROM evil.used ORDER BY 1").fetchall()
         assert [(u["what"], u["who"]) for u in used] == [
             ("clock_timestamp()", login.name),
+            ("job_status = job_status", login.name),
             ("now()", login.name),
+            ("pg_notify(text, text)", login.name),
             ("uuid = uuid", login.name),
         ]
         conn.execute("DELETE FROM evil.used")
@@ -631,6 +654,69 @@ def test_a_hijacked_search_path_never_reaches_the_api_or_the_uploads_defaults(
             else:
                 upload(conn, "XLSB")  # the defaults trigger reads stored_file by id
             assert ran_as_someone_else(conn, login) == []
+
+
+# What a DBA might do by hand: mark queued jobs published (the guard checks the move).
+PUBLISH_BY_HAND = (
+    "UPDATE arm.recognition_job SET status = 'published', published_at = now(), "
+    "last_published_at = now(), request_msg_id = id::text || ':1', "
+    "request_subject = 'files.tabular_uploaded', reply_deadline = now() + interval '10 min'"
+)
+
+
+def ran_in_a_trigger(conn: Conn) -> list[tuple[str, str]]:
+    """Look-alikes a trigger function called (whoever's rights it ran with)."""
+    rows = conn.execute(
+        "SELECT DISTINCT what, who FROM evil.used WHERE in_trigger ORDER BY 1"
+    ).fetchall()
+    return [(r["what"], r["who"]) for r in rows]
+
+
+def test_a_hijacked_search_path_never_reaches_the_trigger_functions(db_url: str) -> None:
+    """Issue 20: the triggers run under the search_path of whoever fires them. The
+    uploader's plain-SQL upload (its UPDATE of current_recognition_job_id fires the
+    stored_file trigger) and a DBA's UPDATE of a job's status (the guard) with their own
+    schema first in the path: no look-alike runs inside a trigger."""
+    plant_evil(db_url, UPLOADER_LOGIN)
+    with connect(db_url, UPLOADER_LOGIN) as conn:
+        conn.execute(HIJACK_PATH)
+        upload(conn, "XLSX")
+        upload(conn, "PDF")
+        assert ran_in_a_trigger(conn) == []
+    with dict_conn(db_url) as dba:
+        dba.execute(HIJACK_PATH)
+        queued = dba.execute(
+            "SELECT id FROM arm.recognition_job WHERE status = 'queued' LIMIT 1"
+        ).fetchone()
+        assert queued is not None
+        dba.execute(PUBLISH_BY_HAND + " WHERE id = %s", (queued["id"],))
+        dba.execute("UPDATE arm.stored_file SET status = status")
+        assert ran_in_a_trigger(dba) == []
+        # The statements' own calls did use the look-alikes: the path was live.
+        assert scalar(dba, "SELECT count(*) FROM evil.used") > 0
+
+
+@pytest.mark.parametrize(
+    ("function", "statement"),
+    [
+        ("arm.tg_stored_file__touch()", "UPDATE arm.stored_file SET status = status"),
+        ("arm.tg_recognition_job__guard()", PUBLISH_BY_HAND + " WHERE status = 'queued'"),
+    ],
+    ids=["touch", "guard"],
+)
+def test_without_its_pinned_path_a_trigger_runs_the_callers_look_alikes(
+    db_url: str, function: str, statement: str
+) -> None:
+    """The counter-proof: with the trigger function's SET search_path removed (rolled
+    back), the same statement makes it call the caller's look-alike."""
+    plant_evil(db_url, UPLOADER_LOGIN)
+    with dict_conn(db_url) as admin:
+        upload(admin)
+    with dict_conn(db_url) as conn, conn.transaction(force_rollback=True):
+        conn.execute(f"ALTER FUNCTION {function} RESET search_path")
+        conn.execute(HIJACK_PATH.replace("SET", "SET LOCAL", 1))
+        conn.execute(statement)
+        assert ran_in_a_trigger(conn) != []
 
 
 @pytest.mark.parametrize(
