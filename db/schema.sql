@@ -2658,6 +2658,7 @@ GRANT ALL ON FUNCTION arm.set_sweep_interval(p_run_every interval) TO arm_bridge
 --
 
 REVOKE ALL ON FUNCTION arm.status_view(p_ack_timeout interval) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.status_view(p_ack_timeout interval) TO arm_bridge;
 GRANT ALL ON FUNCTION arm.status_view(p_ack_timeout interval) TO arm_api;
 GRANT ALL ON FUNCTION arm.status_view(p_ack_timeout interval) TO arm_readonly;
 

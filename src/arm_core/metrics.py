@@ -10,9 +10,10 @@ Two kinds:
   dashboards `sum()` them.
 * **gauges read at scrape time** (:class:`AppMetrics`, one per aiohttp application): the
   bridge's state (NATS connected, envelopes buffered) from memory, and the figures of
-  the database (`arm_jobs{status}`, `arm_outbox_oldest_queued_age_seconds`) from one
-  bounded read (DB_READ_TIMEOUT_SECONDS) cached for DB_CACHE_SECONDS, so scrapes never
-  hammer the database and never wait on it for longer than the bound. When the read
+  the database (`arm_jobs{status}`, `arm_outbox_oldest_queued_age_seconds`, the overdue
+  jobs, the last sweep: `arm.status_view`) from one bounded read
+  (DB_READ_TIMEOUT_SECONDS) cached for DB_CACHE_SECONDS, so scrapes never hammer the
+  database and never wait on it for longer than the bound. When the read
   fails, the database's gauges are left out of the answer and `arm_database_up` is 0;
   everything else is still there.
 """
@@ -150,6 +151,10 @@ class BridgeState:
 class _DbFigures:
     jobs: dict[str, int]
     oldest_queued_age: float
+    unacked_overdue: int = 0
+    past_deadline_unswept: int = 0
+    last_sweep_at: float | None = None  # Unix time
+    last_sweep_ok: bool = True
 
 
 @dataclass(eq=False)  # a collector is registered: hashed by identity
@@ -159,6 +164,8 @@ class AppMetrics(Collector):
 
     store: Callable[[], Store | None]
     bridge: Callable[[], BridgeState | None]
+    # ACK_TIMEOUT_SECONDS: a published job older than this without an ack is overdue.
+    ack_timeout: float = 30.0
     timeout: float = DB_READ_TIMEOUT_SECONDS
     cache_seconds: float = DB_CACHE_SECONDS
     status_cache_seconds: float = STATUS_CACHE_SECONDS
@@ -194,13 +201,15 @@ class AppMetrics(Collector):
             figures = None
             if store is not None:
                 try:
-                    start = time.monotonic()
-                    counts = await store.job_counts(within=self.timeout)
-                    left = max(0.05, self.timeout - (time.monotonic() - start))
-                    age = await asyncio.wait_for(
-                        store.outbox_oldest_queued_age(pool_timeout=left), left
+                    view = await store.status_view(self.ack_timeout, within=self.timeout)
+                    figures = _DbFigures(
+                        dict(view.jobs),
+                        view.oldest_queued_age_seconds,
+                        view.unacked_overdue,
+                        view.past_deadline_unswept,
+                        view.last_sweep_at.timestamp() if view.last_sweep_at else None,
+                        view.last_sweep_error is None,
                     )
-                    figures = _DbFigures({c.status.value: c.n for c in counts}, age)
                 except (DatabaseError, TimeoutError) as exc:
                     log.warning(
                         "metrics: the database's gauges are left out: %s",
@@ -228,6 +237,28 @@ class AppMetrics(Collector):
                 "Seconds the oldest queued job has waited to be published (0 when none)",
                 value=self._figures.oldest_queued_age,
             )
+            yield GaugeMetricFamily(
+                "arm_jobs_unacked_overdue",
+                "Published jobs without an ack for longer than ACK_TIMEOUT_SECONDS",
+                value=self._figures.unacked_overdue,
+            )
+            yield GaugeMetricFamily(
+                "arm_jobs_past_deadline_unswept",
+                "Published or processing jobs past their reply deadline that no sweep has "
+                "timed out yet",
+                value=self._figures.past_deadline_unswept,
+            )
+            if self._figures.last_sweep_at is not None:
+                yield GaugeMetricFamily(
+                    "arm_schedule_last_sweep_timestamp_seconds",
+                    "When the timeout sweep last ran (Unix time; absent before its first run)",
+                    value=self._figures.last_sweep_at,
+                )
+                yield GaugeMetricFamily(
+                    "arm_schedule_last_sweep_ok",
+                    "1 when the timeout sweep's last run succeeded, 0 when it failed",
+                    value=1 if self._figures.last_sweep_ok else 0,
+                )
         state = self.bridge()
         if state is not None:
             yield GaugeMetricFamily(

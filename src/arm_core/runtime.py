@@ -154,7 +154,11 @@ def install_metrics(app: web.Application) -> None:
     def bridge_state() -> BridgeState | None:
         return app[BRIDGE].metrics_state() if BRIDGE in app else None
 
-    app[METRICS] = AppMetrics(store=lambda: app.get(STORE), bridge=bridge_state)
+    app[METRICS] = AppMetrics(
+        store=lambda: app.get(STORE),
+        bridge=bridge_state,
+        ack_timeout=app[SETTINGS].ack_timeout_seconds,
+    )
     app.router.add_get("/metrics", metrics_handler)
 
 

@@ -105,6 +105,10 @@ async def test_a_job_through_the_bridge_moves_the_counters_on_both_ports(
                 assert sample(after, "arm_jobs", status="done") == done
                 assert sample(after, "arm_database_up") == 1
                 assert sample(after, "arm_outbox_oldest_queued_age_seconds") == 0
+                # The alerts' gauges (deploy/prometheus/arm-core-rules.yml): nothing
+                # overdue here.
+                for gauge in ("arm_jobs_unacked_overdue", "arm_jobs_past_deadline_unswept"):
+                    assert (gauge, frozenset()) in after and sample(after, gauge) == 0
             bridge_after = await scrape(bridge_http)
             api_after = await scrape(api_http)
             assert sample(bridge_after, "arm_nats_connected") == 1

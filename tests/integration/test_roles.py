@@ -76,7 +76,7 @@ CALLERS: dict[str, set[str]] = {
     "compact_counts": {"arm_bridge"},
     "job_counts": {"arm_bridge", "arm_api", "arm_readonly"},
     "file_counts": {"arm_readonly"},
-    "status_view": {"arm_api", "arm_readonly"},
+    "status_view": {"arm_api", "arm_bridge", "arm_readonly"},
 }
 # Read-only helpers called per row inside the functions: PUBLIC, no SET clause (so the SQL
 # ones inline), the caller's rights.
