@@ -11,11 +11,13 @@ annotations are the shipped ones; only the waits are seconds instead of minutes.
 - the outbox blocked (a DBA's transaction holds the queued jobs' rows, the publisher skips
   them) while NATS is connected: `ArmCoreOutboxStuck` fires, and resolves once released;
 - every series selector in the rules returns a series from the live targets (a misspelt
-  metric or label value would return none), and every rule expression evaluates without
-  error."""
+  metric or label value would return none), every rule expression evaluates without
+  error, and every query of the Grafana dashboard (deploy/grafana/arm-core.json)
+  returns series."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -38,7 +40,15 @@ from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
-RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "arm-core-rules.yml"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+RULES = DEPLOY / "prometheus" / "arm-core-rules.yml"
+DASHBOARD = DEPLOY / "grafana" / "arm-core.json"
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of deploy/grafana/arm-core.json."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [(p["title"], t["expr"]) for p in panels for t in p.get("targets", [])]
 
 
 def shortened_rules(directory: Path) -> Path:
@@ -168,6 +178,17 @@ async def test_alerts_fire_and_resolve_against_a_live_prometheus(
             result = prometheus.get("/api/v1/query", query=selector)["result"]
             assert result, f"{rule.get('alert') or rule.get('record')}: {selector} selects nothing"
         prometheus.get("/api/v1/query", query=rule["expr"])  # evaluates (status success)
+
+    # Every query of the dashboard returns series (the recording rules have been
+    # evaluated: their series exist once two scrapes are in).
+    queries = dashboard_queries()
+    assert len(queries) >= 15
+
+    def answered(expr: str) -> bool:
+        return bool(prometheus.get("/api/v1/query", query=expr)["result"])
+
+    for title, expr in queries:
+        await wait_for(functools.partial(answered, expr), 30, f"dashboard {title!r}: {expr}")
 
     # NATS stopped: the bridge's alert fires. Uploads meanwhile wait in the outbox, but
     # that is NATS's alert, not the outbox's.
