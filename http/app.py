@@ -19,7 +19,12 @@ OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 # The operator console: static files, no build step. index.html at /, the rest
 # at /console/<name>; only these names are served, read once when the app is built.
 CONSOLE_DIR = Path(arm_core.__file__).with_name("console")
-CONSOLE_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}
+CONSOLE_TYPES = {
+    ".html": "text/html",
+    ".css": "text/css",
+    ".js": "text/javascript",
+    ".json": "application/json",  # messages.json: the console's texts, English and Russian
+}
 CONSOLE = web.AppKey("console", dict)
 # The console's pages run only their own files: no inline script or style, no other
 # origin (it runs offline), no framing; data only from this server's API.

@@ -38,12 +38,17 @@ async def test_the_shell_loads_without_credentials_with_a_strict_csp(
     # No inline script or style: every <script> has a src and there is no <style>.
     assert html.count("<script") == html.count('<script type="module" src="/console/')
     assert "<style" not in html and " style=" not in html and " on" + "click=" not in html
-    for path in sorted(p for p in CONSOLE_DIR.iterdir() if p.suffix in (".js", ".css")):
+    for path in sorted(p for p in CONSOLE_DIR.iterdir() if p.suffix in (".js", ".css", ".json")):
         resp = await token_app.get(f"/console/{path.name}")
         assert resp.status == 200, path.name
         assert resp.headers["Content-Security-Policy"] == csp
         assert resp.headers["X-Content-Type-Options"] == "nosniff"
         assert (await resp.read()) == path.read_bytes()
+    # The console's texts (English and Russian), fetched by console.js at start.
+    messages = await token_app.get("/console/messages.json")
+    assert messages.content_type == "application/json" and messages.charset == "utf-8"
+    assert messages.headers["Cache-Control"] == "no-cache"
+    assert set(await messages.json()) == {"en", "ru"}
 
 
 async def test_an_unknown_console_file_is_a_json_404(token_app: TestClient) -> None:

@@ -1,10 +1,13 @@
 // The operator console of arm-core: a file list with filters, a file page with
 // every attempt, single and batch retry, and the exchange's status — all from /api/v1/*.
 // Plain ES module, no build step, no other origin. Data is put in the page as text
-// (textContent), never as HTML.
+// (textContent), never as HTML. Every text it shows is in /console/messages.json, in
+// English and Russian: t("key", {vars}) looks one up in the chosen language.
 
 const POLL_MS = 2000; // statuses update without a reload
 const TOKEN_KEY = "arm-core.token"; // sessionStorage: this tab only
+const LANG_KEY = "arm-core.lang"; // localStorage: the language chosen with the header's switch
+const LOCALES = { en: "en-GB", ru: "ru-RU" }; // dates and numbers in the chosen language
 const LIVE = new Set(["queued", "published", "processing"]);
 
 const $ = (id) => document.getElementById(id);
@@ -25,6 +28,80 @@ const state = {
   generation: 0,
   fileId: null,
 };
+
+// --- language ---------------------------------------------------------------------
+
+const i18n = { lang: "en", messages: { en: {}, ru: {} } };
+
+// The text of `key` in the chosen language, with {name} replaced by vars.name.
+function t(key, vars = {}) {
+  const text = i18n.messages[i18n.lang][key] ?? i18n.messages.en[key] ?? key;
+  return text.replace(/\{(\w+)\}/g, (m, name) => (name in vars ? String(vars[name]) : m));
+}
+
+// A translation if the catalogue has one (status and error codes: explained when known).
+function explain(key) {
+  return key in i18n.messages[i18n.lang] ? t(key) : null;
+}
+
+function locale() {
+  return LOCALES[i18n.lang];
+}
+
+function num(n) {
+  return typeof n === "number" ? n.toLocaleString(locale()) : String(n);
+}
+
+// The language: the one chosen with the switch (remembered), else the browser's first
+// Russian or English one, else English.
+function initialLang() {
+  const stored = localStorage.getItem(LANG_KEY);
+  if (stored in LOCALES) return stored;
+  for (const tag of navigator.languages || [navigator.language || ""]) {
+    const lower = String(tag).toLowerCase();
+    if (lower.startsWith("ru")) return "ru";
+    if (lower.startsWith("en")) return "en";
+  }
+  return "en";
+}
+
+async function loadMessages() {
+  const resp = await fetch("/console/messages.json", { cache: "no-cache", credentials: "same-origin" });
+  if (!resp.ok) throw new Error(`/console/messages.json: HTTP ${resp.status}`);
+  i18n.messages = await resp.json();
+}
+
+// The page's own texts (data-i18n*), the switch and <html lang>.
+function applyStatic() {
+  document.documentElement.lang = i18n.lang;
+  for (const el of document.querySelectorAll("[data-i18n]")) el.textContent = t(el.dataset.i18n);
+  for (const [data, attr] of [
+    ["i18nTitle", "title"],
+    ["i18nAriaLabel", "aria-label"],
+  ]) {
+    const selector = `[data-${data.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}]`;
+    for (const el of document.querySelectorAll(selector)) el.setAttribute(attr, t(el.dataset[data]));
+  }
+  for (const button of document.querySelectorAll("#lang button")) {
+    button.setAttribute("aria-pressed", String(button.dataset.lang === i18n.lang));
+  }
+}
+
+// The switch: applied at once (the page's texts and the shown data), and remembered.
+function setLang(lang) {
+  if (!(lang in LOCALES)) return;
+  i18n.lang = lang;
+  localStorage.setItem(LANG_KEY, lang);
+  applyStatic();
+  if (state.authMode === null) return; // still starting
+  if (state.actor === null) {
+    if (state.authMode === "header") $("denied-text").textContent = t("auth.denied.text");
+    return;
+  }
+  showWho();
+  refreshViews();
+  tick();
+}
 
 // --- helpers ----------------------------------------------------------------------
 
@@ -49,32 +126,41 @@ function pad(n) {
   return String(n).padStart(2, "0");
 }
 
-// A timestamp in the browser's time zone, with the zone's offset: "2026-11-30 08:53:25 +01:00".
+// A timestamp in the browser's time zone and the chosen language's format, with the
+// zone's offset: "30/11/2026, 08:53:25 GMT+1" (en-GB), "30.11.2026, 08:53:25 GMT+1" (ru-RU).
 function when(iso) {
   if (!iso) return "—";
   const d = new Date(iso);
   if (Number.isNaN(d.getTime())) return iso;
-  const off = -d.getTimezoneOffset();
-  const sign = off >= 0 ? "+" : "-";
-  const zone = `${sign}${pad(Math.floor(Math.abs(off) / 60))}:${pad(Math.abs(off) % 60)}`;
-  return (
-    `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
-    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())} ${zone}`
-  );
+  return new Intl.DateTimeFormat(locale(), {
+    year: "numeric",
+    month: "2-digit",
+    day: "2-digit",
+    hour: "2-digit",
+    minute: "2-digit",
+    second: "2-digit",
+    hourCycle: "h23",
+    timeZoneName: "shortOffset",
+  }).format(d);
 }
 
 function age(seconds) {
   if (seconds === null || seconds === undefined) return "—";
   const s = Math.round(Number(seconds));
-  if (s < 60) return `${s}s`;
-  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
-  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
-  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+  if (s < 60) return t("age.s", { s });
+  if (s < 3600) return t("age.ms", { m: Math.floor(s / 60), s: s % 60 });
+  if (s < 86400) return t("age.hm", { h: Math.floor(s / 3600), m: Math.floor((s % 3600) / 60) });
+  return t("age.dh", { d: Math.floor(s / 86400), h: Math.floor((s % 86400) / 3600) });
 }
 
+// A status code as it is ("dlq", "UPLOADED"), its meaning in the title.
 function badge(status, kind) {
   if (!status) return h("span", { class: "badge none", text: "—" });
-  return h("span", { class: `badge ${kind} s-${status.toLowerCase()}`, text: status });
+  return h("span", {
+    class: `badge ${kind} s-${status.toLowerCase()}`,
+    text: status,
+    title: explain(`${kind}status.${status}`),
+  });
 }
 
 function show(id, visible) {
@@ -104,7 +190,7 @@ async function api(path, options = {}) {
     body = null;
   }
   if (resp.status === 401 && !options.public) {
-    signedOut(state.authMode === "token" ? "Your token is no longer accepted: sign in again." : null);
+    signedOut(state.authMode === "token" ? t("auth.expired") : null);
     throw new SignedOut();
   }
   return { status: resp.status, body };
@@ -112,8 +198,10 @@ async function api(path, options = {}) {
 
 function errorText(resp) {
   const err = resp.body && resp.body.error;
-  if (err) return `${err.code}: ${err.message}`;
-  return `HTTP ${resp.status}`;
+  if (!err) return `HTTP ${resp.status}`;
+  // The code as it is; in Russian its meaning too, then the server's (English) message.
+  const meaning = i18n.lang === "en" ? null : explain(`api.${err.code}`);
+  return meaning ? `${err.code}: ${meaning} (${err.message})` : `${err.code}: ${err.message}`;
 }
 
 // --- sign-in ----------------------------------------------------------------------
@@ -146,10 +234,12 @@ function signedOut(message) {
     $("token").focus();
   } else if (state.authMode === "header") {
     show("denied", true);
-    $("denied-text").textContent =
-      "The authenticating proxy in front of this server did not say who you are. " +
-      "Open the console through the proxy's sign-in.";
+    $("denied-text").textContent = t("auth.denied.text");
   }
+}
+
+function showWho() {
+  $("who").textContent = state.authMode === "none" ? t("auth.none") : t("auth.as", { actor: state.actor });
 }
 
 function signedIn(me) {
@@ -157,11 +247,7 @@ function signedIn(me) {
   show("signin", false);
   show("denied", false);
   show("console", true);
-  if (state.authMode === "none") {
-    $("who").textContent = "authentication off (AUTH_MODE=none): retries are recorded as anonymous";
-  } else {
-    $("who").textContent = `signed in as ${me.actor}`;
-  }
+  showWho();
   show("signout", state.authMode === "token");
   route();
 }
@@ -176,14 +262,14 @@ async function onSignIn(event) {
     const me = await whoami();
     if (me.actor === null) {
       sessionStorage.removeItem(TOKEN_KEY);
-      $("signin-error").textContent = "That token is not accepted.";
+      $("signin-error").textContent = t("auth.rejected");
       return;
     }
     $("signin-error").textContent = "";
     signedIn(me);
   } catch (err) {
     sessionStorage.removeItem(TOKEN_KEY);
-    $("signin-error").textContent = `The server did not answer: ${err.message}`;
+    $("signin-error").textContent = t("auth.no_answer", { message: err.message });
   } finally {
     $("signin-submit").disabled = false;
   }
@@ -235,8 +321,8 @@ async function tick() {
   if (state.actor === null || generation !== state.generation) return; // superseded
   const failed = results.find((r) => r.status === "rejected" && !(r.reason instanceof SignedOut));
   $("live").textContent = failed
-    ? `live · the server did not answer (${failed.reason.message}); trying again`
-    : `live · updated ${when(new Date().toISOString())}`;
+    ? t("live.stale", { message: failed.reason.message })
+    : t("live.ok", { when: when(new Date().toISOString()) });
   $("live").classList.toggle("stale", Boolean(failed));
   if (state.actor !== null && generation === state.generation) {
     state.timer = setTimeout(tick, POLL_MS);
@@ -260,9 +346,9 @@ function counts(title, map, kind) {
     "div",
     { class: "counts" },
     h("span", { class: "label", text: title }),
-    entries.length === 0 ? h("span", { class: "muted", text: "none" }) : null,
+    entries.length === 0 ? h("span", { class: "muted", text: t("status.none") }) : null,
     entries.map(([s, n]) =>
-      h("span", { class: n ? "count" : "count zero", [`data-${kind}-status`]: s }, badge(s, kind), ` ${n}`),
+      h("span", { class: n ? "count" : "count zero", [`data-${kind}-status`]: s }, badge(s, kind), ` ${num(n)}`),
     ),
   );
 }
@@ -272,7 +358,7 @@ function figure(label, value, warn) {
     "div",
     { class: warn ? "figure warn" : "figure" },
     h("span", { class: "label", text: label }),
-    h("span", { class: "value", text: String(value) }),
+    h("span", { class: "value", text: num(value) }),
   );
 }
 
@@ -280,29 +366,31 @@ async function loadStatus() {
   const resp = await api("/api/v1/status");
   const el = $("status");
   if (resp.status !== 200 || !resp.body) {
-    el.replaceChildren(h("p", { class: "muted", text: `status not available: ${errorText(resp)}` }));
+    el.replaceChildren(h("p", { class: "muted", text: t("status.unavailable", { error: errorText(resp) }) }));
     return;
   }
   const s = resp.body;
   const sweep = s.last_sweep || {};
   const bridge = s.bridge;
   el.replaceChildren(
-    counts("Jobs", s.jobs, "job"),
-    counts("Files", s.files, "file"),
+    counts(t("status.jobs"), s.jobs, "job"),
+    counts(t("status.files"), s.files, "file"),
     h(
       "div",
       { class: "figures" },
-      figure("oldest queued", age(s.oldest_queued_age_seconds), s.oldest_queued_age_seconds > 60),
-      figure("unacked overdue", s.unacked_overdue ?? "—", s.unacked_overdue > 0),
-      figure("past deadline, unswept", s.past_deadline_unswept ?? "—", s.past_deadline_unswept > 0),
+      figure(t("status.oldest_queued"), age(s.oldest_queued_age_seconds), s.oldest_queued_age_seconds > 60),
+      figure(t("status.unacked_overdue"), s.unacked_overdue ?? "—", s.unacked_overdue > 0),
+      figure(t("status.past_deadline"), s.past_deadline_unswept ?? "—", s.past_deadline_unswept > 0),
       figure(
-        "last sweep",
-        sweep.at ? `${when(sweep.at)} ${sweep.result ?? ""}${sweep.error ? ` — ${sweep.error}` : ""}` : "never",
+        t("status.last_sweep"),
+        sweep.at
+          ? `${when(sweep.at)} ${sweep.result ?? ""}${sweep.error ? ` — ${sweep.error}` : ""}`
+          : t("status.never"),
         Boolean(sweep.error),
       ),
       figure(
-        "bridge",
-        bridge ? `nats ${bridge.nats} · listener ${bridge.listener}` : "not in this process",
+        t("status.bridge"),
+        bridge ? t("status.bridge_state", { nats: bridge.nats, listener: bridge.listener }) : t("status.no_bridge"),
         Boolean(bridge && (bridge.nats !== "ok" || bridge.listener !== "ok")),
       ),
     ),
@@ -364,8 +452,8 @@ async function loadList(more = false) {
   if (resp.status !== 200 || !resp.body) {
     $("list-error").textContent =
       resp.status === 404 || resp.status === 405
-        ? "This server has no file list (GET /api/v1/files)."
-        : `The file list: ${errorText(resp)}`;
+        ? t("list.no_list")
+        : t("list.error", { error: errorText(resp) });
     if (resp.status >= 500) throw new Error(errorText(resp)); // keep the rows; try again
     if (!more) {
       // A refused filter (400) shows no rows that would look like its answer.
@@ -384,7 +472,7 @@ async function loadList(more = false) {
 
 function answerCell(fileId) {
   const a = state.answers.get(fileId);
-  if (state.inFlight.has(fileId)) return h("span", { class: "answer pending", text: "retrying…" });
+  if (state.inFlight.has(fileId)) return h("span", { class: "answer pending", text: t("retry.pending") });
   if (!a) return "";
   return h("span", { class: `answer ${a.kind}`, text: a.text });
 }
@@ -402,7 +490,7 @@ function renderList() {
         h("input", {
           type: "checkbox",
           class: "select",
-          "aria-label": `select ${item.original_name}`,
+          "aria-label": t("list.select", { name: item.original_name }),
           checked: state.selected.has(id),
           onchange: (e) => {
             if (e.target.checked) state.selected.add(id);
@@ -416,7 +504,7 @@ function renderList() {
       h("td", {}, badge(item.status, "file")),
       h("td", {}, badge(job.status, "job")),
       h("td", { class: "attempt", text: job.attempt ? `${job.attempt} / ${job.max_attempts}` : "—" }),
-      h("td", { class: "code", text: job.error_code || "" }),
+      h("td", { class: "code", text: job.error_code || "", title: explain(`code.${job.error_code}`) }),
       h("td", { class: "when", text: when(item.updated_at), title: item.updated_at }),
       h(
         "td",
@@ -425,9 +513,9 @@ function renderList() {
           type: "button",
           class: "retry",
           disabled: !item.retryable || state.inFlight.has(id),
-          title: item.retryable ? "ask for a new attempt" : "not retryable now",
+          title: item.retryable ? t("retry.can") : t("retry.cannot"),
           onclick: (e) => retryOne(id, e.target),
-          text: "Retry",
+          text: t("retry.button"),
         }),
       ),
       h("td", { class: "answer-cell" }, answerCell(id)),
@@ -441,9 +529,9 @@ function renderList() {
 
 function renderSelection() {
   const n = state.selected.size;
-  $("selection").textContent = n ? `${n} selected` : "";
+  $("selection").textContent = n ? t("list.selected", { n: num(n) }) : "";
   $("retry-selected").disabled = n === 0 || state.batchInFlight;
-  $("retry-selected").textContent = n ? `Retry selected (${n})` : "Retry selected";
+  $("retry-selected").textContent = n ? t("list.retry_selected_n", { n: num(n) }) : t("list.retry_selected");
   const shown = state.items.map((i) => i.id);
   $("select-all").checked = shown.length > 0 && shown.every((id) => state.selected.has(id));
 }
@@ -467,32 +555,32 @@ function onSelectRetryable() {
 
 // A refused retry in words (the 409's or the batch entry's details).
 function whySkipped(details) {
-  if (!details) return "skipped: not retryable";
+  if (!details) return t("retry.skipped");
   switch (details.reason) {
     case "not_failed":
       return LIVE.has(details.current_status)
-        ? `skipped: still running (${details.current_status})`
-        : `skipped: not failed (${details.current_status})`;
+        ? t("retry.still_running", { status: details.current_status })
+        : t("retry.not_failed", { status: details.current_status });
     case "attempts_exhausted":
-      return `skipped: attempts exhausted (${details.current_attempt} / ${details.max_attempts})`;
+      return t("retry.exhausted", { attempt: details.current_attempt, max: details.max_attempts });
     case "no_job":
-      return "skipped: the file has no recognition job";
+      return t("retry.no_job");
     default:
-      return `skipped: ${details.reason}`;
+      return t("retry.other", { reason: details.reason });
   }
 }
 
 function singleAnswer(resp) {
-  if (resp.status === 201) return { kind: "retried", text: `retried: attempt ${resp.body.attempt} queued` };
+  if (resp.status === 201) return { kind: "retried", text: t("retry.done", { attempt: resp.body.attempt }) };
   const err = (resp.body && resp.body.error) || {};
   if (resp.status === 409) return { kind: "skipped", text: whySkipped(err.details) };
-  if (resp.status === 404) return { kind: "skipped", text: "skipped: not found" };
-  return { kind: "error", text: `failed: ${errorText(resp)}` };
+  if (resp.status === 404) return { kind: "skipped", text: t("retry.not_found") };
+  return { kind: "error", text: t("retry.failed", { error: errorText(resp) }) };
 }
 
 function batchAnswer(entry) {
-  if (entry.outcome === "retried") return { kind: "retried", text: `retried: attempt ${entry.attempt} queued` };
-  if (entry.reason === "FILE_NOT_FOUND") return { kind: "skipped", text: "skipped: not found" };
+  if (entry.outcome === "retried") return { kind: "retried", text: t("retry.done", { attempt: entry.attempt }) };
+  if (entry.reason === "FILE_NOT_FOUND") return { kind: "skipped", text: t("retry.not_found") };
   return { kind: "skipped", text: whySkipped(entry.details) };
 }
 
@@ -508,7 +596,7 @@ async function retryOne(fileId, button) {
     state.answers.set(fileId, singleAnswer(resp));
   } catch (err) {
     if (err instanceof SignedOut) return;
-    state.answers.set(fileId, { kind: "error", text: `failed: ${err.message}` });
+    state.answers.set(fileId, { kind: "error", text: t("retry.failed", { error: err.message }) });
   } finally {
     state.inFlight.delete(fileId);
   }
@@ -521,12 +609,12 @@ async function retrySelected() {
   const ids = [...state.selected];
   state.batchInFlight = true;
   for (const id of ids) state.inFlight.add(id);
-  $("batch-summary").textContent = `retrying ${ids.length}…`;
+  $("batch-summary").textContent = t("batch.pending", { n: num(ids.length) });
   renderList();
   try {
     const resp = await api("/api/v1/files/retry", { method: "POST", json: { file_ids: ids } });
     if (resp.status !== 200) {
-      $("batch-summary").textContent = `the batch failed: ${errorText(resp)}`;
+      $("batch-summary").textContent = t("batch.failed", { error: errorText(resp) });
       return;
     }
     let retried = 0;
@@ -536,11 +624,15 @@ async function retrySelected() {
       state.answers.set(entry.file_id, answer);
     }
     const skipped = resp.body.results.length - retried;
-    $("batch-summary").textContent = `${resp.body.results.length} files: ${retried} retried, ${skipped} skipped`;
+    $("batch-summary").textContent = t("batch.summary", {
+      total: num(resp.body.results.length),
+      retried: num(retried),
+      skipped: num(skipped),
+    });
     state.selected.clear();
   } catch (err) {
     if (err instanceof SignedOut) return;
-    $("batch-summary").textContent = `the batch failed: ${err.message}`;
+    $("batch-summary").textContent = t("batch.failed", { error: err.message });
   } finally {
     state.batchInFlight = false;
     for (const id of ids) state.inFlight.delete(id);
@@ -566,7 +658,7 @@ async function loadFile() {
   if (id !== state.fileId || generation !== state.generation) return; // superseded
   if (resp.status !== 200 || !resp.body) {
     $("file-error").textContent =
-      resp.status === 404 ? "There is no such file." : `The file: ${errorText(resp)}`;
+      resp.status === 404 ? t("file.none") : t("file.error", { error: errorText(resp) });
     if (resp.status >= 500) throw new Error(errorText(resp));
     return;
   }
@@ -601,36 +693,41 @@ function attemptCard(job, currentId) {
     h(
       "h4",
       {},
-      `Attempt ${job.attempt} / ${job.max_attempts} `,
+      `${t("attempt.title", { attempt: job.attempt, max: job.max_attempts })} `,
       badge(job.status, "job"),
-      job.job_id === currentId ? h("span", { class: "tag", text: "current" }) : null,
+      job.job_id === currentId ? h("span", { class: "tag", text: t("attempt.current") }) : null,
     ),
     h(
       "ol",
       { class: "timeline" },
-      event("requested", job.requested_at),
+      event(t("attempt.requested"), job.requested_at),
       event(
-        "published",
+        t("attempt.published"),
         job.published_at,
-        job.republish_count ? `republished ${job.republish_count}×` : null,
+        job.republish_count ? t("attempt.republished", { n: num(job.republish_count) }) : null,
       ),
-      event("acked (started)", job.started_at),
-      event("finished", job.finished_at),
+      event(t("attempt.started"), job.started_at),
+      event(t("attempt.finished"), job.finished_at),
     ),
     dl([
-      ["job", h("code", { text: job.job_id })],
-      ["pipeline", job.pipeline],
-      ["reply deadline", when(job.reply_deadline)],
-      ["republish count", String(job.republish_count ?? 0)],
-      ["service", service],
+      [t("attempt.job"), h("code", { text: job.job_id })],
+      [t("attempt.pipeline"), job.pipeline],
+      [t("attempt.deadline"), when(job.reply_deadline)],
+      [t("attempt.republish_count"), num(job.republish_count ?? 0)],
+      [t("attempt.service"), service],
       [
-        "error",
+        t("attempt.error"),
         job.error
-          ? h("span", { class: "code" }, job.error.code, job.error.message ? ` — ${job.error.message}` : "")
+          ? h(
+              "span",
+              { class: "code", title: explain(`code.${job.error.code}`) },
+              job.error.code,
+              job.error.message ? ` — ${job.error.message}` : "",
+            )
           : null,
       ],
-      ["result", job.result ? h("pre", { text: JSON.stringify(job.result, null, 2) }) : null],
-      ["metrics", job.metrics ? h("pre", { text: JSON.stringify(job.metrics, null, 2) }) : null],
+      [t("attempt.result"), job.result ? h("pre", { text: JSON.stringify(job.result, null, 2) }) : null],
+      [t("attempt.metrics"), job.metrics ? h("pre", { text: JSON.stringify(job.metrics, null, 2) }) : null],
     ]),
   );
 }
@@ -654,28 +751,32 @@ function renderFile() {
         class: "retry",
         disabled: !retryable || state.inFlight.has(f.id),
         onclick: (e) => retryOne(f.id, e.target),
-        text: "Retry this file",
+        text: t("file.retry"),
       }),
       h("span", { id: "file-answer" }, answerCell(f.id)),
     ),
     dl([
-      ["file", h("code", { text: f.id })],
-      ["status", badge(f.status, "file")],
-      ["type", f.file_type],
-      ["consolidation", f.consolidation_id ? h("code", { text: f.consolidation_id }) : null],
-      ["object", h("code", { text: `s3://${f.s3.bucket}/${f.s3.key}` })],
-      ["created", when(f.created_at)],
-      ["updated", when(f.updated_at)],
+      [t("file.id"), h("code", { text: f.id })],
+      [t("file.status"), badge(f.status, "file")],
+      [t("file.type"), f.file_type],
+      [t("file.consolidation"), f.consolidation_id ? h("code", { text: f.consolidation_id }) : null],
+      [t("file.object"), h("code", { text: `s3://${f.s3.bucket}/${f.s3.key}` })],
+      [t("file.created"), when(f.created_at)],
+      [t("file.updated"), when(f.updated_at)],
     ]),
-    h("h3", { text: `Attempts (${doc.attempts.length})` }),
+    h("h3", { text: t("file.attempts", { n: num(doc.attempts.length) }) }),
     h("ol", { id: "attempts", class: "attempts" }, doc.attempts.map((j) => attemptCard(j, f.current_job_id))),
-    h("h3", { text: `Retries (${retries.length})` }),
+    h("h3", { text: t("file.retries", { n: num(retries.length) }) }),
     retries.length === 0
-      ? h("p", { class: "muted", text: "Nobody has retried this file." })
+      ? h("p", { class: "muted", text: t("file.no_retries") })
       : h(
           "table",
           { id: "retries", class: "files" },
-          h("thead", {}, h("tr", {}, h("th", { text: "When" }), h("th", { text: "Who" }), h("th", { text: "What" }))),
+          h(
+            "thead",
+            {},
+            h("tr", {}, h("th", { text: t("file.when") }), h("th", { text: t("file.who") }), h("th", { text: t("file.what") })),
+          ),
           h(
             "tbody",
             {},
@@ -686,7 +787,10 @@ function renderFile() {
                 h("td", { class: "when", text: when(r.retried_at), title: r.retried_at }),
                 h("td", { text: r.actor }),
                 h("td", {
-                  text: `attempt ${byJob.get(r.old_job_id) ?? "?"} → attempt ${r.new_attempt ?? byJob.get(r.new_job_id) ?? "?"}`,
+                  text: t("file.retry_step", {
+                    from: byJob.get(r.old_job_id) ?? "?",
+                    to: r.new_attempt ?? byJob.get(r.new_job_id) ?? "?",
+                  }),
                 }),
               ),
             ),
@@ -698,6 +802,20 @@ function renderFile() {
 // --- start ------------------------------------------------------------------------
 
 async function start() {
+  i18n.lang = initialLang();
+  try {
+    await loadMessages();
+  } catch (err) {
+    // Without its texts the page cannot say much: in both languages, then.
+    $("loading").textContent =
+      `The console could not load its texts / Консоль не смогла загрузить тексты: ${err.message}`;
+    return;
+  }
+  applyStatic();
+  for (const button of document.querySelectorAll("#lang button")) {
+    button.addEventListener("click", () => setLang(button.dataset.lang));
+  }
+  renderSelection();
   $("signin-form").addEventListener("submit", onSignIn);
   $("signout").addEventListener("click", () => signedOut(null));
   $("filters").addEventListener("submit", onFilter);
@@ -719,7 +837,7 @@ async function start() {
     if (me.actor === null) signedOut(null);
     else signedIn(me);
   } catch (err) {
-    $("loading").textContent = `The server did not answer: ${err.message}. Reload to try again.`;
+    $("loading").textContent = t("app.failed", { message: err.message });
   }
 }
 
