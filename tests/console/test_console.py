@@ -64,10 +64,11 @@ TOKEN = "console-browser-token-0123456789"
 WAIT = 20.0  # seconds: the deadline of every wait (the page polls every 2 s)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[WebDriver]:
+def headless_chromium(lang: str) -> WebDriver:
+    """The system Chromium, headless, through the system chromedriver, with `lang` as the
+    browser's language (the UI's and Accept-Language: the console follows it)."""
     options = webdriver.ChromeOptions()
-    assert CHROMIUM is not None
+    assert CHROMIUM is not None and CHROMEDRIVER is not None
     options.binary_location = CHROMIUM
     for arg in (
         "--headless=new",
@@ -75,10 +76,17 @@ def browser() -> Iterator[WebDriver]:
         "--disable-dev-shm-usage",
         "--disable-gpu",
         "--window-size=1500,1000",
-        "--lang=en-US",
+        f"--lang={lang}",
     ):
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    primary = lang.split("-", 1)[0]
+    options.add_experimental_option("prefs", {"intl.accept_languages": f"{lang},{primary}"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    driver = headless_chromium("en-US")
     try:
         yield driver
     finally:

@@ -102,23 +102,7 @@ def test_the_catalogues_match_and_hold_every_key_the_page_uses() -> None:
 
 @pytest.fixture(scope="module")
 def ru_browser() -> Iterator[WebDriver]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    assert base.CHROMIUM is not None and base.CHROMEDRIVER is not None
-    options.binary_location = base.CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1500,1000",
-        "--lang=ru-RU",
-    ):
-        options.add_argument(arg)
-    options.add_experimental_option("prefs", {"intl.accept_languages": "ru-RU,ru"})
-    driver = webdriver.Chrome(service=Service(base.CHROMEDRIVER), options=options)
+    driver = base.headless_chromium("ru-RU")
     try:
         yield driver
     finally:

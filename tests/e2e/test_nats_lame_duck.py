@@ -40,6 +40,7 @@ from tests.support.cluster import (
     RecordingService,
     close_all,
     recording_service,
+    reference_on_stream,
     start_bridge,
     stream_leader,
     stream_whole,
@@ -95,12 +96,7 @@ async def test_lame_duck_rolling_restart_of_the_nats_cluster(
         bridges = [await start_bridge(stack, cluster, **env) for _ in range(2)]
         await stream_whole(cluster, STREAM)
         if publisher == "jetstream":
-            reference = stack.reference(NATS_URL=cluster.url(), REFERENCE_DELAY_SECONDS=0.05)
-            await wait_for(
-                lambda: len(log_lines(reference.log(), action="ref_stream")) >= 2,
-                30,
-                lambda: f"the reference publishing through {STREAM}: {reference.log()[-2000:]}",
-            )
+            await reference_on_stream(stack, cluster, STREAM)
         else:
             # One starting on node 1, one on node 2, each with every node in its list.
             services = [await recording_service(urls[i:] + urls[:i], ack=True) for i in range(2)]
@@ -135,6 +131,13 @@ async def test_lame_duck_rolling_restart_of_the_nats_cluster(
             )
         by_status = Counter(r["status"] for r in rows)
         republished = [r for r in rows if r["republish_count"] > 0]
+        # A bridge logs "result applied" just after its batch commits: the database may be
+        # read before the last lines are written.
+        await wait_for(
+            lambda: len(applied_results([b.log() for b in bridges])) >= n,
+            30,
+            "every applied result in the bridges' logs",
+        )
         applied = applied_results([b.log() for b in bridges])
         lost_at: list[float] = []
         if publisher == "core":

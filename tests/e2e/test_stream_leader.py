@@ -35,6 +35,7 @@ from tests.support.cluster import (
     close_all,
     move_stream_leader,
     recording_service,
+    reference_on_stream,
     start_bridge,
     stream_leader,
     wait_interest,
@@ -97,12 +98,7 @@ async def test_kill_9_of_the_stream_leaders_node_mid_flow(
         await wait_for(lambda: stream_leader(cluster, STREAM) is not None, 30, "the stream")
         await move_stream_leader(cluster, STREAM, LEADER)
         if publisher == "jetstream":
-            reference = stack.reference(NATS_URL=cluster.url(), REFERENCE_DELAY_SECONDS=0.05)
-            await wait_for(
-                lambda: len(log_lines(reference.log(), action="ref_stream")) >= 2,
-                30,
-                lambda: f"the reference publishing through {STREAM}: {reference.log()[-2000:]}",
-            )
+            reference = await reference_on_stream(stack, cluster, STREAM)
         else:
             services = [await recording_service(cluster.nodes[0].url(), ack=True)]
             await wait_interest(cluster.nodes[1].url())

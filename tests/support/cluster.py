@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
 from tests.support.bridge import envelope, nats_client, wait_for
-from tests.support.processes import ArmProcess
+from tests.support.processes import ArmProcess, log_lines
 from tests.support.stack import Stack
 
 REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
@@ -239,3 +239,17 @@ async def start_bridge(stack: Stack, cluster: EmbeddedNatsCluster, **env: Any) -
 
     await wait_for(healthy, 30, lambda: f"bridge healthy: {bridge.log()[-2000:]}")
     return bridge
+
+
+async def reference_on_stream(
+    stack: Stack, cluster: EmbeddedNatsCluster, stream: str, **env: Any
+) -> ArmProcess:
+    """The real `arm-core reference` on every node (NATS_URL), 50 ms per file, once both
+    its services have found `stream` and answer through JetStream publish."""
+    reference = stack.reference(NATS_URL=cluster.url(), REFERENCE_DELAY_SECONDS=0.05, **env)
+    await wait_for(
+        lambda: len(log_lines(reference.log(), action="ref_stream")) >= 2,
+        30,
+        lambda: f"the reference publishing through {stream}: {reference.log()[-2000:]}",
+    )
+    return reference
