@@ -95,8 +95,8 @@ GRANT EXECUTE ON FUNCTION
     arm.run_due_tasks,         -- scheduler tick
     arm.set_sweep_interval,    -- TIMEOUT_SWEEP_SECONDS at start; not the rest of the schedule
     arm.compact_counts,        -- scheduler tick: folds the per-status count deltas
-    arm.job_counts,            -- GET /metrics on the health port: arm_jobs{status} …
-    arm.status_view            -- … and the overdue jobs and the last sweep (alerts)
+    arm.status_view            -- GET /metrics on the health port: arm_jobs{status}, the
+                               -- outbox's age, the overdue jobs, the last sweep (alerts)
 TO arm_bridge;
 
 -- 5. arm_api: retry, the file view and the file list (http/handlers.py).

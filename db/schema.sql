@@ -2563,7 +2563,6 @@ GRANT ALL ON FUNCTION arm.get_file(p_file_id uuid) TO arm_readonly;
 --
 
 REVOKE ALL ON FUNCTION arm.job_counts() FROM PUBLIC;
-GRANT ALL ON FUNCTION arm.job_counts() TO arm_bridge;
 GRANT ALL ON FUNCTION arm.job_counts() TO arm_api;
 GRANT ALL ON FUNCTION arm.job_counts() TO arm_readonly;
 

@@ -53,9 +53,6 @@ FROM arm.publish_queued_jobs_v2(%(limit)s, make_interval(secs => %(tabular_timeo
 SELECT ord, outcome, attempt, status::text AS status, wait_seconds
 FROM arm.apply_envelopes_v2(%(envelopes)s::jsonb) ORDER BY ord;
 
--- name: job_counts
-SELECT status, n FROM arm.job_counts();
-
 -- name: compact_counts
 SELECT arm.compact_counts() AS folded;
 

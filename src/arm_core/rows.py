@@ -90,14 +90,6 @@ class AppliedEnvelope:
 
 
 @dataclass(frozen=True, slots=True)
-class StatusCount:
-    """job_counts: the number of jobs in one status."""
-
-    status: JobStatus
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
 class StatusView:
     """status_view: GET /api/v1/status's figures (jobs and files as {status: n})."""
 

@@ -44,7 +44,6 @@ from arm_core.rows import (
     JsonObject,
     PublishedJob,
     RetryResult,
-    StatusCount,
     StatusView,
     TaskRun,
     UnackedJob,
@@ -230,11 +229,6 @@ class Store:
         if len(rows) != len(answers):
             raise DatabaseError(f"apply_envelopes_v2 returned {len(rows)} rows for {len(answers)}")
         return rows
-
-    async def job_counts(self, within: float) -> list[StatusCount]:
-        """Jobs per status (every status), costing what changed since the last compaction,
-        not the history; `within` bounds the wait for a connection and the statement."""
-        return await self._bounded_rows("job_counts", StatusCount, None, within)
 
     async def compact_counts(self) -> int:
         """Folds the per-status count deltas into the counts; returns how many it folded."""

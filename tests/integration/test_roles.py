@@ -74,7 +74,7 @@ CALLERS: dict[str, set[str]] = {
     "list_files": {"arm_api", "arm_readonly"},
     # metrics and the status view
     "compact_counts": {"arm_bridge"},
-    "job_counts": {"arm_bridge", "arm_api", "arm_readonly"},
+    "job_counts": {"arm_api", "arm_readonly"},
     "file_counts": {"arm_readonly"},
     "status_view": {"arm_api", "arm_bridge", "arm_readonly"},
 }
