@@ -84,6 +84,17 @@ def headless_chromium(lang: str) -> WebDriver:
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
+def screenshot(page: WebDriver, path: str) -> None:
+    """The README's picture of the page: 1500 × 680, the rows and not a blank page under
+    them; the window's size is given back after."""
+    size = page.get_window_size()
+    page.set_window_size(1500, 680)
+    try:
+        page.save_screenshot(path)
+    finally:
+        page.set_window_size(size["width"], size["height"])
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
     driver = headless_chromium("en-US")
@@ -323,12 +334,7 @@ def test_batch_retry_answers_each_file(serve: Callable[..., Served], page: WebDr
                 == "queued 3"
             ),
         )
-        size = page.get_window_size()
-        page.set_window_size(1500, 680)  # the rows, not a blank page under them
-        try:
-            page.save_screenshot(shot)
-        finally:
-            page.set_window_size(size["width"], size["height"])
+        screenshot(page, shot)
 
 
 def test_status_changes_show_without_a_reload(

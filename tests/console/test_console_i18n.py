@@ -225,12 +225,7 @@ def test_a_russian_browser_gets_the_console_in_russian(
     assert english_left(page) == []
     shot = os.environ.get("CONSOLE_SCREENSHOT_RU")
     if shot:
-        size = page.get_window_size()
-        page.set_window_size(1500, 680)  # the rows, not a blank page under them
-        try:
-            page.save_screenshot(shot)
-        finally:
-            page.set_window_size(size["width"], size["height"])
+        base.screenshot(page, shot)
 
     # The file page too.
     base.row(page, two.file_id).find_element(By.CSS_SELECTOR, "td.name a").click()

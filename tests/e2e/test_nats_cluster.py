@@ -28,11 +28,12 @@ from tests.support.cluster import (
     core_node,
     move_stream_leader,
     recording_service,
+    steady_uploads,
     stream_leader,
     wait_interest,
 )
 from tests.support.processes import ArmProcess
-from tests.support.sql import Conn, dict_conn, scalar, upload_many
+from tests.support.sql import Conn, dict_conn, scalar
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -64,18 +65,6 @@ def js_cluster(tmp_path: Path) -> Iterator[EmbeddedNatsCluster]:
 def cluster_stack(db_url: str, cluster: EmbeddedNatsCluster, tmp: Path) -> Stack:
     # Stack.nats is one node; NATS_URL below lists all three.
     return Stack(db_url=db_url, nats=cluster.nodes[0], tmp=tmp, results=tmp / "results")
-
-
-async def uploads(db_url: str, n: int, chunk: int = 20) -> None:
-    """A steady flow: n uploads, `chunk` at a time, one chunk every 50 ms."""
-
-    def flow() -> None:
-        with dict_conn(db_url) as conn:
-            for _ in range(n // chunk):
-                upload_many(conn, chunk)
-                time.sleep(0.05)
-
-    await asyncio.to_thread(flow)
 
 
 async def healthy(proc: ArmProcess, port: int) -> bool:
@@ -214,7 +203,7 @@ async def test_kill_9_of_the_core_nodes_server_mid_flow(
         services = [await recording_service(cluster.nodes[i].url()) for i in others]
         await wait_interest(cluster.nodes[home].url())
 
-        flow = asyncio.create_task(uploads(db_url, n))
+        flow = asyncio.create_task(steady_uploads(db_url, n))
         killed, killed_at, moved = await kill_core_node_mid_flow(
             stack, cluster, core, n, flow, proxies if outage else None
         )
@@ -298,7 +287,7 @@ async def test_results_stream_replicas_3_loses_nothing_when_the_core_node_dies(
         # (about 5 s here) are not captured — services publish with core NATS and nobody
         # tells them. Measured, not asserted: see docs/not-losing-answers.md "On a NATS cluster".
         await move_stream_leader(cluster, "ARM_RESULTS", others[0])
-        flow = asyncio.create_task(uploads(db_url, n))
+        flow = asyncio.create_task(steady_uploads(db_url, n))
         killed, _, moved = await kill_core_node_mid_flow(
             stack, cluster, core, n, flow, proxies, noticed=False
         )

@@ -37,11 +37,12 @@ from tests.support.cluster import (
     recording_service,
     reference_on_stream,
     start_bridge,
+    steady_uploads,
     stream_leader,
     wait_interest,
 )
 from tests.support.processes import log_lines
-from tests.support.sql import dict_conn, scalar, upload_many
+from tests.support.sql import dict_conn, scalar
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -60,16 +61,6 @@ DONE = "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'"
 def js_cluster(tmp_path: Path) -> Iterator[EmbeddedNatsCluster]:
     with EmbeddedNatsCluster(size=3, base_dir=tmp_path / "nats", jetstream=True) as nodes:
         yield nodes
-
-
-async def flow(db_url: str) -> None:
-    def upload() -> None:
-        with dict_conn(db_url) as conn:
-            for _ in range(JOBS // CHUNK):
-                upload_many(conn, CHUNK)
-                time.sleep(0.05)
-
-    await asyncio.to_thread(upload)
 
 
 @pytest.mark.parametrize("publisher", ["jetstream", "core", "core-unreplayed"])
@@ -102,7 +93,7 @@ async def test_kill_9_of_the_stream_leaders_node_mid_flow(
         else:
             services = [await recording_service(cluster.nodes[0].url(), ack=True)]
             await wait_interest(cluster.nodes[1].url())
-        uploads = asyncio.create_task(flow(db_url))
+        uploads = asyncio.create_task(steady_uploads(db_url, JOBS, CHUNK))
         with dict_conn(db_url) as conn:
             await wait_for(lambda: scalar(conn, DONE) >= JOBS // 4, 60, "a quarter done")
             assert stream_leader(cluster, STREAM) == cluster.name(LEADER)
