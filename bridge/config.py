@@ -100,6 +100,9 @@ class SchedulerConfig:
     tick_seconds: float = 1.0
     # The per-status counts' deltas are folded at most this often (arm.compact_counts).
     compact_every_seconds: float = 5.0
+    # The waits observed (arm_core.metrics.WAITS) go to arm.record_waits at most this
+    # often: the console's wait chart (db/functions/82_samples.sql).
+    wait_sample_seconds: float = 15.0
     # TIMEOUT_SWEEP_SECONDS when it was given: the sweep's period, written to
     # arm.periodic_task at start. None: the period a DBA set there stands.
     sweep_interval_seconds: float | None = None

@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from arm_core import metrics
 from arm_core.bridge import events
 from arm_core.bridge.config import SchedulerConfig
 from arm_core.bridge.service import Service
@@ -30,6 +31,7 @@ class Scheduler(Service):
     counts: events.Counts = field(default_factory=events.Counts)
     name = "schedule"
     _compacted_at: float = float("-inf")
+    _waits_recorded_at: float = float("-inf")
 
     async def apply_settings(self) -> None:
         """TIMEOUT_SWEEP_SECONDS, when given, sets the sweep's period in arm.periodic_task;
@@ -44,6 +46,7 @@ class Scheduler(Service):
         for task in ran:
             events.task_ran(self.counts, task)
         await self.compact_counts()
+        await self.record_waits()
         return ran
 
     async def compact_counts(self, force: bool = False) -> int | None:
@@ -60,6 +63,27 @@ class Scheduler(Service):
             level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
             log.log(level, "compact_counts failed: %s", exc, extra={"action": "schedule"})
             return None
+
+    async def record_waits(self, force: bool = False) -> dict[str, list[int]] | None:
+        """Hands the waits this process observed since the last time to arm.record_waits
+        (the console's wait chart) when that was wait_sample_seconds ago, or `force`;
+        returns what it stored (None when not due). On a failure the counts are kept for
+        the next time, and it is logged like a failed fold."""
+        now = time.monotonic()
+        if not force and now - self._waits_recorded_at < self.config.wait_sample_seconds:
+            return None
+        self._waits_recorded_at = now
+        taken = metrics.WAITS.take()
+        if not taken:
+            return {}
+        try:
+            await self.store.record_waits(taken)
+        except DatabaseError as exc:
+            metrics.WAITS.give_back(taken)
+            level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+            log.log(level, "record_waits failed: %s", exc, extra={"action": "schedule"})
+            return None
+        return taken
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Ticks every SCHEDULE_TICK_SECONDS until `stopping` is set."""

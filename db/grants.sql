@@ -82,7 +82,7 @@ GRANT EXECUTE ON FUNCTION
     arm.is_final, arm.pipeline_for, arm.setting_int, arm._request_body, arm._request_text,
     arm.job_view,
     arm.fold_name, arm.name_pattern, arm.is_retryable, arm.nats_message_bytes,
-    arm.envelope_problem
+    arm.envelope_problem, arm.wait_bucket_bounds, arm.wait_quantile, arm.wait_summary
 TO PUBLIC;
 
 -- 4. arm_bridge: exactly what the bridge calls (arm_core/queries.sql through its steps).
@@ -95,8 +95,9 @@ GRANT EXECUTE ON FUNCTION
     arm.run_due_tasks,         -- scheduler tick
     arm.set_sweep_interval,    -- TIMEOUT_SWEEP_SECONDS at start; not the rest of the schedule
     arm.compact_counts,        -- scheduler tick: folds the per-status count deltas
-    arm.status_view            -- GET /metrics on the health port: arm_jobs{status}, the
+    arm.status_view,           -- GET /metrics on the health port: arm_jobs{status}, the
                                -- outbox's age, the overdue jobs, the last sweep (alerts)
+    arm.record_waits           -- scheduler tick: the waits it observed, for the charts
 TO arm_bridge;
 
 -- 5. arm_api: retry, the file view and the file list (http/handlers.py).
@@ -104,6 +105,8 @@ GRANT EXECUTE ON FUNCTION arm.retry_file, arm.retry_files, arm.get_file TO arm_a
 GRANT EXECUTE ON FUNCTION arm.list_files TO arm_api;
 -- GET /metrics (arm_jobs{status}) and GET /api/v1/status.
 GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view TO arm_api;
+-- GET /api/v1/status/series: the console's charts of the last hour.
+GRANT EXECUTE ON FUNCTION arm.status_series TO arm_api;
 
 -- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job.
 GRANT SELECT (status, requested_at) ON arm.recognition_job TO arm_bridge, arm_api;
@@ -124,9 +127,9 @@ GRANT SELECT (id) ON arm.s3_object, arm.stored_file, arm.recognition_job TO arm_
 GRANT SELECT ON ALL TABLES IN SCHEMA arm TO arm_readonly;
 GRANT EXECUTE ON FUNCTION arm.get_file, arm.job_counts, arm.file_counts, arm.status_view
     TO arm_readonly;
-GRANT EXECUTE ON FUNCTION arm.list_files TO arm_readonly;
+GRANT EXECUTE ON FUNCTION arm.list_files, arm.status_series TO arm_readonly;
 
--- Everything else — set_setting, set_periodic_task, sweep_timeouts, claim_queued_jobs,
+-- Everything else — set_setting, set_periodic_task, sweep_timeouts, sample_status, claim_queued_jobs,
 -- mark_published, dead_letter_unpublishable, apply_ack, apply_result,
 -- schedule_with_pg_cron, unschedule_pg_cron, the triggers' functions — and every write to
 -- a table directly, arm.periodic_task included, is the owner's: DBAs run them as a member

@@ -1290,6 +1290,35 @@ $$;
 ALTER FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) OWNER TO arm_owner;
 
 --
+-- Name: record_waits(text, bigint[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.record_waits(p_phase text, p_counts bigint[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+BEGIN
+    IF p_phase IS NULL OR p_phase NOT IN ('queued', 'ack', 'processing') THEN
+        RAISE EXCEPTION 'record_waits: unknown phase %', p_phase
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF coalesce(cardinality(p_counts), 0) <> cardinality(arm.wait_bucket_bounds()) + 1
+       OR EXISTS (SELECT 1 FROM unnest(p_counts) c WHERE c IS NULL OR c < 0) THEN
+        RAISE EXCEPTION 'record_waits: % counts expected, none negative',
+            cardinality(arm.wait_bucket_bounds()) + 1
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT sum(c) FROM unnest(p_counts) c) > 0 THEN
+        INSERT INTO arm.wait_sample (recorded_at, phase, counts)
+        VALUES (clock_timestamp(), p_phase, p_counts);
+    END IF;
+END;
+$$;
+
+
+ALTER FUNCTION arm.record_waits(p_phase text, p_counts bigint[]) OWNER TO arm_owner;
+
+--
 -- Name: retry_file(uuid, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -1426,6 +1455,49 @@ $$;
 ALTER FUNCTION arm.run_due_tasks() OWNER TO arm_owner;
 
 --
+-- Name: sample_status(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.sample_status() RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+DECLARE
+    v_jobs jsonb;
+    v_age double precision;
+    v_waits jsonb;
+BEGIN
+    SELECT jsonb_object_agg(c.status, c.n) INTO v_jobs FROM arm.job_counts() c;
+    SELECT coalesce(extract(epoch FROM clock_timestamp() - min(j.requested_at)), 0)::float8
+    INTO v_age
+    FROM arm.recognition_job j WHERE j.status = 'queued';
+    WITH taken AS (
+        DELETE FROM arm.wait_sample w RETURNING w.recorded_at, w.phase, w.counts
+    ), summed AS (
+        SELECT t.phase, u.i, sum(u.c)::bigint AS total
+        FROM taken t, unnest(t.counts) WITH ORDINALITY AS u(c, i)
+        WHERE t.recorded_at > clock_timestamp() - interval '10 minutes'
+        GROUP BY t.phase, u.i
+    )
+    SELECT jsonb_object_agg(p.phase, p.counts) INTO v_waits
+    FROM (SELECT m.phase, to_jsonb(array_agg(m.total ORDER BY m.i)) AS counts
+          FROM summed m GROUP BY m.phase) p;
+    INSERT INTO arm.status_sample (sampled_at, jobs, oldest_queued_age_seconds,
+                                   queued_waits, ack_waits, processing_waits)
+    VALUES (clock_timestamp(), v_jobs, v_age,
+            ARRAY(SELECT jsonb_array_elements_text(v_waits -> 'queued')::bigint),
+            ARRAY(SELECT jsonb_array_elements_text(v_waits -> 'ack')::bigint),
+            ARRAY(SELECT jsonb_array_elements_text(v_waits -> 'processing')::bigint))
+    ON CONFLICT (sampled_at) DO NOTHING;
+    DELETE FROM arm.status_sample s WHERE s.sampled_at < clock_timestamp() - interval '1 day';
+    RETURN format('queued %s, oldest %s s', coalesce(v_jobs ->> 'queued', '0'), round(v_age::numeric, 1));
+END;
+$$;
+
+
+ALTER FUNCTION arm.sample_status() OWNER TO arm_owner;
+
+--
 -- Name: schedule_with_pg_cron(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -1550,6 +1622,52 @@ $_$;
 
 
 ALTER FUNCTION arm.setting_int(p_name text) OWNER TO arm_owner;
+
+--
+-- Name: status_series(integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.status_series(p_minutes integer DEFAULT 60) RETURNS TABLE(sampled_at timestamp with time zone, seconds double precision, finished jsonb, queued bigint, oldest_queued_age_seconds double precision, waits jsonb)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_minutes IS NULL OR p_minutes < 1 OR p_minutes > 1440 THEN
+        RAISE EXCEPTION 'status_series: minutes must be 1 to 1440, not %', p_minutes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH s AS (
+        SELECT x.*,
+               lag(x.sampled_at) OVER w AS prev_at, lag(x.jobs) OVER w AS prev_jobs
+        FROM arm.status_sample x
+        WHERE x.sampled_at > clock_timestamp() - make_interval(mins => p_minutes + 10)
+        WINDOW w AS (ORDER BY x.sampled_at)
+    )
+    SELECT s.sampled_at,
+           extract(epoch FROM s.sampled_at - s.prev_at)::float8,
+           CASE WHEN s.prev_at IS NOT NULL THEN
+               (SELECT jsonb_object_agg(f, greatest(0, coalesce((s.jobs ->> f)::bigint, 0)
+                                                      - coalesce((s.prev_jobs ->> f)::bigint, 0)))
+                FROM unnest(ARRAY['done', 'needs_check', 'error', 'timeout', 'dlq']) AS f)
+           END,
+           coalesce((s.jobs ->> 'queued')::bigint, 0),
+           s.oldest_queued_age_seconds,
+           CASE WHEN s.prev_at IS NOT NULL THEN
+               jsonb_strip_nulls(jsonb_build_object(
+                   'queued', arm.wait_summary(s.queued_waits),
+                   'ack', arm.wait_summary(s.ack_waits),
+                   'processing', arm.wait_summary(s.processing_waits)))
+           END
+    FROM s
+    WHERE s.sampled_at > clock_timestamp() - make_interval(mins => p_minutes)
+    ORDER BY s.sampled_at;
+END;
+$$;
+
+
+ALTER FUNCTION arm.status_series(p_minutes integer) OWNER TO arm_owner;
 
 --
 -- Name: status_view(interval); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1865,6 +1983,81 @@ $_$;
 ALTER FUNCTION arm.unschedule_pg_cron() OWNER TO arm_owner;
 
 --
+-- Name: wait_bucket_bounds(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.wait_bucket_bounds() RETURNS double precision[]
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT '{0.01,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,120,300,600,1800,3600}'::double precision[]
+$$;
+
+
+ALTER FUNCTION arm.wait_bucket_bounds() OWNER TO arm_owner;
+
+--
+-- Name: wait_quantile(double precision, bigint[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.wait_quantile(q double precision, counts bigint[]) RETURNS double precision
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    v_bounds double precision[] := arm.wait_bucket_bounds();
+    v_last integer := cardinality(v_bounds);
+    v_total numeric := 0;
+    v_rank numeric;
+    v_before numeric := 0;
+    v_lower double precision := 0;
+    v_n bigint;
+    i integer := 0;
+BEGIN
+    -- Plain loops, no query: it runs twice per phase and point of a series.
+    FOREACH v_n IN ARRAY counts LOOP
+        v_total := v_total + v_n;
+    END LOOP;
+    IF v_total = 0 THEN
+        RETURN NULL;
+    END IF;
+    v_rank := q * v_total;
+    FOREACH v_n IN ARRAY counts LOOP
+        i := i + 1;
+        IF v_n > 0 AND v_before + v_n >= v_rank THEN
+            IF i > v_last THEN
+                RETURN v_bounds[v_last];
+            END IF;
+            RETURN v_lower + (v_bounds[i] - v_lower) * ((v_rank - v_before) / v_n)::double precision;
+        END IF;
+        v_before := v_before + v_n;
+        IF i <= v_last THEN
+            v_lower := v_bounds[i];
+        END IF;
+    END LOOP;
+    RETURN v_bounds[v_last];
+END;
+$$;
+
+
+ALTER FUNCTION arm.wait_quantile(q double precision, counts bigint[]) OWNER TO arm_owner;
+
+--
+-- Name: wait_summary(bigint[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.wait_summary(counts bigint[]) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN n > 0 THEN jsonb_build_object(
+               'n', n,
+               'p50', round(arm.wait_quantile(0.5, counts)::numeric, 3),
+               'p99', round(arm.wait_quantile(0.99, counts)::numeric, 3)) END
+    FROM (SELECT sum(c)::bigint AS n FROM unnest(counts) AS c) t
+$$;
+
+
+ALTER FUNCTION arm.wait_summary(counts bigint[]) OWNER TO arm_owner;
+
+--
 -- Name: file_count; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
@@ -1980,6 +2173,37 @@ CREATE TABLE arm.setting (
 ALTER TABLE arm.setting OWNER TO arm_owner;
 
 --
+-- Name: status_sample; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.status_sample (
+    sampled_at timestamp with time zone NOT NULL,
+    jobs jsonb NOT NULL,
+    oldest_queued_age_seconds double precision NOT NULL,
+    queued_waits bigint[],
+    ack_waits bigint[],
+    processing_waits bigint[]
+);
+
+
+ALTER TABLE arm.status_sample OWNER TO arm_owner;
+
+--
+-- Name: wait_sample; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.wait_sample (
+    recorded_at timestamp with time zone NOT NULL,
+    phase text NOT NULL,
+    counts bigint[] NOT NULL,
+    CONSTRAINT wait_sample_counts_check CHECK ((cardinality(counts) >= 1)),
+    CONSTRAINT wait_sample_phase_check CHECK ((phase = ANY (ARRAY['queued'::text, 'ack'::text, 'processing'::text])))
+);
+
+
+ALTER TABLE arm.wait_sample OWNER TO arm_owner;
+
+--
 -- Name: file_count file_count_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
@@ -2073,6 +2297,14 @@ ALTER TABLE ONLY arm.s3_object
 
 ALTER TABLE ONLY arm.setting
     ADD CONSTRAINT setting_pkey PRIMARY KEY (name);
+
+
+--
+-- Name: status_sample status_sample_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.status_sample
+    ADD CONSTRAINT status_sample_pkey PRIMARY KEY (sampled_at);
 
 
 --
@@ -2600,6 +2832,14 @@ GRANT ALL ON FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_repl
 
 
 --
+-- Name: FUNCTION record_waits(p_phase text, p_counts bigint[]); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.record_waits(p_phase text, p_counts bigint[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.record_waits(p_phase text, p_counts bigint[]) TO arm_bridge;
+
+
+--
 -- Name: FUNCTION retry_file(p_file_id uuid, p_actor text); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
@@ -2621,6 +2861,13 @@ GRANT ALL ON FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) TO arm_ap
 
 REVOKE ALL ON FUNCTION arm.run_due_tasks() FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.run_due_tasks() TO arm_bridge;
+
+
+--
+-- Name: FUNCTION sample_status(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.sample_status() FROM PUBLIC;
 
 
 --
@@ -2650,6 +2897,15 @@ REVOKE ALL ON FUNCTION arm.set_setting(p_name text, p_value text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION arm.set_sweep_interval(p_run_every interval) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.set_sweep_interval(p_run_every interval) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION status_series(p_minutes integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.status_series(p_minutes integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.status_series(p_minutes integer) TO arm_api;
+GRANT ALL ON FUNCTION arm.status_series(p_minutes integer) TO arm_readonly;
 
 
 --
@@ -2765,3 +3021,17 @@ GRANT SELECT ON TABLE arm.retry_audit TO arm_readonly;
 --
 
 GRANT SELECT ON TABLE arm.setting TO arm_readonly;
+
+
+--
+-- Name: TABLE status_sample; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.status_sample TO arm_readonly;
+
+
+--
+-- Name: TABLE wait_sample; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.wait_sample TO arm_readonly;

@@ -83,6 +83,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/healthcheck", healthcheck)
     install_metrics(app)  # GET /metrics
     app.router.add_get("/api/v1/status", handlers.status)
+    app.router.add_get("/api/v1/status/series", handlers.status_series)
     app.router.add_get("/api/v1/openapi.json", handlers.openapi)
     app.router.add_get("/", console_index)
     app.router.add_get("/console/{name}", console_file)

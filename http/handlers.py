@@ -8,6 +8,7 @@ import json
 import logging
 import uuid
 from typing import Any
+from urllib.parse import parse_qsl
 
 from aiohttp import web
 
@@ -186,6 +187,53 @@ async def status(request: web.Request) -> web.Response:
                 "error": view.last_sweep_error,
             },
             "bridge": bridge,
+        }
+    )
+
+
+SERIES_MINUTES = (1, 1440)  # arm.status_series's window: a minute to the day it keeps
+
+
+async def status_series(request: web.Request) -> web.Response:
+    """GET /api/v1/status/series?minutes=60 → the console's charts: one point per sample
+    (a minute apart) of the last `minutes` — jobs finished per outcome since the sample
+    before, queued and the oldest queued age then, the bridges' waits per phase (p50,
+    p99). One bounded read of arm.status_series, shared like the status's."""
+    params = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
+    unknown = sorted({name for name, _ in params} - {"minutes"})
+    if unknown:
+        raise ApiError(
+            400,
+            "VALIDATION_ERROR",
+            f"{unknown[0][:40]}: unknown parameter",
+            {"parameter": unknown[0][:40]},
+        )
+    raw = [value for _, value in params] or ["60"]
+    low, high = SERIES_MINUTES
+    whole = len(raw) == 1 and raw[0].isascii() and raw[0].isdigit() and len(raw[0]) <= 4
+    if not whole or not low <= int(raw[0]) <= high:
+        raise ApiError(
+            400,
+            "VALIDATION_ERROR",
+            f"minutes: one whole number from {low} to {high}",
+            {"parameter": "minutes"},
+        )
+    minutes = int(raw[0])
+    points = await request.app[metrics.METRICS].status_series(minutes)
+    return web.json_response(
+        {
+            "minutes": minutes,
+            "points": [
+                {
+                    "at": p.sampled_at.isoformat(),
+                    "seconds": p.seconds,
+                    "finished": p.finished,
+                    "queued": p.queued,
+                    "oldest_queued_age_seconds": round(p.oldest_queued_age_seconds, 3),
+                    "waits": p.waits,
+                }
+                for p in points
+            ],
         }
     )
 

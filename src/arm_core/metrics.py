@@ -21,6 +21,7 @@ Two kinds:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -38,7 +39,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from arm_core.db import DatabaseError, DatabaseUnavailable
-from arm_core.rows import StatusView
+from arm_core.rows import SeriesPoint, StatusView
 from arm_core.statuses import ApplyOutcome, JobStatus
 from arm_core.store import Store
 
@@ -98,12 +99,14 @@ RETRIES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+# Also the buckets of the console's wait chart: arm.wait_bucket_bounds() is the same list.
+JOB_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 JOB_WAIT = Histogram(
     "arm_job_wait_seconds",
     "How long jobs waited: queued (requested → published), ack (published → processing), "
     "processing (processing → final)",
     ["phase"],
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+    buckets=JOB_WAIT_BUCKETS,
     registry=REGISTRY,
 )
 
@@ -137,6 +140,36 @@ def envelope(outcome: str, n: int = 1) -> None:
 def waited(phase: str, seconds: float | None) -> None:
     if seconds is not None:
         JOB_WAIT.labels(phase=phase).observe(max(0.0, seconds))
+        WAITS.add(phase, seconds)
+
+
+class WaitTally:
+    """The waits observed since the schedule runner last took them, per phase and bucket
+    of JOB_WAIT_BUCKETS (one more count, last, for the waits above the highest): what it
+    hands to arm.record_waits for the console's wait chart (bridge/scheduler.py). The
+    same observations as the histogram, kept apart because the histogram is cumulative
+    and this is taken and reset."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, list[int]] = {}
+
+    def add(self, phase: str, seconds: float) -> None:
+        counts = self._counts.setdefault(phase, [0] * (len(JOB_WAIT_BUCKETS) + 1))
+        counts[bisect.bisect_left(JOB_WAIT_BUCKETS, max(0.0, seconds))] += 1
+
+    def take(self) -> dict[str, list[int]]:
+        """What was counted since the last take, emptied."""
+        taken, self._counts = self._counts, {}
+        return taken
+
+    def give_back(self, taken: dict[str, list[int]]) -> None:
+        """Counts taken but not stored (the database failed): kept for the next take."""
+        for phase, counts in taken.items():
+            mine = self._counts.setdefault(phase, [0] * len(counts))
+            self._counts[phase] = [a + b for a, b in zip(mine, counts, strict=True)]
+
+
+WAITS = WaitTally()
 
 
 @dataclass
@@ -174,6 +207,8 @@ class AppMetrics(Collector):
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _status: tuple[float, StatusView] | None = None
     _status_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _series: dict[int, tuple[float, list[SeriesPoint]]] = field(default_factory=dict)
+    _series_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def status_view(self, ack_timeout: float) -> StatusView:
         """arm.status_view, read within `timeout` and reused for status_cache_seconds
@@ -189,6 +224,21 @@ class AppMetrics(Collector):
             view = await store.status_view(ack_timeout, within=self.timeout)
             self._status = (time.monotonic(), view)
             return view
+
+    async def status_series(self, minutes: int) -> list[SeriesPoint]:
+        """arm.status_series(minutes), read within `timeout` and reused for
+        status_cache_seconds like the status view (a sample comes once a minute). Raises
+        DatabaseUnavailable (a 503)."""
+        async with self._series_lock:
+            cached = self._series.get(minutes)
+            if cached is not None and time.monotonic() - cached[0] < self.status_cache_seconds:
+                return cached[1]
+            store = self.store()
+            if store is None:
+                raise DatabaseUnavailable("status_series: no connection pool yet")
+            points = await store.status_series(minutes, within=self.timeout)
+            self._series = {minutes: (time.monotonic(), points)}  # the last window asked
+            return points
 
     async def refresh(self) -> None:
         """Reads the database's figures unless read (or failed) less than cache_seconds

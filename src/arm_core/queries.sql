@@ -61,6 +61,13 @@ SELECT jobs, files, oldest_queued_age_seconds, unacked_overdue, past_deadline_un
        last_sweep_at, last_sweep_result, last_sweep_error
 FROM arm.status_view(make_interval(secs => %(ack_timeout)s));
 
+-- name: record_waits
+SELECT arm.record_waits(%(phase)s, %(counts)s::bigint[]);
+
+-- name: status_series
+SELECT sampled_at, seconds, finished, queued, oldest_queued_age_seconds, waits
+FROM arm.status_series(%(minutes)s);
+
 -- name: list_files
 SELECT id, consolidation_id, original_name, file_type::text AS file_type,
        status::text AS status, s3_bucket, s3_key, created_at, updated_at,

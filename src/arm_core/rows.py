@@ -104,6 +104,18 @@ class StatusView:
 
 
 @dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    """status_series: one sample of the console's charts (db/functions/82_samples.sql)."""
+
+    sampled_at: dt.datetime
+    seconds: float | None
+    finished: dict[str, int] | None
+    queued: int
+    oldest_queued_age_seconds: float
+    waits: dict[str, dict[str, float]] | None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskRun:
     """run_due_tasks: a periodic task that ran, with its result or its error."""
 

@@ -44,6 +44,7 @@ from arm_core.rows import (
     JsonObject,
     PublishedJob,
     RetryResult,
+    SeriesPoint,
     StatusView,
     TaskRun,
     UnackedJob,
@@ -241,6 +242,18 @@ class Store:
             "status_view", StatusView, {"ack_timeout": ack_timeout}, within
         )
         return row
+
+    async def status_series(self, minutes: int, within: float) -> list[SeriesPoint]:
+        """The console's charts: the samples of the last `minutes`, oldest first; `within`
+        bounds the wait for a connection and the statement."""
+        return await self._bounded_rows("status_series", SeriesPoint, {"minutes": minutes}, within)
+
+    async def record_waits(self, waits: dict[str, list[int]]) -> None:
+        """Stores the waits a bridge observed, per phase and bucket, in one transaction."""
+        with wrap_db_errors("record_waits"):
+            async with self._connection() as conn, conn.transaction():
+                for phase, counts in waits.items():
+                    await self._scalar(conn, "record_waits", {"phase": phase, "counts": counts})
 
     async def run_due_tasks(self) -> list[TaskRun]:
         """Runs every periodic task that is due (each once, whoever else ticks)."""

@@ -36,10 +36,14 @@ class Apps:
 @pytest.fixture
 async def apps(db_url: str, pg_server: EmbeddedPostgres) -> AsyncIterator[Apps]:
     with dict_conn(db_url) as conn:
+        conn.execute("SELECT arm.sample_status()")  # the charts' series: two samples, waits
+        conn.execute("UPDATE arm.status_sample SET sampled_at = sampled_at - interval '1 minute'")
         failed = upload(conn)
         publish(conn)
         fail_by_no_ack(conn)
         live = upload(conn)
+        conn.execute("SELECT arm.record_waits('queued', %s)", ([3] + [0] * 16,))
+        conn.execute("SELECT arm.sample_status()")
     assert pg_server.port is not None
     proxy = await TcpProxy(pg_server.port).start()
     down_url = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
@@ -61,6 +65,7 @@ F = "/api/v1/files/{file_id}"
 R = "/api/v1/files/{file_id}/retry"
 B = "/api/v1/files/retry"
 L = "/api/v1/files"
+S = "/api/v1/status/series"
 
 RECIPES: dict[tuple[str, str, str], Recipe] = {
     ("/healthcheck", "get", "200"): lambda a: a.up.get("/healthcheck"),
@@ -70,6 +75,10 @@ RECIPES: dict[tuple[str, str, str], Recipe] = {
     ("/api/v1/status", "get", "200"): lambda a: a.up.get("/api/v1/status"),
     ("/api/v1/status", "get", "401"): lambda a: a.auth.get("/api/v1/status"),
     ("/api/v1/status", "get", "503"): lambda a: a.down.get("/api/v1/status"),
+    (S, "get", "200"): lambda a: a.up.get(S),
+    (S, "get", "400"): lambda a: a.up.get(S, params={"minutes": "0"}),
+    (S, "get", "401"): lambda a: a.auth.get(S),
+    (S, "get", "503"): lambda a: a.down.get(S),
     (R, "post", "201"): lambda a: a.up.post(f"/api/v1/files/{a.failed_file}/retry"),
     (R, "post", "400"): lambda a: a.up.post("/api/v1/files/x/retry"),
     (R, "post", "401"): lambda a: a.auth.post(f"/api/v1/files/{a.failed_file}/retry"),

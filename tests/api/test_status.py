@@ -11,7 +11,7 @@ from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.metrics import METRICS
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import fast_settings, wait_for
-from tests.support.sql import ack, dict_conn, publish, upload
+from tests.support.sql import ack, dict_conn, publish, result, sample, upload
 
 pytestmark = pytest.mark.integration
 
@@ -106,3 +106,47 @@ async def test_the_status_needs_credentials_when_auth_is_on(db_url: str) -> None
         assert (await resp.json())["error"]["code"] == "UNAUTHORIZED"
         resp = await http.get("/api/v1/status", headers={"Authorization": "Bearer s3cret-token-x"})
         assert resp.status == 200
+
+
+async def test_the_series_of_the_charts_and_what_it_refuses(db_url: str) -> None:
+    """GET /api/v1/status/series: the database's samples as the page draws them, through
+    the real API as arm_api; a window outside 1–1,440 minutes is a 400 naming it."""
+    with dict_conn(db_url) as conn:
+        sample(conn, ago=90 * 60)  # outside the default hour
+        up = upload(conn)
+        sample(conn, ago=60)
+        publish(conn)
+        result(conn, up.job_id, up.file_id)
+        conn.execute("SELECT arm.record_waits('queued', %s)", ([0, 4] + [0] * 15,))
+        sample(conn)
+    async with running_api(api_settings(db_url)) as http:
+        resp = await http.get("/api/v1/status/series")
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        assert body["minutes"] == 60
+        first, second = body["points"]
+        assert (first["queued"], first["finished"], first["waits"]) == (1, None, None)
+        assert second["finished"] == {
+            "done": 1,
+            "needs_check": 0,
+            "error": 0,
+            "timeout": 0,
+            "dlq": 0,
+        }
+        assert second["waits"] == {"queued": {"n": 4, "p50": 0.03, "p99": 0.05}}  # ms precision
+        assert 59 < second["seconds"] < 70 and second["queued"] == 0
+        resp = await http.get("/api/v1/status/series", params={"minutes": "120"})
+        assert len((await resp.json())["points"]) == 3
+        for bad in ("0", "1441", "ten", "٣", "60.5", ""):
+            resp = await http.get("/api/v1/status/series", params={"minutes": bad})
+            assert resp.status == 400, bad
+            error = (await resp.json())["error"]
+            assert (error["code"], error["details"]) == (
+                "VALIDATION_ERROR",
+                {"parameter": "minutes"},
+            )
+        resp = await http.get("/api/v1/status/series?minutes=5&minutes=6")
+        assert resp.status == 400
+        resp = await http.get("/api/v1/status/series?hours=1")
+        assert resp.status == 400
+        assert (await resp.json())["error"]["details"] == {"parameter": "hours"}

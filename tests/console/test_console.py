@@ -11,7 +11,9 @@ of the README and of docs/operators.md)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import random
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.types.json import Jsonb
 
+from arm_core import metrics
 from arm_core.devtools.embedded import free_port
 from tests.support.processes import ArmProcess
 from tests.support.sql import (
@@ -31,6 +35,7 @@ from tests.support.sql import (
     jobs_of,
     publish,
     result,
+    sample,
     scalar,
     upload,
 )
@@ -53,6 +58,9 @@ try:
     from selenium.webdriver.remote.webelement import WebElement
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def SlowWait(driver: WebDriver) -> WebDriverWait[WebDriver]:
+        return WebDriverWait(driver, SERIES_WAIT, poll_frequency=0.2)
+
     HAVE_SELENIUM = True
 except ImportError:  # pragma: no cover - the skip below says what to install
     HAVE_SELENIUM = False
@@ -62,6 +70,8 @@ if not (HAVE_SELENIUM and CHROMIUM and CHROMEDRIVER):
 
 TOKEN = "console-browser-token-0123456789"
 WAIT = 20.0  # seconds: the deadline of every wait (the page polls every 2 s)
+HOUR = '#charts [data-chart="queued"] circle'  # the queued chart's dots: one per sample
+SERIES_WAIT = 40.0  # the charts ask every 10 s: a wait for a new sample gets longer
 
 
 def headless_chromium(lang: str) -> WebDriver:
@@ -85,10 +95,10 @@ def headless_chromium(lang: str) -> WebDriver:
 
 
 def screenshot(page: WebDriver, path: str) -> None:
-    """The README's picture of the page: 1500 × 680, the rows and not a blank page under
+    """The README's picture of the page: 1500 × 840, the rows and not a blank page under
     them; the window's size is given back after."""
     size = page.get_window_size()
-    page.set_window_size(1500, 680)
+    page.set_window_size(1500, 840)
     try:
         page.save_screenshot(path)
     finally:
@@ -175,6 +185,42 @@ def others(db_url: str) -> None:
             status="error",
             error=("PARSE_FAILED", "no sheet with a trial balance"),
         )
+
+
+def an_hour_of_samples(db_url: str) -> None:
+    """A busy hour for the README's pictures: 60 samples of a steady flow with a backlog
+    half an hour ago, and the bridges' waits, as the schedule and the bridges write them."""
+    rng = random.Random(7)
+    now = dt.datetime.now(dt.UTC)
+    totals = {"done": 10_000, "needs_check": 300, "error": 40, "timeout": 3, "dlq": 1}
+    buckets = len(metrics.JOB_WAIT_BUCKETS) + 1
+    with dict_conn(db_url) as conn:
+        for minute in range(60, 0, -1):
+            backlog = 34 >= minute >= 27
+            totals["done"] += rng.randint(8, 20) if backlog else rng.randint(30, 45)
+            totals["needs_check"] += rng.randint(0, 3)
+            totals["error"] += rng.randint(0, 2) if minute != 30 else 9
+            queued = rng.randint(0, 4) + (120 - 12 * abs(minute - 31) if backlog else 0)
+            at = now - dt.timedelta(minutes=minute - 1, seconds=30)  # all in the hour
+            conn.execute(
+                "INSERT INTO arm.status_sample VALUES (%s, %s, %s)",
+                (at, Jsonb({"queued": queued, **totals}), 40.0 if backlog else rng.random()),
+            )
+            for phase, usual in (("queued", 2), ("ack", 3), ("processing", 7)):
+                counts = [0] * buckets
+                for _ in range(40):
+                    counts[
+                        min(
+                            buckets - 1,
+                            usual
+                            + (4 if backlog and phase == "queued" else 0)
+                            + rng.choice((-1, 0, 0, 0, 1)),
+                        )
+                    ] += 1
+                conn.execute(
+                    "INSERT INTO arm.wait_sample VALUES (%s, %s, %s)",
+                    (at - dt.timedelta(seconds=30), phase, counts),
+                )
 
 
 def wait_for(driver: WebDriver, what: str, cond: Callable[[WebDriver], Any]) -> Any:
@@ -293,10 +339,14 @@ def test_filter_open_retry_and_see_attempt_2(serve: Callable[..., Served], page:
 def test_batch_retry_answers_each_file(serve: Callable[..., Served], page: WebDriver) -> None:
     server = serve()
     others(server.db_url)  # files in other states around them, as on a real day
+    an_hour_of_samples(server.db_url)  # and the charts of a busy hour
     one, two = failed(server.db_url, "Баланс 2026.xlsx", "Отчёт о прибылях.xlsx")
     running = live(server.db_url, "Ещё обрабатывается.xlsx")
     page.get(server.url + "/")
     wait_for(page, "six files listed", lambda d: len(rows(d)) == 6)
+    wait_for(
+        page, "the hour's 60 samples", lambda d: len(d.find_elements(By.CSS_SELECTOR, HOUR)) == 60
+    )
     for upload_ in (one, two, running):
         row(page, upload_.file_id).find_element(By.CSS_SELECTOR, "input.select").click()
     button = page.find_element(By.ID, "retry-selected")
@@ -335,6 +385,65 @@ def test_batch_retry_answers_each_file(serve: Callable[..., Served], page: WebDr
             ),
         )
         screenshot(page, shot)
+
+
+def test_the_charts_draw_the_last_hour_from_the_databases_samples(
+    serve: Callable[..., Served], page: WebDriver
+) -> None:
+    server = serve()
+    page.get(server.url + "/")
+    wait_for(
+        page,
+        "the charts' empty state",
+        lambda d: "No samples yet" in d.find_element(By.ID, "charts").text,
+    )
+    with dict_conn(server.db_url) as conn:
+        ups = [upload(conn, "XLSX", name=f"Файл {i}.xlsx") for i in range(5)]
+        sample(conn, ago=120)
+        sample(conn, ago=60)
+        publish(conn)
+        for up in ups[:3]:
+            ack(conn, up.job_id, up.file_id)
+            result(conn, up.job_id, up.file_id)
+        result(conn, ups[3].job_id, ups[3].file_id, status="error", error=("PARSE_FAILED", "x"))
+        # Ten waits between 0.5 and 1 s, as a bridge hands them over: p50 0.75, p99 0.995.
+        counts = [0] * (len(metrics.JOB_WAIT_BUCKETS) + 1)
+        counts[5] = 10
+        conn.execute("SELECT arm.record_waits('queued', %s)", (counts,))
+        sample(conn)
+
+    def caption(d: WebDriver, key: str) -> str:
+        return str(
+            d.find_element(By.CSS_SELECTOR, f'#charts [data-chart="{key}"] figcaption .value').text
+        )
+
+    def dots(d: WebDriver, key: str, series: str) -> int:
+        return len(
+            d.find_elements(By.CSS_SELECTOR, f'#charts [data-chart="{key}"] .{series} circle')
+        )
+
+    SlowWait(page).until(lambda d: dots(d, "queued", "queued") == 3, "three samples drawn")
+    assert caption(page, "finished") == "4/min"  # 3 done and 1 error in the last minute
+    bars = page.find_elements(By.CSS_SELECTOR, '#charts [data-chart="finished"] rect')
+    assert sorted((b.get_attribute("data-outcome"), b.get_attribute("data-n")) for b in bars) == [
+        ("done", "3"),
+        ("error", "1"),
+    ]
+    assert caption(page, "queued") == "0"  # all five published by the last sample
+    assert caption(page, "wait-queued") == "p50 750 ms · p99 995 ms"
+    assert (dots(page, "wait-queued", "p50"), dots(page, "wait-queued", "p99")) == (1, 1)
+    assert caption(page, "wait-ack") == "—"  # no bridge observed an ack wait
+    assert dots(page, "oldest", "oldest") == 3
+    # A dot's tooltip names its time and value; the y scale its highest value.
+    queued_scale = page.find_element(By.CSS_SELECTOR, '#charts [data-chart="queued"] text.scale')
+    assert queued_scale.text == "5"
+    # A new sample shows without a reload.
+    with dict_conn(server.db_url) as conn:
+        upload(conn, "XLSX", name="Новый.xlsx")
+        sample(conn)
+    SlowWait(page).until(lambda d: dots(d, "queued", "queued") == 4, "the fourth sample drawn")
+    assert caption(page, "queued") == "1"
+    assert caption(page, "finished") == "0/min"
 
 
 def test_status_changes_show_without_a_reload(

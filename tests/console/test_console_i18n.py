@@ -166,6 +166,7 @@ def test_a_russian_browser_gets_the_console_in_russian(
     page = ru_page
     server = serve()
     base.others(server.db_url)
+    base.an_hour_of_samples(server.db_url)  # the charts' texts too
     one, two = base.failed(server.db_url, "Баланс 2026.xlsx", "Отчёт о прибылях.xlsx")
     running = base.live(server.db_url, "Ещё обрабатывается.xlsx")
     page.get(server.url + "/")
@@ -221,6 +222,9 @@ def test_a_russian_browser_gets_the_console_in_russian(
         lambda d: (
             d.find_element(By.CSS_SELECTOR, '#status [data-job-status="queued"]').text == "queued 3"
         ),
+    )
+    base.wait_for(
+        page, "the charts", lambda d: len(d.find_elements(By.CSS_SELECTOR, base.HOUR)) == 60
     )
     assert english_left(page) == []
     shot = os.environ.get("CONSOLE_SCREENSHOT_RU")

@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from yoyo import get_backend, read_migrations
 
 from arm_core.db import query
-from arm_core.migrate import SQL_DIR, apply_functions, migrate, yoyo_url
+from arm_core.migrate import SQL_DIR, apply_functions, ensure_roles, migrate, yoyo_url
 from tests.support.sql import (
     DEAD_LETTER_UNPUBLISHABLE,
     Conn,
@@ -45,6 +45,7 @@ LATER = [
     "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
     "0008_stored_file_hot_updates",
     "0009_count_deltas_heap_only",
+    "0010_status_samples",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table
@@ -81,6 +82,7 @@ def _old_release_with_data(url: str) -> dict[str, Upload]:
     release made too); the data also holds an upload over the bounds 0002 adds."""
     assert _yoyo(url, [M1]) == [M1]
     with psycopg.connect(url, autocommit=True) as plain:
+        ensure_roles(plain)  # as migrate does first (on a fresh server there are none)
         apply_functions(plain, SQL_DIR)
     ups: dict[str, Upload] = {}
     with dict_conn(url) as conn:

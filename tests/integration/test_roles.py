@@ -77,6 +77,9 @@ CALLERS: dict[str, set[str]] = {
     "job_counts": {"arm_api", "arm_readonly"},
     "file_counts": {"arm_readonly"},
     "status_view": {"arm_api", "arm_bridge", "arm_readonly"},
+    # the console's charts
+    "record_waits": {"arm_bridge"},
+    "status_series": {"arm_api", "arm_readonly"},
 }
 # Read-only helpers called per row inside the functions: PUBLIC, no SET clause (so the SQL
 # ones inline), the caller's rights.
@@ -92,6 +95,9 @@ PUBLIC_HELPERS = {
     "is_retryable",
     "nats_message_bytes",
     "envelope_problem",
+    "wait_bucket_bounds",
+    "wait_quantile",
+    "wait_summary",
 }
 # Pinned but with the caller's rights: pg_cron's scheduling and unscheduling, which need
 # the caller's rights on schema cron (a DBA's).
@@ -107,7 +113,16 @@ PINNED = ["search_path=pg_catalog, arm, pg_temp"]
 RUNTIME_ROLES = ("arm_bridge", "arm_api", "arm_uploader", "arm_readonly")
 # The login of each runtime role (plus serve's, a member of two) and its roles.
 RUNTIME_LOGINS = (BRIDGE_LOGIN, API_LOGIN, SERVE_LOGIN, UPLOADER_LOGIN, READONLY_LOGIN)
-TABLES = ("setting", "s3_object", "stored_file", "recognition_job", "retry_audit", "periodic_task")
+TABLES = (
+    "setting",
+    "s3_object",
+    "stored_file",
+    "recognition_job",
+    "retry_audit",
+    "periodic_task",
+    "status_sample",
+    "wait_sample",
+)
 
 
 def connect(db_url: str, login: Login) -> Conn:
@@ -374,11 +389,16 @@ def test_the_bridge_role_does_everything_the_bridge_sends(db_url: str) -> None:
 
         bridge.execute(query("set_sweep_interval"), {"seconds": 7})
         with dict_conn(db_url) as admin:
-            task = admin.execute("SELECT * FROM arm.periodic_task").fetchone()
+            task = admin.execute(
+                "SELECT * FROM arm.periodic_task WHERE name = 'sweep_timeouts'"
+            ).fetchone()
             assert task is not None
             # The period changed; whether the task runs is still the DBA's.
             assert (task["run_every"].total_seconds(), task["enabled"]) == (7, False)
-            admin.execute("UPDATE arm.periodic_task SET enabled = true, next_run_at = now()")
+            admin.execute(
+                "UPDATE arm.periodic_task SET enabled = true, next_run_at = now() "
+                "WHERE name = 'sweep_timeouts'"
+            )
         ran = bridge.execute(query("run_due_tasks")).fetchall()
         assert [(r["task"], r["result"], r["error"]) for r in ran] == [
             ("sweep_timeouts", "1", None)  # the PDF
@@ -481,7 +501,9 @@ def test_a_dba_changes_the_schedule_as_the_owner_role(db_url: str) -> None:
             "SELECT arm.set_periodic_task('sweep_timeouts', 'arm.sweep_timeouts()', '11 s')"
         )
         assert scalar(dba, "SELECT arm.sweep_timeouts()") == 0
-        period = scalar(dba, "SELECT run_every FROM arm.periodic_task")
+        period = scalar(
+            dba, "SELECT run_every FROM arm.periodic_task WHERE name = 'sweep_timeouts'"
+        )
     assert period.total_seconds() == 11
 
 

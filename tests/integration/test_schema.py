@@ -70,6 +70,7 @@ MIGRATIONS = [
     "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
     "0008_stored_file_hot_updates",
     "0009_count_deltas_heap_only",
+    "0010_status_samples",
 ]
 
 

@@ -33,6 +33,7 @@ from arm_core.rows import (
     FileListFilter,
     PublishedJob,
     RetryResult,
+    SeriesPoint,
     TaskRun,
     UnackedJob,
     typed_row,
@@ -141,6 +142,8 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "outbox_oldest_queued_age": {},
     "mark_republished": {"job_ids": []},
     "run_due_tasks": {},
+    "record_waits": {"phase": "queued", "counts": [0] * 17},
+    "status_series": {"minutes": 60},
     "set_sweep_interval": {"seconds": 30},
     "set_setting": {"name": "default_max_attempts", "value": "3"},
     "retry_file": {"file_id": uuid.uuid4(), "actor": "test"},
@@ -346,7 +349,13 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
         assert len(conn.execute(DEAD_LETTER_UNPUBLISHABLE, params).fetchall()) == 1
     assert await store.outbox_oldest_queued_age() == 0.0  # nothing queued any more
 
-    assert all(isinstance(t, TaskRun) for t in await store.run_due_tasks())
+    ran = await store.run_due_tasks()  # the sweep and the charts' first sample
+    assert all(isinstance(t, TaskRun) for t in ran)
+    assert "sample_status" in {t.task for t in ran}
+    await store.record_waits({"queued": [0, 2] + [0] * 15, "ack": [1] + [0] * 16})
+    [point] = await store.status_series(60, within=5)
+    assert isinstance(point, SeriesPoint) and point.queued == 0  # nothing queued, as above
+    assert (point.seconds, point.finished, point.waits) == (None, None, None)  # the first
     await store.set_sweep_interval(7)
     await store.set_setting("default_max_attempts", "4")
     listed = await store.list_files(10, FileListFilter())

@@ -360,3 +360,14 @@ def fail_by_timeout(conn: Conn, up: Upload) -> None:
 def fail_by_no_ack(conn: Conn) -> None:
     """Dead-letters every published job at once (ack timeout 0, no republish)."""
     conn.execute(query("dead_letter_unacked"), {"ack_timeout": 0, "max_republish": 0})
+
+
+def sample(conn: Conn, ago: float = 0.0) -> None:
+    """A sample of the schedule's task (arm.sample_status()), moved `ago` seconds back:
+    samples are a minute apart, and a test moves them rather than wait."""
+    conn.execute("SELECT arm.sample_status()")
+    conn.execute(
+        "UPDATE arm.status_sample SET sampled_at = sampled_at - make_interval(secs => %s) "
+        "WHERE sampled_at = (SELECT max(sampled_at) FROM arm.status_sample)",
+        (ago,),
+    )

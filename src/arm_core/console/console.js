@@ -27,6 +27,9 @@ const state = {
   timer: null,
   generation: 0,
   fileId: null,
+  series: null, // GET /api/v1/status/series's points, as last loaded
+  seriesAt: 0, // when they were asked for (Date.now())
+  seriesError: null,
 };
 
 // --- language ---------------------------------------------------------------------
@@ -153,13 +156,18 @@ function age(seconds) {
   return t("age.dh", { d: Math.floor(s / 86400), h: Math.floor((s % 86400) / 3600) });
 }
 
+// What a status code means ("dlq: given up, …"), or null.
+function meaning(status, kind) {
+  return explain(`${kind}status.${status}`);
+}
+
 // A status code as it is ("dlq", "UPLOADED"), its meaning in the title.
 function badge(status, kind) {
   if (!status) return h("span", { class: "badge none", text: "—" });
   return h("span", {
     class: `badge ${kind} s-${status.toLowerCase()}`,
     text: status,
-    title: explain(`${kind}status.${status}`),
+    title: meaning(status, kind),
   });
 }
 
@@ -315,7 +323,7 @@ async function tick() {
   state.generation += 1;
   const generation = state.generation;
   if (document.hidden) return; // a hidden tab does not poll; visibilitychange resumes
-  const work = [loadStatus()];
+  const work = [loadStatus(), loadSeries()];
   work.push(state.fileId ? loadFile() : loadList());
   const results = await Promise.allSettled(work);
   if (state.actor === null || generation !== state.generation) return; // superseded
@@ -395,6 +403,217 @@ async function loadStatus() {
       ),
     ),
   );
+}
+
+// --- charts of the last hour (GET /api/v1/status/series) ----------------------------
+// Drawn here as SVG, no library: one sample a minute, kept by the database (its periodic
+// task sample_status); the waits are those the bridges observed (arm_job_wait_seconds).
+
+const SERIES_MS = 10000; // a sample comes once a minute: the charts ask every 10 s
+const HOUR_MS = 3600 * 1000;
+const OUTCOMES = ["done", "needs_check", "error", "timeout", "dlq"];
+const SVG_NS = "http://www.w3.org/2000/svg";
+const CHART = { w: 210, h: 60, top: 10, bottom: 2 }; // px; the y scale's label sits in `top`
+
+function svg(tag, attrs = {}, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) el.setAttribute(k, String(v));
+  for (const c of children.flat(Infinity)) if (c) el.append(c);
+  return el;
+}
+
+// A point's tooltip (the browser's own, on hover).
+function tip(text) {
+  const title = document.createElementNS(SVG_NS, "title");
+  title.textContent = text;
+  return title;
+}
+
+function secs(v) {
+  if (v === null || v === undefined) return "—";
+  if (v < 1) return t("unit.ms", { n: Math.round(v * 1000).toLocaleString(locale()) });
+  if (v < 60) return t("unit.s", { n: v.toLocaleString(locale(), { maximumFractionDigits: 1 }) });
+  return age(v);
+}
+
+function clock(iso) {
+  return new Intl.DateTimeFormat(locale(), { hour: "2-digit", minute: "2-digit", hourCycle: "h23" }).format(
+    new Date(iso),
+  );
+}
+
+function perMinute(p, outcome) {
+  return p.finished && p.seconds > 0 ? (p.finished[outcome] * 60) / p.seconds : 0;
+}
+
+async function loadSeries() {
+  if (Date.now() - state.seriesAt < SERIES_MS) return;
+  state.seriesAt = Date.now();
+  const resp = await api("/api/v1/status/series?minutes=60");
+  if (resp.status === 200 && resp.body) {
+    state.series = resp.body.points;
+    state.seriesError = null;
+  } else {
+    state.seriesError = errorText(resp);
+    state.seriesAt = 0; // ask again on the next tick
+  }
+  renderCharts();
+}
+
+// One small chart: a caption (its name, the latest figure) over an SVG of the hour, x by
+// time (gaps show as gaps), y from 0 to the hour's highest value.
+function chart(key, title, latest, yMax, yLabel, draw) {
+  const plot = svg("g", { class: "plot" }, draw);
+  return h(
+    "figure",
+    { class: "chart", "data-chart": key },
+    h(
+      "figcaption",
+      {},
+      h("span", { class: "label", text: title }),
+      h("span", { class: "value", text: latest }),
+    ),
+    svg(
+      "svg",
+      {
+        viewBox: `0 0 ${CHART.w} ${CHART.h}`,
+        width: CHART.w,
+        height: CHART.h,
+        role: "img",
+        "aria-label": `${title}: ${latest}`,
+      },
+      svg("line", { class: "axis", x1: 0, x2: CHART.w, y1: CHART.h - 0.5, y2: CHART.h - 0.5 }),
+      svg("text", { class: "scale", x: 1, y: 8 }, document.createTextNode(yLabel)),
+      plot,
+    ),
+  );
+}
+
+function xOf(iso, now) {
+  return (CHART.w * (new Date(iso).getTime() - (now - HOUR_MS))) / HOUR_MS;
+}
+
+function yOf(v, yMax) {
+  const span = CHART.h - CHART.top - CHART.bottom;
+  return CHART.h - CHART.bottom - (span * v) / (yMax || 1);
+}
+
+// Lines through the points that have a value, a dot per point (with its tooltip).
+function lines(points, now, yMax, series) {
+  return series.map(({ cls, value, label }) => {
+    const dots = points
+      .filter((p) => value(p) !== null && value(p) !== undefined)
+      .map((p) => [xOf(p.at, now), yOf(value(p), yMax), p]);
+    return svg(
+      "g",
+      { class: `series ${cls}` },
+      svg("polyline", { points: dots.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`).join(" ") }),
+      dots.map(([x, y, p]) =>
+        svg("circle", { cx: x.toFixed(1), cy: y.toFixed(1), r: 1.6, "data-at": p.at }, tip(`${clock(p.at)} ${label(p)}`)),
+      ),
+    );
+  });
+}
+
+function renderCharts() {
+  const el = $("charts");
+  if (!el) return;
+  if (state.seriesError !== null) {
+    el.replaceChildren(h("p", { class: "muted", text: t("charts.unavailable", { error: state.seriesError }) }));
+    return;
+  }
+  const points = state.series || [];
+  const now = Date.now();
+  const last = points[points.length - 1];
+  const title = h("div", { class: "charts-title" }, h("span", { class: "label", text: t("charts.title") }));
+  if (points.length < 2) {
+    el.replaceChildren(title, h("p", { class: "muted", text: t("charts.none") }));
+    return;
+  }
+
+  // Finished per minute, stacked by outcome.
+  const totals = points.map((p) => OUTCOMES.reduce((sum, o) => sum + perMinute(p, o), 0));
+  const finishedMax = Math.max(1, ...totals);
+  const bars = points
+    .filter((p) => p.finished && p.seconds > 0)
+    .map((p) => {
+      const x1 = xOf(p.at, now);
+      const width = Math.max(1.5, (CHART.w * p.seconds * 1000) / HOUR_MS - 1);
+      let base = 0;
+      const parts = OUTCOMES.filter((o) => p.finished[o] > 0).map((o) => {
+        const v = perMinute(p, o);
+        const rect = svg("rect", {
+          class: `o-${o}`,
+          "data-outcome": o,
+          "data-n": p.finished[o],
+          x: (x1 - width).toFixed(1),
+          width: width.toFixed(1),
+          y: yOf(base + v, finishedMax).toFixed(1),
+          height: (yOf(base, finishedMax) - yOf(base + v, finishedMax)).toFixed(1),
+        });
+        base += v;
+        return rect;
+      });
+      const summary = OUTCOMES.filter((o) => p.finished[o] > 0)
+        .map((o) => `${o} ${num(p.finished[o])}`)
+        .join(", ");
+      return svg("g", { class: "bar", "data-at": p.at }, parts, tip(`${clock(p.at)} ${summary || "0"}`));
+    });
+  const lastRate = last.finished ? Math.round(OUTCOMES.reduce((s, o) => s + perMinute(last, o), 0)) : null;
+  const finished = chart(
+    "finished",
+    t("charts.finished"),
+    lastRate === null ? "—" : t("charts.per_min", { n: num(lastRate) }),
+    finishedMax,
+    num(Math.round(finishedMax)),
+    bars,
+  );
+  const legend = h(
+    "div",
+    { class: "legend" },
+    OUTCOMES.map((o) => h("span", { class: `key status-code o-${o}`, title: meaning(o, "job"), text: o })),
+  );
+  finished.append(legend);
+
+  const queuedMax = Math.max(1, ...points.map((p) => p.queued));
+  const queued = chart("queued", t("charts.queued"), num(last.queued), queuedMax, num(queuedMax), [
+    lines(points, now, queuedMax, [{ cls: "queued", value: (p) => p.queued, label: (p) => num(p.queued) }]),
+  ]);
+  const ageMax = Math.max(1, ...points.map((p) => p.oldest_queued_age_seconds));
+  const oldest = chart("oldest", t("charts.oldest"), secs(last.oldest_queued_age_seconds), ageMax, secs(ageMax), [
+    lines(points, now, ageMax, [
+      { cls: "oldest", value: (p) => p.oldest_queued_age_seconds, label: (p) => secs(p.oldest_queued_age_seconds) },
+    ]),
+  ]);
+
+  const phases = [
+    ["queued", t("charts.wait.queued")],
+    ["ack", t("charts.wait.ack")],
+    ["processing", t("charts.wait.processing")],
+  ];
+  const waits = phases.map(([phase, name]) => {
+    const has = points.filter((p) => p.waits && p.waits[phase]);
+    const w = (p) => (p.waits && p.waits[phase]) || null;
+    const yMax = Math.max(0.001, ...has.map((p) => w(p).p99));
+    const newest = has[has.length - 1];
+    const latest = newest ? t("charts.p50_p99", { p50: secs(w(newest).p50), p99: secs(w(newest).p99) }) : "—";
+    const label = (p) => t("charts.p50_p99", { p50: secs(w(p).p50), p99: secs(w(p).p99) });
+    const figure = chart(`wait-${phase}`, name, latest, yMax, secs(yMax), [
+      lines(has, now, yMax, [
+        { cls: "p99", value: (p) => w(p).p99, label },
+        { cls: "p50", value: (p) => w(p).p50, label },
+      ]),
+    ]);
+    figure.append(
+      h(
+        "div",
+        { class: "legend" },
+        ["p50", "p99"].map((q) => h("span", { class: `key status-code q-${q}`, text: q })),
+      ),
+    );
+    return figure;
+  });
+  el.replaceChildren(title, h("div", { class: "chart-row" }, finished, queued, oldest, ...waits));
 }
 
 // --- the file list ----------------------------------------------------------------
@@ -642,6 +861,7 @@ async function retrySelected() {
 }
 
 function refreshViews() {
+  renderCharts();
   if (state.fileId) {
     if (state.file) renderFile();
   } else {
