@@ -134,9 +134,19 @@ async def connect(
         "closed_cb": closed,
         "lame_duck_mode_cb": lame_duck,
         **auth_options(settings),
+        **tls_options(settings),
         **overrides,
     }
     await client.connect(**options)
+
+
+def tls_options(settings: Settings) -> dict[str, Any]:
+    """nats.connect's `tls`: the one SSL context of arm_core.tls (the CA, the client
+    certificate, name verification), when NATS TLS is configured. nats-py speaks TLS
+    when the server requires it (its INFO says tls_required), which is how a TLS
+    nats-server is configured."""
+    context = settings.nats_tls_context()
+    return {"tls": context} if context is not None else {}
 
 
 # The results stream's consumer (RESULTS_STREAM). A message the inbox has not settled

@@ -87,7 +87,8 @@ async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[t
     runner = web.AppRunner(app, **protocol_options(app[SETTINGS]))
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        # HTTPS when HTTP_TLS_CERT_FILE and HTTP_TLS_KEY_FILE are given (arm_core.tls).
+        await web.TCPSite(runner, host, port, ssl_context=app[SETTINGS].https_context()).start()
         bound = runner.addresses[0]
         yield str(bound[0]), int(bound[1])
     finally:

@@ -61,8 +61,17 @@ def cmd_serve(settings: Settings) -> int:
             settings.http_port,
             extra={"action": "serve"},
         )
+    scheme = "https" if settings.http_tls_cert_file else "http"
+    if scheme == "http" and not is_loopback(settings.http_host):
+        log.warning(
+            "serving plain HTTP on %s, which other machines can reach: put a "
+            "TLS-terminating proxy in front, or set HTTP_TLS_CERT_FILE and HTTP_TLS_KEY_FILE",
+            settings.http_host,
+            extra={"action": "serve"},
+        )
     log.info(
-        "serving on http://%s:%d (NATS %s)",
+        "serving on %s://%s:%d (NATS %s)",
+        scheme,
         settings.http_host,
         settings.http_port,
         "enabled" if settings.nats_enabled else "disabled",
@@ -78,7 +87,8 @@ def cmd_bridge(settings: Settings) -> int:
     if not settings.nats_enabled:
         raise ConfigError("NATS_ENABLED: is false, so `arm-core bridge` has nothing to do")
     log.info(
-        "bridge health on http://%s:%d/healthcheck",
+        "bridge health on %s://%s:%d/healthcheck",
+        "https" if settings.http_tls_cert_file else "http",
         settings.http_host,
         settings.bridge_health_port,
         extra={"action": "bridge"},

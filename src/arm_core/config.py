@@ -19,6 +19,7 @@ import ipaddress
 import math
 import os
 import re
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,6 +31,7 @@ from psycopg.conninfo import conninfo_to_dict
 from arm_core.config_error import ConfigError
 from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair, parse_jwt, parse_seed
 from arm_core.redaction import mask_url, mask_urls_in, url_secrets
+from arm_core.tls import https_server_context, nats_client_context
 
 N = TypeVar("N", int, float)
 
@@ -242,6 +244,11 @@ def _replicas(name: str, raw: str) -> int:
     return value
 
 
+def _path(name: str, raw: str) -> str:
+    """A file's path, as given (read and checked by arm_core.tls at start)."""
+    return raw.strip()
+
+
 _POSITIVE = number(float, 0.001)
 LOG_FORMATS = ("text", "json")
 
@@ -323,6 +330,14 @@ class Settings:
     results_stream_replay_seconds: float = env_var(
         "RESULTS_STREAM_REPLAY_SECONDS", number(float, 0), 15.0
     )
+    # TLS (src/arm_core/tls.py): file paths, read and checked at start. NATS: the CA that
+    # signed the servers' certificates (the system's CAs when empty) and, for mutual TLS,
+    # this client's certificate and key. HTTPS of serve and the bridge's health port.
+    nats_tls_ca_file: str = env_var("NATS_TLS_CA_FILE", _path, "")
+    nats_tls_cert_file: str = env_var("NATS_TLS_CERT_FILE", _path, "")
+    nats_tls_key_file: str = env_var("NATS_TLS_KEY_FILE", _path, "")
+    http_tls_cert_file: str = env_var("HTTP_TLS_CERT_FILE", _path, "")
+    http_tls_key_file: str = env_var("HTTP_TLS_KEY_FILE", _path, "")
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
     @classmethod
@@ -334,7 +349,24 @@ class Settings:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
         nats_keypair(settings.nats_seed, settings.nats_jwt)
         settings.check_results_stream()
+        settings.nats_tls_context()  # every TLS file read and checked now: exit 2 if bad
+        settings.https_context()
         return settings
+
+    def nats_tls_context(self) -> ssl.SSLContext | None:
+        """The SSL context of every NATS connection (bridge/nats_client.connect): when a
+        NATS_TLS_* file is given or a URL is tls:// or wss://; None otherwise. Raises
+        ConfigError naming the variable of a file that cannot work."""
+        files = (self.nats_tls_ca_file, self.nats_tls_cert_file, self.nats_tls_key_file)
+        secure = any(urlsplit(u).scheme in ("tls", "wss") for u in self.nats_urls)
+        if not (any(files) or secure):
+            return None
+        return nats_client_context(*files)
+
+    def https_context(self) -> ssl.SSLContext | None:
+        """The server context of `serve` and the bridge's health port (HTTP_TLS_CERT_FILE,
+        HTTP_TLS_KEY_FILE); None: plain HTTP."""
+        return https_server_context(self.http_tls_cert_file, self.http_tls_key_file)
 
     def check_results_stream(self) -> None:
         """With RESULTS_STREAM set: the durable consumer is named after NATS_QUEUE_GROUP

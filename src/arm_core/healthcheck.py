@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arm_core.config import Settings
+from arm_core.tls import own_certificate_context
 
 CHECKED = ("serve", "bridge")
 UNCHECKED = ("migrate", "reference", "dev")
@@ -52,13 +53,17 @@ def health_url(settings: Settings, command: str) -> str:
     elif ":" in host:
         host = f"[{host}]"
     port = settings.http_port if command == "serve" else settings.bridge_health_port
-    return f"http://{host}:{port}/healthcheck"
+    scheme = "https" if settings.http_tls_cert_file else "http"
+    return f"{scheme}://{host}:{port}/healthcheck"
 
 
 def probe(settings: Settings, command: str) -> Probe:
     url = health_url(settings, command)
+    https = url.startswith("https:")
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as resp:
+        # Over HTTPS it trusts exactly the process's own certificate (HTTP_TLS_CERT_FILE).
+        context = own_certificate_context(settings.http_tls_cert_file) if https else None
+        with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS, context=context) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:  # 503: the database is down
         return Probe(False, f"{url}: {exc.code} {exc.read().decode(errors='replace')}")

@@ -11,10 +11,16 @@ of the README and of docs/operators.md)."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
+import json
 import os
 import random
 import shutil
+import ssl
+import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from psycopg.types.json import Jsonb
 
 from arm_core import metrics
@@ -39,6 +47,7 @@ from tests.support.sql import (
     scalar,
     upload,
 )
+from tests.support.tls import Pair, Pki, assert_no_key_material
 
 pytestmark = pytest.mark.integration
 
@@ -74,9 +83,10 @@ HOUR = '#charts [data-chart="queued"] circle'  # the queued chart's dots: one pe
 SERIES_WAIT = 40.0  # the charts ask every 10 s: a wait for a new sample gets longer
 
 
-def headless_chromium(lang: str) -> WebDriver:
+def headless_chromium(lang: str, *extra: str) -> WebDriver:
     """The system Chromium, headless, through the system chromedriver, with `lang` as the
-    browser's language (the UI's and Accept-Language: the console follows it)."""
+    browser's language (the UI's and Accept-Language: the console follows it) and `extra`
+    command-line switches."""
     options = webdriver.ChromeOptions()
     assert CHROMIUM is not None and CHROMEDRIVER is not None
     options.binary_location = CHROMIUM
@@ -87,6 +97,7 @@ def headless_chromium(lang: str) -> WebDriver:
         "--disable-gpu",
         "--window-size=1500,1000",
         f"--lang={lang}",
+        *extra,
     ):
         options.add_argument(arg)
     primary = lang.split("-", 1)[0]
@@ -544,3 +555,65 @@ def test_header_mode_shows_the_proxys_identity(
     finally:
         page.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})
         page.execute_cdp_cmd("Network.disable", {})
+
+
+def test_the_console_works_over_https(db_url: str, tmp_path: Path) -> None:
+    """`arm-core serve` with HTTP_TLS_CERT_FILE / HTTP_TLS_KEY_FILE: the page, its script
+    and every API call over HTTPS. Chromium trusts the test CA's certificate by its public
+    key (--ignore-certificate-errors-spki-list: no certificate store to install into)."""
+    pki = Pki(tmp_path / "pki")
+    site = pki.issue("console", "127.0.0.1")
+    port = free_port()
+    env = {
+        "DATABASE_URL": db_url,
+        "NATS_ENABLED": "false",
+        "HTTP_HOST": "127.0.0.1",
+        "HTTP_PORT": str(port),
+        "HTTP_TLS_CERT_FILE": str(site.cert),
+        "HTTP_TLS_KEY_FILE": str(site.key),
+    }
+    proc = ArmProcess("serve", env, tmp_path / "serve.log")
+    driver = headless_chromium("en-US", f"--ignore-certificate-errors-spki-list={spki(site)}")
+    try:
+        trusted = ssl.create_default_context(cafile=str(pki.ca_file))
+        wait_for_https(f"https://127.0.0.1:{port}/healthcheck", trusted, proc)
+        failed(db_url, "Баланс по TLS.xlsx")
+        driver.get(f"https://127.0.0.1:{port}/")
+        wait_for(driver, "the file listed over HTTPS", lambda d: len(rows(d)) == 1)
+        assert driver.execute_script("return location.protocol") == "https:"
+        rows(driver)[0].find_element(By.CSS_SELECTOR, "button.retry").click()
+        wait_for(
+            driver,
+            "the retry answered over HTTPS",
+            lambda d: answer_of(d, uuid.UUID(rows(d)[0].get_attribute("data-file-id"))) != "",
+        )
+        assert answer_of(driver, uuid.UUID(rows(driver)[0].get_attribute("data-file-id"))) == (
+            "retried: attempt 2 queued"
+        )
+    finally:
+        driver.quit()
+        assert proc.stop() == 0
+    assert_no_key_material({"serve": proc.log()}, pki)
+
+
+def spki(pair: Pair) -> str:
+    """The base64 SHA-256 of a certificate's public key, as Chromium's switch takes it."""
+    cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+    der = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
+def wait_for_https(url: str, context: ssl.SSLContext, proc: ArmProcess) -> None:
+    deadline = time.monotonic() + WAIT
+    while True:
+        assert proc.proc.poll() is None, proc.log()[-2000:]
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as resp:
+                if json.loads(resp.read()).get("status") == "ok":
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, proc.log()[-2000:]
+        time.sleep(0.1)

@@ -36,7 +36,10 @@ REGENERATE = "python -m arm_core.devtools.config_doc --write"
 # The meaning of each variable, one line of Markdown (the default comes from the field).
 MEANINGS: dict[str, str] = {
     # Settings
-    "DATABASE_URL": "`postgresql://user:pass@host:port/db` (required by every command but `dev`)",
+    "DATABASE_URL": "`postgresql://user:pass@host:port/db` (required by every command but "
+    "`dev`); over the network add `?sslmode=verify-full&sslrootcert=/path/ca.crt` (and "
+    "`sslcert`, `sslkey` where the server asks for client certificates): "
+    "[Encryption in transit](security.md#encryption-in-transit)",
     "DATABASE_POOL_TIMEOUT_SECONDS": "how long a request waits for a database connection "
     "before 503",
     "NATS_URL": "NATS server URL(s), comma-separated (every node of a cluster: "
@@ -111,6 +114,17 @@ MEANINGS: dict[str, str] = {
     "stream elects a leader it applies them again, so that what services published with "
     "core NATS while the stream had none is not lost (duplicates are ignored; "
     "[Not losing answers](not-losing-answers.md#on-a-nats-cluster)); `0`: off",
+    "NATS_TLS_CA_FILE": "PEM file of the CA(s) that signed the NATS servers' certificates "
+    "(a private CA); empty: the system's CAs. Setting any `NATS_TLS_*` (or a `tls://` URL) "
+    "makes every NATS connection verify the server's certificate and name, TLS 1.2 or later",
+    "NATS_TLS_CERT_FILE": "PEM client certificate (with its chain) for servers that verify "
+    "clients (mutual TLS); needs `NATS_TLS_KEY_FILE`",
+    "NATS_TLS_KEY_FILE": "PEM private key of `NATS_TLS_CERT_FILE`, unencrypted, in a file "
+    "only this process's user may read",
+    "HTTP_TLS_CERT_FILE": "PEM certificate (with its chain): `serve` and the bridge's health "
+    "port answer HTTPS only (TLS 1.2 or later); empty: plain HTTP, for a TLS-terminating "
+    "proxy in front",
+    "HTTP_TLS_KEY_FILE": "PEM private key of `HTTP_TLS_CERT_FILE`, unencrypted",
     # ReferenceConfig
     "REFERENCE_MODE": f"how the services answer: {' · '.join(f'`{m}`' for m in MODES)}; "
     f"{', '.join(f'`{marker}`' for marker, _ in MARKERS)} in a file's name overrides it for "

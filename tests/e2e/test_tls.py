@@ -1,0 +1,297 @@
+"""Accounting documents encrypted in transit, against real servers with certificates the
+test makes (trustme): a nats-server that requires TLS and client certificates, a
+PostgreSQL that accepts only SSL (`hostssl`) with `sslmode=verify-full`, and `serve` and
+the bridge's health port over HTTPS. Each has its negative cases, which fail closed with
+a clear error rather than hang; and no log line of any process shows key material."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from tests.support.bridge import wait_for
+from tests.support.processes import ArmProcess, log_lines
+from tests.support.sql import dict_conn, job, upload
+from tests.support.stack import Stack, listening, running_stack
+from tests.support.tls import Pair, Pki, assert_no_key_material
+
+pytestmark = pytest.mark.integration
+
+ARM_CORE = str(Path(sys.executable).with_name("arm-core"))
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki(tmp_path / "pki")
+
+
+@pytest.fixture
+def other_ca(tmp_path: Path) -> Pki:
+    return Pki(tmp_path / "other-ca", name="another CA")
+
+
+def tls_env(pki: Pki, client: Pair | None) -> dict[str, str]:
+    env = {"NATS_TLS_CA_FILE": str(pki.ca_file)}
+    if client is not None:
+        env |= {"NATS_TLS_CERT_FILE": str(client.cert), "NATS_TLS_KEY_FILE": str(client.key)}
+    return env
+
+
+def health(url: str, context: ssl.SSLContext | None = None) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=context) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def logs(stack: Stack, *more: ArmProcess) -> dict[str, str]:
+    return {str(p.log_path): p.log() for p in [*stack.procs, *more]}
+
+
+# --- NATS: TLS required, client certificates verified -------------------------------------
+
+
+@pytest.fixture
+def tls_stack(db_url: str, tmp_path: Path, pki: Pki) -> Iterator[Stack]:
+    """A nats-server that speaks only TLS and wants a client certificate of `pki`'s CA
+    (--tlsverify); its certificate names localhost alone."""
+    server = pki.issue("nats-server", "localhost")
+    args = ["--tlsverify", "--tlscert", str(server.cert), "--tlskey", str(server.key)]
+    args += ["--tlscacert", str(pki.ca_file)]
+    yield from running_stack(db_url, tmp_path, nats_args=args)
+
+
+async def test_nats_over_mutual_tls_carries_a_job_and_refuses_the_rest(
+    tls_stack: Stack, pki: Pki, other_ca: Pki
+) -> None:
+    stack = tls_stack
+    port = stack.nats.port
+    by_name = f"nats://localhost:{port}"
+    client = pki.issue("arm-core-bridge")
+    stack.bridge(NATS_URL=by_name, **tls_env(pki, client))
+    reference = stack.reference(NATS_URL=by_name, **tls_env(pki, pki.issue("tabular-parser")))
+    await listening(reference)
+    with dict_conn(stack.db_url) as conn:
+        up = upload(conn)
+    await wait_for(
+        lambda: job(dict_conn(stack.db_url), up.job_id)["status"] == "done",
+        30,
+        lambda: f"the job done over TLS: {stack.procs[0].log()[-2000:]}",
+    )
+
+    # Refused, each with the reason in its log within seconds, and /healthcheck says so.
+    refused = {
+        "no client certificate": (tls_env(pki, None), by_name, "certificate required"),
+        "a certificate of another CA": (
+            tls_env(pki, other_ca.issue("stranger")),
+            by_name,
+            "unknown ca",
+        ),
+        "the server's certificate from another CA": (
+            tls_env(other_ca, client),
+            by_name,
+            "certificate verify failed",
+        ),
+        "a name the server's certificate does not have": (
+            tls_env(pki, client),
+            f"nats://127.0.0.1:{port}",
+            "IP address mismatch",
+        ),
+        "plain nats:// with no TLS configured": ({}, by_name, "certificate verify failed"),
+    }
+    started: dict[str, tuple[ArmProcess, int]] = {}
+    for case, (env, url, _) in refused.items():
+        health_port = free_port()
+        proc = stack.start("bridge", NATS_URL=url, BRIDGE_HEALTH_PORT=health_port, **env)
+        started[case] = (proc, health_port)
+    for case, (proc, health_port) in started.items():
+        words = refused[case][2]
+        await wait_for(
+            partial(said, proc, "nats_error", words),
+            20,
+            partial(log_tail, proc, f"{case}: a nats_error naming the refusal"),
+        )
+        _, body = health(f"http://127.0.0.1:{health_port}/healthcheck")
+        assert body["status"] != "ok" and body["nats"] != "ok", (case, body)
+        assert proc.proc.poll() is None  # it goes on trying, and says why
+    assert_no_key_material(logs(stack), pki, other_ca)
+    assert "-----BEGIN" not in stack.nats.log_path.read_text()
+
+
+# --- PostgreSQL: hostssl only, verify-full ------------------------------------------------
+
+
+def ssl_only_postgres(base: Path, pki: Pki) -> EmbeddedPostgres:
+    """A PostgreSQL of its own with ssl=on, a certificate for 127.0.0.1 of `pki`'s CA, and
+    a pg_hba.conf that lets TCP clients in only over SSL (`hostssl`)."""
+    pg = EmbeddedPostgres(base_dir=base).start()
+    pg.create_database("arm")
+    pg.stop()
+    server = pki.issue("postgres", "127.0.0.1")  # not localhost: a name it does not have
+    for source, name in ((server.cert, "server.crt"), (server.key, "server.key")):
+        target = pg.data_dir / name
+        shutil.copyfile(source, target)
+        target.chmod(0o600)
+        stat = pg.data_dir.stat()
+        os.chown(target, stat.st_uid, stat.st_gid)
+    (pg.data_dir / "pg_hba.conf").write_text(
+        "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n"
+    )
+    pg.settings |= {"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"}
+    return pg.start()
+
+
+def migrate(url: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "DATABASE_"))}
+    return subprocess.run(
+        [ARM_CORE, "migrate"],
+        env={**env, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+async def test_postgresql_with_verify_full_and_a_server_that_wants_ssl(
+    tmp_path: Path, pki: Pki, other_ca: Pki
+) -> None:
+    pg = ssl_only_postgres(tmp_path / "pg", pki)
+    try:
+        base = f"postgresql://postgres@127.0.0.1:{pg.port}/arm"
+        url = f"{base}?sslmode=verify-full&sslrootcert={pki.ca_file}"
+        done = migrate(url)
+        assert done.returncode == 0, done.stderr
+        with dict_conn(url) as conn:
+            assert conn.execute(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+            ).fetchone() == {"ssl": True}
+            up = upload(conn)
+        for stack in running_stack(url, tmp_path / "stack"):
+            _, served = stack.serve(NATS_ENABLED="false")
+            status, body = health(f"{served}/healthcheck")
+            assert (status, body["db"]) == (200, "ok")
+            stack.bridge()
+            await wait_for(
+                lambda: job(dict_conn(url), up.job_id)["status"] == "published",
+                20,
+                "the bridge publishes the job it read over TLS",
+            )
+            assert_no_key_material(logs(stack), pki)
+
+        # Refused, and said so: no encryption (the server's pg_hba), another CA, another name.
+        refused = {
+            "sslmode=disable": (f"{base}?sslmode=disable", "no encryption"),
+            "another CA": (
+                f"{base}?sslmode=verify-full&sslrootcert={other_ca.ca_file}",
+                "certificate verify failed",
+            ),
+            "another name": (
+                f"postgresql://postgres@localhost:{pg.port}/arm?sslmode=verify-full"
+                f"&sslrootcert={pki.ca_file}",
+                'does not match host name "localhost"',
+            ),
+        }
+        for case, (bad, words) in refused.items():
+            done = migrate(bad)
+            assert done.returncode == 1, (case, done.stderr)
+            assert words in done.stderr, (case, done.stderr)
+            assert_no_key_material({case: done.stdout + done.stderr}, pki, other_ca)
+    finally:
+        pg.stop()
+
+
+# --- HTTPS: serve and the bridge's health port --------------------------------------------
+
+
+def test_serve_and_the_bridge_answer_over_https_only(db_url: str, tmp_path: Path, pki: Pki) -> None:
+    site = pki.issue("arm-core-site", "127.0.0.1", "localhost")
+    https_env = {"HTTP_TLS_CERT_FILE": str(site.cert), "HTTP_TLS_KEY_FILE": str(site.key)}
+    trusted = ssl.create_default_context(cafile=str(pki.ca_file))
+    for stack in running_stack(db_url, tmp_path):
+        port, bridge_port = free_port(), free_port()
+        serve = stack.start("serve", HTTP_PORT=port, **https_env)
+        bridge = stack.start("bridge", BRIDGE_HEALTH_PORT=bridge_port, **https_env)
+        for proc, p in ((serve, port), (bridge, bridge_port)):
+            until(partial(healthy_over, f"https://127.0.0.1:{p}/healthcheck", trusted), proc)
+            # Plain HTTP on the same port gets no answer; a client that does not trust the
+            # CA refuses the certificate.
+            with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+                urllib.request.urlopen(f"http://127.0.0.1:{p}/healthcheck", timeout=3).read()
+            with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+                urllib.request.urlopen(
+                    f"https://127.0.0.1:{p}/healthcheck",
+                    timeout=3,
+                    context=ssl.create_default_context(),
+                )
+            # The container's HEALTHCHECK trusts the process's own certificate.
+            env = {
+                **os.environ,
+                **stack.env(HTTP_PORT=port, BRIDGE_HEALTH_PORT=bridge_port, **https_env),
+            }
+            check = subprocess.run(
+                [ARM_CORE, "healthcheck", proc.command],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert check.returncode == 0, check.stdout + check.stderr
+            assert check.stdout.startswith(f"https://127.0.0.1:{p}/healthcheck: ")
+        assert log_lines(serve.log(), action="serve")[-1].count("serving on https://") == 1
+        assert_no_key_material(logs(stack), pki)
+
+
+def healthy_over(url: str, context: ssl.SSLContext) -> bool:
+    try:
+        return health(url, context)[0] == 200
+    except OSError:
+        return False
+
+
+def said(proc: ArmProcess, action: str, words: str) -> bool:
+    """Whether a log line of `proc` with `action` says `words`."""
+    return any(words in line for line in log_lines(proc.log(), action=action))
+
+
+def log_tail(proc: ArmProcess, what: str) -> str:
+    return f"{what}: {proc.log()[-2000:]}"
+
+
+def test_plain_http_off_loopback_is_warned_about_once(db_url: str, tmp_path: Path) -> None:
+    for stack in running_stack(db_url, tmp_path):
+        proc = stack.start(
+            "serve",
+            NATS_ENABLED="false",
+            HTTP_HOST="0.0.0.0",
+            HTTP_PORT=free_port(),
+            AUTH_MODE="token",
+            API_TOKENS="ops=a-token-of-sixteen-chars",
+        )
+        until(partial(said, proc, "serve", "serving on http://0.0.0.0"), proc)
+        warned = [line for line in proc.log().splitlines() if "TLS-terminating proxy" in line]
+        assert len(warned) == 1 and "WARNING" in warned[0].upper()
+
+
+def until(condition: Callable[[], bool], proc: ArmProcess, within: float = 20) -> None:
+    """Polls `condition` until it holds, while `proc` runs; fails after `within` s."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, proc.log()[-2000:]
+        assert proc.proc.poll() is None, proc.log()[-2000:]
+        time.sleep(0.1)
