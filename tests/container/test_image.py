@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -24,6 +26,7 @@ from tests.support.flow import DONE, Flow, applied_results
 from tests.support.processes import log_lines, runtime_env
 from tests.support.sql import dict_conn, scalar, upload
 from tests.support.stack import Stack
+from tests.support.tls import Pki, assert_no_key_material
 
 pytestmark = pytest.mark.e2e
 
@@ -237,3 +240,51 @@ async def test_the_healthcheck_follows_the_database(
         assert code == 0
     finally:
         await proxy.close()
+
+
+async def test_the_bridge_in_a_container_with_tls_files_mounted_read_only(
+    image: str, db_url: str, tmp_path: Path, containers: list[Container]
+) -> None:
+    """A deployment's TLS: the CA, the client certificate and key, and the health port's
+    certificate mounted read-only at /run/secrets (readable by the image's uid 10001
+    only); the bridge reaches a nats-server that requires client certificates, publishes
+    an upload, and the image's HEALTHCHECK asks its own HTTPS port."""
+    pki = Pki(tmp_path / "secrets")
+    server = pki.issue("nats-server", "localhost")
+    client, site = pki.issue("bridge"), pki.issue("health", "127.0.0.1")
+    for path in pki.written:
+        os.chown(path, 10001, 10001)  # as a secret store mounts them: the process's own
+    nats = EmbeddedNats(
+        log_dir=tmp_path / "nats",
+        extra_args=["--tlsverify", "--tlscert", str(server.cert), "--tlskey", str(server.key),
+                    "--tlscacert", str(pki.ca_file)],
+    ).start()  # fmt: skip
+    try:
+        secrets = "/run/secrets"
+        env = bridge_env(
+            db_url,
+            f"nats://localhost:{nats.port}",
+            NATS_TLS_CA_FILE=f"{secrets}/{pki.ca_file.name}",
+            NATS_TLS_CERT_FILE=f"{secrets}/{client.cert.name}",
+            NATS_TLS_KEY_FILE=f"{secrets}/{client.key.name}",
+            HTTP_TLS_CERT_FILE=f"{secrets}/{site.cert.name}",
+            HTTP_TLS_KEY_FILE=f"{secrets}/{site.key.name}",
+        )
+        ctr = Container(image, ["bridge"], env, flags=["-v", f"{pki.root}:{secrets}:ro"])
+        containers.append(ctr)
+        await asyncio.to_thread(ctr.start)
+        await asyncio.to_thread(ctr.wait_healthy)  # over HTTPS, NATS connected over TLS
+        write = await asyncio.to_thread(ctr.exec, "sh", "-c", f"echo x > {secrets}/x")
+        assert write.returncode != 0 and "Read-only file system" in write.stderr
+        with dict_conn(db_url) as conn:
+            up = upload(conn, "XLSX")
+            await wait_for(
+                lambda: scalar(conn, "SELECT status::text FROM arm.recognition_job WHERE id = %s",
+                               (up.job_id,)) == "published",
+                30, "the upload published through TLS from the container",
+            )  # fmt: skip
+        code, _ = await asyncio.to_thread(ctr.stop, "SIGTERM")
+        assert code == 0, ctr.logs()[-3000:]
+        assert_no_key_material({"container": ctr.logs()}, pki)
+    finally:
+        nats.stop()
