@@ -143,10 +143,13 @@ async def connect(
 def tls_options(settings: Settings) -> dict[str, Any]:
     """nats.connect's `tls`: the one SSL context of arm_core.tls (the CA, the client
     certificate, name verification), when NATS TLS is configured. nats-py speaks TLS
-    when the server requires it (its INFO says tls_required), which is how a TLS
-    nats-server is configured."""
+    when the server's first message (INFO) says it requires it — which a server with a
+    tls block does, but so could anyone in the middle not say; with
+    NATS_TLS_HANDSHAKE_FIRST the handshake comes before any byte is read or sent."""
     context = settings.nats_tls_context()
-    return {"tls": context} if context is not None else {}
+    if context is None:
+        return {}
+    return {"tls": context, "tls_handshake_first": settings.nats_tls_handshake_first}
 
 
 # The results stream's consumer (RESULTS_STREAM). A message the inbox has not settled

@@ -336,6 +336,9 @@ class Settings:
     nats_tls_ca_file: str = env_var("NATS_TLS_CA_FILE", _path, "")
     nats_tls_cert_file: str = env_var("NATS_TLS_CERT_FILE", _path, "")
     nats_tls_key_file: str = env_var("NATS_TLS_KEY_FILE", _path, "")
+    # TLS before the server's first word (nats-server's tls { handshake_first: true }):
+    # not a byte in clear, whatever answers at the address.
+    nats_tls_handshake_first: bool = env_var("NATS_TLS_HANDSHAKE_FIRST", parse_bool, False)
     http_tls_cert_file: str = env_var("HTTP_TLS_CERT_FILE", _path, "")
     http_tls_key_file: str = env_var("HTTP_TLS_KEY_FILE", _path, "")
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
@@ -358,7 +361,9 @@ class Settings:
         NATS_TLS_* file is given or a URL is tls:// or wss://; None otherwise. Raises
         ConfigError naming the variable of a file that cannot work."""
         files = (self.nats_tls_ca_file, self.nats_tls_cert_file, self.nats_tls_key_file)
-        secure = any(urlsplit(u).scheme in ("tls", "wss") for u in self.nats_urls)
+        secure = self.nats_tls_handshake_first or any(
+            urlsplit(u).scheme in ("tls", "wss") for u in self.nats_urls
+        )
         if not (any(files) or secure):
             return None
         return nats_client_context(*files)

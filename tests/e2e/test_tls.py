@@ -6,6 +6,7 @@ a clear error rather than hang; and no log line of any process shows key materia
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 
 from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.bridge import wait_for
 from tests.support.processes import ArmProcess, log_lines
@@ -33,6 +36,7 @@ from tests.support.tls import Pair, Pki, assert_no_key_material
 pytestmark = pytest.mark.integration
 
 ARM_CORE = str(Path(sys.executable).with_name("arm-core"))
+stack_of = contextlib.contextmanager(running_stack)
 
 
 @pytest.fixture
@@ -90,7 +94,7 @@ async def test_nats_over_mutual_tls_carries_a_job_and_refuses_the_rest(
     with dict_conn(stack.db_url) as conn:
         up = upload(conn)
     await wait_for(
-        lambda: job(dict_conn(stack.db_url), up.job_id)["status"] == "done",
+        partial(status_is, stack.db_url, up.job_id, "done"),
         30,
         lambda: f"the job done over TLS: {stack.procs[0].log()[-2000:]}",
     )
@@ -132,6 +136,67 @@ async def test_nats_over_mutual_tls_carries_a_job_and_refuses_the_rest(
         assert proc.proc.poll() is None  # it goes on trying, and says why
     assert_no_key_material(logs(stack), pki, other_ca)
     assert "-----BEGIN" not in stack.nats.log_path.read_text()
+
+
+async def test_tls_first_carries_a_job_and_sends_nothing_in_clear(
+    db_url: str, tmp_path: Path, pki: Pki
+) -> None:
+    """NATS_TLS_HANDSHAKE_FIRST with servers of `tls { handshake_first: true }`: the job
+    goes through; a client with it meets a server that speaks in clear (or anything
+    else at that address) with a failed handshake, having sent nothing but its
+    ClientHello; a client without it gets no answer from the server, and says so."""
+    server = pki.issue("nats-server", "localhost")
+    conf = tmp_path / "tls-first.conf"
+    conf.write_text(
+        "tls {\n"
+        f'  cert_file: "{server.cert}"\n  key_file: "{server.key}"\n'
+        f'  ca_file: "{pki.ca_file}"\n  verify: true\n  handshake_first: true\n'
+        "}\n"
+    )
+    client = tls_env(pki, pki.issue("arm-core-bridge"))
+    first = {**client, "NATS_TLS_HANDSHAKE_FIRST": "true"}
+    with stack_of(db_url, tmp_path / "first", nats_args=["-c", str(conf)]) as stack:
+        url = f"nats://localhost:{stack.nats.port}"
+        stack.bridge(NATS_URL=url, **first)
+        reference = stack.reference(
+            NATS_URL=url,
+            **tls_env(pki, pki.issue("tabular-parser")),
+            NATS_TLS_HANDSHAKE_FIRST="true",
+        )
+        await listening(reference)
+        with dict_conn(stack.db_url) as conn:
+            up = upload(conn)
+        await wait_for(
+            partial(status_is, stack.db_url, up.job_id, "done"),
+            30,
+            lambda: f"the job done over TLS-first: {stack.procs[0].log()[-2000:]}",
+        )
+        waiting = stack.start("bridge", NATS_URL=url, BRIDGE_HEALTH_PORT=free_port(), **client)
+        await wait_for(
+            partial(said, waiting, "nats_error", "Timeout"),
+            20,
+            partial(log_tail, waiting, "a client that waits for the server's INFO times out"),
+        )
+        assert_no_key_material(logs(stack), pki)
+    plain = EmbeddedNats(log_dir=tmp_path / "plain").start()  # no TLS at all
+    try:
+        with stack_of(db_url, tmp_path / "plain-stack") as stack:
+            health_port = free_port()
+            refused = stack.start(
+                "bridge",
+                NATS_URL=f"nats://localhost:{plain.port}",
+                BRIDGE_HEALTH_PORT=health_port,
+                **first,
+            )
+            await wait_for(
+                partial(said, refused, "nats_error", "SSL"),
+                20,
+                partial(log_tail, refused, "the handshake with a server in clear fails"),
+            )
+            _, body = health(f"http://127.0.0.1:{health_port}/healthcheck")
+            assert body["nats"] != "ok", body
+    finally:
+        plain.stop()
 
 
 # --- PostgreSQL: hostssl only, verify-full ------------------------------------------------
@@ -182,13 +247,13 @@ async def test_postgresql_with_verify_full_and_a_server_that_wants_ssl(
                 "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
             ).fetchone() == {"ssl": True}
             up = upload(conn)
-        for stack in running_stack(url, tmp_path / "stack"):
+        with stack_of(url, tmp_path / "stack") as stack:
             _, served = stack.serve(NATS_ENABLED="false")
             status, body = health(f"{served}/healthcheck")
             assert (status, body["db"]) == (200, "ok")
             stack.bridge()
             await wait_for(
-                lambda: job(dict_conn(url), up.job_id)["status"] == "published",
+                partial(status_is, url, up.job_id, "published"),
                 20,
                 "the bridge publishes the job it read over TLS",
             )
@@ -223,7 +288,7 @@ def test_serve_and_the_bridge_answer_over_https_only(db_url: str, tmp_path: Path
     site = pki.issue("arm-core-site", "127.0.0.1", "localhost")
     https_env = {"HTTP_TLS_CERT_FILE": str(site.cert), "HTTP_TLS_KEY_FILE": str(site.key)}
     trusted = ssl.create_default_context(cafile=str(pki.ca_file))
-    for stack in running_stack(db_url, tmp_path):
+    with stack_of(db_url, tmp_path) as stack:
         port, bridge_port = free_port(), free_port()
         serve = stack.start("serve", HTTP_PORT=port, **https_env)
         bridge = stack.start("bridge", BRIDGE_HEALTH_PORT=bridge_port, **https_env)
@@ -264,6 +329,11 @@ def healthy_over(url: str, context: ssl.SSLContext) -> bool:
         return False
 
 
+def status_is(db_url: str, job_id: uuid.UUID, status: str) -> bool:
+    with dict_conn(db_url) as conn:
+        return bool(job(conn, job_id)["status"] == status)
+
+
 def said(proc: ArmProcess, action: str, words: str) -> bool:
     """Whether a log line of `proc` with `action` says `words`."""
     return any(words in line for line in log_lines(proc.log(), action=action))
@@ -274,7 +344,7 @@ def log_tail(proc: ArmProcess, what: str) -> str:
 
 
 def test_plain_http_off_loopback_is_warned_about_once(db_url: str, tmp_path: Path) -> None:
-    for stack in running_stack(db_url, tmp_path):
+    with stack_of(db_url, tmp_path) as stack:
         proc = stack.start(
             "serve",
             NATS_ENABLED="false",

@@ -121,6 +121,10 @@ MEANINGS: dict[str, str] = {
     "clients (mutual TLS); needs `NATS_TLS_KEY_FILE`",
     "NATS_TLS_KEY_FILE": "PEM private key of `NATS_TLS_CERT_FILE`, unencrypted, in a file "
     "only this process's user may read",
+    "NATS_TLS_HANDSHAKE_FIRST": "`true`: the TLS handshake comes before the server's "
+    "first message, so nothing is ever sent in clear, whatever answers at the address (the "
+    "servers need `tls { handshake_first: true }`, nats-server 2.10.4 or later). `false`: "
+    "TLS when the server announces it requires TLS, as every server with a `tls` block does",
     "HTTP_TLS_CERT_FILE": "PEM certificate (with its chain): `serve` and the bridge's health "
     "port answer HTTPS only (TLS 1.2 or later); empty: plain HTTP, for a TLS-terminating "
     "proxy in front",
