@@ -1323,6 +1323,20 @@ ALTER FUNCTION arm.record_waits(p_phase text, p_counts bigint[]) OWNER TO arm_ow
 --
 
 CREATE FUNCTION arm.retry_file(p_file_id uuid, p_actor text) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT * FROM arm.retry_file_v2(p_file_id, p_actor, NULL)
+$$;
+
+
+ALTER FUNCTION arm.retry_file(p_file_id uuid, p_actor text) OWNER TO arm_owner;
+
+--
+-- Name: retry_file_v2(uuid, text, uuid); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.retry_file_v2(p_file_id uuid, p_actor text, p_expected_job_id uuid) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
@@ -1346,6 +1360,12 @@ BEGIN
     END IF;
 
     SELECT * INTO j FROM arm.recognition_job WHERE id = f.current_recognition_job_id;
+    IF p_expected_job_id IS NOT NULL
+       AND p_expected_job_id IS DISTINCT FROM f.current_recognition_job_id THEN
+        RETURN QUERY SELECT f.id, 'not_retryable', 'attempt_changed',
+            NULL::uuid, NULL::integer, j.id, j.status, j.attempt, j.max_attempts;
+        RETURN;
+    END IF;
     IF NOT FOUND THEN
         RETURN QUERY SELECT f.id, 'not_retryable', 'no_job',
             NULL::uuid, NULL::integer, NULL::uuid, NULL::arm.job_status, NULL::integer,
@@ -1381,30 +1401,49 @@ END;
 $$;
 
 
-ALTER FUNCTION arm.retry_file(p_file_id uuid, p_actor text) OWNER TO arm_owner;
+ALTER FUNCTION arm.retry_file_v2(p_file_id uuid, p_actor text, p_expected_job_id uuid) OWNER TO arm_owner;
 
 --
 -- Name: retry_files(uuid[], text); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
 CREATE FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT * FROM arm.retry_files_v2(p_file_ids, p_actor, NULL)
+$$;
+
+
+ALTER FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) OWNER TO arm_owner;
+
+--
+-- Name: retry_files_v2(uuid[], text, uuid[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
     v_id uuid;
+    v_expected uuid;
 BEGIN
-    FOR v_id IN
-        SELECT DISTINCT u.id FROM unnest(p_file_ids) AS u(id) WHERE u.id IS NOT NULL ORDER BY u.id
+    FOR v_id, v_expected IN
+        SELECT DISTINCT ON (u.id) u.id, u.expected
+        FROM unnest(p_file_ids, coalesce(p_expected_job_ids, '{}'::uuid[]))
+             WITH ORDINALITY AS u(id, expected, n)
+        WHERE u.id IS NOT NULL
+        ORDER BY u.id, u.n
     LOOP
-        RETURN QUERY SELECT * FROM arm.retry_file(v_id, p_actor);
+        RETURN QUERY SELECT * FROM arm.retry_file_v2(v_id, p_actor, v_expected);
     END LOOP;
 END;
 $$;
 
 
-ALTER FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) OWNER TO arm_owner;
+ALTER FUNCTION arm.retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]) OWNER TO arm_owner;
 
 --
 -- Name: run_due_tasks(); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -2848,11 +2887,27 @@ GRANT ALL ON FUNCTION arm.retry_file(p_file_id uuid, p_actor text) TO arm_api;
 
 
 --
+-- Name: FUNCTION retry_file_v2(p_file_id uuid, p_actor text, p_expected_job_id uuid); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.retry_file_v2(p_file_id uuid, p_actor text, p_expected_job_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.retry_file_v2(p_file_id uuid, p_actor text, p_expected_job_id uuid) TO arm_api;
+
+
+--
 -- Name: FUNCTION retry_files(p_file_ids uuid[], p_actor text); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
 REVOKE ALL ON FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) TO arm_api;
+
+
+--
+-- Name: FUNCTION retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]) TO arm_api;
 
 
 --

@@ -29,6 +29,8 @@ _WHY = {
     RetryReason.NOT_FAILED: "its current job has not failed (it is live or succeeded)",
     RetryReason.ATTEMPTS_EXHAUSTED: "its current job failed on the last allowed attempt",
     RetryReason.NO_JOB: "it has no recognition job",
+    RetryReason.ATTEMPT_CHANGED: "its current job is no longer the one named (another "
+    "retry came first); look at the file again",
 }
 
 
@@ -50,14 +52,42 @@ def _not_retryable_details(row: RetryResult) -> dict[str, Any]:
     }
 
 
+def _job_id(raw: object, where: str) -> uuid.UUID:
+    try:
+        if not isinstance(raw, str):
+            raise ValueError
+        return uuid.UUID(raw)
+    except ValueError:
+        raise ApiError(400, "VALIDATION_ERROR", f"{where}: not a job id (a uuid)") from None
+
+
+def _expected_job(request: web.Request, body: object) -> uuid.UUID | None:
+    """The job the caller saw as the file's current one: {"job_id": …} in the body or
+    `If-Match: "<job_id>"` (seed 000: a retry names the failed attempt it retries).
+    Neither: whichever job is current (documented)."""
+    from_body: uuid.UUID | None = None
+    if body is not NO_BODY and body != {}:
+        if not isinstance(body, dict) or set(body) - {"job_id"}:
+            raise ApiError(400, "VALIDATION_ERROR", 'the body takes one field: "job_id"')
+        from_body = _job_id(body.get("job_id"), "job_id")
+    header = request.headers.get("If-Match", "").strip()
+    from_header = None
+    if header:  # an empty If-Match names nothing
+        from_header = _job_id(header.strip().removeprefix("W/").strip('"'), "If-Match")
+    if from_body and from_header and from_body != from_header:
+        raise ApiError(400, "VALIDATION_ERROR", "job_id and If-Match name different jobs")
+    return from_body or from_header
+
+
 async def retry_file(request: web.Request) -> web.Response:
-    """POST /api/v1/files/{file_id}/retry → 201 new job | 409 | 404 | 400."""
+    """POST /api/v1/files/{file_id}/retry [{"job_id": …} | If-Match] → 201 new job | 409
+    | 404 | 400."""
     file_id = _file_id(request)
-    if request.can_read_body:  # no fields: an empty body or {}
+    body: object = NO_BODY
+    if request.can_read_body:  # an empty body, {} or {"job_id": …}
         body = await _json_body(request, required=False)
-        if body is not NO_BODY and body != {}:
-            raise ApiError(400, "VALIDATION_ERROR", "this request takes no body fields")
-    row = await request.app[STORE].retry_file(file_id, request[ACTOR])
+    expected = _expected_job(request, body)
+    row = await request.app[STORE].retry_file(file_id, request[ACTOR], expected)
     metrics.RETRIES.labels(outcome=row.outcome.value).inc()
     if row.outcome is RetryOutcome.NOT_FOUND:
         raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
@@ -86,10 +116,16 @@ async def retry_files(request: web.Request) -> web.Response:
     body = await _json_body(request, required=True)
     if not isinstance(body, dict):
         raise ApiError(400, "VALIDATION_ERROR", "the body must be a JSON object")
-    unknown = sorted(set(body) - {"file_ids"})
+    unknown = sorted(set(body) - {"file_ids", "files"})
     if unknown:
         raise ApiError(400, "VALIDATION_ERROR", f"unknown fields: {', '.join(unknown)[:200]}")
-    raw_ids = body.get("file_ids")
+    if ("file_ids" in body) == ("files" in body):
+        raise ApiError(400, "VALIDATION_ERROR", 'give either "file_ids" or "files"')
+    expected: list[uuid.UUID | None] | None = None
+    if "files" in body:
+        raw_ids, expected = _named_files(body["files"])
+    else:
+        raw_ids = body["file_ids"]
     if not isinstance(raw_ids, list):
         raise ApiError(400, "VALIDATION_ERROR", "file_ids must be a list of uuids")
     limit = request.app[SETTINGS].retry_batch_max
@@ -114,11 +150,33 @@ async def retry_files(request: web.Request) -> web.Response:
             {"invalid_indexes": bad[:50]},
         )
     distinct = list(dict.fromkeys(ids))  # request order, duplicates once
-    rows = await request.app[STORE].retry_files(distinct, request[ACTOR])
+    rows = await request.app[STORE].retry_files(ids, request[ACTOR], expected)
     for row in rows:
         metrics.RETRIES.labels(outcome=row.outcome.value).inc()
     by_id = {row.file_id: row for row in rows}
     return web.json_response({"results": [_batch_entry(by_id[f]) for f in distinct]})
+
+
+def _named_files(raw: object) -> tuple[list[object], list[uuid.UUID | None]]:
+    """The "files" of a batch: [{"file_id": …, "job_id": … | null}] — each file with the
+    job the caller saw as its current one (null or absent: whichever is current). Gives
+    the raw file ids (checked as file_ids are) and the expected jobs."""
+    if not isinstance(raw, list):
+        raise ApiError(400, "VALIDATION_ERROR", 'files must be a list of {"file_id", "job_id"}')
+    ids: list[object] = []
+    expected: list[uuid.UUID | None] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or "file_id" not in item or set(item) - {"file_id", "job_id"}:
+            raise ApiError(
+                400,
+                "VALIDATION_ERROR",
+                f'files[{i}]: expected {{"file_id": …, "job_id": …}}',
+                {"invalid_indexes": [i]},
+            )
+        ids.append(item["file_id"])
+        job = item.get("job_id")
+        expected.append(None if job is None else _job_id(job, f"files[{i}].job_id"))
+    return ids, expected
 
 
 def _batch_entry(row: RetryResult) -> dict[str, Any]:

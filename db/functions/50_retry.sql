@@ -16,9 +16,18 @@
 --                       succeeded (done, needs_check)
 --   attempts_exhausted  the current job failed but attempt = max_attempts
 --   no_job              the file has no recognition job yet
+--   attempt_changed     the caller named the job it saw (p_expected_job_id) and the
+--                       file's current job is another one now: a second click, or a
+--                       second operator, after the first retry's attempt already failed
+--                       (seed 000: two requests against the same failed attempt never
+--                       create two new jobs). The current job is in previous_*.
 
--- Retries one file on behalf of p_actor. Same guarantees as the HTTP API.
-CREATE OR REPLACE FUNCTION arm.retry_file(p_file_id uuid, p_actor text)
+-- Retries one file on behalf of p_actor, when its current job is still p_expected_job_id
+-- (the attempt the caller saw; NULL: whichever it is now). Same guarantees as the HTTP
+-- API, which always names the job when the caller does.
+CREATE OR REPLACE FUNCTION arm.retry_file_v2(
+    p_file_id uuid, p_actor text, p_expected_job_id uuid
+)
 RETURNS TABLE (
     file_id uuid,
     outcome text,
@@ -54,6 +63,12 @@ BEGIN
     END IF;
 
     SELECT * INTO j FROM arm.recognition_job WHERE id = f.current_recognition_job_id;
+    IF p_expected_job_id IS NOT NULL
+       AND p_expected_job_id IS DISTINCT FROM f.current_recognition_job_id THEN
+        RETURN QUERY SELECT f.id, 'not_retryable', 'attempt_changed',
+            NULL::uuid, NULL::integer, j.id, j.status, j.attempt, j.max_attempts;
+        RETURN;
+    END IF;
     IF NOT FOUND THEN
         RETURN QUERY SELECT f.id, 'not_retryable', 'no_job',
             NULL::uuid, NULL::integer, NULL::uuid, NULL::arm.job_status, NULL::integer,
@@ -88,10 +103,35 @@ BEGIN
 END;
 $$;
 
+-- Retries one file whatever its current job is: retry_file_v2 without an expectation
+-- (the previous release's API calls it; a DBA may).
+CREATE OR REPLACE FUNCTION arm.retry_file(p_file_id uuid, p_actor text)
+RETURNS TABLE (
+    file_id uuid,
+    outcome text,
+    reason text,
+    job_id uuid,
+    attempt integer,
+    previous_job_id uuid,
+    previous_status arm.job_status,
+    previous_attempt integer,
+    max_attempts integer
+)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+    SELECT * FROM arm.retry_file_v2(p_file_id, p_actor, NULL)
+$$;
+
 -- Retries many files in one transaction, one result row per distinct file id (NULLs
--- ignored). A file that cannot be retried is reported, the rest go on. Files are locked
--- in id order, so concurrent batches with overlapping files cannot deadlock.
-CREATE OR REPLACE FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text)
+-- ignored); p_expected_job_ids[i] is the job the caller saw for p_file_ids[i] (NULL, or
+-- a shorter or NULL array: whichever; a file named twice keeps its first). A file that
+-- cannot be retried is reported, the rest go on. Files are locked in id order, so
+-- concurrent batches with overlapping files cannot deadlock.
+CREATE OR REPLACE FUNCTION arm.retry_files_v2(
+    p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]
+)
 RETURNS TABLE (
     file_id uuid,
     outcome text,
@@ -110,11 +150,36 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_id uuid;
+    v_expected uuid;
 BEGIN
-    FOR v_id IN
-        SELECT DISTINCT u.id FROM unnest(p_file_ids) AS u(id) WHERE u.id IS NOT NULL ORDER BY u.id
+    FOR v_id, v_expected IN
+        SELECT DISTINCT ON (u.id) u.id, u.expected
+        FROM unnest(p_file_ids, coalesce(p_expected_job_ids, '{}'::uuid[]))
+             WITH ORDINALITY AS u(id, expected, n)
+        WHERE u.id IS NOT NULL
+        ORDER BY u.id, u.n
     LOOP
-        RETURN QUERY SELECT * FROM arm.retry_file(v_id, p_actor);
+        RETURN QUERY SELECT * FROM arm.retry_file_v2(v_id, p_actor, v_expected);
     END LOOP;
 END;
+$$;
+
+-- retry_files_v2 without expectations (the previous release's API).
+CREATE OR REPLACE FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text)
+RETURNS TABLE (
+    file_id uuid,
+    outcome text,
+    reason text,
+    job_id uuid,
+    attempt integer,
+    previous_job_id uuid,
+    previous_status arm.job_status,
+    previous_attempt integer,
+    max_attempts integer
+)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+    SELECT * FROM arm.retry_files_v2(p_file_ids, p_actor, NULL)
 $$;

@@ -95,6 +95,7 @@ class RetryReason(StrEnum):
     NO_JOB = "no_job"
     NOT_FAILED = "not_failed"
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    ATTEMPT_CHANGED = "attempt_changed"
 
 
 # The database enum each Python enum mirrors.

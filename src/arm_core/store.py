@@ -268,15 +268,25 @@ class Store:
         """Writes one of arm.setting's values."""
         await self._pooled_scalar("set_setting", {"name": name, "value": value})
 
-    async def retry_file(self, file_id: uuid.UUID, actor: str) -> RetryResult:
-        """A new attempt of a failed file on behalf of `actor`, or why not."""
-        params = {"file_id": file_id, "actor": actor}
+    async def retry_file(
+        self, file_id: uuid.UUID, actor: str, expected_job_id: uuid.UUID | None = None
+    ) -> RetryResult:
+        """A new attempt of a failed file on behalf of `actor` — when its current job is
+        still `expected_job_id` (None: whichever) — or why not."""
+        params = {"file_id": file_id, "actor": actor, "expected_job_id": expected_job_id}
         [row] = await self._pooled_rows("retry_file", RetryResult, params)
         return row
 
-    async def retry_files(self, file_ids: Sequence[uuid.UUID], actor: str) -> list[RetryResult]:
-        """retry_file for many files in one transaction: one result per distinct file."""
-        params = {"file_ids": list(file_ids), "actor": actor}
+    async def retry_files(
+        self,
+        file_ids: Sequence[uuid.UUID],
+        actor: str,
+        expected_job_ids: Sequence[uuid.UUID | None] | None = None,
+    ) -> list[RetryResult]:
+        """retry_file for many files in one transaction: one result per distinct file;
+        expected_job_ids[i], when given, is the job the caller saw for file_ids[i]."""
+        expected = list(expected_job_ids) if expected_job_ids is not None else None
+        params = {"file_ids": list(file_ids), "actor": actor, "expected_job_ids": expected}
         return await self._pooled_rows("retry_files", RetryResult, params)
 
     async def get_file(self, file_id: uuid.UUID) -> JsonObject | None:

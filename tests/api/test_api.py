@@ -96,6 +96,68 @@ async def test_not_retryable_says_why(http: TestClient, db_url: str) -> None:
     assert (await http.post(f"/api/v1/files/{up.file_id}/retry")).status == 201
 
 
+async def test_seed_000_a_late_second_click_names_attempt_1_and_is_refused(
+    http: TestClient, db_url: str
+) -> None:
+    """Seed 000 through HTTP: two operators on the same page (attempt 1 failed); the
+    first click creates attempt 2, which fails at once; the second click names attempt 1
+    (body or If-Match) and gets 409 attempt_changed — no attempt 3."""
+    [up] = failed(db_url)
+    first = await http.post(f"/api/v1/files/{up.file_id}/retry", json={"job_id": str(up.job_id)})
+    assert first.status == 201, await first.text()
+    attempt_2 = (await first.json())["job_id"]
+    with dict_conn(db_url) as conn:
+        publish(conn)
+        fail_by_no_ack(conn)  # attempt 2 fails fast
+    hows: list[dict[str, Any]] = [
+        {"json": {"job_id": str(up.job_id)}},
+        {"headers": {"If-Match": f'"{up.job_id}"'}},
+    ]
+    for how in hows:
+        err = await error_of(
+            await http.post(f"/api/v1/files/{up.file_id}/retry", **how), 409, "FILE_NOT_RETRYABLE"
+        )
+        assert err["details"]["reason"] == "attempt_changed"
+        assert err["details"]["current_job_id"] == attempt_2
+        assert (err["details"]["current_status"], err["details"]["current_attempt"]) == ("dlq", 2)
+        assert "look at the file again" in err["message"]
+    with dict_conn(db_url) as conn:
+        assert [j["attempt"] for j in jobs_of(conn, up.file_id)] == [1, 2]
+    # The batch names them too; naming attempt 2 retries it.
+    resp = await http.post(
+        "/api/v1/files/retry",
+        json={"files": [{"file_id": str(up.file_id), "job_id": str(up.job_id)}]},
+    )
+    [entry] = (await resp.json())["results"]
+    assert (entry["outcome"], entry["details"]["reason"]) == ("skipped", "attempt_changed")
+    resp = await http.post(
+        f"/api/v1/files/{up.file_id}/retry", headers={"If-Match": f'"{attempt_2}"'}
+    )
+    assert resp.status == 201 and (await resp.json())["attempt"] == 3
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {"json": {"job_id": "not-a-uuid"}},
+        {"json": {"job_id": 5}},
+        {"json": {"force": True}},
+        {"json": ["x"]},
+        {"headers": {"If-Match": "*"}},
+        {"json": {"job_id": str(uuid.uuid4())}, "headers": {"If-Match": str(uuid.uuid4())}},
+    ],
+)
+async def test_a_retry_that_names_no_job_clearly_is_a_400(
+    http: TestClient, db_url: str, how: dict[str, Any]
+) -> None:
+    [up] = failed(db_url)
+    await error_of(
+        await http.post(f"/api/v1/files/{up.file_id}/retry", **how), 400, "VALIDATION_ERROR"
+    )
+    with dict_conn(db_url) as conn:
+        assert len(jobs_of(conn, up.file_id)) == 1  # nothing retried
+
+
 async def test_unknown_and_malformed_file_ids(http: TestClient) -> None:
     await error_of(await http.post(f"/api/v1/files/{uuid.uuid4()}/retry"), 404, "FILE_NOT_FOUND")
     await error_of(await http.post("/api/v1/files/not-a-uuid/retry"), 400, "INVALID_FILE_ID")
@@ -192,6 +254,21 @@ async def test_batch_mix_of_retryable_not_retryable_unknown_and_duplicates(
         (b'{"file_ids": []}', 400, "VALIDATION_ERROR"),
         (b'{"file_ids": null}', 400, "VALIDATION_ERROR"),
         (b'{"file_ids": [], "force": true}', 400, "VALIDATION_ERROR"),
+        (
+            b'{"file_ids": ["%s"], "job_ids": []}' % str(uuid.uuid4()).encode(),
+            400,
+            "VALIDATION_ERROR",
+        ),
+        (
+            b'{"file_ids": ["%s"], "job_ids": ["x"]}' % str(uuid.uuid4()).encode(),
+            400,
+            "VALIDATION_ERROR",
+        ),
+        (
+            b'{"file_ids": ["%s"], "job_ids": 7}' % str(uuid.uuid4()).encode(),
+            400,
+            "VALIDATION_ERROR",
+        ),
         (b"\xff\xfe\x00", 400, "INVALID_JSON"),
     ],
 )

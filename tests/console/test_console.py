@@ -617,3 +617,52 @@ def wait_for_https(url: str, context: ssl.SSLContext, proc: ArmProcess) -> None:
             pass
         assert time.monotonic() < deadline, proc.log()[-2000:]
         time.sleep(0.1)
+
+
+RECORD_POSTS = """
+window.__posts = [];
+const real = window.fetch;
+window.fetch = (url, options = {}) => {
+  if (options.method === "POST") window.__posts.push([String(url), options.body]);
+  return real(url, options);
+};
+"""
+
+
+def test_a_retry_names_the_attempt_the_page_shows(
+    serve: Callable[..., Served], page: WebDriver
+) -> None:
+    """Seed 000: the console always says which attempt it retries (the job it shows as
+    the file's current one), single and batch, so a late second click after that
+    attempt's retry already failed is refused, not a third attempt."""
+    server = serve()
+    one, two = failed(server.db_url, "Баланс 1.xlsx", "Баланс 2.xlsx")
+    page.get(server.url + "/")
+    wait_for(page, "two files listed", lambda d: len(rows(d)) == 2)
+    page.execute_script(RECORD_POSTS)
+    row(page, one.file_id).find_element(By.CSS_SELECTOR, "button.retry").click()
+    wait_for(page, "the answer", lambda d: answer_of(d, one.file_id) == "retried: attempt 2 queued")
+    row(page, two.file_id).find_element(By.CSS_SELECTOR, "input.select").click()
+    page.find_element(By.ID, "retry-selected").click()
+    wait_for(page, "the batch answer", lambda d: answer_of(d, two.file_id) != "")
+    posts = [(url, json.loads(body)) for url, body in page.execute_script("return window.__posts")]
+    assert posts == [
+        (f"/api/v1/files/{one.file_id}/retry", {"job_id": str(one.job_id)}),
+        (
+            "/api/v1/files/retry",
+            {"files": [{"file_id": str(two.file_id), "job_id": str(two.job_id)}]},
+        ),
+    ]
+    # The answer to a click on an attempt that moved on meanwhile, in words.
+    with dict_conn(server.db_url) as conn:
+        publish(conn)
+        fail_by_no_ack(conn)  # both second attempts fail at once
+    stale = page.execute_script(
+        "return fetch(arguments[0], {method: 'POST', headers: {'Content-Type': 'application/json'},"
+        " body: JSON.stringify({job_id: arguments[1]})}).then((r) => r.status)",
+        f"/api/v1/files/{one.file_id}/retry",
+        str(one.job_id),
+    )
+    assert stale == 409
+    with dict_conn(server.db_url) as conn:
+        assert [j["attempt"] for j in jobs_of(conn, one.file_id)] == [1, 2]

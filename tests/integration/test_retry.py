@@ -245,7 +245,11 @@ def test_retry_files_reports_each_file_once_and_goes_on(conn: Conn) -> None:
     failed, live, missing = failed_upload(conn), upload(conn), uuid.uuid4()
     rows = conn.execute(
         query("retry_files"),
-        {"file_ids": [live.file_id, failed.file_id, missing, failed.file_id, None], "actor": "ops"},
+        {
+            "file_ids": [live.file_id, failed.file_id, missing, failed.file_id, None],
+            "actor": "ops",
+            "expected_job_ids": None,
+        },
     ).fetchall()
     by_file = {r["file_id"]: r for r in rows}
     assert len(rows) == 3
@@ -257,6 +261,87 @@ def test_retry_files_reports_each_file_once_and_goes_on(conn: Conn) -> None:
     )
     assert by_file[missing]["outcome"] == "not_found"
     assert [j["attempt"] for j in jobs_of(conn, failed.file_id)] == [1, 2]
+
+
+# --- seed 000: "two requests against the same failed attempt MUST NOT create two new
+# jobs", also when the first request's attempt has already failed ----------------------
+
+
+def fail_fast(conn: Conn) -> None:
+    """The new attempt fails within a second: published, never acked, dead-lettered."""
+    publish(conn)
+    fail_by_no_ack(conn)
+
+
+def test_seed_000_a_second_click_after_attempt_2_failed_fast_makes_no_attempt_3(
+    conn: Conn,
+) -> None:
+    up = failed_upload(conn)
+    first = retry(conn, up.file_id, "ivanova", expected_job_id=up.job_id)
+    assert (first["outcome"], first["attempt"]) == ("retried", 2)
+    fail_fast(conn)  # attempt 2 is dlq before the second click
+    second = retry(conn, up.file_id, "petrov", expected_job_id=up.job_id)  # the same page
+    assert (second["outcome"], second["reason"]) == ("not_retryable", "attempt_changed")
+    assert (second["previous_job_id"], second["previous_status"], second["previous_attempt"]) == (
+        first["job_id"],
+        "dlq",
+        2,
+    )
+    assert [j["attempt"] for j in jobs_of(conn, up.file_id)] == [1, 2]
+    # Naming attempt 2, the one it now shows, retries it; naming none is today's behaviour.
+    third = retry(conn, up.file_id, "petrov", expected_job_id=first["job_id"])
+    assert (third["outcome"], third["attempt"]) == ("retried", 3)
+
+
+def test_without_the_attempt_a_late_click_retries_whatever_failed_last(conn: Conn) -> None:
+    """Documented: a caller that names no job gets the current one retried."""
+    up = failed_upload(conn)
+    assert retry(conn, up.file_id)["attempt"] == 2
+    fail_fast(conn)
+    assert retry(conn, up.file_id)["attempt"] == 3
+
+
+def test_two_clicks_on_the_same_attempt_at_once_make_one_job(db_url: str) -> None:
+    """Real connections: both name attempt 1; one retries, the other waits for the
+    file's row and finds attempt 2 there — live or already failed, it is refused."""
+    with dict_conn(db_url) as conn:
+        up = failed_upload(conn)
+    barrier = threading.Barrier(2)
+
+    def click(actor: str) -> dict[str, Any]:
+        with dict_conn(db_url) as c:
+            barrier.wait()
+            return retry(c, up.file_id, actor, expected_job_id=up.job_id)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(click, ["ivanova", "petrov"]))
+    assert sorted(a["outcome"] for a in answers) == ["not_retryable", "retried"]
+    refused = next(a for a in answers if a["outcome"] == "not_retryable")
+    assert refused["reason"] == "attempt_changed"
+    with dict_conn(db_url) as conn:
+        assert [j["attempt"] for j in jobs_of(conn, up.file_id)] == [1, 2]
+
+
+def test_a_batch_names_the_attempt_of_each_file(conn: Conn) -> None:
+    moved, same = failed_upload(conn), failed_upload(conn)
+    old = moved.job_id
+    retry(conn, moved.file_id, expected_job_id=old)
+    fail_fast(conn)
+    rows = conn.execute(
+        query("retry_files"),
+        {
+            "file_ids": [moved.file_id, same.file_id, moved.file_id],
+            "actor": "ops",
+            "expected_job_ids": [old, same.job_id, None],  # a file named twice: its first
+        },
+    ).fetchall()
+    by_file = {r["file_id"]: r for r in rows}
+    assert (by_file[moved.file_id]["outcome"], by_file[moved.file_id]["reason"]) == (
+        "not_retryable",
+        "attempt_changed",
+    )
+    assert (by_file[same.file_id]["outcome"], by_file[same.file_id]["attempt"]) == ("retried", 2)
+    assert [j["attempt"] for j in jobs_of(conn, moved.file_id)] == [1, 2]
 
 
 # --- concurrency (R-RT-3, S-RT-4): real connections racing -------------------------
@@ -271,8 +356,12 @@ def _race(db_url: str, calls: list[tuple[str, object]]) -> list[list[dict]]:
         with dict_conn(db_url) as c:
             barrier.wait()
             if kind == "one":
-                return c.execute(query("retry_file"), {"file_id": arg, "actor": "x"}).fetchall()
-            return c.execute(query("retry_files"), {"file_ids": arg, "actor": "x"}).fetchall()
+                return c.execute(
+                    query("retry_file"), {"file_id": arg, "actor": "x", "expected_job_id": None}
+                ).fetchall()
+            return c.execute(
+                query("retry_files"), {"file_ids": arg, "actor": "x", "expected_job_ids": None}
+            ).fetchall()
 
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
         return list(pool.map(run, calls))
@@ -343,7 +432,9 @@ async def race_behind_the_file(db_url: str, file_id: uuid.UUID, calls: list[Call
 
 def retrying(file_id: uuid.UUID) -> Callable[[Session], Coroutine[Any, Any, dict[str, Any]]]:
     async def call(session: Session) -> dict[str, Any]:
-        cur = await session.execute(query("retry_file"), {"file_id": file_id, "actor": "ops"})
+        cur = await session.execute(
+            query("retry_file"), {"file_id": file_id, "actor": "ops", "expected_job_id": None}
+        )
         row = await cur.fetchone()
         assert row is not None
         return row

@@ -70,6 +70,8 @@ CALLERS: dict[str, set[str]] = {
     "set_sweep_interval": {"arm_bridge"},
     "retry_file": {"arm_api"},
     "retry_files": {"arm_api"},
+    "retry_file_v2": {"arm_api"},
+    "retry_files_v2": {"arm_api"},
     "get_file": {"arm_api", "arm_readonly"},
     "list_files": {"arm_api", "arm_readonly"},
     # metrics and the status view
@@ -428,10 +430,14 @@ def test_the_api_role_retries_reads_and_checks_health(db_url: str) -> None:
         fail_by_timeout(admin, failed)
         other = upload(admin)
     with connect(db_url, API_LOGIN) as api:
-        [row] = api.execute(query("retry_file"), {"file_id": failed.file_id, "actor": "ops"})
+        [row] = api.execute(
+            query("retry_file"),
+            {"file_id": failed.file_id, "actor": "ops", "expected_job_id": None},
+        )
         assert row["outcome"] == "retried"
         rows = api.execute(
-            query("retry_files"), {"file_ids": [failed.file_id, other.file_id], "actor": "ops"}
+            query("retry_files"),
+            {"file_ids": [failed.file_id, other.file_id], "actor": "ops", "expected_job_ids": None},
         ).fetchall()
         assert {r["outcome"] for r in rows} == {"not_retryable"}
         document = api.execute(query("get_file"), {"file_id": failed.file_id}).fetchone()

@@ -469,7 +469,9 @@ def the_new_release_runs_under_its_roles(url: str) -> None:
         bridge.execute(query("set_sweep_interval"), {"seconds": 30})
         bridge.execute(query("run_due_tasks")).fetchall()
     with dict_conn(as_login(url, API_LOGIN)) as api:
-        [retried] = api.execute(query("retry_file"), {"file_id": up.file_id, "actor": "ops"})
+        [retried] = api.execute(
+            query("retry_file"), {"file_id": up.file_id, "actor": "ops", "expected_job_id": None}
+        )
         assert retried["outcome"] == "retried"
         document = api.execute(query("get_file"), {"file_id": up.file_id}).fetchone()
         assert document is not None and len(document["file"]["attempts"]) == 2

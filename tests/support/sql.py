@@ -329,9 +329,17 @@ def result(
     return row
 
 
-def retry(conn: Conn, file_id: uuid.UUID, actor: str = "operator") -> dict[str, Any]:
+def retry(
+    conn: Conn,
+    file_id: uuid.UUID,
+    actor: str = "operator",
+    expected_job_id: uuid.UUID | None = None,
+) -> dict[str, Any]:
+    """arm.retry_file_v2 as the API calls it: when the file's current job is still
+    `expected_job_id` (None: whichever)."""
+    params = {"file_id": file_id, "actor": actor, "expected_job_id": expected_job_id}
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(query("retry_file"), {"file_id": file_id, "actor": actor}).fetchone()
+        row = cur.execute(query("retry_file"), params).fetchone()
     assert row is not None
     return row
 

@@ -733,7 +733,7 @@ function renderList() {
           class: "retry",
           disabled: !item.retryable || state.inFlight.has(id),
           title: item.retryable ? t("retry.can") : t("retry.cannot"),
-          onclick: (e) => retryOne(id, e.target),
+          onclick: (e) => retryOne(id, job.job_id, e.target),
           text: t("retry.button"),
         }),
       ),
@@ -784,6 +784,8 @@ function whySkipped(details) {
       return t("retry.exhausted", { attempt: details.current_attempt, max: details.max_attempts });
     case "no_job":
       return t("retry.no_job");
+    case "attempt_changed":
+      return t("retry.attempt_changed", { attempt: details.current_attempt, status: details.current_status });
     default:
       return t("retry.other", { reason: details.reason });
   }
@@ -803,15 +805,18 @@ function batchAnswer(entry) {
   return { kind: "skipped", text: whySkipped(entry.details) };
 }
 
-async function retryOne(fileId, button) {
+async function retryOne(fileId, jobId, button) {
   // One click, one request: the button stays disabled until the answer is in, so a double
   // click asks once (a second ask of a live job would only be refused as still running).
+  // It names the attempt shown (jobId): if the file moved on meanwhile — another click,
+  // another operator, even one whose attempt already failed — the answer is "skipped".
   if (state.inFlight.has(fileId)) return;
   state.inFlight.add(fileId);
   if (button) button.disabled = true;
   refreshViews();
   try {
-    const resp = await api(`/api/v1/files/${fileId}/retry`, { method: "POST" });
+    const json = jobId ? { job_id: jobId } : {};
+    const resp = await api(`/api/v1/files/${fileId}/retry`, { method: "POST", json });
     state.answers.set(fileId, singleAnswer(resp));
   } catch (err) {
     if (err instanceof SignedOut) return;
@@ -831,7 +836,10 @@ async function retrySelected() {
   $("batch-summary").textContent = t("batch.pending", { n: num(ids.length) });
   renderList();
   try {
-    const resp = await api("/api/v1/files/retry", { method: "POST", json: { file_ids: ids } });
+    // Each file with the attempt this page shows for it (null: not on the page any more).
+    const shown = new Map(state.items.map((item) => [item.id, item.current_job?.job_id]));
+    const files = ids.map((id) => ({ file_id: id, job_id: shown.get(id) ?? null }));
+    const resp = await api("/api/v1/files/retry", { method: "POST", json: { files } });
     if (resp.status !== 200) {
       $("batch-summary").textContent = t("batch.failed", { error: errorText(resp) });
       return;
@@ -970,7 +978,7 @@ function renderFile() {
         type: "button",
         class: "retry",
         disabled: !retryable || state.inFlight.has(f.id),
-        onclick: (e) => retryOne(f.id, e.target),
+        onclick: (e) => retryOne(f.id, f.current_job_id, e.target),
         text: t("file.retry"),
       }),
       h("span", { id: "file-answer" }, answerCell(f.id)),
