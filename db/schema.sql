@@ -1973,6 +1973,31 @@ $$;
 ALTER FUNCTION arm.tg_recognition_job__notify_queued() OWNER TO arm_owner;
 
 --
+-- Name: tg_stored_file__source_role(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.tg_stored_file__source_role() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+DECLARE
+    v_role arm.bucket_role;
+BEGIN
+    SELECT o.bucket_role INTO v_role FROM arm.s3_object o WHERE o.id = NEW.s3_object_id;
+    IF FOUND AND v_role <> 'uploads' THEN
+        RAISE EXCEPTION 'stored_file %: its source object % is a % object; a file''s source must be an uploads object',
+            NEW.id, NEW.s3_object_id, v_role
+            USING ERRCODE = 'check_violation',
+                  HINT = 'insert the uploaded file as arm.s3_object with bucket_role uploads';
+    END IF;  -- an unknown object is left to the foreign key to report
+    RETURN NEW;
+END;
+$$;
+
+
+ALTER FUNCTION arm.tg_stored_file__source_role() OWNER TO arm_owner;
+
+--
 -- Name: tg_stored_file__touch(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -2531,6 +2556,13 @@ CREATE TRIGGER tg_stored_file__count_update_row AFTER UPDATE ON arm.stored_file 
 
 
 --
+-- Name: stored_file tg_stored_file__source_role; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_stored_file__source_role BEFORE INSERT OR UPDATE OF s3_object_id ON arm.stored_file FOR EACH ROW EXECUTE FUNCTION arm.tg_stored_file__source_role();
+
+
+--
 -- Name: stored_file tg_stored_file__touch; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
@@ -3013,6 +3045,13 @@ REVOKE ALL ON FUNCTION arm.tg_recognition_job__guard() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION arm.tg_recognition_job__notify_queued() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION tg_stored_file__source_role(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.tg_stored_file__source_role() FROM PUBLIC;
 
 
 --

@@ -151,3 +151,33 @@ $$;
 CREATE OR REPLACE TRIGGER tg_stored_file__touch
     BEFORE UPDATE ON arm.stored_file
     FOR EACH ROW EXECUTE FUNCTION arm.tg_stored_file__touch();
+
+-- A file's source is an object of role `uploads` (seed 003: the request's s3 is the
+-- uploaded file); a `results` or `raw` object is refused, with the reason, for every
+-- write path (the plain-SQL upload above all). Rows stored before this check are left
+-- as they are: it fires on INSERT and on a change of s3_object_id only. SECURITY DEFINER
+-- with a pinned path, like the defaults trigger: the uploader may not read bucket_role.
+-- It repeats the foreign key's own lookup of the object (by primary key).
+CREATE OR REPLACE FUNCTION arm.tg_stored_file__source_role()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+DECLARE
+    v_role arm.bucket_role;
+BEGIN
+    SELECT o.bucket_role INTO v_role FROM arm.s3_object o WHERE o.id = NEW.s3_object_id;
+    IF FOUND AND v_role <> 'uploads' THEN
+        RAISE EXCEPTION 'stored_file %: its source object % is a % object; a file''s source must be an uploads object',
+            NEW.id, NEW.s3_object_id, v_role
+            USING ERRCODE = 'check_violation',
+                  HINT = 'insert the uploaded file as arm.s3_object with bucket_role uploads';
+    END IF;  -- an unknown object is left to the foreign key to report
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER tg_stored_file__source_role
+    BEFORE INSERT OR UPDATE OF s3_object_id ON arm.stored_file
+    FOR EACH ROW EXECUTE FUNCTION arm.tg_stored_file__source_role();

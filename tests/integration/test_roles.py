@@ -445,6 +445,55 @@ def test_the_api_role_retries_reads_and_checks_health(db_url: str) -> None:
         assert scalar(api, query("outbox_oldest_queued_age")) >= 0
 
 
+@pytest.mark.parametrize("role", ["results", "raw"])
+def test_the_plain_sql_upload_refuses_a_source_that_is_not_an_uploads_object(
+    db_url: str, role: str
+) -> None:
+    """Seed 003: a file's source is the uploaded object (role uploads). The uploader's
+    plain-SQL upload of a file whose object is a result (or raw) is refused, saying so;
+    nothing of it stays. A row stored before the check came is left as it is."""
+    with connect(db_url, UPLOADER_LOGIN) as uploader:
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            with uploader.transaction():
+                obj = scalar(
+                    uploader,
+                    "INSERT INTO arm.s3_object (bucket, key, bucket_role) "
+                    "VALUES ('arm-ka', 'results/r.json', %s) RETURNING id",
+                    (role,),
+                )
+                uploader.execute(
+                    "INSERT INTO arm.stored_file (original_name, file_type, s3_object_id) "
+                    "VALUES ('r.json.xlsx', 'XLSX', %s)",
+                    (obj,),
+                )
+        message = str(refused.value)
+        assert f"is a {role} object; a file's source must be an uploads object" in message
+    with dict_conn(db_url) as admin:
+        assert scalar(admin, "SELECT count(*) FROM arm.stored_file") == 0
+        # An older row (stored before the trigger existed: the trigger off for the insert)
+        # carries on: its status changes; only a new source is checked.
+        up = upload(admin)
+        result_obj = scalar(
+            admin,
+            "INSERT INTO arm.s3_object (bucket, key, bucket_role) "
+            "VALUES ('arm-ka', 'results/old.json', 'results') RETURNING id",
+        )
+        with admin.transaction():
+            admin.execute("ALTER TABLE arm.stored_file DISABLE TRIGGER tg_stored_file__source_role")
+            admin.execute(
+                "UPDATE arm.stored_file SET s3_object_id = %s WHERE id = %s",
+                (result_obj, up.file_id),
+            )
+            admin.execute("ALTER TABLE arm.stored_file ENABLE TRIGGER tg_stored_file__source_role")
+        admin.execute("UPDATE arm.stored_file SET status = 'ERROR' WHERE id = %s", (up.file_id,))
+        assert stored_file(admin, up.file_id)["status"] == "ERROR"
+        with pytest.raises(psycopg.errors.CheckViolation):
+            admin.execute(
+                "UPDATE arm.stored_file SET s3_object_id = %s WHERE id = %s",
+                (result_obj, up.file_id),
+            )
+
+
 def test_the_uploader_role_does_the_readme_upload_with_its_defaults(db_url: str) -> None:
     """docs/dbas.md's plain-SQL upload as a login of arm_uploader alone: the defaults trigger
     (which reads stored_file and arm.setting, which the uploader may not) fills pipeline
