@@ -249,7 +249,9 @@ $$;
 -- GET /api/v1/status in one call. Each figure reads only live rows, through the partial
 -- indexes of migration 0001/0002 (their predicates name only live statuses), or the
 -- counts above — nothing here grows with final jobs or with files:
---   jobs, files                 job_counts(), file_counts() as JSON objects
+--   jobs, files                 job_counts(), file_counts() as JSON objects (a file whose
+--                               job is done or needs_check stays PROCESSING: it waits
+--                               for the mapping step, seed 004, not this service's)
 --   oldest_queued_age_seconds   recognition_job_queued_idx (0 when nothing is queued)
 --   unacked_overdue             published, last published more than p_ack_timeout ago
 --                               (recognition_job_unacked_idx): what the ack-timeout step

@@ -355,6 +355,17 @@ def test_batch_retry_answers_each_file(serve: Callable[..., Served], page: WebDr
     running = live(server.db_url, "Ещё обрабатывается.xlsx")
     page.get(server.url + "/")
     wait_for(page, "six files listed", lambda d: len(rows(d)) == 6)
+    # A recognised file stays PROCESSING (the mapping step is another service's): said so.
+    notes = {
+        r.find_element(By.CSS_SELECTOR, "td.name").text: r.find_elements(
+            By.CSS_SELECTOR, ".note.mapping"
+        )
+        for r in rows(page)
+    }
+    assert [n.text for n in notes.pop("ОСВ РБ 2025 (итог).xlsx")] == [
+        "recognised; waits for mapping"
+    ]
+    assert all(not found for found in notes.values()), notes
     wait_for(
         page, "the hour's 60 samples", lambda d: len(d.find_elements(By.CSS_SELECTOR, HOUR)) == 60
     )

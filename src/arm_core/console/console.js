@@ -696,6 +696,13 @@ function answerCell(fileId) {
   return h("span", { class: `answer ${a.kind}`, text: a.text });
 }
 
+// A recognised file stays PROCESSING: it waits for the mapping step of another
+// specification (seed 004), which is not part of this service. Said beside such a file.
+function awaitingMapping(fileStatus, jobStatus) {
+  if (fileStatus !== "PROCESSING" || !["done", "needs_check"].includes(jobStatus)) return null;
+  return h("span", { class: "note mapping", title: t("file.awaiting_mapping_why"), text: t("file.awaiting_mapping") });
+}
+
 function renderList() {
   const rows = state.items.map((item) => {
     const job = item.current_job || {};
@@ -720,7 +727,7 @@ function renderList() {
       ),
       h("td", { class: "name" }, h("a", { href: `#/files/${id}`, text: item.original_name })),
       h("td", { text: item.file_type }),
-      h("td", {}, badge(item.status, "file")),
+      h("td", {}, badge(item.status, "file"), awaitingMapping(item.status, job.status)),
       h("td", {}, badge(job.status, "job")),
       h("td", { class: "attempt", text: job.attempt ? `${job.attempt} / ${job.max_attempts}` : "—" }),
       h("td", { class: "code", text: job.error_code || "", title: explain(`code.${job.error_code}`) }),
@@ -985,7 +992,7 @@ function renderFile() {
     ),
     dl([
       [t("file.id"), h("code", { text: f.id })],
-      [t("file.status"), badge(f.status, "file")],
+      [t("file.status"), [badge(f.status, "file"), awaitingMapping(f.status, doc.current_job && doc.current_job.status)]],
       [t("file.type"), f.file_type],
       [t("file.consolidation"), f.consolidation_id ? h("code", { text: f.consolidation_id }) : null],
       [t("file.object"), h("code", { text: `s3://${f.s3.bucket}/${f.s3.key}` })],
