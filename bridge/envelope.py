@@ -37,6 +37,8 @@ class Envelope:
     # What had to change so PostgreSQL can store it (NUL characters, NaN/Infinity, lone
     # surrogates), as JSON paths; empty when the envelope is stored as it came.
     made_storable: tuple[str, ...] = ()
+    # An ack that came without Nats-Msg-Id: msg_id is ack:<job_id>, made here.
+    msg_id_derived: bool = False
 
     @property
     def is_ack(self) -> bool:
@@ -132,8 +134,16 @@ def parse_envelope(
     if not isinstance(body, dict):
         return Rejected("not_object", f"JSON {type(body).__name__}", msg_id=msg_id)
     job_id = _readable_job_id(body)
+    derived = False
     if not msg_id or not msg_id.strip():
-        return Rejected("missing_msg_id", f"no {MSG_ID_HEADER} header", job_id=job_id)
+        # An ack needs no id: nothing in the state machine reads it (a repeated ack is
+        # told by the job's status). It is named as the contract names it, less the
+        # attempt its body does not carry. A result does: its id is how a repeated
+        # result is told from another one (seed 004, result_msg_id), so without it the
+        # result is dropped, and says why.
+        if body.get("status") != "processing" or job_id is None:
+            return Rejected("missing_msg_id", f"no {MSG_ID_HEADER} header", job_id=job_id)
+        msg_id, derived = f"ack:{job_id}", True
     if len(msg_id) > 200:
         return Rejected("bad_msg_id", f"{MSG_ID_HEADER} of {len(msg_id)} characters", job_id)
     if not fast_validator(RESULT_SCHEMA).is_valid(body):
@@ -158,4 +168,5 @@ def parse_envelope(
         service_version=body["service"]["version"],
         body=body,
         made_storable=tuple(msg_id_changed + changed),
+        msg_id_derived=derived,
     )

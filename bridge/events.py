@@ -16,6 +16,7 @@ from typing import Any
 
 from arm_core import metrics
 from arm_core.bridge.envelope import Envelope, Rejected
+from arm_core.bridge.nats_client import MSG_ID_HEADER
 from arm_core.rows import DeadLetteredJob, PublishedJob, TaskRun, UnackedJob
 from arm_core.statuses import ApplyOutcome, JobStatus
 
@@ -146,6 +147,18 @@ def made_storable(counts: Counts, envelope: Envelope) -> None:
         "envelope made storable (NUL, NaN/Infinity or lone surrogates replaced): %s",
         ", ".join(envelope.made_storable)[:300],
         extra=_envelope(envelope, "inbox_sanitize", status=envelope.status),
+    )
+
+
+def ack_without_msg_id(counts: Counts, envelope: Envelope) -> None:
+    """An ack without a Nats-Msg-Id header: taken (nothing reads an ack's id), named
+    ack:<job_id>, and said once per ack so the service's team can add the header."""
+    counts["ack_without_msg_id"] += 1
+    log.info(
+        "ack without %s: taken as %s",
+        MSG_ID_HEADER,
+        envelope.msg_id,
+        extra=_envelope(envelope, "inbox_ack_without_msg_id", status=envelope.status),
     )
 
 

@@ -187,6 +187,36 @@ async def test_S_RT_2_late_answers_of_attempt_1_after_the_retry(
     assert sorted(r.action for r in ignored) == ["ack", "result"]
 
 
+async def test_an_ack_without_nats_msg_id_is_taken_and_a_result_without_it_is_not(
+    db_url: str,
+    client: Client,
+    pool: AsyncConnectionPool[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The seeds set no header precondition on an ack (seed 003): one without Nats-Msg-Id
+    moves its job to processing, named ack:<job_id>, logged once for the service's team.
+    A result needs its id — how a repeated result is told from another (seed 004) — so
+    one without it is dropped, saying so (the contract rule, docs/contracts)."""
+    caplog.set_level(logging.INFO)
+    up = published_job(db_url)
+    feed = await inbox_feed(client, db_url, pool)
+    await feed.put(envelope(up.job_id, up.file_id, "processing"), None)
+    [applied] = (await feed.step()).results
+    assert (applied.outcome, applied.status) == (APPLIED, PROCESSING)
+    assert applied.envelope.msg_id == f"ack:{up.job_id}"
+    assert feed.inbox.counts["ack_without_msg_id"] == 1
+    [said] = logged(caplog.records, action="inbox_ack_without_msg_id", job_id=up.job_id)
+    assert said.levelno == logging.INFO and said.msg_id == f"ack:{up.job_id}"
+
+    await feed.send(envelope(up.job_id, up.file_id, "done"), None)
+    assert await feed.deliver() == 1
+    assert feed.inbox.counts["rejected"] == 1 and feed.inbox.buffered() == 0
+    [drop] = logged(caplog.records, action="inbox_drop", reason="missing_msg_id")
+    assert drop.job_id == str(up.job_id)
+    with dict_conn(db_url) as conn:
+        assert job(conn, up.job_id)["status"] == "processing"
+
+
 GARBAGE: list[tuple[str, bytes | dict[str, Any], str | None]] = [
     ("not_json", b"\xff\xfe not json", "m1"),
     ("not_json", b'{"job_id": ', "m2"),
