@@ -91,14 +91,17 @@ def republished(counts: Counts, jobs: Sequence[UnackedJob]) -> None:
         )
 
 
-def cannot_republish(job: UnackedJob, max_payload: int) -> None:
-    """A request no longer fits max_payload (it was lowered): it stays as it is and times
-    out at its reply deadline."""
+def cannot_republish(counts: Counts, job: UnackedJob, max_payload: int) -> None:
+    """An overdue request no longer fits max_payload (it was lowered): its job went to
+    dlq at once (REQUEST_TOO_LARGE), its file to ERROR. Once per job."""
+    counts["unpublishable"] += 1
+    metrics.transition("dlq")
     log.error(
-        "cannot republish: %d bytes exceed the server's max_payload %d",
+        "dead-lettered: the request of %d bytes exceeds the server's max_payload %d and "
+        "cannot be republished",
         job.bytes,
         max_payload,
-        extra={**_job("republish", job), "reason": "REQUEST_TOO_LARGE"},
+        extra={**_job("dlq", job), "reason": "REQUEST_TOO_LARGE"},
     )
 
 

@@ -228,30 +228,28 @@ class Publisher(Service):
     async def _republish_batch(self) -> tuple[list[UnackedJob], bool]:
         """Republishes one batch of overdue unacked jobs in one transaction; returns what
         went out and whether the batch failed. A request that no longer fits the server's
-        max_payload (it was lowered) is left as it is, logged, and times out at its reply
-        deadline."""
+        max_payload (it was lowered) is dead-lettered at once, REQUEST_TOO_LARGE, in the
+        same transaction, and logged once (seed 003: every overdue job ends)."""
         c, limit = self.config, self.nats.max_payload
 
-        async def send(claimed: list[UnackedJob]) -> list[UnackedJob]:
-            fits = [j for j in claimed if j.bytes <= limit]
-            for job in claimed:
-                if job.bytes > limit:
-                    events.cannot_republish(job, limit)
-            if fits:
-                await self._send([(j.subject, j.msg_id, j.request) for j in fits], "republish")
+        async def send(fits: list[UnackedJob]) -> list[UnackedJob]:
+            await self._send([(j.subject, j.msg_id, j.request) for j in fits], "republish")
             return fits
 
         try:
-            sent = await self.store.republish_unacked_jobs(
+            sent, too_large = await self.store.republish_unacked_jobs(
                 limit=c.batch_size,
                 ack_timeout=c.ack_timeout_seconds,
                 max_republish=c.max_republish,
+                max_bytes=limit,
                 send=send,
             )
         except PublishFailed:
             return [], True
         if sent:
             events.republished(self.counts, sent)
+        for job in too_large:
+            events.cannot_republish(self.counts, job, limit)
         return sent, False
 
     async def _dead_letter(self) -> list[DeadLetteredJob]:

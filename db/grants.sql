@@ -91,6 +91,7 @@ GRANT EXECUTE ON FUNCTION
     arm.claim_unacked_jobs,    -- ack-timeout step: republish …
     arm.mark_republished,
     arm.dead_letter_unacked,   -- … and dead-letter
+    arm.dead_letter_unrepublishable, -- … or dead-letter what no longer fits max_payload
     arm.apply_envelopes_v2,    -- inbox step (and the ack and processing waits)
     arm.run_due_tasks,         -- scheduler tick
     arm.set_sweep_interval,    -- TIMEOUT_SWEEP_SECONDS at start; not the rest of the schedule

@@ -249,6 +249,68 @@ BEGIN
 END;
 $$;
 
+-- Dead-letters published jobs whose overdue request can no longer go out again — larger
+-- than the server's max_payload now (it was lowered) — at once, as seed 003 wants every
+-- overdue job to end (at most OUTBOX_MAX_REPUBLISH republishes, then dlq): status dlq
+-- with the given code and message, finished_at now, the file ERROR where the job is the
+-- current one. The publisher calls it in the transaction that claimed them for a
+-- republish (arm.claim_unacked_jobs: they are locked, so still published). Only
+-- published jobs change. Parallel arrays as dead_letter_unpublishable's. Returns the
+-- jobs it moved.
+CREATE OR REPLACE FUNCTION arm.dead_letter_unrepublishable(
+    p_job_ids uuid[],
+    p_error_codes text[],
+    p_error_messages text[]
+)
+RETURNS TABLE (job_id uuid, attempt integer, file_id uuid)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
+    IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
+       OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids)
+       OR EXISTS (SELECT 1 FROM unnest(p_error_codes) AS c(code) WHERE coalesce(c.code, '') = '') THEN
+        RAISE EXCEPTION 'dead_letter_unrepublishable takes one error code (required) and one '
+                        'error message per job id'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT DISTINCT ON (u.id) u.id, u.code, u.message
+        FROM unnest(p_job_ids, p_error_codes, p_error_messages)
+             WITH ORDINALITY AS u(id, code, message, n)
+        WHERE u.id IS NOT NULL
+        ORDER BY u.id, u.n
+    ), locked AS (
+        SELECT j.id, w.code, w.message
+        FROM arm.recognition_job j
+        JOIN wanted w ON w.id = j.id
+        WHERE j.status = 'published'
+        ORDER BY j.id
+        FOR UPDATE OF j
+    ), moved AS (
+        UPDATE arm.recognition_job j
+        SET status = 'dlq',
+            error_code = l.code,
+            error_message = l.message,
+            finished_at = clock_timestamp()
+        FROM locked l
+        WHERE j.id = l.id AND j.status = 'published'
+        RETURNING j.id, j.attempt, j.file_id
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        FROM moved m
+        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
+        RETURNING f.id
+    )
+    SELECT m.id, m.attempt, m.file_id FROM moved m;
+END;
+$$;
+
 -- Claims up to p_limit published jobs whose ack is overdue (last publish p_ack_timeout
 -- ago) and that may still be republished, oldest first, skipping rows another publisher
 -- holds. Returns the same request as the first publish (same reply_deadline, same

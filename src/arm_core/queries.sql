@@ -20,6 +20,11 @@ FROM arm.recognition_job WHERE status = 'queued';
 -- name: mark_republished
 SELECT arm.mark_republished(%(job_ids)s::uuid[]) AS marked;
 
+-- name: dead_letter_unrepublishable
+SELECT job_id, attempt, file_id
+FROM arm.dead_letter_unrepublishable(%(job_ids)s::uuid[], %(error_codes)s::text[],
+                                     %(error_messages)s::text[]);
+
 -- name: run_due_tasks
 SELECT task, result, error FROM arm.run_due_tasks();
 

@@ -35,6 +35,15 @@ JsonObject = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
+class MovedJob:
+    """dead_letter_unrepublishable: a published job moved to dlq (REQUEST_TOO_LARGE)."""
+
+    job_id: uuid.UUID
+    attempt: int
+    file_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetteredJob:
     """dead_letter_unacked: a published job moved to dlq (NO_ACK) after its republishes."""
 

@@ -42,6 +42,7 @@ from arm_core.rows import (
     FileListFilter,
     FileListItem,
     JsonObject,
+    MovedJob,
     PublishedJob,
     RetryResult,
     SeriesPoint,
@@ -185,23 +186,46 @@ class Store:
         return claimed
 
     async def republish_unacked_jobs(
-        self, *, limit: int, ack_timeout: float, max_republish: int, send: SendUnacked
-    ) -> list[UnackedJob]:
+        self,
+        *,
+        limit: int,
+        ack_timeout: float,
+        max_republish: int,
+        max_bytes: int,
+        send: SendUnacked,
+    ) -> tuple[list[UnackedJob], list[UnackedJob]]:
         """Locks up to `limit` published jobs unacked for `ack_timeout` seconds and
-        republished fewer than `max_republish` times, oldest first; hands them to `send`
-        and counts a republish of each job it returns, committed once it returned.
-        Returns what `send` sent. When `send` raises, nothing changed."""
+        republished fewer than `max_republish` times, oldest first; hands those that fit
+        `max_bytes` to `send` and counts a republish of each job it returns; dead-letters
+        the others (REQUEST_TOO_LARGE: the server's max_payload was lowered) in the same
+        transaction, committed once `send` returned. Returns (what was sent, what was
+        dead-lettered). When `send` raises, nothing changed."""
         params = {"limit": limit, "ack_timeout": ack_timeout, "max_republish": max_republish}
         with wrap_db_errors("republish"):
             async with self._connection() as conn, conn.transaction():
                 claimed = await self._rows(
                     conn, "claim_unacked_jobs", UnackedJob, params, json_as_text=True
                 )
-                sent = list(await send(claimed)) if claimed else []
+                fits = [c for c in claimed if c.bytes <= max_bytes]
+                too_large = [c for c in claimed if c.bytes > max_bytes]
+                sent = list(await send(fits)) if fits else []
                 if sent:
                     job_ids = [c.job_id for c in sent]
                     await self._scalar(conn, "mark_republished", {"job_ids": job_ids})
-        return sent
+                if too_large:
+                    dead = {
+                        "job_ids": [c.job_id for c in too_large],
+                        "error_codes": ["REQUEST_TOO_LARGE"] * len(too_large),
+                        "error_messages": [
+                            f"request of {c.bytes} bytes > the server's max_payload "
+                            f"{max_bytes} (lowered since its first publish)"
+                            for c in too_large
+                        ],
+                    }
+                    moved = await self._rows(conn, "dead_letter_unrepublishable", MovedJob, dead)
+                    ids = {m.job_id for m in moved}
+                    too_large = [c for c in too_large if c.job_id in ids]
+        return sent, too_large
 
     # One statement each ----------------------------------------------------------------
 

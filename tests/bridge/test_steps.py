@@ -7,6 +7,7 @@ message either (tests/support/steps.py: a flush proves a subscription has it all
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -294,6 +295,38 @@ async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
             "SELECT run_count, last_result FROM arm.periodic_task WHERE name = 'sweep_timeouts'"
         ).fetchone()
     assert task == {"run_count": 1, "last_result": "1"}
+
+
+async def test_an_overdue_request_too_large_to_republish_is_dead_lettered_once(
+    db_url: str,
+    small_nats: EmbeddedNats,
+    pool: AsyncConnectionPool[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seed 003: at most OUTBOX_MAX_REPUBLISH republishes, then dlq. A job published
+    before the server's max_payload was lowered cannot go out again: it is dead-lettered
+    at its first overdue check (REQUEST_TOO_LARGE, file ERROR), logged once, while an
+    overdue job that fits is republished in the same batch."""
+    caplog.set_level(logging.INFO)
+    with dict_conn(db_url) as conn:
+        big = upload(conn, name="Ж" * 965 + ".xlsx")  # about 4 KB of request: it went out
+        fits = upload(conn)  # when max_payload was 1 MB
+        publish(conn)
+        conn.execute("UPDATE arm.recognition_job SET last_published_at = now() - interval '1 hour'")
+    async with publisher(db_url, small_nats.url(), pool, ack_timeout_seconds=1) as pub:
+        first = await pub.run_once()
+        again = await pub.run_once()
+    assert [j.job_id for j in first.republished] == [fits.job_id]
+    assert again.republished == () and again.dead_lettered == ()
+    assert pub.counts["unpublishable"] == 1
+    with dict_conn(db_url) as conn:
+        row = job(conn, big.job_id)
+        assert (row["status"], row["error_code"]) == ("dlq", "REQUEST_TOO_LARGE")
+        assert "max_payload 3072" in row["error_message"] and row["finished_at"] is not None
+        assert stored_file(conn, big.file_id)["status"] == "ERROR"
+        assert job(conn, fits.job_id)["republish_count"] == 1
+    said = [r for r in caplog.records if getattr(r, "reason", None) == "REQUEST_TOO_LARGE"]
+    assert len(said) == 1 and said[0].levelno == logging.ERROR
 
 
 async def test_the_schedule_hands_the_waits_the_steps_observed_to_the_database(

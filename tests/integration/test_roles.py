@@ -65,6 +65,7 @@ CALLERS: dict[str, set[str]] = {
     "claim_unacked_jobs": {"arm_bridge"},
     "mark_republished": {"arm_bridge"},
     "dead_letter_unacked": {"arm_bridge"},
+    "dead_letter_unrepublishable": {"arm_bridge"},
     "apply_envelopes_v2": {"arm_bridge"},
     "run_due_tasks": {"arm_bridge"},
     "set_sweep_interval": {"arm_bridge"},

@@ -31,6 +31,7 @@ from arm_core.db import queries
 from arm_core.rows import (
     AppliedEnvelope,
     FileListFilter,
+    MovedJob,
     PublishedJob,
     RetryResult,
     SeriesPoint,
@@ -52,6 +53,7 @@ from tests.support.sql import (
     Conn,
     dict_conn,
     job,
+    publish,
     scalar,
     stored_file,
     upload,
@@ -142,6 +144,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "outbox_oldest_queued_age": {},
     "mark_republished": {"job_ids": []},
     "run_due_tasks": {},
+    "dead_letter_unrepublishable": {"job_ids": [], "error_codes": [], "error_messages": []},
     "record_waits": {"phase": "queued", "counts": [0] * 17},
     "status_series": {"minutes": 60},
     "set_sweep_interval": {"seconds": 30},
@@ -173,6 +176,7 @@ QUERY_ROWS: dict[str, type[Any] | None] = {
     "publish_queued_jobs_v2": PublishedJob,
     "claim_unacked_jobs": UnackedJob,
     "mark_republished": None,
+    "dead_letter_unrepublishable": MovedJob,
     "apply_envelopes_v2": AppliedEnvelope,
 }
 
@@ -323,9 +327,10 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     async def send_unacked(claimed: list[UnackedJob]) -> list[UnackedJob]:
         return claimed
 
-    [unacked] = await store.republish_unacked_jobs(
-        limit=10, ack_timeout=0, max_republish=1, send=send_unacked
+    [unacked], too_large = await store.republish_unacked_jobs(
+        limit=10, ack_timeout=0, max_republish=1, max_bytes=1 << 20, send=send_unacked
     )
+    assert too_large == []
     assert (unacked.job_id, unacked.republish_count) == (c.job_id, 0)
     assert unacked.msg_id == f"{c.job_id}:1" and unacked.subject == "files.tabular_uploaded"
     assert json.loads(unacked.request)["job_id"] == str(c.job_id)
@@ -382,6 +387,18 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
         assert scalar(conn, run_every) == dt.timedelta(seconds=7)
         setting = "SELECT value FROM arm.setting WHERE name = 'default_max_attempts'"
         assert scalar(conn, setting) == "4"
+        d = upload(conn)
+        publish(conn)
+    # d: overdue, and larger than the server takes now: dead-lettered, not sent.
+    nothing, too_big = await store.republish_unacked_jobs(
+        limit=10, ack_timeout=0, max_republish=3, max_bytes=10, send=send_unacked
+    )
+    assert nothing == [] and [j.job_id for j in too_big] == [d.job_id]
+    with dict_conn(db_url) as conn:
+        assert (job(conn, d.job_id)["status"], job(conn, d.job_id)["error_code"]) == (
+            "dlq",
+            "REQUEST_TOO_LARGE",
+        )
     assert set(sent) == set(queries())
 
 
