@@ -10,6 +10,7 @@ callback keeps receiving is the point."""
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -215,6 +216,27 @@ async def test_an_ack_without_nats_msg_id_is_taken_and_a_result_without_it_is_no
     assert drop.job_id == str(up.job_id)
     with dict_conn(db_url) as conn:
         assert job(conn, up.job_id)["status"] == "processing"
+
+
+async def test_an_answer_for_an_unknown_job_is_logged_with_its_ids(
+    db_url: str,
+    client: Client,
+    pool: AsyncConnectionPool[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A valid answer whose job_id no job has: nothing changes, and a WARNING names the
+    job and the message, so the service that sent it can be found."""
+    caplog.set_level(logging.INFO)
+    before = tables(db_url)
+    feed = await inbox_feed(client, db_url, pool)
+    stranger, its_file = uuid.uuid4(), uuid.uuid4()
+    await feed.put(envelope(stranger, its_file, "done"), f"result:{stranger}:1")
+    [answer] = (await feed.step()).results
+    assert answer.outcome is ApplyOutcome.UNKNOWN_JOB
+    assert tables(db_url) == before
+    [said] = logged(caplog.records, action="result", reason="unknown_job")
+    assert said.levelno == logging.WARNING
+    assert (str(said.job_id), said.msg_id) == (str(stranger), f"result:{stranger}:1")
 
 
 GARBAGE: list[tuple[str, bytes | dict[str, Any], str | None]] = [

@@ -6,11 +6,13 @@ message either (tests/support/steps.py: a flush proves a subscription has it all
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.rows import TaskRun
 from arm_core.statuses import ApplyOutcome, JobStatus, PublishOutcome
 from arm_core.store import Store
-from tests.support.bridge import envelope, fast_settings, nats_client
+from tests.support.bridge import envelope, fast_settings, nats_client, wait_for
 from tests.support.sql import dict_conn, job, publish, stored_file, upload
 from tests.support.steps import NO_NATS, inbox_feed, publisher, receive, step_pool
 
@@ -354,3 +356,34 @@ async def test_the_schedule_hands_the_waits_the_steps_observed_to_the_database(
     await pool.close()  # the database is gone for this store
     assert await scheduler.record_waits(force=True) is None
     assert metrics.WAITS.take() == {"ack": [0, 0, 0, 1] + [0] * 13}  # given back, in its bucket
+
+
+async def test_the_timed_poll_alone_publishes_when_no_notify_wakes_the_publisher(
+    db_url: str, nats_server: EmbeddedNats, pool: AsyncConnectionPool[Any]
+) -> None:
+    """NOTIFY is the wake-up, the poll every OUTBOX_POLL_SECONDS the backstop: with no
+    listener at all (nothing sets `wake`), a job uploaded while the loop sleeps goes out
+    at the loop's next timed cycle."""
+    client = await nats_client(nats_server.url())
+    try:
+        seen = await receive(client, "files.tabular_uploaded")
+        async with publisher(db_url, nats_server.url(), pool, outbox_poll_seconds=0.5) as pub:
+            stopping = asyncio.Event()
+            loop = asyncio.create_task(pub.run(stopping))
+            try:
+                await wait_for(lambda: pub.counts["cycles"] >= 1, 10, "the first cycle")
+                with dict_conn(db_url) as conn:
+                    up = upload(conn)  # its NOTIFY reaches nobody
+                await wait_for(partial(published, db_url, up.job_id), 10, "a timed cycle")
+                assert not pub.wake.is_set() and pub.counts["cycles"] >= 2
+            finally:
+                stopping.set()
+                await loop
+        assert len(await seen.take()) == 1 and seen.msg_ids() == [f"{up.job_id}:1"]
+    finally:
+        await client.close()
+
+
+def published(db_url: str, job_id: uuid.UUID) -> bool:
+    with dict_conn(db_url) as conn:
+        return bool(job(conn, job_id)["status"] == "published")

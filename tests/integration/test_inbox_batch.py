@@ -18,11 +18,13 @@ from arm_core.db import query
 from tests.support.sql import (
     Conn,
     Upload,
+    ack,
     dict_conn,
     fail_by_timeout,
     job,
     publish,
     publish_open,
+    result,
     scalar,
     stored_file,
     upload,
@@ -345,3 +347,55 @@ def test_concurrent_overlapping_batches_in_opposite_orders_never_deadlock(db_url
             assert set(applied.values()) == {1}, "each result applied exactly once"
             assert {job(setup, u.job_id)["status"] for u in ups} == {"done"}
         assert result_objects(setup) == rounds * n
+
+
+# --- the file follows only its current job (every path that moves a file) ------------
+
+
+def orphaned(conn: Conn, n: int) -> list[Upload]:
+    """Published jobs that are not their file's current job any more (a DBA pointed the
+    file elsewhere): their answers move the jobs, never the files."""
+    ups = [upload(conn) for _ in range(n)]
+    publish(conn)
+    for up in ups:
+        conn.execute(
+            "UPDATE arm.stored_file SET current_recognition_job_id = NULL WHERE id = %s",
+            (up.file_id,),
+        )
+    return ups
+
+
+def test_the_batch_moves_a_file_only_through_its_current_job(conn: Conn) -> None:
+    acked, errored, done = orphaned(conn, 3)
+    rows = apply(
+        conn,
+        [
+            ack_env(acked),
+            result_env(errored, "error", error=("UNSUPPORTED_FORMAT", "x")),
+            result_env(done),
+        ],
+    )
+    assert outcomes(rows) == ["applied"] * 3
+    assert [job(conn, u.job_id)["status"] for u in (acked, errored, done)] == [
+        "processing",
+        "error",
+        "done",
+    ]
+    # The files stayed as they were: none went PROCESSING or ERROR.
+    assert [stored_file(conn, u.file_id)["status"] for u in (acked, errored, done)] == [
+        "UPLOADED"
+    ] * 3
+
+
+def test_the_single_functions_move_a_file_only_through_its_current_job(conn: Conn) -> None:
+    acked, errored = orphaned(conn, 2)
+    assert ack(conn, acked.job_id, acked.file_id)["outcome"] == "applied"
+    ack(conn, errored.job_id, errored.file_id)
+    failed = result(
+        conn, errored.job_id, errored.file_id, status="error", error=("UNSUPPORTED_FORMAT", "x")
+    )
+    assert failed["outcome"] == "applied"
+    assert job(conn, acked.job_id)["status"] == "processing"
+    assert job(conn, errored.job_id)["status"] == "error"
+    assert stored_file(conn, acked.file_id)["status"] == "UPLOADED"
+    assert stored_file(conn, errored.file_id)["status"] == "UPLOADED"
