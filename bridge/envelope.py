@@ -39,6 +39,8 @@ class Envelope:
     made_storable: tuple[str, ...] = ()
     # An ack that came without Nats-Msg-Id: msg_id is ack:<job_id>, made here.
     msg_id_derived: bool = False
+    # The JSON paths cut to the caps (capped): stored cut, with the original length.
+    truncated: tuple[str, ...] = ()
 
     @property
     def is_ack(self) -> bool:
@@ -104,6 +106,46 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
     return value, []
 
 
+# What the core keeps of an answer's free text and metrics (docs/contracts/README.md,
+# "Caps"). The seeds set no limit; these bound what a job's row and a log line carry.
+# Longer text is stored cut, ending with a marker that gives its length, and extra
+# metrics keys go, counted: an answer is never dropped for its size within
+# INBOX_MAX_PAYLOAD_BYTES (an error answer keeps its service's code).
+TEXT_CAPS: tuple[tuple[str | None, str, int], ...] = (
+    ("service", "name", 200),
+    ("service", "version", 100),
+    (None, "result_schema_version", 50),
+    ("error", "message", 4000),
+)
+METRICS_KEYS_CAP = 100
+METRICS_CUT_KEY = "_truncated_keys"
+
+
+def _cut(text: str, cap: int) -> str:
+    marker = f" …[truncated: {len(text)} characters]"
+    return text[: cap - len(marker)] + marker
+
+
+def capped(body: dict[str, Any]) -> list[str]:
+    """Cuts `body`'s over-long text and metrics in place to the caps above; returns the
+    JSON paths it cut."""
+    cut: list[str] = []
+    for parent, key, cap in TEXT_CAPS:
+        holder = body.get(parent) if parent else body
+        if isinstance(holder, dict):
+            value = holder.get(key)
+            if isinstance(value, str) and len(value) > cap:
+                holder[key] = _cut(value, cap)
+                cut.append(f"/{parent}/{key}" if parent else f"/{key}")
+    metrics = body.get("metrics")
+    if isinstance(metrics, dict) and len(metrics) > METRICS_KEYS_CAP:
+        kept = dict(list(metrics.items())[: METRICS_KEYS_CAP - 1])
+        kept[METRICS_CUT_KEY] = len(metrics) - len(kept)
+        body["metrics"] = kept
+        cut.append("/metrics")
+    return cut
+
+
 # What can make a JSON text unstorable, as it shows in the raw bytes: a NUL or a lone
 # surrogate can only come as a \u escape (raw control characters are invalid JSON, raw
 # surrogates invalid UTF-8); a non-finite number as NaN, Infinity, or a number too large
@@ -158,6 +200,7 @@ def parse_envelope(
     changed: list[str] = []
     if _NEEDS_WALK.search(data):
         body, changed = storable(body)
+    truncated = capped(body)
     msg_id, msg_id_changed = storable(msg_id, "Nats-Msg-Id")
     return Envelope(
         msg_id=msg_id,
@@ -169,4 +212,5 @@ def parse_envelope(
         body=body,
         made_storable=tuple(msg_id_changed + changed),
         msg_id_derived=derived,
+        truncated=tuple(truncated),
     )

@@ -153,6 +153,17 @@ def made_storable(counts: Counts, envelope: Envelope) -> None:
     )
 
 
+def truncated(counts: Counts, envelope: Envelope) -> None:
+    """A schema-valid answer with text (or metrics) over the core's caps: stored cut,
+    with a marker giving the original length; never dropped for it."""
+    counts["truncated"] += 1
+    log.warning(
+        "answer stored with over-long fields cut to the caps: %s",
+        ", ".join(envelope.truncated),
+        extra=_envelope(envelope, "inbox_truncate", status=envelope.status),
+    )
+
+
 def ack_without_msg_id(counts: Counts, envelope: Envelope) -> None:
     """An ack without a Nats-Msg-Id header: taken (nothing reads an ack's id), named
     ack:<job_id>, and said once per ack so the service's team can add the header."""

@@ -137,6 +137,8 @@ class Inbox(Service):
             events.made_storable(self.counts, parsed)
         if parsed.msg_id_derived:
             events.ack_without_msg_id(self.counts, parsed)
+        if parsed.truncated:
+            events.truncated(self.counts, parsed)
         queue = self.queues[parsed.job_id.int % len(self.queues)]
         if settle:
             self._unsettled[id(parsed)] = msg

@@ -239,6 +239,73 @@ async def test_an_answer_for_an_unknown_job_is_logged_with_its_ids(
     assert (str(said.job_id), said.msg_id) == (str(stranger), f"result:{stranger}:1")
 
 
+@pytest.mark.parametrize(
+    "over",
+    ["error.message", "service.name", "service.version", "metrics"],
+)
+async def test_an_error_answer_over_a_cap_ends_its_job_error_with_the_services_code(
+    db_url: str,
+    client: Client,
+    pool: AsyncConnectionPool[Any],
+    caplog: pytest.LogCaptureFixture,
+    over: str,
+) -> None:
+    """No answer is lost to a size cap the seeds do not have (docs/contracts, Caps): an
+    error answer with text or metrics over the core's caps is stored cut, with the
+    original length, and the job ends `error` with the service's own code — not
+    `timeout` 10–30 minutes later."""
+    caplog.set_level(logging.INFO)
+    up = published_job(db_url)
+    answer = envelope(up.job_id, up.file_id, "error")
+    answer["error"] = {"code": "UNREADABLE", "message": "не читается"}
+    if over == "error.message":
+        answer["error"]["message"] = "Строка не распознана. " * 600  # 13,200 characters
+    elif over == "service.name":
+        answer["service"]["name"] = "tabular-parser-" + "x" * 500
+    elif over == "service.version":
+        answer["service"]["version"] = "1." * 200
+    else:
+        answer["metrics"] = {f"m{i}": i for i in range(150)}
+    feed = await inbox_feed(client, db_url, pool)
+    await feed.put(answer, f"result:{up.job_id}:1")
+    [applied] = (await feed.step()).results
+    assert (applied.outcome, applied.status) == (APPLIED, ERROR)
+    with dict_conn(db_url) as conn:
+        row = job(conn, up.job_id)
+    assert (row["status"], row["error_code"]) == ("error", "UNREADABLE")
+    if over == "error.message":
+        assert len(row["error_message"]) == 4000
+        assert row["error_message"].endswith(" …[truncated: 13200 characters]")
+        assert row["error_message"].startswith("Строка не распознана. ")
+    elif over == "service.name":
+        assert len(row["service_name"]) == 200 and row["service_name"].startswith(
+            "tabular-parser-x"
+        )
+        assert row["service_name"].endswith("[truncated: 515 characters]")
+    elif over == "service.version":
+        assert len(row["service_version"]) == 100 and "truncated: 400" in row["service_version"]
+    else:
+        assert len(row["metrics"]) == 100 and row["metrics"]["_truncated_keys"] == 51
+        assert row["metrics"]["m0"] == 0 and "m149" not in row["metrics"]
+    [said] = logged(caplog.records, action="inbox_truncate", job_id=up.job_id)
+    assert said.levelno == logging.WARNING and over.replace(".", "/") in said.getMessage()
+
+
+async def test_a_done_answer_with_a_long_result_schema_version_is_applied(
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any]
+) -> None:
+    up = published_job(db_url)
+    answer = envelope(up.job_id, up.file_id, "done")
+    answer["result_schema_version"] = "2026.12-" + "r" * 80
+    feed = await inbox_feed(client, db_url, pool)
+    await feed.put(answer, f"result:{up.job_id}:1")
+    [applied] = (await feed.step()).results
+    assert (applied.outcome, applied.status) == (APPLIED, DONE)
+    with dict_conn(db_url) as conn:
+        version = job(conn, up.job_id)["result_schema_version"]
+    assert len(version) == 50 and version.endswith("[truncated: 88 characters]")
+
+
 GARBAGE: list[tuple[str, bytes | dict[str, Any], str | None]] = [
     ("not_json", b"\xff\xfe not json", "m1"),
     ("not_json", b'{"job_id": ', "m2"),
