@@ -80,6 +80,7 @@ if not (HAVE_SELENIUM and CHROMIUM and CHROMEDRIVER):
 TOKEN = "console-browser-token-0123456789"
 WAIT = 20.0  # seconds: the deadline of every wait (the page polls every 2 s)
 HOUR = '#charts [data-chart="queued"] circle'  # the queued chart's dots: one per sample
+WAITS = '#charts [data-chart="wait-processing"] .p99 circle'  # one per sample but the first
 SERIES_WAIT = 40.0  # the charts ask every 10 s: a wait for a new sample gets longer
 
 
@@ -200,11 +201,19 @@ def others(db_url: str) -> None:
 
 def an_hour_of_samples(db_url: str) -> None:
     """A busy hour for the README's pictures: 60 samples of a steady flow with a backlog
-    half an hour ago, and the bridges' waits, as the schedule and the bridges write them."""
+    half an hour ago, each with the bridges' waits folded in, as sample_status writes
+    them."""
     rng = random.Random(7)
     now = dt.datetime.now(dt.UTC)
     totals = {"done": 10_000, "needs_check": 300, "error": 40, "timeout": 3, "dlq": 1}
     buckets = len(metrics.JOB_WAIT_BUCKETS) + 1
+
+    def waits(usual: int, slower: int) -> list[int]:
+        counts = [0] * buckets
+        for _ in range(40):
+            counts[min(buckets - 1, usual + slower + rng.choice((-1, 0, 0, 0, 1)))] += 1
+        return counts
+
     with dict_conn(db_url) as conn:
         for minute in range(60, 0, -1):
             backlog = 34 >= minute >= 27
@@ -214,24 +223,16 @@ def an_hour_of_samples(db_url: str) -> None:
             queued = rng.randint(0, 4) + (120 - 12 * abs(minute - 31) if backlog else 0)
             at = now - dt.timedelta(minutes=minute - 1, seconds=30)  # all in the hour
             conn.execute(
-                "INSERT INTO arm.status_sample VALUES (%s, %s, %s)",
-                (at, Jsonb({"queued": queued, **totals}), 40.0 if backlog else rng.random()),
+                "INSERT INTO arm.status_sample VALUES (%s, %s, %s, %s, %s, %s)",
+                (
+                    at,
+                    Jsonb({"queued": queued, **totals}),
+                    40.0 if backlog else rng.random(),
+                    waits(2, 4 if backlog else 0),
+                    waits(3, 0),
+                    waits(7, 0),
+                ),
             )
-            for phase, usual in (("queued", 2), ("ack", 3), ("processing", 7)):
-                counts = [0] * buckets
-                for _ in range(40):
-                    counts[
-                        min(
-                            buckets - 1,
-                            usual
-                            + (4 if backlog and phase == "queued" else 0)
-                            + rng.choice((-1, 0, 0, 0, 1)),
-                        )
-                    ] += 1
-                conn.execute(
-                    "INSERT INTO arm.wait_sample VALUES (%s, %s, %s)",
-                    (at - dt.timedelta(seconds=30), phase, counts),
-                )
 
 
 def wait_for(driver: WebDriver, what: str, cond: Callable[[WebDriver], Any]) -> Any:
@@ -369,6 +370,7 @@ def test_batch_retry_answers_each_file(serve: Callable[..., Served], page: WebDr
     wait_for(
         page, "the hour's 60 samples", lambda d: len(d.find_elements(By.CSS_SELECTOR, HOUR)) == 60
     )
+    assert len(page.find_elements(By.CSS_SELECTOR, WAITS)) == 59
     for upload_ in (one, two, running):
         row(page, upload_.file_id).find_element(By.CSS_SELECTOR, "input.select").click()
     button = page.find_element(By.ID, "retry-selected")
