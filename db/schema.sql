@@ -85,6 +85,67 @@ CREATE TYPE arm.pipeline AS ENUM (
 
 ALTER TYPE arm.pipeline OWNER TO arm_owner;
 
+--
+-- Name: _dead_letter_jobs(arm.job_status, uuid[], text[], text[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm._dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
+    IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
+       OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids) THEN
+        RAISE EXCEPTION 'dead-lettering takes one error code and one error message '
+                        'per job id (% ids, % codes, % messages)',
+            cardinality(p_job_ids), cardinality(p_error_codes), cardinality(p_error_messages)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_error_codes) AS c(code) WHERE coalesce(c.code, '') = '') THEN
+        RAISE EXCEPTION 'dead-lettering needs an error code for every job'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT DISTINCT ON (u.id) u.id, u.code, u.message
+        FROM unnest(p_job_ids, p_error_codes, p_error_messages)
+             WITH ORDINALITY AS u(id, code, message, n)
+        WHERE u.id IS NOT NULL
+        ORDER BY u.id, u.n
+    ), locked AS (
+        SELECT j.id, w.code, w.message
+        FROM arm.recognition_job j
+        JOIN wanted w ON w.id = j.id
+        WHERE j.status = p_from
+        ORDER BY j.id
+        FOR UPDATE OF j
+    ), moved AS (
+        UPDATE arm.recognition_job j
+        SET status = 'dlq',
+            error_code = l.code,
+            error_message = l.message,
+            finished_at = clock_timestamp()
+        FROM locked l
+        WHERE j.id = l.id AND j.status = p_from
+        RETURNING j.id, j.attempt, j.file_id
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        FROM moved m
+        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
+        RETURNING f.id
+    )
+    SELECT m.id, m.attempt, m.file_id FROM moved m;
+END;
+$$;
+
+
+ALTER FUNCTION arm._dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) OWNER TO arm_owner;
+
 
 --
 -- Name: recognition_job; Type: TABLE; Schema: arm; Owner: arm_owner
@@ -716,57 +777,10 @@ ALTER FUNCTION arm.dead_letter_unacked(p_ack_timeout interval, p_max_republish i
 --
 
 CREATE FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid)
-    LANGUAGE plpgsql SECURITY DEFINER
+    LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
-#variable_conflict use_column
-BEGIN
-    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
-    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
-    IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
-       OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids) THEN
-        RAISE EXCEPTION 'dead_letter_unpublishable takes one error code and one error message '
-                        'per job id (% ids, % codes, % messages)',
-            cardinality(p_job_ids), cardinality(p_error_codes), cardinality(p_error_messages)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF EXISTS (SELECT 1 FROM unnest(p_error_codes) AS c(code) WHERE coalesce(c.code, '') = '') THEN
-        RAISE EXCEPTION 'dead_letter_unpublishable needs an error code for every job'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    RETURN QUERY
-    WITH wanted AS (
-        SELECT DISTINCT ON (u.id) u.id, u.code, u.message
-        FROM unnest(p_job_ids, p_error_codes, p_error_messages)
-             WITH ORDINALITY AS u(id, code, message, n)
-        WHERE u.id IS NOT NULL
-        ORDER BY u.id, u.n
-    ), locked AS (
-        SELECT j.id, w.code, w.message
-        FROM arm.recognition_job j
-        JOIN wanted w ON w.id = j.id
-        WHERE j.status = 'queued'
-        ORDER BY j.id
-        FOR UPDATE OF j
-    ), moved AS (
-        UPDATE arm.recognition_job j
-        SET status = 'dlq',
-            error_code = l.code,
-            error_message = l.message,
-            finished_at = clock_timestamp()
-        FROM locked l
-        WHERE j.id = l.id AND j.status = 'queued'
-        RETURNING j.id, j.attempt, j.file_id
-    ), files AS (
-        UPDATE arm.stored_file f
-        SET status = 'ERROR'
-        FROM moved m
-        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
-        RETURNING f.id
-    )
-    SELECT m.id, m.attempt, m.file_id FROM moved m;
-END;
+    SELECT * FROM arm._dead_letter_jobs('queued', p_job_ids, p_error_codes, p_error_messages)
 $$;
 
 
@@ -777,51 +791,10 @@ ALTER FUNCTION arm.dead_letter_unpublishable(p_job_ids uuid[], p_error_codes tex
 --
 
 CREATE FUNCTION arm.dead_letter_unrepublishable(p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid)
-    LANGUAGE plpgsql SECURITY DEFINER
+    LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
-#variable_conflict use_column
-BEGIN
-    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
-    IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
-       OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids)
-       OR EXISTS (SELECT 1 FROM unnest(p_error_codes) AS c(code) WHERE coalesce(c.code, '') = '') THEN
-        RAISE EXCEPTION 'dead_letter_unrepublishable takes one error code (required) and one '
-                        'error message per job id'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN QUERY
-    WITH wanted AS (
-        SELECT DISTINCT ON (u.id) u.id, u.code, u.message
-        FROM unnest(p_job_ids, p_error_codes, p_error_messages)
-             WITH ORDINALITY AS u(id, code, message, n)
-        WHERE u.id IS NOT NULL
-        ORDER BY u.id, u.n
-    ), locked AS (
-        SELECT j.id, w.code, w.message
-        FROM arm.recognition_job j
-        JOIN wanted w ON w.id = j.id
-        WHERE j.status = 'published'
-        ORDER BY j.id
-        FOR UPDATE OF j
-    ), moved AS (
-        UPDATE arm.recognition_job j
-        SET status = 'dlq',
-            error_code = l.code,
-            error_message = l.message,
-            finished_at = clock_timestamp()
-        FROM locked l
-        WHERE j.id = l.id AND j.status = 'published'
-        RETURNING j.id, j.attempt, j.file_id
-    ), files AS (
-        UPDATE arm.stored_file f
-        SET status = 'ERROR'
-        FROM moved m
-        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
-        RETURNING f.id
-    )
-    SELECT m.id, m.attempt, m.file_id FROM moved m;
-END;
+    SELECT * FROM arm._dead_letter_jobs('published', p_job_ids, p_error_codes, p_error_messages)
 $$;
 
 
@@ -2688,6 +2661,13 @@ GRANT USAGE ON SCHEMA arm TO arm_bridge;
 GRANT USAGE ON SCHEMA arm TO arm_api;
 GRANT USAGE ON SCHEMA arm TO arm_uploader;
 GRANT USAGE ON SCHEMA arm TO arm_readonly;
+
+
+--
+-- Name: FUNCTION _dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_error_codes text[], p_error_messages text[]); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm._dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) FROM PUBLIC;
 
 
 --

@@ -177,6 +177,73 @@ BEGIN
 END;
 $$;
 
+-- The one body of the two dead-letter steps of a request that cannot go out: moves the
+-- named jobs that are still in p_from (queued: never published; published: cannot be
+-- republished) to dlq with their codes and messages, finished_at now, and their files
+-- to ERROR where the job is the current one. Parallel arrays of one length, every code
+-- required; a job named twice takes its first code; rows locked in id order (no
+-- deadlock between concurrent calls). The owner's alone: the two functions below call it.
+CREATE OR REPLACE FUNCTION arm._dead_letter_jobs(
+    p_from arm.job_status,
+    p_job_ids uuid[],
+    p_error_codes text[],
+    p_error_messages text[]
+)
+RETURNS TABLE (job_id uuid, attempt integer, file_id uuid)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
+    IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
+       OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids) THEN
+        RAISE EXCEPTION 'dead-lettering takes one error code and one error message '
+                        'per job id (% ids, % codes, % messages)',
+            cardinality(p_job_ids), cardinality(p_error_codes), cardinality(p_error_messages)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_error_codes) AS c(code) WHERE coalesce(c.code, '') = '') THEN
+        RAISE EXCEPTION 'dead-lettering needs an error code for every job'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT DISTINCT ON (u.id) u.id, u.code, u.message
+        FROM unnest(p_job_ids, p_error_codes, p_error_messages)
+             WITH ORDINALITY AS u(id, code, message, n)
+        WHERE u.id IS NOT NULL
+        ORDER BY u.id, u.n
+    ), locked AS (
+        SELECT j.id, w.code, w.message
+        FROM arm.recognition_job j
+        JOIN wanted w ON w.id = j.id
+        WHERE j.status = p_from
+        ORDER BY j.id
+        FOR UPDATE OF j
+    ), moved AS (
+        UPDATE arm.recognition_job j
+        SET status = 'dlq',
+            error_code = l.code,
+            error_message = l.message,
+            finished_at = clock_timestamp()
+        FROM locked l
+        WHERE j.id = l.id AND j.status = p_from
+        RETURNING j.id, j.attempt, j.file_id
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        FROM moved m
+        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
+        RETURNING f.id
+    )
+    SELECT m.id, m.attempt, m.file_id FROM moved m;
+END;
+$$;
+
 -- Dead-letters queued jobs whose request cannot be published — larger than the NATS
 -- server's max_payload, or refused for another reason that concerns that one message —
 -- so one bad request never holds the outbox back (the publisher calls it in the
@@ -195,58 +262,11 @@ CREATE OR REPLACE FUNCTION arm.dead_letter_unpublishable(
     p_error_messages text[]
 )
 RETURNS TABLE (job_id uuid, attempt integer, file_id uuid)
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
-#variable_conflict use_column
-BEGIN
-    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
-    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
-    IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
-       OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids) THEN
-        RAISE EXCEPTION 'dead_letter_unpublishable takes one error code and one error message '
-                        'per job id (% ids, % codes, % messages)',
-            cardinality(p_job_ids), cardinality(p_error_codes), cardinality(p_error_messages)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF EXISTS (SELECT 1 FROM unnest(p_error_codes) AS c(code) WHERE coalesce(c.code, '') = '') THEN
-        RAISE EXCEPTION 'dead_letter_unpublishable needs an error code for every job'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    RETURN QUERY
-    WITH wanted AS (
-        SELECT DISTINCT ON (u.id) u.id, u.code, u.message
-        FROM unnest(p_job_ids, p_error_codes, p_error_messages)
-             WITH ORDINALITY AS u(id, code, message, n)
-        WHERE u.id IS NOT NULL
-        ORDER BY u.id, u.n
-    ), locked AS (
-        SELECT j.id, w.code, w.message
-        FROM arm.recognition_job j
-        JOIN wanted w ON w.id = j.id
-        WHERE j.status = 'queued'
-        ORDER BY j.id
-        FOR UPDATE OF j
-    ), moved AS (
-        UPDATE arm.recognition_job j
-        SET status = 'dlq',
-            error_code = l.code,
-            error_message = l.message,
-            finished_at = clock_timestamp()
-        FROM locked l
-        WHERE j.id = l.id AND j.status = 'queued'
-        RETURNING j.id, j.attempt, j.file_id
-    ), files AS (
-        UPDATE arm.stored_file f
-        SET status = 'ERROR'
-        FROM moved m
-        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
-        RETURNING f.id
-    )
-    SELECT m.id, m.attempt, m.file_id FROM moved m;
-END;
+    SELECT * FROM arm._dead_letter_jobs('queued', p_job_ids, p_error_codes, p_error_messages)
 $$;
 
 -- Dead-letters published jobs whose overdue request can no longer go out again — larger
@@ -263,52 +283,11 @@ CREATE OR REPLACE FUNCTION arm.dead_letter_unrepublishable(
     p_error_messages text[]
 )
 RETURNS TABLE (job_id uuid, attempt integer, file_id uuid)
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
-#variable_conflict use_column
-BEGIN
-    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
-    IF cardinality(p_error_codes) IS DISTINCT FROM cardinality(p_job_ids)
-       OR cardinality(p_error_messages) IS DISTINCT FROM cardinality(p_job_ids)
-       OR EXISTS (SELECT 1 FROM unnest(p_error_codes) AS c(code) WHERE coalesce(c.code, '') = '') THEN
-        RAISE EXCEPTION 'dead_letter_unrepublishable takes one error code (required) and one '
-                        'error message per job id'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN QUERY
-    WITH wanted AS (
-        SELECT DISTINCT ON (u.id) u.id, u.code, u.message
-        FROM unnest(p_job_ids, p_error_codes, p_error_messages)
-             WITH ORDINALITY AS u(id, code, message, n)
-        WHERE u.id IS NOT NULL
-        ORDER BY u.id, u.n
-    ), locked AS (
-        SELECT j.id, w.code, w.message
-        FROM arm.recognition_job j
-        JOIN wanted w ON w.id = j.id
-        WHERE j.status = 'published'
-        ORDER BY j.id
-        FOR UPDATE OF j
-    ), moved AS (
-        UPDATE arm.recognition_job j
-        SET status = 'dlq',
-            error_code = l.code,
-            error_message = l.message,
-            finished_at = clock_timestamp()
-        FROM locked l
-        WHERE j.id = l.id AND j.status = 'published'
-        RETURNING j.id, j.attempt, j.file_id
-    ), files AS (
-        UPDATE arm.stored_file f
-        SET status = 'ERROR'
-        FROM moved m
-        WHERE f.id = m.file_id AND f.current_recognition_job_id = m.id
-        RETURNING f.id
-    )
-    SELECT m.id, m.attempt, m.file_id FROM moved m;
-END;
+    SELECT * FROM arm._dead_letter_jobs('published', p_job_ids, p_error_codes, p_error_messages)
 $$;
 
 -- Claims up to p_limit published jobs whose ack is overdue (last publish p_ack_timeout

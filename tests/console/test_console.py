@@ -132,6 +132,17 @@ class Served:
     db_url: str
 
 
+def serve_env(db_url: str, port: int, **env: str) -> dict[str, str]:
+    """`arm-core serve` without a bridge on 127.0.0.1:`port`, plus `env`."""
+    return {
+        "DATABASE_URL": db_url,
+        "NATS_ENABLED": "false",
+        "HTTP_HOST": "127.0.0.1",
+        "HTTP_PORT": str(port),
+        **env,
+    }
+
+
 @pytest.fixture
 def serve(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Served]]:
     """Starts `arm-core serve` (no bridge) on this test's database, with extra env."""
@@ -139,13 +150,7 @@ def serve(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Served]]:
 
     def start(**env: str) -> Served:
         port = free_port()
-        full = {
-            "DATABASE_URL": db_url,
-            "NATS_ENABLED": "false",
-            "HTTP_HOST": "127.0.0.1",
-            "HTTP_PORT": str(port),
-            **env,
-        }
+        full = serve_env(db_url, port, **env)
         proc = ArmProcess("serve", full, tmp_path / f"serve-{len(procs)}.log")
         procs.append(proc)
         proc.wait_healthy(port)
@@ -577,14 +582,9 @@ def test_the_console_works_over_https(db_url: str, tmp_path: Path) -> None:
     pki = Pki(tmp_path / "pki")
     site = pki.issue("console", "127.0.0.1")
     port = free_port()
-    env = {
-        "DATABASE_URL": db_url,
-        "NATS_ENABLED": "false",
-        "HTTP_HOST": "127.0.0.1",
-        "HTTP_PORT": str(port),
-        "HTTP_TLS_CERT_FILE": str(site.cert),
-        "HTTP_TLS_KEY_FILE": str(site.key),
-    }
+    env = serve_env(
+        db_url, port, HTTP_TLS_CERT_FILE=str(site.cert), HTTP_TLS_KEY_FILE=str(site.key)
+    )
     proc = ArmProcess("serve", env, tmp_path / "serve.log")
     driver = headless_chromium("en-US", f"--ignore-certificate-errors-spki-list={spki(site)}")
     try:

@@ -88,15 +88,8 @@ async def test_nats_over_mutual_tls_carries_a_job_and_refuses_the_rest(
     port = stack.nats.port
     by_name = f"nats://localhost:{port}"
     client = pki.issue("arm-core-bridge")
-    stack.bridge(NATS_URL=by_name, **tls_env(pki, client))
-    reference = stack.reference(NATS_URL=by_name, **tls_env(pki, pki.issue("tabular-parser")))
-    await listening(reference)
-    with dict_conn(stack.db_url) as conn:
-        up = upload(conn)
-    await wait_for(
-        partial(status_is, stack.db_url, up.job_id, "done"),
-        30,
-        lambda: f"the job done over TLS: {stack.procs[0].log()[-2000:]}",
+    await a_job_goes_done(
+        stack, by_name, tls_env(pki, client), tls_env(pki, pki.issue("tabular-parser"))
     )
 
     # Refused, each with the reason in its log within seconds, and /healthcheck says so.
@@ -157,20 +150,8 @@ async def test_tls_first_carries_a_job_and_sends_nothing_in_clear(
     first = {**client, "NATS_TLS_HANDSHAKE_FIRST": "true"}
     with stack_of(db_url, tmp_path / "first", nats_args=["-c", str(conf)]) as stack:
         url = f"nats://localhost:{stack.nats.port}"
-        stack.bridge(NATS_URL=url, **first)
-        reference = stack.reference(
-            NATS_URL=url,
-            **tls_env(pki, pki.issue("tabular-parser")),
-            NATS_TLS_HANDSHAKE_FIRST="true",
-        )
-        await listening(reference)
-        with dict_conn(stack.db_url) as conn:
-            up = upload(conn)
-        await wait_for(
-            partial(status_is, stack.db_url, up.job_id, "done"),
-            30,
-            lambda: f"the job done over TLS-first: {stack.procs[0].log()[-2000:]}",
-        )
+        service = {**tls_env(pki, pki.issue("tabular-parser")), "NATS_TLS_HANDSHAKE_FIRST": "true"}
+        await a_job_goes_done(stack, url, first, service)
         waiting = stack.start("bridge", NATS_URL=url, BRIDGE_HEALTH_PORT=free_port(), **client)
         await wait_for(
             partial(said, waiting, "nats_error", "Timeout"),
@@ -327,6 +308,22 @@ def healthy_over(url: str, context: ssl.SSLContext) -> bool:
         return health(url, context)[0] == 200
     except OSError:
         return False
+
+
+async def a_job_goes_done(
+    stack: Stack, url: str, bridge_env: dict[str, str], service_env: dict[str, str]
+) -> None:
+    """A bridge and the reference service on `url` with their TLS settings; an upload
+    goes to done through them."""
+    stack.bridge(NATS_URL=url, **bridge_env)
+    await listening(stack.reference(NATS_URL=url, **service_env))
+    with dict_conn(stack.db_url) as conn:
+        up = upload(conn)
+    await wait_for(
+        partial(status_is, stack.db_url, up.job_id, "done"),
+        30,
+        partial(log_tail, stack.procs[0], f"the job done over TLS ({url})"),
+    )
 
 
 def status_is(db_url: str, job_id: uuid.UUID, status: str) -> bool:
