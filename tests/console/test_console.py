@@ -19,8 +19,6 @@ import os
 import random
 import shutil
 import ssl
-import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -589,7 +587,7 @@ def test_the_console_works_over_https(db_url: str, tmp_path: Path) -> None:
     driver = headless_chromium("en-US", f"--ignore-certificate-errors-spki-list={spki(site)}")
     try:
         trusted = ssl.create_default_context(cafile=str(pki.ca_file))
-        wait_for_https(f"https://127.0.0.1:{port}/healthcheck", trusted, proc)
+        proc.wait_healthy(port, context=trusted)
         failed(db_url, "Баланс по TLS.xlsx")
         driver.get(f"https://127.0.0.1:{port}/")
         wait_for(driver, "the file listed over HTTPS", lambda d: len(rows(d)) == 1)
@@ -616,20 +614,6 @@ def spki(pair: Pair) -> str:
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     return base64.b64encode(hashlib.sha256(der).digest()).decode()
-
-
-def wait_for_https(url: str, context: ssl.SSLContext, proc: ArmProcess) -> None:
-    deadline = time.monotonic() + WAIT
-    while True:
-        assert proc.proc.poll() is None, proc.log()[-2000:]
-        try:
-            with urllib.request.urlopen(url, timeout=2, context=context) as resp:
-                if json.loads(resp.read()).get("status") == "ok":
-                    return
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, proc.log()[-2000:]
-        time.sleep(0.1)
 
 
 RECORD_POSTS = """

@@ -274,7 +274,7 @@ def test_serve_and_the_bridge_answer_over_https_only(db_url: str, tmp_path: Path
         serve = stack.start("serve", HTTP_PORT=port, **https_env)
         bridge = stack.start("bridge", BRIDGE_HEALTH_PORT=bridge_port, **https_env)
         for proc, p in ((serve, port), (bridge, bridge_port)):
-            until(partial(healthy_over, f"https://127.0.0.1:{p}/healthcheck", trusted), proc)
+            proc.wait_healthy(p, context=trusted)
             # Plain HTTP on the same port gets no answer; a client that does not trust the
             # CA refuses the certificate.
             with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
@@ -301,13 +301,6 @@ def test_serve_and_the_bridge_answer_over_https_only(db_url: str, tmp_path: Path
             assert check.stdout.startswith(f"https://127.0.0.1:{p}/healthcheck: ")
         assert log_lines(serve.log(), action="serve")[-1].count("serving on https://") == 1
         assert_no_key_material(logs(stack), pki)
-
-
-def healthy_over(url: str, context: ssl.SSLContext) -> bool:
-    try:
-        return health(url, context)[0] == 200
-    except OSError:
-        return False
 
 
 async def a_job_goes_done(

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -62,20 +63,26 @@ class ArmProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def health(self, port: int) -> dict[str, Any] | None:
+    def health(self, port: int, context: ssl.SSLContext | None = None) -> dict[str, Any] | None:
+        """GET /healthcheck on 127.0.0.1:`port` — over HTTPS, trusting `context`, when
+        given — or None when nothing answers."""
+        scheme = "https" if context is not None else "http"
+        url = f"{scheme}://127.0.0.1:{port}/healthcheck"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthcheck", timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
                 loaded: dict[str, Any] = json.loads(r.read())
                 return loaded
         except OSError:
             return None
 
-    def wait_healthy(self, port: int, within: float = 20) -> dict[str, Any]:
+    def wait_healthy(
+        self, port: int, within: float = 20, context: ssl.SSLContext | None = None
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"arm-core {self.command} exited: {self.log()[-3000:]}")
-            body = self.health(port)
+            body = self.health(port, context)
             if body is not None and body.get("status") == "ok":
                 return body
             time.sleep(0.1)
