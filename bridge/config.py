@@ -112,6 +112,24 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """How the supervisor (bridge/service.py) restarts a loop, and when it gives up."""
+
+    # More crashes than `limit` within `window_seconds` make the process fatal.
+    limit: int = 5
+    window_seconds: float = 300.0
+    # The first restart comes after backoff_seconds, each next one after twice the last,
+    # up to backoff_max_seconds.
+    backoff_seconds: float = 0.5
+    backoff_max_seconds: float = 10.0
+    # A loop that has not come round for this long is stalled (GET /livez fails).
+    stall_seconds: float = 180.0
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "limit")
+
+
+@dataclass(frozen=True, slots=True)
 class BridgeConfig:
     """The bridge (bridge/runner.py): where answers come from, and its services'."""
 
@@ -133,6 +151,7 @@ class BridgeConfig:
     publisher: PublisherConfig = PublisherConfig()
     inbox: InboxConfig = InboxConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    restarts: RestartPolicy = RestartPolicy()
 
     def __post_init__(self) -> None:
         _check_positive(self, "replay_seconds")
@@ -162,6 +181,11 @@ def bridge_config(settings: Settings) -> BridgeConfig:
             buffer_size=s.inbox_buffer_size,
             batch_size=s.inbox_batch_size,
             max_payload_bytes=s.inbox_max_payload_bytes,
+        ),
+        restarts=RestartPolicy(
+            limit=s.service_restart_limit,
+            window_seconds=s.service_restart_window_seconds,
+            stall_seconds=s.liveness_stall_seconds,
         ),
         scheduler=SchedulerConfig(
             tick_seconds=s.schedule_tick_seconds,

@@ -27,11 +27,19 @@ full, shutdown) is not acked, so the stream delivers it again.
 
 One batch is one step, :meth:`Inbox.run_once`: it applies what a worker has buffered now
 and returns every envelope's outcome. The workers' loops call it; so can a test.
+
+Each worker is a loop of its own under the process's supervisor (bridge/service.py,
+`inbox-<n>`). A batch stays in the worker's hands until its outcomes are known: when the
+loop crashes on something it does not expect (a bug, an outcome a newer database returns
+to this older bridge), the batch is kept, and after the restart it is applied again one
+envelope at a time, so an envelope that raises alone gets its own outcome (`failed`) and
+never takes the others, or the process, down with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections import Counter
@@ -42,7 +50,7 @@ from nats.aio.msg import Msg
 from arm_core.bridge import events
 from arm_core.bridge.config import InboxConfig
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
-from arm_core.bridge.service import Service
+from arm_core.bridge.service import Loop, Service
 from arm_core.db import DatabaseError, DatabaseUnavailable, is_transient
 from arm_core.statuses import ApplyOutcome, JobStatus
 from arm_core.store import Store
@@ -102,12 +110,31 @@ class Inbox(Service):
     acks: bool = False
     # JetStream: the message each envelope in the inbox came in, by id(envelope).
     _unsettled: dict[int, Msg] = field(default_factory=dict)
+    # Per worker: its loop crashed with a batch in hand, which it applies one envelope at
+    # a time once restarted.
+    _suspect: list[bool] = field(init=False)
 
     def __post_init__(self) -> None:
         n = self.config.workers
         size = max(1, self.config.buffer_size // n)
         self.queues = [asyncio.Queue(maxsize=size) for _ in range(n)]
         self._leading = [[] for _ in range(n)]
+        self._suspect = [False] * n
+
+    def loops(self) -> dict[str, Loop]:
+        """One loop per worker: inbox-0, inbox-1, …"""
+        return {
+            self.worker_name(w): functools.partial(self._work, w) for w in range(len(self.queues))
+        }
+
+    def worker_name(self, worker: int) -> str:
+        return f"{self.name}-{worker}"
+
+    def worker_running(self, worker: int) -> bool:
+        """Whether the worker's loop runs, or will again after a restart (True for an
+        inbox whose loops were never started: a test steps it)."""
+        supervisor = self.supervisor
+        return not self.tasks or supervisor is None or supervisor.running(self.worker_name(worker))
 
     def buffered(self) -> int:
         """Envelopes waiting in the buffers."""
@@ -119,7 +146,8 @@ class Inbox(Service):
 
     async def on_message(self, msg: Msg, settle: bool = True) -> None:
         """nats-py subscription callback: never raises. Waits for room in the buffer
-        while the database is reachable; drops (counted, logged) only during an outage.
+        while the database is reachable and the buffer's worker runs (or restarts);
+        drops (counted, logged) during an outage, and once the worker has stopped.
         `settle=False`: a core NATS message handed in while the answers come from the
         results stream (bridge/replay.py), with nothing to acknowledge."""
         settle = settle and self.acks
@@ -139,7 +167,8 @@ class Inbox(Service):
             events.ack_without_msg_id(self.counts, parsed)
         if parsed.truncated:
             events.truncated(self.counts, parsed)
-        queue = self.queues[parsed.job_id.int % len(self.queues)]
+        worker = parsed.job_id.int % len(self.queues)
+        queue = self.queues[worker]
         if settle:
             self._unsettled[id(parsed)] = msg
         while True:
@@ -149,6 +178,9 @@ class Inbox(Service):
             except asyncio.QueueFull:
                 if self.db_unreachable:
                     self.drop(parsed, "buffer_full")
+                    return
+                if not self.worker_running(worker):  # nobody will make room
+                    self.drop(parsed, "shutdown")
                     return
             try:  # the database is there, the worker is only behind: wait for room
                 await asyncio.wait_for(queue.put(parsed), self.config.full_recheck_seconds)
@@ -167,7 +199,8 @@ class Inbox(Service):
         events.slow_consumer(self.counts)
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Runs one worker per buffer until `stopping` is set and the buffers are drained."""
+        """Runs one worker per buffer until `stopping` is set and the buffers are drained
+        (unsupervised: start() runs each worker as a loop of its own)."""
         await asyncio.gather(*(self._work(w, stopping) for w in range(len(self.queues))))
 
     async def run_once(
@@ -184,12 +217,20 @@ class Inbox(Service):
                 step += await self.run_once(w, stopping)
             return step
         queue, limit = self.queues[worker], self.config.batch_size
-        batch, self._leading[worker] = self._leading[worker], []
+        # The batch stays in `_leading` until its outcomes are known: a crash leaves it
+        # there for the restarted loop.
+        batch = self._leading[worker]
         while len(batch) < limit and not queue.empty():
             batch.append(queue.get_nowait())
         if not batch:
             return InboxStep()
-        results, dropped = await self._apply_until_done(batch, stopping or asyncio.Event())
+        self.fault("inbox")
+        stopping = stopping or asyncio.Event()
+        if self._suspect[worker]:  # the loop crashed on this batch: one envelope at a time
+            results, dropped = await self._one_by_one(batch, stopping, guarded=True)
+            self._suspect[worker] = False
+        else:
+            results, dropped = await self._apply_until_done(batch, stopping)
         deferred = [r.envelope for r in results if r.outcome is ApplyOutcome.BUSY]
         self._leading[worker] = deferred
         if self._unsettled:
@@ -208,8 +249,10 @@ class Inbox(Service):
         after them."""
         queue, leading, c = self.queues[worker], self._leading, self.config
         pause = c.busy_pause_seconds
+        name = self.worker_name(worker)
         try:
             while not (stopping.is_set() and queue.empty() and not leading[worker]):
+                self.beat(name)
                 if not leading[worker] and queue.empty():
                     try:
                         leading[worker] = [await asyncio.wait_for(queue.get(), timeout=0.5)]
@@ -232,6 +275,11 @@ class Inbox(Service):
             for envelope in waiting:
                 self.drop(envelope, "shutdown")
             raise
+        except Exception:
+            # Unexpected: the supervisor logs it and starts this loop again, which then
+            # applies the batch in hand one envelope at a time.
+            self._suspect[worker] = bool(leading[worker])
+            raise
 
     async def _apply_until_done(
         self, batch: list[Envelope], stopping: asyncio.Event
@@ -251,6 +299,7 @@ class Inbox(Service):
             except DatabaseUnavailable as exc:
                 self.db_unreachable = True
                 events.held(self.counts, len(batch), self.buffered(), exc)
+                self.beat(self.worker_name(self._worker_of(batch[0])))
                 if stopping.is_set() and backoff >= c.backoff_max_seconds:
                     for envelope in batch:
                         self.drop(envelope, "shutdown")
@@ -272,21 +321,41 @@ class Inbox(Service):
                         exc,
                         extra={"action": "inbox_split", "count": len(batch)},
                     )
-                    results, dropped = [], []
-                    busy_jobs: set[uuid.UUID] = set()
-                    for envelope in batch:
-                        if envelope.job_id in busy_jobs:
-                            # Its job's earlier envelope waits: so does it.
-                            results.append(EnvelopeOutcome(envelope, ApplyOutcome.BUSY))
-                            continue
-                        alone, lost = await self._apply_until_done([envelope], stopping)
-                        results += alone
-                        dropped += lost
-                        if any(r.outcome is ApplyOutcome.BUSY for r in alone):
-                            busy_jobs.add(envelope.job_id)
-                    return results, dropped
+                    return await self._one_by_one(batch, stopping)
                 events.outcome(self.counts, batch[0], ApplyOutcome.FAILED, None, error=str(exc))
                 return [EnvelopeOutcome(batch[0], ApplyOutcome.FAILED)], []
+
+    def _worker_of(self, envelope: Envelope) -> int:
+        return envelope.job_id.int % len(self.queues)
+
+    async def _one_by_one(
+        self, batch: list[Envelope], stopping: asyncio.Event, guarded: bool = False
+    ) -> tuple[list[EnvelopeOutcome], list[Envelope]]:
+        """Applies each envelope of `batch` in a transaction of its own, in order; one
+        whose job's earlier envelope came back `busy` waits with it. `guarded`: an
+        envelope that raises anything but a database error is `failed` (logged with the
+        error) instead of ending the loop."""
+        results: list[EnvelopeOutcome] = []
+        dropped: list[Envelope] = []
+        busy_jobs: set[uuid.UUID] = set()
+        for envelope in batch:
+            if envelope.job_id in busy_jobs:
+                # Its job's earlier envelope waits: so does it.
+                results.append(EnvelopeOutcome(envelope, ApplyOutcome.BUSY))
+                continue
+            try:
+                alone, lost = await self._apply_until_done([envelope], stopping)
+            except Exception as exc:
+                if not guarded:
+                    raise
+                error = f"{type(exc).__name__}: {exc}"
+                events.outcome(self.counts, envelope, ApplyOutcome.FAILED, None, error=error)
+                alone, lost = [EnvelopeOutcome(envelope, ApplyOutcome.FAILED)], []
+            results += alone
+            dropped += lost
+            if any(r.outcome is ApplyOutcome.BUSY for r in alone):
+                busy_jobs.add(envelope.job_id)
+        return results, dropped
 
     async def _settle(self, msg: Msg, terminate: bool = False) -> None:
         """Acks (or terminates) a message of the results stream. A lost ack only means

@@ -52,6 +52,7 @@ class Listener(Service):
     async def run(self, stopping: asyncio.Event) -> None:
         backoff = 0.5
         while not stopping.is_set():
+            self.beat()
             try:
                 conninfo = make_conninfo(self.database_url, **connection_options(self.database_url))
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
@@ -63,6 +64,8 @@ class Listener(Service):
                     OUTAGE.available()
                     backoff = 0.5
                     while not stopping.is_set():
+                        self.beat()
+                        self.fault("listen")
                         async for _ in conn.notifies(timeout=self.poll_seconds):
                             self.wake.set()
             except psycopg.OperationalError as exc:

@@ -93,6 +93,7 @@ class Publisher(Service):
         or rolls back) and no new batch starts after that."""
         self._stopping = stopping
         while not stopping.is_set():
+            self.beat()
             try:
                 cycle = await self.run_once()
                 if cycle.published or cycle.unpublishable or cycle.republished:
@@ -101,8 +102,7 @@ class Publisher(Service):
                 log.debug("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
             except DatabaseError as exc:
                 log.warning("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
-            except Exception:
-                log.exception("publisher cycle crashed", extra={"action": "publish_cycle"})
+            # Anything else is the supervisor's (bridge/service.py): logged, restarted.
             await self._sleep(stopping, self.next_poll())
 
     def next_poll(self) -> float:
@@ -128,6 +128,7 @@ class Publisher(Service):
         then, when due, dead-letter and republish what is overdue. Returns what it did;
         raises DatabaseError when the database failed (what committed before stays)."""
         self.counts["cycles"] += 1
+        self.fault("publisher")
         if not self.nats.is_connected:
             now = time.monotonic()
             self._nats_down_since = self._nats_down_since or now
@@ -192,6 +193,7 @@ class Publisher(Service):
         full = self.config.batch_size
         batches = [await self._publish_batch()]
         while len(batches[-1].claimed) == full and not self._stopping.is_set():
+            self.beat()  # a backlog of millions takes minutes: still alive
             batches.append(await self._publish_batch())
         return batches
 

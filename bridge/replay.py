@@ -14,15 +14,24 @@ announces a new leader (the `$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.<stream>`
 advisory), every bridge hands what it kept to its inbox as if it had just come: the
 database applies what the stream lost and calls the rest duplicates (each answer has its
 Nats-Msg-Id). Cost: each answer crosses the network twice, and a leader's election
-replays `seconds` of answers into the database once."""
+replays `seconds` of answers into the database once.
+
+:class:`Replayer` is the loop (a supervised service, `replay`) that waits for the
+advisories and hands what :class:`Recent` kept to the inbox."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
+
+from arm_core.bridge import events
+from arm_core.bridge.inbox import Inbox
+from arm_core.bridge.service import Service
 
 
 @dataclass
@@ -54,3 +63,51 @@ class Recent:
         taken = [msg for _, msg in self._kept]
         self._kept.clear()
         return taken
+
+
+@dataclass(eq=False)
+class Replayer(Service):
+    """On each leader-elected advisory of the stream, waits `delay_seconds` for the
+    answers published before the election to arrive here by core NATS, then hands what
+    `recent` kept to the inbox (nothing to acknowledge: they came by core NATS)."""
+
+    recent: Recent
+    inbox: Inbox
+    stream: str
+    delay_seconds: float = 1.0
+    name = "replay"
+    # The advisories not yet replayed (their leader's name), in the order they came.
+    _elected: asyncio.Queue[str] = field(default_factory=asyncio.Queue, init=False)
+
+    async def on_advisory(self, msg: Msg) -> None:
+        """nats-py callback of the advisory subject: queues the election, never waits
+        (nats-py runs a subscription's callbacks one at a time)."""
+        try:
+            leader = str(json.loads(msg.data).get("leader") or "")
+        except (ValueError, AttributeError):
+            leader = ""
+        self._elected.put_nowait(leader)
+
+    async def run_once(self, leader: str = "") -> int:
+        """Hands what was kept to the inbox now; returns how many."""
+        self.fault("replay")
+        taken = self.recent.take()
+        events.replayed(self.inbox.counts, len(taken), self.stream, leader)
+        for msg in taken:
+            await self.inbox.on_message(msg, settle=False)
+        return len(taken)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            self.beat()
+            try:
+                leader = await asyncio.wait_for(self._elected.get(), 1.0)
+            except TimeoutError:
+                continue
+            # Answers published just before the election may still be on their way here.
+            try:
+                await asyncio.wait_for(stopping.wait(), self.delay_seconds)
+                return
+            except TimeoutError:
+                pass
+            await self.run_once(leader)

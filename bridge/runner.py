@@ -1,11 +1,12 @@
-"""The bridge: the publisher, the inbox, the NOTIFY listener and the schedule runner
-(each a Service: bridge/service.py) around one NATS connection and the process's store.
-It keeps no state of its own: every decision is a call to a SQL function."""
+"""The bridge: the publisher, the inbox, the NOTIFY listener and the schedule runner —
+with RESULTS_STREAM also the stream's consumer and its replay — around one NATS
+connection and the process's store. Each is a Service (bridge/service.py) whose loops
+the bridge's one Supervisor runs and restarts. It keeps no state of its own: every
+decision is a call to a SQL function."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -15,10 +16,8 @@ from enum import StrEnum
 from typing import Any
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from arm_core.bridge import events
 from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import Listener, ListenerState
@@ -30,8 +29,10 @@ from arm_core.bridge.nats_client import (
     results_consumer,
 )
 from arm_core.bridge.publisher import Publisher
-from arm_core.bridge.replay import Recent
+from arm_core.bridge.replay import Recent, Replayer
 from arm_core.bridge.scheduler import Scheduler
+from arm_core.bridge.service import Fatal, FaultPoints, Supervisor
+from arm_core.bridge.stream import StreamConsumer
 from arm_core.config import Settings, mask_url
 from arm_core.db import DatabaseError
 from arm_core.metrics import BridgeState
@@ -58,9 +59,10 @@ class Bridge:
     # The NATS connection's settings (servers, credentials, the results stream's
     # options: bridge/nats_client.py) and the database URL of the LISTEN connection.
     settings: Settings
-    # Told once, with the reason, when the bridge cannot go on (RESULTS_STREAM set, but
-    # the server cannot hold the stream): `arm-core bridge`/`serve` then stop and exit 2.
-    on_fatal: Callable[[str], None] = lambda reason: None
+    # Told once when the bridge cannot go on: RESULTS_STREAM set but the server cannot
+    # hold the stream (exit 2), or a loop that crashed past SERVICE_RESTART_LIMIT (exit
+    # 1). `arm-core bridge`/`serve` then stop as on SIGTERM and exit with its code.
+    on_fatal: Callable[[Fatal], None] = lambda fatal: None
     name: str = field(default_factory=lambda: f"arm-core@{socket.gethostname()}:{os.getpid()}")
     nats: Client = field(default_factory=Client)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -76,19 +78,31 @@ class Bridge:
     # `subscription`).
     consumer: Any = None
     # Why the bridge cannot go on (also told to on_fatal).
-    fatal: str | None = None
-    # Connects, subscribes (or consumes the stream) and, with a stream, fetches.
+    fatal: Fatal | None = None
+    # Runs every loop of the bridge; its fault points are TEST_FAULTS'.
+    supervisor: Supervisor = field(init=False)
+    # Connects, then subscribes or opens the stream (a supervised one-shot loop).
     _connecting: asyncio.Task[None] | None = None
-    # RESULTS_STREAM: the answers core NATS brought lately (bridge/replay.py), and the
-    # replays under way after a leader election.
+    _connected: bool = False
+    # RESULTS_STREAM: the answers core NATS brought lately (bridge/replay.py), the loop
+    # that replays them at an election, and the loop that fetches from the consumer.
     recent: Recent | None = None
-    _replays: set[asyncio.Task[None]] = field(default_factory=set)
+    replayer: Replayer | None = None
+    stream: StreamConsumer | None = None
 
     def __post_init__(self) -> None:
+        self.supervisor = Supervisor(
+            self.config.restarts, FaultPoints(self.settings.test_faults), self._fail
+        )
         self.publisher = Publisher(self.config.publisher, self.store, self.nats)
         self.inbox = Inbox(self.config.inbox, self.store)
         self.scheduler = Scheduler(self.config.scheduler, self.store)
         self.listener = Listener(self.settings.require_database_url(), self.publisher.wake)
+
+    def _fail(self, fatal: Fatal) -> None:
+        if self.fatal is None:
+            self.fatal = fatal
+            self.on_fatal(fatal)
 
     async def start(self) -> None:
         """Starts every service; returns at once (NATS may still be connecting)."""
@@ -96,11 +110,21 @@ class Bridge:
             await self.scheduler.apply_settings()
         except DatabaseError as exc:
             log.warning("could not apply TIMEOUT_SWEEP_SECONDS yet: %s", exc)
-        self._connecting = asyncio.create_task(self._connect(), name="nats-connect")
+        self._connecting = self.supervisor.supervise(
+            "nats-connect", self._connect, self.stopping, once=True
+        )
         for service in (self.publisher, self.inbox, self.listener, self.scheduler):
-            service.start()
+            service.start(self.supervisor)
 
-    async def _connect(self) -> None:
+    def services(self) -> tuple[Publisher | Inbox | Listener | Scheduler | StreamConsumer, ...]:
+        """Every service of the bridge, the stream's once it is open."""
+        found: list[Any] = [self.publisher, self.inbox, self.listener, self.scheduler]
+        return (*found, *(s for s in (self.stream, self.replayer) if s is not None))
+
+    async def _connect(self, stopping: asyncio.Event) -> None:
+        """Connects (once), then subscribes to the result subject or opens the results
+        stream; started again by the supervisor should anything unexpected end it, it
+        picks up where it was."""
         s, c = self.settings, self.config
 
         async def on_state(event: str) -> None:
@@ -109,9 +133,14 @@ class Bridge:
             elif event == "slow_consumer":
                 self.inbox.slow_consumer()
 
-        await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
+        if not self._connected:
+            self.fault_point("connect")
+            await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
+            self._connected = True
         if c.results_stream:
-            await self._consume_stream()
+            await self._open_stream()
+            return
+        if self.subscription is not None:
             return
         error_before = self.nats.last_error
         self.subscription = await self.nats.subscribe(
@@ -152,20 +181,25 @@ class Bridge:
         )
         self.publisher.wake.set()
 
-    async def _consume_stream(self) -> None:
-        """RESULTS_STREAM: ensures the stream and the shared durable consumer, then fetches
-        batches from it into the inbox until stopping. The inbox acks each message once
-        its envelope's outcome is final (committed); what it never settles comes again."""
+    def fault_point(self, point: str) -> None:
+        self.supervisor.faults.hit(point)
+
+    async def _open_stream(self) -> None:
+        """RESULTS_STREAM: ensures the stream and the shared durable consumer, then starts
+        the loop that fetches from it into the inbox (bridge/stream.py) and the replay's.
+        The inbox acks each message once its envelope's outcome is final (committed);
+        what it never settles comes again."""
         s, c = self.settings, self.config
+        if self.stream is not None:
+            return
         while True:
             try:
                 js = await ensure_results_stream(self.nats, s)
-                consumer = await results_consumer(js, s)
+                consumer = self.consumer or await results_consumer(js, s)
                 break
             except StreamUnavailable as exc:
-                self.fatal = str(exc)
                 log.error("%s", exc, extra={"action": "stream_unavailable"})
-                self.on_fatal(self.fatal)  # until the process stops, it says `refused`
+                self._fail(Fatal(str(exc), exit_code=2))  # until it stops, it says `refused`
                 return
             except Exception as exc:
                 # No answer from the JetStream API: a cluster electing its leader, a
@@ -184,7 +218,7 @@ class Bridge:
                     continue
         self.inbox.acks = True
         self.consumer = consumer
-        if c.replay_seconds > 0:
+        if c.replay_seconds > 0 and self.recent is None:
             await self._keep_recent_answers()
         log.info(
             "connected to NATS %s, consuming %s from stream %s (durable consumer %s)",
@@ -195,25 +229,14 @@ class Bridge:
             extra={"action": "nats_connected"},
         )
         self.publisher.wake.set()
-        pause = 0.1
-        while not self.stopping.is_set():
-            try:
-                msgs = await consumer.fetch(c.inbox.batch_size, timeout=1)
-            except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
-                pause = 0.1
-                continue
-            except Exception as exc:  # disconnected, the stream's leader moving, …
-                if not self.stopping.is_set():
-                    log.debug("fetch from %s failed: %s", c.results_stream, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, c.fetch_pause_max_seconds)
-                continue
-            pause = 0.1
-            again = sum(1 for msg in msgs if msg.metadata.num_delivered > 1)
-            if again:
-                events.redelivered(self.inbox.counts, again)
-            for msg in msgs:  # handed over even when stopping: they are ours now
-                await self.inbox.on_message(msg)
+        self.stream = StreamConsumer(
+            consumer,
+            self.inbox,
+            c.results_stream or "",
+            batch_size=c.inbox.batch_size,
+            fetch_pause_max_seconds=c.fetch_pause_max_seconds,
+        )
+        self.stream.start(self.supervisor)
 
     async def _keep_recent_answers(self) -> None:
         """RESULTS_STREAM: also receive the answers by core NATS (queue group), keep
@@ -223,11 +246,13 @@ class Bridge:
         logged, and the bridge goes on without."""
         c = self.config
         stream = c.results_stream or ""
-        self.recent = Recent(c.replay_seconds)
+        self.recent = recent = Recent(c.replay_seconds)
+        self.replayer = Replayer(recent, self.inbox, stream, c.replay_delay_seconds)
+        self.replayer.start(self.supervisor)
         elected = f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"
         error_before = self.nats.last_error
-        await self.nats.subscribe(c.result_subject, queue=c.queue_group, cb=self.recent.keep)
-        await self.nats.subscribe(elected, cb=self._leader_elected)
+        await self.nats.subscribe(c.result_subject, queue=c.queue_group, cb=recent.keep)
+        await self.nats.subscribe(elected, cb=self.replayer.on_advisory)
         await confirm(self.nats)
         error = self.nats.last_error
         if error is not None and error is not error_before and "permissions" in str(error).lower():
@@ -240,38 +265,11 @@ class Bridge:
                 extra={"action": "stream_replay_refused"},
             )
 
-    async def _leader_elected(self, msg: Msg) -> None:
-        """The stream's leader-elected advisory: in a task of its own, since nats-py runs
-        a subscription's callbacks one at a time and the inbox may make it wait."""
-        task = asyncio.create_task(self._replay(msg), name="stream-replay")
-        self._replays.add(task)
-        task.add_done_callback(self._replays.discard)
-
-    async def _replay(self, advisory: Msg) -> None:
-        c = self.config
-        try:
-            leader = str(json.loads(advisory.data).get("leader") or "")
-        except (ValueError, AttributeError):
-            leader = ""
-        # Answers published just before the election may still be on their way here.
-        try:
-            await asyncio.wait_for(self.stopping.wait(), c.replay_delay_seconds)
-            return
-        except TimeoutError:
-            pass
-        recent = self.recent
-        if recent is None:
-            return
-        taken = recent.take()
-        events.replayed(self.inbox.counts, len(taken), c.results_stream or "", leader)
-        for msg in taken:
-            await self.inbox.on_message(msg, settle=False)
-
     def nats_state(self) -> NatsState:
         """`ok` when connected and subscribed (or consuming the results stream), `refused`
         when connected but the server refused the subscription (or cannot hold the
         stream); otherwise what it is doing."""
-        if self.fatal:
+        if self.fatal is not None and self.fatal.exit_code == 2:  # the server cannot do it
             return NatsState.REFUSED
         if self.nats.is_connected and self.consumer is not None:
             return NatsState.OK
@@ -295,8 +293,9 @@ class Bridge:
         """Leaves the exchange without losing what it holds, in this order (up to `grace`
         seconds in all; the config's stop_grace_seconds when None):
 
-        1. the publisher, listener and schedule runner stop; the publisher's batch in
-           flight commits or rolls back — no new requests go out;
+        1. the publisher, listener and schedule runner stop (and, with RESULTS_STREAM,
+           the fetches and replays: what they fetched is handed to the inbox); the
+           publisher's batch in flight commits or rolls back — no new requests go out;
         2. the subscription leaves the queue group by draining (nats-py's
            Subscription.drain): UNSUB, a round trip, then every message nats-py holds for
            it handed to the inbox before the subscription goes. From the UNSUB on the
@@ -322,13 +321,13 @@ class Bridge:
 
         self.stopping.set()
         connecting = self._connecting
-        if connecting is not None and not connecting.done() and self.consumer is None:
-            connecting.cancel()  # still waiting for a server: nothing to finish there
+        if connecting is not None and not connecting.done():
+            connecting.cancel()  # still waiting for a server or the stream: nothing to finish
+            await asyncio.gather(connecting, return_exceptions=True)
+        feeders = [s for s in (self.stream, self.replayer) if s is not None]
         await asyncio.gather(
-            *(s.stop(left()) for s in (self.publisher, self.listener, self.scheduler))
+            *(s.stop(left()) for s in (self.publisher, self.listener, self.scheduler, *feeders))
         )
-        if connecting is not None:  # with a stream: its fetch loop ends
-            await asyncio.wait([connecting], timeout=left())
         if self.subscription is not None and self.nats.is_connected:
             try:
                 await asyncio.wait_for(self._drain_subscription(self.subscription), left())
@@ -341,13 +340,7 @@ class Bridge:
                     extra={"action": "nats_drain_failed"},
                 )
         await self.inbox.stop(left())
-        if connecting is not None and not connecting.done():
-            connecting.cancel()
-            await asyncio.gather(connecting, return_exceptions=True)
-        elif connecting is not None and not connecting.cancelled() and connecting.exception():
-            log.error("bridge task nats-connect ended with %r", connecting.exception())
-        connected_once = self.subscription is not None or self.consumer is not None
-        if (connected_once or self.fatal) and not self.nats.is_closed:
+        if self._connected and not self.nats.is_closed:
             await self.nats.close()
         log.info(
             "bridge stopped",

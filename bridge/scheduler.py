@@ -42,6 +42,7 @@ class Scheduler(Service):
     async def run_once(self) -> list[TaskRun]:
         """One tick: runs every task that is due now, records each, returns them (none
         when nothing was due or another caller holds them). Raises DatabaseError."""
+        self.fault("schedule")
         ran = await self.store.run_due_tasks()
         for task in ran:
             events.task_ran(self.counts, task)
@@ -73,6 +74,7 @@ class Scheduler(Service):
         if not force and now - self._waits_recorded_at < self.config.wait_sample_seconds:
             return None
         self._waits_recorded_at = now
+        self.fault("waits")
         taken = metrics.WAITS.take()
         if not taken:
             return {}
@@ -88,6 +90,7 @@ class Scheduler(Service):
     async def run(self, stopping: asyncio.Event) -> None:
         """Ticks every SCHEDULE_TICK_SECONDS until `stopping` is set."""
         while not stopping.is_set():
+            self.beat()
             try:
                 await self.run_once()
             except DatabaseError as exc:

@@ -1,46 +1,281 @@
 """The one shape of the bridge's services (the publisher, the inbox, the listener, the
-schedule runner), after River's: a loop, :meth:`Service.run`, that ends once its
-`stopping` event is set; :meth:`Service.start` runs it as a task; :meth:`Service.stop`
-asks it to finish and waits, cancelling it past the timeout. Each service also has a
-`run_once()` returning what one step did, and `counts`, the events it saw
-(arm_core.bridge.events)."""
+schedule runner, the results stream's consumer and its replay), after River's, and the
+supervisor that watches them, after Procrastinate's side-task monitor.
+
+A service has one or more loops (:meth:`Service.loops`; most have one, :meth:`Service.run`;
+the inbox has one per worker). :meth:`Service.start` hands each to the process's
+:class:`Supervisor`, which runs it as a task until its `stopping` event is set;
+:meth:`Service.stop` asks the loops to finish and waits, cancelling them past the
+timeout. Each service also has a `run_once()` returning what one step did, and
+`counts`, the events it saw (arm_core.bridge.events).
+
+The supervisor is why no loop dies in silence. An exception a loop does not handle
+itself is logged at once — one ERROR line naming the loop, with the traceback
+(`action=service_crashed`) — counted (`arm_service_restarts_total{service}`), and the
+loop starts again after a backoff (0.5 s, doubling up to 10 s). A loop
+that crashes more than SERVICE_RESTART_LIMIT times within SERVICE_RESTART_WINDOW_SECONDS
+makes the process fatal: it stops as on SIGTERM, draining what it can, and exits 1, so
+whatever supervises the process (a container runtime, systemd, Kubernetes) starts a
+fresh one. A loop also says it is alive on every turn (:meth:`Service.beat`); one that
+has not for LIVENESS_STALL_SECONDS counts as stalled, and `GET /livez` fails.
+
+:class:`FaultPoints` are where tests make a loop raise (TEST_FAULTS, or
+:meth:`FaultPoints.arm` in the test's process): a real exception at a real point of the
+loop, not a stand-in for the store."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from arm_core import metrics
+from arm_core.bridge.config import RestartPolicy
 
 log = logging.getLogger(__name__)
+
+Loop = Callable[[asyncio.Event], Awaitable[None]]
+
+
+class InjectedFault(RuntimeError):
+    """Raised at an armed fault point (tests only), with the time it was (time.time())."""
+
+    def __init__(self, point: str) -> None:
+        super().__init__(f"fault injected at {point}")
+        self.raised_at = time.time()
+
+
+class FaultPoints:
+    """Named points of the loops where a test makes them raise :class:`InjectedFault`:
+    `{"inbox": 1}` raises at the inbox's next batch once; -1 raises every time."""
+
+    def __init__(self, armed: Mapping[str, int] | Iterable[tuple[str, int]] = ()) -> None:
+        self._left: dict[str, int] = dict(armed)
+
+    def arm(self, point: str, times: int = 1) -> None:
+        self._left[point] = times
+
+    def hit(self, point: str) -> None:
+        left = self._left.get(point)
+        if not left:
+            return
+        if left > 0:
+            self._left[point] = left - 1
+        raise InjectedFault(point)
+
+
+class LoopState(StrEnum):
+    """A supervised loop, as GET /livez reports it."""
+
+    RUNNING = "running"
+    RESTARTING = "restarting"  # crashed; starts again after its backoff
+    STALLED = "stalled"  # running, but has not come round for stall_seconds
+    FAILED = "failed"  # crashed past the limit: the process stops
+    STOPPED = "stopped"  # asked to stop, and did
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """Why the process cannot go on, and its exit code: 2 for a configuration the
+    servers cannot work with, 1 for a loop that kept crashing."""
+
+    reason: str
+    exit_code: int = 1
+
+
+@dataclass(eq=False)
+class _Watched:
+    name: str
+    state: LoopState = LoopState.RUNNING
+    beat_at: float = 0.0
+    crashes: deque[float] = field(default_factory=deque)
+    last_error: str = ""
+    task: asyncio.Task[None] | None = None
+    once: bool = False
+
+
+class Supervisor:
+    """Runs the process's loops, restarts the ones that crash, and tells `on_fatal`
+    once when one crashed past the policy's limit."""
+
+    def __init__(
+        self,
+        policy: RestartPolicy | None = None,
+        faults: FaultPoints | None = None,
+        on_fatal: Callable[[Fatal], None] = lambda fatal: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy or RestartPolicy()
+        self.faults = faults or FaultPoints()
+        self.on_fatal = on_fatal
+        self.fatal: Fatal | None = None
+        self._clock = clock
+        self._loops: dict[str, _Watched] = {}
+
+    def supervise(
+        self, name: str, loop: Loop, stopping: asyncio.Event, once: bool = False
+    ) -> asyncio.Task[None]:
+        """Runs `loop(stopping)` as a task named `name`, started again when it crashes.
+        `once`: a task that is done when it returns (connecting, say), not a loop that
+        returns only once `stopping` is set."""
+        watched = _Watched(name, beat_at=self._clock(), once=once)
+        self._loops[name] = watched
+        metrics.SERVICE_RESTARTS.labels(service=name)  # the series exists from the start
+        watched.task = asyncio.create_task(self._run(watched, loop, stopping), name=name)
+        return watched.task
+
+    def beat(self, name: str) -> None:
+        """The loop `name` came round: it is alive."""
+        watched = self._loops.get(name)
+        if watched is not None:
+            watched.beat_at = self._clock()
+
+    def running(self, name: str) -> bool:
+        """Whether the loop `name` is running or about to run again (not failed, not
+        stopped, not a loop this supervisor never started)."""
+        watched = self._loops.get(name)
+        return watched is not None and watched.state in (LoopState.RUNNING, LoopState.RESTARTING)
+
+    def states(self) -> dict[str, LoopState]:
+        """Every loop's state now (a running loop silent for stall_seconds is STALLED)."""
+        now, stall = self._clock(), self.policy.stall_seconds
+        return {
+            name: LoopState.STALLED
+            if w.state is LoopState.RUNNING and not w.once and now - w.beat_at > stall
+            else w.state
+            for name, w in self._loops.items()
+        }
+
+    def live(self) -> tuple[bool, dict[str, str]]:
+        """GET /livez: whether every loop runs (restarting counts: it will), and each
+        loop's state, with the last error of one that crashed."""
+        said: dict[str, str] = {}
+        ok = True
+        for name, state in self.states().items():
+            ok = ok and state not in (LoopState.FAILED, LoopState.STALLED)
+            error = self._loops[name].last_error
+            said[name] = f"{state}: {error}" if error and state is not LoopState.RUNNING else state
+        return ok and self.fatal is None, said
+
+    async def _run(self, watched: _Watched, loop: Loop, stopping: asyncio.Event) -> None:
+        p, name = self.policy, watched.name
+        while True:
+            try:
+                await loop(stopping)
+                if stopping.is_set() or watched.once:
+                    watched.state = LoopState.STOPPED
+                    return
+                raise RuntimeError(f"{name} returned without being asked to stop")
+            except asyncio.CancelledError:
+                watched.state = LoopState.STOPPED
+                raise
+            except Exception as exc:
+                now = self._clock()
+                crashes = watched.crashes
+                crashes.append(now)
+                while crashes and now - crashes[0] > p.window_seconds:
+                    crashes.popleft()
+                watched.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                if len(crashes) > p.limit:
+                    watched.state = LoopState.FAILED
+                    log.error(
+                        "%s crashed %d times within %g s; stopping the process "
+                        "(SERVICE_RESTART_LIMIT=%d): %s",
+                        name,
+                        len(crashes),
+                        p.window_seconds,
+                        p.limit,
+                        watched.last_error,
+                        exc_info=exc,
+                        extra={"action": "service_failed", "service": name, "count": len(crashes)},
+                    )
+                    self._fail(
+                        Fatal(
+                            f"{name} crashed {len(crashes)} times within {p.window_seconds:g} "
+                            f"s (last: {watched.last_error})"
+                        )
+                    )
+                    return
+                backoff = min(p.backoff_seconds * 2 ** (len(crashes) - 1), p.backoff_max_seconds)
+                watched.state = LoopState.RESTARTING
+                metrics.SERVICE_RESTARTS.labels(service=name).inc()
+                log.error(
+                    "%s crashed; restarting in %.1f s (%d of %d allowed within %g s): %s",
+                    name,
+                    backoff,
+                    len(crashes),
+                    p.limit,
+                    p.window_seconds,
+                    watched.last_error,
+                    exc_info=exc,
+                    extra={"action": "service_crashed", "service": name, "count": len(crashes)},
+                )
+            try:
+                await asyncio.wait_for(stopping.wait(), backoff)
+                watched.state = LoopState.STOPPED
+                return
+            except TimeoutError:
+                pass
+            watched.state, watched.beat_at = LoopState.RUNNING, self._clock()
+            log.warning(
+                "%s restarted", name, extra={"action": "service_restarted", "service": name}
+            )
+
+    def _fail(self, fatal: Fatal) -> None:
+        if self.fatal is None:
+            self.fatal = fatal
+            self.on_fatal(fatal)
 
 
 class Service:
     name = "service"
-    # The running loop, once started.
-    task: asyncio.Task[None] | None = None
+    # The supervisor of the running loops (a bare one until start() is given the
+    # process's), and the loops' tasks.
+    supervisor: Supervisor | None = None
+    tasks: tuple[asyncio.Task[None], ...] = ()
 
     async def run(self, stopping: asyncio.Event) -> None:
         raise NotImplementedError
 
-    def start(self) -> None:
-        """Runs the loop as a task named after the service; returns at once."""
+    def loops(self) -> dict[str, Loop]:
+        """The service's loops by name; one, `run`, unless a service has several."""
+        return {self.name: self.run}
+
+    def start(self, supervisor: Supervisor | None = None) -> None:
+        """Hands every loop to `supervisor` (a bare one when None); returns at once."""
+        self.supervisor = supervisor or self.supervisor or Supervisor()
         self._stop_asked = asyncio.Event()
-        self.task = asyncio.create_task(self.run(self._stop_asked), name=self.name)
+        self.tasks = tuple(
+            self.supervisor.supervise(name, loop, self._stop_asked)
+            for name, loop in self.loops().items()
+        )
+
+    def beat(self, loop: str | None = None) -> None:
+        """The loop (this service's only one when None) came round."""
+        if self.supervisor is not None:
+            self.supervisor.beat(loop or self.name)
+
+    def fault(self, point: str) -> None:
+        """A fault point: raises InjectedFault when a test armed `point`."""
+        if self.supervisor is not None:
+            self.supervisor.faults.hit(point)
 
     def ended(self) -> bool:
-        """Started, and its loop has ended."""
-        return self.task is not None and self.task.done()
+        """Started, and every loop has ended (asked to, or failed past the limit)."""
+        return bool(self.tasks) and all(t.done() for t in self.tasks)
 
     async def stop(self, grace: float) -> None:
-        """Asks the loop to finish (what it has in hand first) and waits up to `grace`
-        seconds; past it the loop is cancelled. A loop that ended with an exception is
-        logged here."""
-        task = self.task
-        if task is None:
+        """Asks the loops to finish (what they have in hand first) and waits up to
+        `grace` seconds; past it they are cancelled."""
+        if not self.tasks:
             return
         self._stop_asked.set()
-        await asyncio.wait([task], timeout=grace)
-        if not task.done():
+        await asyncio.wait(self.tasks, timeout=grace)
+        late = [t for t in self.tasks if not t.done()]
+        for task in late:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        elif not task.cancelled() and task.exception() is not None:
-            log.error("%s ended with %r", self.name, task.exception())
+        await asyncio.gather(*late, return_exceptions=True)

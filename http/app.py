@@ -13,7 +13,7 @@ from arm_core.config import Settings
 from arm_core.http import file_list, handlers
 from arm_core.http.auth import auth_middleware
 from arm_core.http.errors import error_middleware
-from arm_core.runtime import bridge_ctx, healthcheck, install_metrics, new_app, pool_ctx
+from arm_core.runtime import bridge_ctx, install_metrics, install_probes, new_app, pool_ctx
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 # The operator console: static files, no build step. index.html at /, the rest
@@ -80,7 +80,7 @@ def create_app(settings: Settings) -> web.Application:
     app[handlers.OPENAPI] = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
     app[CONSOLE] = _console_files()
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
-    app.router.add_get("/healthcheck", healthcheck)
+    install_probes(app)  # GET /healthcheck, /livez, /readyz
     install_metrics(app)  # GET /metrics
     app.router.add_get("/api/v1/status", handlers.status)
     app.router.add_get("/api/v1/status/series", handlers.status_series)

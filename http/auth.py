@@ -15,7 +15,14 @@ from arm_core.http.errors import ApiError, Handler
 ACTOR = web.RequestKey("actor", str)
 # The console's shell ("/", "/console/…") holds no data; /api/v1/whoami answers
 # {"actor": null} without credentials, so the console knows to show its sign-in form.
-PUBLIC_PATHS = ("/healthcheck", "/api/v1/openapi.json", "/", "/api/v1/whoami")
+PUBLIC_PATHS = (
+    "/healthcheck",
+    "/livez",
+    "/readyz",
+    "/api/v1/openapi.json",
+    "/",
+    "/api/v1/whoami",
+)
 PUBLIC_PREFIXES = ("/console/",)
 
 

@@ -42,10 +42,14 @@ def _run(app: object, host: str, port: int) -> int:
     from arm_core.runtime import BRIDGE
 
     bridge = app.get(BRIDGE)
-    if bridge is not None and bridge.fatal:  # e.g. RESULTS_STREAM without JetStream
-        print(f"arm-core: configuration error: {escape(bridge.fatal)}", file=sys.stderr)
-        return 2
-    return 0
+    fatal = bridge.fatal if bridge is not None else None
+    if fatal is None:
+        return 0
+    if fatal.exit_code == 2:  # e.g. RESULTS_STREAM without JetStream
+        print(f"arm-core: configuration error: {escape(fatal.reason)}", file=sys.stderr)
+    else:  # a loop that kept crashing: its supervisor starts a fresh process
+        print(f"arm-core: stopped: {escape(fatal.reason)}", file=sys.stderr)
+    return fatal.exit_code
 
 
 def cmd_serve(settings: Settings) -> int:
@@ -117,8 +121,9 @@ def cmd_reference(settings: Settings) -> int:
     return 0
 
 
-def cmd_healthcheck(settings: Settings, command: str | None) -> int:
-    """The container's HEALTHCHECK: 0 when the running serve/bridge says it is ok."""
+def cmd_healthcheck(settings: Settings, command: str | None, ready: bool = False) -> int:
+    """The container's HEALTHCHECK: 0 when the running serve/bridge says it is alive
+    (GET /livez), or ready (GET /readyz) with `ready`."""
     from arm_core.healthcheck import CHECKED, UNCHECKED, probe, running_command
 
     command = command or running_command()
@@ -128,7 +133,7 @@ def cmd_healthcheck(settings: Settings, command: str | None) -> int:
     if command not in CHECKED:
         print("arm-core healthcheck: name the command to check (serve or bridge)", file=sys.stderr)
         return 2
-    result = probe(settings, command)
+    result = probe(settings, command, ready)
     print(result.detail, file=sys.stdout if result.healthy else sys.stderr)
     return 0 if result.healthy else 1
 
@@ -160,12 +165,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_parser(name, help=help_text, description=help_text)
     check = sub.add_parser(
         "healthcheck",
-        help="exit 0 when the running serve or bridge reports ok (the image's HEALTHCHECK)",
-        description="GET the /healthcheck of the running `arm-core serve` (HTTP_PORT) or "
-        "`arm-core bridge` (BRIDGE_HEALTH_PORT): exit 0 when ok, 1 when not. Without an "
-        "argument, the command is read from PID 1 (the container's arm-core).",
+        help="exit 0 when the running serve or bridge is alive (the image's HEALTHCHECK)",
+        description="GET the /livez of the running `arm-core serve` (HTTP_PORT) or "
+        "`arm-core bridge` (BRIDGE_HEALTH_PORT): exit 0 when it answers 200 (its loops "
+        "run), 1 when not (restart it). Without an argument, the command is read from "
+        "PID 1 (the container's arm-core).",
     )
     check.add_argument("target", nargs="?", choices=["serve", "bridge"])
+    check.add_argument(
+        "--ready",
+        action="store_true",
+        help="ask /readyz instead: the database, NATS and not stopping",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -177,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # whatever a driver puts in its error.
     redact = Redactor(settings.secrets())
     if args.command == "healthcheck":  # no logging: one line on stdout or stderr
-        return cmd_healthcheck(settings, args.target)
+        return cmd_healthcheck(settings, args.target, args.ready)
     setup_logging(settings.debug, redact, settings.log_format)  # LOG_FORMAT=text|json
     try:
         return COMMANDS[args.command][1](settings)

@@ -249,6 +249,25 @@ def _path(name: str, raw: str) -> str:
     return raw.strip()
 
 
+FAULT_POINTS = (
+    "publisher", "inbox", "listen", "schedule", "waits", "stream", "replay", "connect",
+)  # fmt: skip
+
+
+def _faults(name: str, raw: str) -> tuple[tuple[str, int], ...]:
+    """`point=count,…` with each point one of FAULT_POINTS and count a whole number
+    (-1: every time)."""
+    pairs: list[tuple[str, int]] = []
+    for entry in (part.strip() for part in raw.split(",") if part.strip()):
+        point, sep, count = entry.partition("=")
+        point = point.strip()
+        if point not in FAULT_POINTS:
+            raise ConfigError(f"{name}: unknown fault point {point!r} ({', '.join(FAULT_POINTS)})")
+        times = number(int, -1)(name, count) if sep else 1
+        pairs.append((point, times))
+    return tuple(pairs)
+
+
 _POSITIVE = number(float, 0.001)
 LOG_FORMATS = ("text", "json")
 
@@ -341,6 +360,18 @@ class Settings:
     nats_tls_handshake_first: bool = env_var("NATS_TLS_HANDSHAKE_FIRST", parse_bool, False)
     http_tls_cert_file: str = env_var("HTTP_TLS_CERT_FILE", _path, "")
     http_tls_key_file: str = env_var("HTTP_TLS_KEY_FILE", _path, "")
+    # A loop of the bridge that crashes is restarted (bridge/service.py); more than
+    # SERVICE_RESTART_LIMIT crashes of one loop within SERVICE_RESTART_WINDOW_SECONDS stop
+    # the process (exit 1), for its supervisor to start a fresh one.
+    service_restart_limit: int = env_var("SERVICE_RESTART_LIMIT", number(int, 0), 5)
+    service_restart_window_seconds: float = env_var(
+        "SERVICE_RESTART_WINDOW_SECONDS", _POSITIVE, 300.0
+    )
+    # GET /livez fails when a loop has not come round for this long (it is stuck).
+    liveness_stall_seconds: float = env_var("LIVENESS_STALL_SECONDS", number(float, 1), 180.0)
+    # Tests only: loops' fault points that raise, e.g. "inbox=1,publisher=-1" (bridge/
+    # service.py FaultPoints: the next N turns, -1 every turn). Never set in production.
+    test_faults: tuple[tuple[str, int], ...] = env_var("TEST_FAULTS", _faults, ())
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
     @classmethod

@@ -1,17 +1,18 @@
 """`arm-core healthcheck`: the container's HEALTHCHECK, with nothing but Python.
 
 It asks the running `arm-core serve` (HTTP_PORT) or `arm-core bridge`
-(BRIDGE_HEALTH_PORT) for its own GET /healthcheck, reading the same environment, and
-exits 0 when the answer is {"status": "ok"} — the database answers, NATS is connected and
-the outbox is not stuck — and 1 otherwise (degraded, 503, no answer). Which command runs
-is named as the argument, or read from the container's PID 1 (`arm-core bridge`, or an
-init such as `podman run --init` running it), so the image needs one HEALTHCHECK line for
-every command. Commands without a health endpoint (migrate, reference) have nothing to
-check and exit 0."""
+(BRIDGE_HEALTH_PORT) for its own GET /livez, reading the same environment, and exits 0
+when the answer is 200 — the event loop answers and every loop of the bridge runs — and
+1 otherwise (a loop failed or is stuck, or no answer): what a restart fixes. An
+unreachable database or NATS is not a reason to restart, and does not fail it; `--ready`
+asks GET /readyz instead (the database, NATS, not stopping). Which command runs is named
+as the argument, or read from the container's PID 1 (`arm-core bridge`, or an init such
+as `podman run --init` running it), so the image needs one HEALTHCHECK line for every
+command. Commands without a health endpoint (migrate, reference) have nothing to check
+and exit 0."""
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.request
@@ -46,7 +47,7 @@ def running_command(cmdline: Path = Path("/proc/1/cmdline")) -> str | None:
     return None
 
 
-def health_url(settings: Settings, command: str) -> str:
+def health_url(settings: Settings, command: str, path: str = "/livez") -> str:
     host = settings.http_host
     if host in ("", "0.0.0.0", "::"):  # every interface: loopback is one of them
         host = "127.0.0.1"
@@ -54,24 +55,20 @@ def health_url(settings: Settings, command: str) -> str:
         host = f"[{host}]"
     port = settings.http_port if command == "serve" else settings.bridge_health_port
     scheme = "https" if settings.http_tls_cert_file else "http"
-    return f"{scheme}://{host}:{port}/healthcheck"
+    return f"{scheme}://{host}:{port}{path}"
 
 
-def probe(settings: Settings, command: str) -> Probe:
-    url = health_url(settings, command)
+def probe(settings: Settings, command: str, ready: bool = False) -> Probe:
+    """GET /livez (/readyz when `ready`) of the running command: healthy on a 200."""
+    url = health_url(settings, command, "/readyz" if ready else "/livez")
     https = url.startswith("https:")
     try:
         # Over HTTPS it trusts exactly the process's own certificate (HTTP_TLS_CERT_FILE).
         context = own_certificate_context(settings.http_tls_cert_file) if https else None
         with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS, context=context) as resp:
             body = resp.read()
-    except urllib.error.HTTPError as exc:  # 503: the database is down
+    except urllib.error.HTTPError as exc:  # 503: not alive (not ready)
         return Probe(False, f"{url}: {exc.code} {exc.read().decode(errors='replace')}")
     except (OSError, ValueError) as exc:
         return Probe(False, f"{url}: no answer ({type(exc).__name__}: {exc})")
-    text = body.decode(errors="replace")
-    try:
-        healthy = json.loads(body).get("status") == "ok"
-    except (ValueError, AttributeError):
-        healthy = False
-    return Probe(healthy, f"{url}: {text}")
+    return Probe(True, f"{url}: {body.decode(errors='replace')}")

@@ -75,6 +75,13 @@ PUBLISH_BATCHES = Counter(
     ["result"],
     registry=REGISTRY,
 )
+SERVICE_RESTARTS = Counter(
+    "arm_service_restarts",
+    "Restarts of this process's supervised loops (publisher, inbox-<n>, listen, schedule, "
+    "stream, replay, nats-connect) after an exception they did not handle",
+    ["service"],
+    registry=REGISTRY,
+)
 REDELIVERED = Counter(
     "arm_inbox_redelivered",
     "Messages RESULTS_STREAM delivered again because no instance acknowledged them "

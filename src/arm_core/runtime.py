@@ -97,7 +97,7 @@ async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
         return
     shutdown = app[SHUTDOWN]
     bridge = Bridge(
-        bridge_config(settings), app[STORE], settings, on_fatal=lambda reason: shutdown.set()
+        bridge_config(settings), app[STORE], settings, on_fatal=lambda fatal: shutdown.set()
     )
     await bridge.start()
     app[BRIDGE] = bridge
@@ -147,6 +147,62 @@ async def healthcheck(request: web.Request) -> web.Response:
     return web.json_response(body, status=status)
 
 
+def check_live(app: web.Application) -> tuple[int, dict[str, Any]]:
+    """GET /livez: 200 while the event loop answers (it does, to answer) and every loop
+    of the bridge runs or is being restarted; 503 when one crashed past
+    SERVICE_RESTART_LIMIT or has not come round for LIVENESS_STALL_SECONDS — what a
+    restart of the process fixes. An unreachable database or NATS is not: the process
+    waits for them, and says so in /readyz."""
+    bridge = app.get(BRIDGE)
+    if bridge is None:
+        return 200, {"status": "alive", "loops": {}}
+    ok, loops = bridge.supervisor.live()
+    return (200 if ok else 503), {"status": "alive" if ok else "dead", "loops": loops}
+
+
+async def livez(request: web.Request) -> web.Response:
+    status, body = check_live(request.app)
+    return web.json_response(body, status=status)
+
+
+async def check_ready(app: web.Application) -> tuple[int, dict[str, Any]]:
+    """GET /readyz: 200 when the process can do its work now — the database answers,
+    NATS is connected and subscribed (when the bridge runs), and it is not stopping;
+    503 with what is missing otherwise. Nothing a restart would fix."""
+    settings = app[SETTINGS]
+    try:
+        await app[STORE].outbox_oldest_queued_age(
+            pool_timeout=min(2.0, settings.db_pool_timeout_seconds)
+        )
+        db = "ok"
+    except Exception as exc:
+        cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc
+        db = f"unavailable: {type(cause).__name__}"
+    if not settings.nats_enabled:
+        nats: str = "off"
+    elif BRIDGE in app:
+        nats = app[BRIDGE].nats_state()
+    else:
+        nats = "starting"
+    draining = app[SHUTDOWN].is_set()
+    ok = db == "ok" and nats in (NatsState.OK, "off") and not draining
+    body: dict[str, Any] = {"status": "ready" if ok else "not_ready", "db": db, "nats": nats}
+    body["draining"] = draining
+    return (200 if ok else 503), body
+
+
+async def readyz(request: web.Request) -> web.Response:
+    status, body = await check_ready(request.app)
+    return web.json_response(body, status=status)
+
+
+def install_probes(app: web.Application) -> None:
+    """GET /healthcheck (as it always was), /livez and /readyz on `app`."""
+    app.router.add_get("/healthcheck", healthcheck)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
+
+
 def install_metrics(app: web.Application) -> None:
     """GET /metrics on `app`: this process's counters, the bridge's state when it runs
     one, and the database's gauges (bounded and cached: src/arm_core/metrics.py)."""
@@ -169,6 +225,6 @@ def bridge_app(settings: Settings) -> web.Application:
 
     app = new_app(settings, middlewares=[error_middleware])
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
-    app.router.add_get("/healthcheck", healthcheck)
+    install_probes(app)
     install_metrics(app)
     return app

@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.http.app import OPENAPI_PATH, create_app
 from tests.support.api import api_settings, running_api
-from tests.support.bridge import TcpProxy
+from tests.support.bridge import TcpProxy, wait_for
 from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 
 pytestmark = pytest.mark.integration
@@ -29,6 +29,7 @@ class Apps:
     up: TestClient  # database up, no auth
     auth: TestClient  # AUTH_MODE=token
     down: TestClient  # database unreachable
+    dead: TestClient  # a bridge whose connecting loop crashed past its restart limit
     failed_file: uuid.UUID
     live_file: uuid.UUID
 
@@ -49,13 +50,21 @@ async def apps(db_url: str, pg_server: EmbeddedPostgres) -> AsyncIterator[Apps]:
     down_url = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
     proxy.block()
     auth = api_settings(db_url, auth_mode="token", api_tokens=(("contract", TOKEN),))
+    dead_settings = api_settings(
+        db_url,
+        nats_enabled=True,
+        nats_urls=("nats://127.0.0.1:1",),
+        test_faults=(("connect", -1),),
+        service_restart_limit=0,
+    )
     try:
         async with (
             running_api(api_settings(db_url)) as up,
             running_api(auth) as auth_app,
             running_api(api_settings(down_url, db_pool_timeout_seconds=0.5)) as down,
+            running_api(dead_settings) as dead,
         ):
-            yield Apps(up, auth_app, down, failed.file_id, live.file_id)
+            yield Apps(up, auth_app, down, dead, failed.file_id, live.file_id)
     finally:
         await proxy.close()
 
@@ -70,6 +79,10 @@ S = "/api/v1/status/series"
 RECIPES: dict[tuple[str, str, str], Recipe] = {
     ("/healthcheck", "get", "200"): lambda a: a.up.get("/healthcheck"),
     ("/healthcheck", "get", "503"): lambda a: a.down.get("/healthcheck"),
+    ("/livez", "get", "200"): lambda a: a.up.get("/livez"),
+    ("/livez", "get", "503"): lambda a: dead(a),
+    ("/readyz", "get", "200"): lambda a: a.up.get("/readyz"),
+    ("/readyz", "get", "503"): lambda a: a.down.get("/readyz"),
     ("/api/v1/openapi.json", "get", "200"): lambda a: a.up.get("/api/v1/openapi.json"),
     ("/api/v1/whoami", "get", "200"): lambda a: a.auth.get("/api/v1/whoami"),
     ("/api/v1/status", "get", "200"): lambda a: a.up.get("/api/v1/status"),
@@ -101,6 +114,16 @@ RECIPES: dict[tuple[str, str, str], Recipe] = {
     (L, "get", "401"): lambda a: a.auth.get(L),
     (L, "get", "503"): lambda a: a.down.get(L),
 }
+
+
+async def dead(apps: Apps) -> Any:
+    """/livez of the app whose bridge gave up (at once: SERVICE_RESTART_LIMIT=0)."""
+    await wait_for(lambda: _status(apps.dead.get("/livez"), 503), 10, "the bridge's loop failed")
+    return await apps.dead.get("/livez")
+
+
+async def _status(request: Awaitable[Any], status: int) -> bool:
+    return bool((await request).status == status)
 
 
 def documented(doc: dict[str, Any]) -> set[tuple[str, str, str]]:

@@ -166,3 +166,50 @@ def test_bad_configuration_fails_at_start_naming_the_variable(
     )
     assert done.returncode == 2
     assert f"configuration error: {variable}: " in done.stderr
+
+
+async def test_a_loop_that_keeps_crashing_stops_the_process_draining_exit_1(
+    db_url: str, nats_server: EmbeddedNats, client: Client, tmp_path: Path
+) -> None:
+    """The schedule's loop raises on every turn (TEST_FAULTS): it is restarted
+    SERVICE_RESTART_LIMIT times, then the process stops as on SIGTERM and exits 1. The
+    drain is the SIGTERM one: 20 acks held in the inbox (a DBA's transaction holds their
+    jobs, so the database calls them busy) are applied once the lock goes, after the
+    fatal line, before the process exits."""
+    n = 20
+    with dict_conn(db_url) as conn:
+        ups = [upload(conn) for _ in range(n)]
+        publish(conn)
+    port = free_port()
+    env = bridge_env(
+        db_url, nats_server.url(), port, TEST_FAULTS="schedule=-1", SERVICE_RESTART_LIMIT="3"
+    )
+    proc = ArmProcess("bridge", env, tmp_path / "b.log")
+    processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+    try:
+        proc.wait_healthy(port)
+        with dict_conn(db_url) as dba, dict_conn(db_url) as conn:
+            dba.execute("BEGIN")
+            dba.execute("SELECT id FROM arm.recognition_job FOR UPDATE").fetchall()
+            for up in ups:
+                await send(
+                    client, envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1"
+                )
+            await wait_for(
+                lambda: bool(log_lines(proc.log(), action="service_failed", service="schedule")),
+                30,
+                lambda: f"the schedule given up on: {proc.log()[-2000:]}",
+            )
+            assert proc.proc.poll() is None  # still draining: the acks wait for the lock
+            assert scalar(conn, processing) == 0
+            dba.execute("ROLLBACK")
+            code = await asyncio.to_thread(proc.proc.wait, 30)
+            assert code == 1
+            assert scalar(conn, processing) == n
+    finally:
+        if proc.proc.poll() is None:
+            proc.kill()
+    log = proc.log()
+    assert len(log_lines(log, action="service_crashed", service="schedule")) == 3
+    assert "arm-core: stopped: schedule crashed 4 times within 300 s" in log
+    assert log_lines(log, action="bridge_stopped", count="0")

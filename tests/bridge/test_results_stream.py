@@ -18,6 +18,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 
+from arm_core.bridge.service import Fatal
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
 from arm_core.devtools.embedded import free_port
@@ -301,13 +302,13 @@ async def test_a_bridge_that_cannot_go_on_tells_its_owner_and_says_refused(
         settings.require_database_url(), open=False, min_size=1, max_size=2
     )
     await pool.open(wait=False)
-    told: list[str] = []
+    told: list[Fatal] = []
     bridge = new_bridge(settings, pool, on_fatal=told.append)
     await bridge.start()
     try:
         await wait_for(lambda: bridge.fatal is not None, 30, "the stream refused")
-        assert bridge.fatal is not None and bridge.fatal.startswith("RESULTS_STREAM: ")
-        assert told == [bridge.fatal]
+        assert bridge.fatal is not None and bridge.fatal.reason.startswith("RESULTS_STREAM: ")
+        assert bridge.fatal.exit_code == 2 and told == [bridge.fatal]
         assert bridge.nats_state() == "refused"
     finally:
         await bridge.stop()

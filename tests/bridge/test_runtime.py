@@ -136,7 +136,14 @@ async def test_S_NATS_3_nats_disabled_starts_without_background_tasks(db_url: st
         assert await resp.json() == {"status": "ok", "db": "ok", "nats": "off", "outbox": "ok"}
         assert BRIDGE not in app
         running = {t.get_name() for t in asyncio.all_tasks()}
-        assert not running & {"publisher", "inbox", "listen", "schedule", "nats-connect"}
+        assert not running & {
+            "publisher",
+            "inbox-0",
+            "inbox-1",
+            "listen",
+            "schedule",
+            "nats-connect",
+        }
 
 
 async def test_healthcheck_reports_nats_unreachable(db_url: str, nats_server: EmbeddedNats) -> None:

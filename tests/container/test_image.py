@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -204,11 +205,13 @@ async def test_sigterm_with_work_in_flight_exits_0_and_loses_nothing(
     assert applied_results([text])  # the container had its share
 
 
-async def test_the_healthcheck_follows_the_database(
+async def test_the_healthcheck_is_liveness_and_readiness_follows_the_database(
     image: str, db_url: str, nats_server: EmbeddedNats, containers: list[Container]
 ) -> None:
-    """The image's HEALTHCHECK passes while the bridge reaches its database and NATS,
-    fails (exit 1, the 503 named) while the database is cut off, and passes again after."""
+    """The image's HEALTHCHECK asks /livez: it keeps passing while the database is cut
+    off — `arm-core healthcheck --ready` fails then, naming it, and passes again after —
+    and it fails while a loop is stuck (a DBA's lock holds the schedule's query past
+    LIVENESS_STALL_SECONDS), which a restart would end."""
     parts = urlsplit(db_url)
     assert parts.port is not None
     proxy = await TcpProxy(parts.port).start()
@@ -220,21 +223,35 @@ async def test_the_healthcheck_follows_the_database(
         # this loop serves; called on it, the connect blocked the loop and waited for the
         # kernel's connect timeout (about two minutes) before the test could go on.
         env = await asyncio.to_thread(bridge_env, via_proxy, nats_server.url())
+        env["LIVENESS_STALL_SECONDS"] = "3"
         ctr = Container(image, ["bridge"], env)
         containers.append(ctr)
         await asyncio.to_thread(ctr.start)
         await asyncio.to_thread(ctr.wait_healthy)
+
+        def ready() -> subprocess.CompletedProcess[str]:
+            return ctr.exec("arm-core", "healthcheck", "--ready")
+
+        await wait_for(lambda: asyncio.to_thread(lambda: ready().returncode == 0), 30, "ready")
         proxy.block()
-        checks: list[str] = []
-
-        def unhealthy() -> bool:
-            done = ctr.healthcheck()
-            checks.append(done.stdout + done.stderr)
-            return done.returncode == 1
-
-        await wait_for(lambda: asyncio.to_thread(unhealthy), 60, lambda: f"unhealthy: {checks}")
-        assert '"db": "unavailable' in ctr.exec("arm-core", "healthcheck").stderr
+        await wait_for(lambda: asyncio.to_thread(lambda: ready().returncode == 1), 60, "not ready")
+        assert '"db": "unavailable' in ready().stderr
+        assert (await asyncio.to_thread(ctr.healthcheck)).returncode == 0  # still alive
         proxy.unblock()
+        await wait_for(lambda: asyncio.to_thread(lambda: ready().returncode == 0), 60, "ready")
+        with dict_conn(db_url) as dba:
+            dba.execute("BEGIN")
+            dba.execute("LOCK TABLE arm.periodic_task IN ACCESS EXCLUSIVE MODE")
+            checks: list[str] = []
+
+            def unhealthy() -> bool:
+                done = ctr.healthcheck()
+                checks.append(done.stdout + done.stderr)
+                return done.returncode == 1
+
+            await wait_for(lambda: asyncio.to_thread(unhealthy), 60, lambda: f"unhealthy: {checks}")
+            assert '"schedule": "stalled"' in ctr.exec("arm-core", "healthcheck").stderr
+            dba.execute("ROLLBACK")
         await asyncio.to_thread(ctr.wait_healthy)
         code, _ = await asyncio.to_thread(ctr.stop)
         assert code == 0
@@ -273,7 +290,7 @@ async def test_the_bridge_in_a_container_with_tls_files_mounted_read_only(
         ctr = Container(image, ["bridge"], env, flags=["-v", f"{pki.root}:{secrets}:ro"])
         containers.append(ctr)
         await asyncio.to_thread(ctr.start)
-        await asyncio.to_thread(ctr.wait_healthy)  # over HTTPS, NATS connected over TLS
+        await asyncio.to_thread(ctr.wait_healthy)  # over HTTPS
         write = await asyncio.to_thread(ctr.exec, "sh", "-c", f"echo x > {secrets}/x")
         assert write.returncode != 0 and "Read-only file system" in write.stderr
         with dict_conn(db_url) as conn:

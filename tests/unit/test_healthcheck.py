@@ -32,6 +32,6 @@ def test_no_proc_no_command(tmp_path: Path) -> None:
 
 def test_every_interface_is_probed_on_loopback() -> None:
     settings = Settings(http_host="0.0.0.0", http_port=8080, bridge_health_port=9000)
-    assert health_url(settings, "serve") == "http://127.0.0.1:8080/healthcheck"
-    assert health_url(settings, "bridge") == "http://127.0.0.1:9000/healthcheck"
-    assert health_url(Settings(http_host="::1"), "serve") == "http://[::1]:8080/healthcheck"
+    assert health_url(settings, "serve") == "http://127.0.0.1:8080/livez"
+    assert health_url(settings, "bridge", "/readyz") == "http://127.0.0.1:9000/readyz"
+    assert health_url(Settings(http_host="::1"), "serve") == "http://[::1]:8080/livez"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import arm_core
-from arm_core.config import Settings
+from arm_core.config import FAULT_POINTS, Settings
 from arm_core.devtools import generated
 from arm_core.devtools.reference import MARKERS, MODES, SCAN, TABULAR, ReferenceConfig
 from arm_core.devtools.stack import DEV_DEFAULTS
@@ -129,6 +129,17 @@ MEANINGS: dict[str, str] = {
     "port answer HTTPS only (TLS 1.2 or later); empty: plain HTTP, for a TLS-terminating "
     "proxy in front",
     "HTTP_TLS_KEY_FILE": "PEM private key of `HTTP_TLS_CERT_FILE`, unencrypted",
+    "SERVICE_RESTART_LIMIT": "a loop of the bridge (publisher, an inbox worker, the "
+    "listener, the schedule, the results stream's fetch or replay) that raises what it does "
+    "not handle is logged (`action=service_crashed`) and restarted; one more crash than "
+    "this within `SERVICE_RESTART_WINDOW_SECONDS` stops the process as SIGTERM would "
+    "(draining) with exit code 1, for its supervisor to start a fresh one",
+    "SERVICE_RESTART_WINDOW_SECONDS": "the window of `SERVICE_RESTART_LIMIT`",
+    "LIVENESS_STALL_SECONDS": "`GET /livez` (and so the image's `HEALTHCHECK`) fails when a "
+    "loop of the bridge has not come round for this long: it is stuck, and a restart helps",
+    "TEST_FAULTS": "tests only, never in production: fault points that raise in the loops, "
+    "`point=N` for the next N turns (`-1`: every turn), comma-separated; points: "
+    + ", ".join(f"`{p}`" for p in FAULT_POINTS),
     # ReferenceConfig
     "REFERENCE_MODE": f"how the services answer: {' · '.join(f'`{m}`' for m in MODES)}; "
     f"{', '.join(f'`{marker}`' for marker, _ in MARKERS)} in a file's name overrides it for "
