@@ -67,8 +67,10 @@ class InboxConfig:
 
     # One buffer and one worker per worker; a job's envelopes always share one.
     workers: int = 2
-    # Envelopes held across the buffers while the database is unreachable.
+    # Envelopes held across the buffers while the database is unreachable, and the bytes
+    # they came as (each worker has its share of both).
     buffer_size: int = 10_000
+    buffer_bytes: int = 32 << 20
     # Envelopes per apply_envelopes_v2 call (per transaction).
     batch_size: int = 500
     # A message larger than this is rejected unread.
@@ -91,6 +93,11 @@ class InboxConfig:
         _check_positive(self)
         if self.workers > self.buffer_size:
             raise ValueError(f"InboxConfig: {self.workers} workers need a buffer_size as large")
+        if self.buffer_bytes // self.workers < self.max_payload_bytes:
+            raise ValueError(
+                "InboxConfig: each worker's share of buffer_bytes must hold a message of "
+                "max_payload_bytes"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +186,7 @@ def bridge_config(settings: Settings) -> BridgeConfig:
         inbox=InboxConfig(
             workers=s.inbox_workers,
             buffer_size=s.inbox_buffer_size,
+            buffer_bytes=s.inbox_buffer_bytes,
             batch_size=s.inbox_batch_size,
             max_payload_bytes=s.inbox_max_payload_bytes,
         ),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jsonschema.exceptions import best_match
+from nats.aio.msg import Msg
 
 from arm_core.bridge.contracts import RESULT_SCHEMA, fast_validator, validator
 from arm_core.bridge.nats_client import MSG_ID_HEADER
@@ -23,9 +24,13 @@ from arm_core.statuses import JobStatus
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Envelope:
-    """A schema-valid ack (`status = processing`) or result, with its Nats-Msg-Id."""
+    """A schema-valid ack (`status = processing`) or result, with its Nats-Msg-Id.
+
+    It holds what the database is given, as compact JSON text (`row_json`), not the
+    parsed message: a message's parsed form can take many times its size in memory (a
+    megabyte of `[{},{},…]` is hundreds of thousands of dicts), its text does not."""
 
     msg_id: str
     job_id: uuid.UUID
@@ -33,7 +38,11 @@ class Envelope:
     status: JobStatus  # processing (an ack), done, needs_check or error
     service_name: str
     service_version: str
-    body: dict[str, Any]
+    # One element of arm.apply_envelopes_v2's JSON array (arm_core.store.Answer).
+    row_json: str
+    # What it costs the inbox's buffer, in bytes: its message's size as it came, twice
+    # when the message itself is kept until acked (RESULTS_STREAM).
+    size: int = 0
     # What had to change so PostgreSQL can store it (NUL characters, NaN/Infinity, lone
     # surrogates), as JSON paths; empty when the envelope is stored as it came.
     made_storable: tuple[str, ...] = ()
@@ -41,30 +50,40 @@ class Envelope:
     msg_id_derived: bool = False
     # The JSON paths cut to the caps (capped): stored cut, with the original length.
     truncated: tuple[str, ...] = ()
+    # RESULTS_STREAM: the message it came in, acknowledged once its outcome is final
+    # (bridge/inbox.py); None when there is nothing to acknowledge (core NATS).
+    msg: Msg | None = None
 
     @property
     def is_ack(self) -> bool:
         return self.status is JobStatus.PROCESSING
 
     def row(self) -> dict[str, Any]:
-        """The envelope as one element of arm.apply_envelopes_v2's JSON array
-        (arm_core.store.Answer)."""
-        result_s3 = self.body.get("result_s3") or {}
-        error = self.body.get("error") or {}
-        return {
-            "job_id": str(self.job_id),
-            "file_id": str(self.file_id),
-            "msg_id": self.msg_id,
-            "status": self.status,
-            "service_name": self.service_name,
-            "service_version": self.service_version,
-            "result_bucket": result_s3.get("bucket"),
-            "result_key": result_s3.get("key"),
-            "result_schema_version": self.body.get("result_schema_version"),
-            "error_code": error.get("code"),
-            "error_message": error.get("message"),
-            "metrics": self.body.get("metrics"),
-        }
+        """The row as a dict (what row_json says)."""
+        loaded: dict[str, Any] = json.loads(self.row_json)
+        return loaded
+
+
+def _row_json(body: dict[str, Any], msg_id: str, status: JobStatus) -> str:
+    result_s3 = body.get("result_s3") or {}
+    error = body.get("error") or {}
+    row = {
+        "job_id": body["job_id"],
+        "file_id": body["file_id"],
+        "msg_id": msg_id,
+        "status": status.value,
+        "service_name": body["service"]["name"],
+        "service_version": body["service"]["version"],
+        "result_bucket": result_s3.get("bucket"),
+        "result_key": result_s3.get("key"),
+        "result_schema_version": body.get("result_schema_version"),
+        "error_code": error.get("code"),
+        "error_message": error.get("message"),
+        "metrics": body.get("metrics"),
+    }
+    # allow_nan=False: storable() has replaced every non-finite number; should one slip
+    # through, this raises here (a rejected envelope) instead of in PostgreSQL.
+    return json.dumps(row, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -202,14 +221,16 @@ def parse_envelope(
         body, changed = storable(body)
     truncated = capped(body)
     msg_id, msg_id_changed = storable(msg_id, "Nats-Msg-Id")
+    status = JobStatus(body["status"])
     return Envelope(
         msg_id=msg_id,
         job_id=uuid.UUID(body["job_id"]),
         file_id=uuid.UUID(body["file_id"]),
-        status=JobStatus(body["status"]),
+        status=status,
         service_name=body["service"]["name"],
         service_version=body["service"]["version"],
-        body=body,
+        row_json=_row_json(body, msg_id, status),
+        size=len(data),
         made_storable=tuple(msg_id_changed + changed),
         msg_id_derived=derived,
         truncated=tuple(truncated),

@@ -26,9 +26,9 @@ Counts = Counter[str]
 
 # Why an envelope was lost before the database saw it, as its log line says it.
 DROPPED_BECAUSE = {
-    "buffer_full": "the database has been unreachable for longer than INBOX_BUFFER_SIZE "
-    "({size} envelopes) lasts",
-    "shutdown": "the process stopped before it could apply it",
+    "buffer_full": "the database has been unreachable for longer than the inbox's buffer "
+    "lasts (INBOX_BUFFER_SIZE {size} envelopes, INBOX_BUFFER_BYTES {bytes} bytes)",
+    "shutdown": "the process stopped (or its inbox worker failed) before it could apply them",
 }
 
 
@@ -178,12 +178,14 @@ def ack_without_msg_id(counts: Counts, envelope: Envelope) -> None:
 
 def redelivered(counts: Counts, n: int) -> None:
     """Messages of a fetch from the results stream that were delivered before and not
-    acknowledged in time: the answers an instance held when it died come back this way."""
+    acknowledged in time, or handed back: the answers an instance held when it died, or
+    when it lost its database, come back this way."""
     metrics.REDELIVERED.inc(n)
     counts["redelivered"] += n
     log.info(
-        "%d answer(s) delivered again by the results stream (not acknowledged within its "
-        "ack_wait: an instance holding them stopped or died)",
+        "%d answer(s) delivered again by the results stream (handed back by a bridge that "
+        "lost its database, or not acknowledged within its ack_wait: one holding them "
+        "stopped or died)",
         n,
         extra={"action": "inbox_redelivered", "count": n},
     )
@@ -204,16 +206,48 @@ def replayed(counts: Counts, n: int, stream: str, leader: str) -> None:
     )
 
 
-def dropped(counts: Counts, envelope: Envelope, reason: str, buffer_size: int) -> None:
-    """An envelope lost before the database saw it (buffer_full, shutdown)."""
+def dropped(counts: Counts, envelope: Envelope, reason: str) -> None:
+    """An envelope lost before the database saw it (buffer_full, shutdown): counted, and
+    a DEBUG line with its job id (the burst it belongs to is told once at ERROR:
+    bridge/buffer.py DropBursts)."""
     metrics.envelope("dropped")
     counts[f"dropped.{reason}"] += 1
-    why = DROPPED_BECAUSE.get(reason, reason).format(size=buffer_size)
-    log.error(
-        "dropped an envelope: %s; the job times out at its reply deadline unless the "
-        "answer comes again",
-        why,
+    log.debug(
+        "dropped an envelope (%s)",
+        reason,
         extra=_envelope(envelope, "inbox_drop", reason=reason, status=envelope.status),
+    )
+
+
+def handed_back(counts: Counts, n: int, reason: str) -> None:
+    """Messages of the results stream this bridge let go unapplied (a NAK): the stream
+    delivers them again at once, to a bridge that can apply them."""
+    metrics.HANDED_BACK.inc(n)
+    counts["handed_back"] += n
+    log.info(
+        "handed %d answer(s) back to the results stream (%s): another bridge takes them",
+        n,
+        "the database is unreachable" if reason == "buffer_full" else "stopping",
+        extra={"action": "stream_hand_back", "count": n, "reason": reason},
+    )
+
+
+def intake_paused(counts: Counts, error: Exception) -> None:
+    """RESULTS_STREAM: the database is unreachable; the bridge takes no more answers."""
+    counts["intake_paused"] += 1
+    log.warning(
+        "this bridge cannot reach its database: it takes no more answers from the results "
+        "stream and hands back what it holds, until the database answers (%s)",
+        error,
+        extra={"action": "stream_intake", "state": "paused"},
+    )
+
+
+def intake_resumed(counts: Counts) -> None:
+    counts["intake_resumed"] += 1
+    log.info(
+        "the database answers: taking answers from the results stream again",
+        extra={"action": "stream_intake", "state": "resumed"},
     )
 
 

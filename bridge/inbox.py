@@ -39,6 +39,7 @@ never takes the others, or the process, down with it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import uuid
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 
 from arm_core.bridge import events
+from arm_core.bridge.buffer import Buffer, DropBursts
 from arm_core.bridge.config import InboxConfig
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
 from arm_core.bridge.service import Loop, Service
@@ -74,7 +76,8 @@ class EnvelopeOutcome:
 class InboxStep:
     """What one :meth:`Inbox.run_once` did: every envelope it took, with its outcome, in
     the order applied; those that came back `busy` and lead the worker's next batch; and
-    those dropped because the process stopped while the database was unreachable."""
+    those it let go without an outcome: handed back to the results stream while the
+    database was unreachable, or dropped because the process stopped meanwhile."""
 
     results: tuple[EnvelopeOutcome, ...] = ()
     deferred: tuple[Envelope, ...] = ()
@@ -99,7 +102,8 @@ class Inbox(Service):
     name = "inbox"
     # One buffer and one worker per INBOX_WORKERS; a job's envelopes always share one
     # (by job id), so their order holds while the workers' batches run side by side.
-    queues: list[asyncio.Queue[Envelope]] = field(init=False)
+    # Each holds its share of INBOX_BUFFER_SIZE envelopes and INBOX_BUFFER_BYTES.
+    queues: list[Buffer] = field(init=False)
     # Set while the worker holds a batch because the database is unreachable.
     db_unreachable: bool = False
     # Per worker, the envelopes that lead its next batch, before anything in its buffer:
@@ -108,16 +112,17 @@ class Inbox(Service):
     # True when the messages come from the results stream: each is settled with the
     # server once its envelope's outcome is final.
     acks: bool = False
-    # JetStream: the message each envelope in the inbox came in, by id(envelope).
-    _unsettled: dict[int, Msg] = field(default_factory=dict)
+    # Envelopes lost before the database saw them, told once per burst.
+    drops: DropBursts = field(default_factory=DropBursts)
     # Per worker: its loop crashed with a batch in hand, which it applies one envelope at
     # a time once restarted.
     _suspect: list[bool] = field(init=False)
 
     def __post_init__(self) -> None:
-        n = self.config.workers
-        size = max(1, self.config.buffer_size // n)
-        self.queues = [asyncio.Queue(maxsize=size) for _ in range(n)]
+        n, c = self.config.workers, self.config
+        self.queues = [
+            Buffer(max(1, c.buffer_size // n), max(1, c.buffer_bytes // n)) for _ in range(n)
+        ]
         self._leading = [[] for _ in range(n)]
         self._suspect = [False] * n
 
@@ -139,6 +144,20 @@ class Inbox(Service):
     def buffered(self) -> int:
         """Envelopes waiting in the buffers."""
         return sum(q.qsize() for q in self.queues)
+
+    def held(self) -> int:
+        """Envelopes received and not applied yet: in the buffers, or in a worker's hands
+        (its batch, held while the database is away; those waiting for a busy job)."""
+        return self.buffered() + sum(len(batch) for batch in self._leading)
+
+    def buffered_bytes(self) -> int:
+        """What the envelopes waiting in the buffers came as, in bytes."""
+        return sum(q.bytes for q in self.queues)
+
+    def room(self) -> tuple[int, int]:
+        """How many more envelopes, and bytes, the buffers take now, all together."""
+        rooms = [q.room() for q in self.queues]
+        return sum(r[0] for r in rooms), sum(r[1] for r in rooms)
 
     def dropped(self) -> int:
         """Envelopes lost before the database saw them, whatever the reason."""
@@ -167,32 +186,78 @@ class Inbox(Service):
             events.ack_without_msg_id(self.counts, parsed)
         if parsed.truncated:
             events.truncated(self.counts, parsed)
+        if settle:
+            # Kept until acked: the message counts against the buffer as well as its row.
+            parsed = dataclasses.replace(parsed, msg=msg, size=parsed.size + len(msg.data))
         worker = parsed.job_id.int % len(self.queues)
         queue = self.queues[worker]
-        if settle:
-            self._unsettled[id(parsed)] = msg
-        while True:
-            try:
-                queue.put_nowait(parsed)
+        if parsed.msg is not None and self.db_unreachable:
+            await self.let_go([parsed], "buffer_full")  # another bridge may reach it
+            return
+        while not queue.put_nowait(parsed):
+            if self.db_unreachable:
+                await self.let_go([parsed], "buffer_full")
                 return
-            except asyncio.QueueFull:
-                if self.db_unreachable:
-                    self.drop(parsed, "buffer_full")
-                    return
-                if not self.worker_running(worker):  # nobody will make room
-                    self.drop(parsed, "shutdown")
-                    return
-            try:  # the database is there, the worker is only behind: wait for room
-                await asyncio.wait_for(queue.put(parsed), self.config.full_recheck_seconds)
+            if not self.worker_running(worker):  # nobody will make room
+                await self.let_go([parsed], "shutdown")
                 return
-            except TimeoutError:
-                continue
+            # The database is there, the worker is only behind: wait for room.
+            if await queue.put(parsed, self.config.full_recheck_seconds):
+                break
 
-    def drop(self, envelope: Envelope, reason: str) -> None:
-        """Counts and logs an envelope that is lost before the database saw it. (From the
-        results stream it is not acked: the server delivers it again after ack_wait.)"""
-        self._unsettled.pop(id(envelope), None)
-        events.dropped(self.counts, envelope, reason, self.config.buffer_size)
+    async def let_go(self, envelopes: list[Envelope], reason: str) -> None:
+        """Envelopes this inbox will not apply (`reason`: buffer_full, shutdown). Those
+        from the results stream are handed back to it (a NAK: the stream delivers them
+        again at once, to whichever bridge fetches — one that reaches its database);
+        the others are lost before the database saw them: counted, logged once per
+        burst."""
+        returned = [e for e in envelopes if e.msg is not None]
+        for envelope in envelopes:
+            if envelope.msg is None:
+                c, why = self.config, events.DROPPED_BECAUSE.get(reason, reason)
+                self.drops.dropped(
+                    envelope, reason, why.format(size=c.buffer_size, bytes=c.buffer_bytes)
+                )
+                events.dropped(self.counts, envelope, reason)
+        for envelope in returned:
+            assert envelope.msg is not None
+            await self._settle(envelope.msg, hand_back=True)
+        if returned:
+            events.handed_back(self.counts, len(returned), reason)
+
+    async def step_aside(self) -> int:
+        """The database is unreachable: hands every message of the results stream the
+        buffers hold back to it (core NATS ones stay: nothing would deliver them
+        again); returns how many."""
+        returned = [e for q in self.queues for e in q.take(lambda e: e.msg is not None)]
+        if returned:
+            await self.let_go(returned, "buffer_full")
+        return len(returned)
+
+    async def probe(self, within: float = 2.0) -> bool:
+        """Whether the database answers now (one cheap read, within `within` seconds);
+        when it does, the inbox takes answers again."""
+        try:
+            async with asyncio.timeout(within):
+                await self.store.outbox_oldest_queued_age(pool_timeout=within / 2)
+        except (DatabaseError, TimeoutError):
+            return False
+        self.reachable()
+        return True
+
+    def reachable(self) -> None:
+        """The database answered."""
+        if self.db_unreachable:
+            self.db_unreachable = False
+            if self.acks:
+                events.intake_resumed(self.counts)
+        if self.drops:
+            self.drops.ended()
+
+    async def stop(self, grace: float) -> None:
+        await super().stop(grace)
+        if self.drops:
+            self.drops.ended()
 
     def slow_consumer(self) -> None:
         """nats-py dropped a message because its subscription queue was full."""
@@ -233,12 +298,9 @@ class Inbox(Service):
             results, dropped = await self._apply_until_done(batch, stopping)
         deferred = [r.envelope for r in results if r.outcome is ApplyOutcome.BUSY]
         self._leading[worker] = deferred
-        if self._unsettled:
-            for r in results:
-                if r.outcome is not ApplyOutcome.BUSY:
-                    msg = self._unsettled.pop(id(r.envelope), None)
-                    if msg is not None:
-                        await self._settle(msg, terminate=r.outcome is ApplyOutcome.FAILED)
+        for r in results:
+            if r.outcome is not ApplyOutcome.BUSY and r.envelope.msg is not None:
+                await self._settle(r.envelope.msg, terminate=r.outcome is ApplyOutcome.FAILED)
         return InboxStep(tuple(results), tuple(deferred), tuple(dropped))
 
     async def _work(self, worker: int, stopping: asyncio.Event) -> None:
@@ -254,10 +316,10 @@ class Inbox(Service):
             while not (stopping.is_set() and queue.empty() and not leading[worker]):
                 self.beat(name)
                 if not leading[worker] and queue.empty():
-                    try:
-                        leading[worker] = [await asyncio.wait_for(queue.get(), timeout=0.5)]
-                    except TimeoutError:
+                    first = await queue.get(0.5)
+                    if first is None:
                         continue
+                    leading[worker] = [first]
                 step = await self.run_once(worker, stopping)
                 if step.deferred and len(step.deferred) == len(step.results):
                     # All waiting on others' commits: a publisher's takes milliseconds;
@@ -272,8 +334,7 @@ class Inbox(Service):
             waiting, leading[worker] = leading[worker], []
             while not queue.empty():
                 waiting.append(queue.get_nowait())
-            for envelope in waiting:
-                self.drop(envelope, "shutdown")
+            await self.let_go(waiting, "shutdown")
             raise
         except Exception:
             # Unexpected: the supervisor logs it and starts this loop again, which then
@@ -287,27 +348,40 @@ class Inbox(Service):
         """Applies `batch`, holding it while the database is unreachable. A batch the
         database rejects is split into single envelopes, each applied on its own.
         Returns every envelope's outcome in the batch's order (`busy` ones are applied
-        again later), and the envelopes dropped at shutdown."""
+        again later), and the envelopes let go: with RESULTS_STREAM, its messages are
+        handed back to it as soon as the database is unreachable (the inbox steps
+        aside, bridge/stream.py stops fetching); the others are dropped at shutdown."""
         c = self.config
         backoff = c.backoff_seconds
         conflicts = 0
+        gone: list[Envelope] = []
         while True:
             try:
                 results = await self.apply(batch)
-                self.db_unreachable = False
-                return results, []
+                self.reachable()
+                return results, gone
             except DatabaseUnavailable as exc:
+                if not self.db_unreachable and self.acks:
+                    events.intake_paused(self.counts, exc)
                 self.db_unreachable = True
                 events.held(self.counts, len(batch), self.buffered(), exc)
                 self.beat(self.worker_name(self._worker_of(batch[0])))
+                if self.acks:
+                    # Step aside: what the results stream keeps goes back to it now, for
+                    # a bridge that reaches its database; only core NATS answers are held.
+                    returned = [e for e in batch if e.msg is not None]
+                    await self.let_go(returned, "buffer_full")
+                    await self.step_aside()
+                    batch, gone = [e for e in batch if e.msg is None], gone + returned
+                    if not batch:
+                        return [], gone
                 if stopping.is_set() and backoff >= c.backoff_max_seconds:
-                    for envelope in batch:
-                        self.drop(envelope, "shutdown")
-                    return [], batch
+                    await self.let_go(batch, "shutdown")
+                    return [], gone + batch
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, c.backoff_max_seconds)
             except DatabaseError as exc:
-                self.db_unreachable = False
+                self.reachable()
                 if (
                     is_transient(exc) and conflicts < c.conflict_retries
                 ):  # deadlock, serialization: again
@@ -321,9 +395,10 @@ class Inbox(Service):
                         exc,
                         extra={"action": "inbox_split", "count": len(batch)},
                     )
-                    return await self._one_by_one(batch, stopping)
+                    results, lost = await self._one_by_one(batch, stopping)
+                    return results, gone + lost
                 events.outcome(self.counts, batch[0], ApplyOutcome.FAILED, None, error=str(exc))
-                return [EnvelopeOutcome(batch[0], ApplyOutcome.FAILED)], []
+                return [EnvelopeOutcome(batch[0], ApplyOutcome.FAILED)], gone
 
     def _worker_of(self, envelope: Envelope) -> int:
         return envelope.job_id.int % len(self.queues)
@@ -357,10 +432,14 @@ class Inbox(Service):
                 busy_jobs.add(envelope.job_id)
         return results, dropped
 
-    async def _settle(self, msg: Msg, terminate: bool = False) -> None:
-        """Acks (or terminates) a message of the results stream. A lost ack only means
-        the message comes again: the database then calls it a duplicate."""
+    async def _settle(self, msg: Msg, terminate: bool = False, hand_back: bool = False) -> None:
+        """Acks (or terminates, or hands back: a NAK) a message of the results stream. A
+        lost ack only means the message comes again: the database then calls it a
+        duplicate."""
         try:
+            if hand_back:
+                await msg.nak()
+                return
             if terminate:
                 await msg.term()
             else:

@@ -264,10 +264,15 @@ async def ensure_results_stream(nc: Client, settings: Settings) -> JetStreamCont
     raise StreamUnavailable(f"RESULTS_STREAM: stream {name!r} could neither be read nor made")
 
 
-async def results_consumer(js: JetStreamContext, settings: Settings) -> Any:
+async def results_consumer(
+    js: JetStreamContext,
+    settings: Settings,
+    pending_bytes_limit: int = 32 << 20,
+) -> Any:
     """The one durable pull consumer (named NATS_QUEUE_GROUP) that every core instance
     fetches from: explicit acks, everything in the stream from its start, delivered
-    again until acked."""
+    again until acked. `pending_bytes_limit` bounds nats-py's queue of the pull
+    subscription (as INBOX_BUFFER_BYTES bounds the inbox's buffer)."""
     durable = settings.nats_queue_group
     config = ConsumerConfig(
         durable_name=durable,
@@ -284,6 +289,7 @@ async def results_consumer(js: JetStreamContext, settings: Settings) -> Any:
             durable=durable,
             stream=settings.results_stream,
             config=config,
+            pending_bytes_limit=pending_bytes_limit,
         )
     except APIError as exc:
         raise StreamUnavailable(

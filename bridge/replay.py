@@ -36,10 +36,13 @@ from arm_core.bridge.service import Service
 
 @dataclass
 class Recent:
-    """Core NATS messages of the last `seconds`, at most `limit` (the oldest go first)."""
+    """Core NATS messages of the last `seconds`, at most `limit` of them and `max_bytes`
+    of their data (a quarter of INBOX_BUFFER_BYTES): the oldest go first."""
 
     seconds: float
     limit: int = 100_000
+    max_bytes: int = 32 << 20
+    bytes: int = field(default=0, init=False)
     _kept: deque[tuple[float, Msg]] = field(default_factory=deque, init=False)
 
     def __len__(self) -> int:
@@ -49,12 +52,15 @@ class Recent:
         """nats-py subscription callback: remembers the message, forgets the expired."""
         now = time.monotonic()
         self._kept.append((now, msg))
+        self.bytes += len(msg.data)
         self._expire(now)
 
     def _expire(self, now: float) -> None:
         kept = self._kept
-        while kept and (now - kept[0][0] > self.seconds or len(kept) > self.limit):
-            kept.popleft()
+        while kept and (
+            now - kept[0][0] > self.seconds or len(kept) > self.limit or self.bytes > self.max_bytes
+        ):
+            self.bytes -= len(kept.popleft()[1].data)
 
     def take(self) -> list[Msg]:
         """What arrived in the last `seconds`, oldest first; the buffer is emptied (what
@@ -62,6 +68,7 @@ class Recent:
         self._expire(time.monotonic())
         taken = [msg for _, msg in self._kept]
         self._kept.clear()
+        self.bytes = 0
         return taken
 
 

@@ -147,10 +147,11 @@ class Bridge:
             c.result_subject,
             queue=c.queue_group,
             cb=self.inbox.on_message,
-            # nats-py's own queue in front of the callback (its defaults: 512 Ki messages,
-            # 128 MiB). It fills only while the inbox waits for room in its buffer, i.e.
-            # while the database is reachable but behind; past it nats-py drops and the
-            # inbox counts each drop as `slow_consumer`.
+            # nats-py's own queue in front of the callback, bounded in bytes as the inbox's
+            # buffer is (INBOX_BUFFER_BYTES). It fills only while the inbox waits for
+            # room in its buffer, i.e. while the database is reachable but behind; past
+            # it nats-py drops and the inbox counts each as `slow_consumer`.
+            pending_bytes_limit=c.inbox.buffer_bytes,
         )
         await confirm(self.nats)  # the server has the SUB before we say we are subscribed
         # A refused SUB leaves the connection up; the server's -ERR comes before the PONG
@@ -195,7 +196,9 @@ class Bridge:
         while True:
             try:
                 js = await ensure_results_stream(self.nats, s)
-                consumer = self.consumer or await results_consumer(js, s)
+                consumer = self.consumer or await results_consumer(
+                    js, s, pending_bytes_limit=c.inbox.buffer_bytes
+                )
                 break
             except StreamUnavailable as exc:
                 log.error("%s", exc, extra={"action": "stream_unavailable"})
@@ -246,12 +249,20 @@ class Bridge:
         logged, and the bridge goes on without."""
         c = self.config
         stream = c.results_stream or ""
-        self.recent = recent = Recent(c.replay_seconds)
+        # A quarter of INBOX_BUFFER_BYTES for the copies, and as much for nats-py's queue
+        # in front of them.
+        share = max(1, c.inbox.buffer_bytes // 4)
+        self.recent = recent = Recent(c.replay_seconds, max_bytes=share)
         self.replayer = Replayer(recent, self.inbox, stream, c.replay_delay_seconds)
         self.replayer.start(self.supervisor)
         elected = f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"
         error_before = self.nats.last_error
-        await self.nats.subscribe(c.result_subject, queue=c.queue_group, cb=recent.keep)
+        await self.nats.subscribe(
+            c.result_subject,
+            queue=c.queue_group,
+            cb=recent.keep,
+            pending_bytes_limit=share,
+        )
         await self.nats.subscribe(elected, cb=self.replayer.on_advisory)
         await confirm(self.nats)
         error = self.nats.last_error
@@ -287,7 +298,7 @@ class Bridge:
 
     def metrics_state(self) -> BridgeState:
         """arm_nats_connected (connected and subscribed) and arm_inbox_buffered."""
-        return BridgeState(self.nats_state() is NatsState.OK, self.inbox.buffered())
+        return BridgeState(self.nats_state() is NatsState.OK, self.inbox.held())
 
     async def stop(self, grace: float | None = None) -> None:
         """Leaves the exchange without losing what it holds, in this order (up to `grace`

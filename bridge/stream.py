@@ -32,14 +32,37 @@ class StreamConsumer(Service):
     batch_size: int = 500
     # The longest pause between failed fetches (they double from 0.1 s).
     fetch_pause_max_seconds: float = 2.0
+    # While the inbox cannot reach the database: how often it is asked again.
+    probe_seconds: float = 1.0
     name = "stream"
 
+    def fetch_size(self) -> int:
+        """How many messages a fetch may bring: batch_size, fewer when the inbox's
+        buffers have less room — counted as if each were as large as a message may be
+        (INBOX_MAX_PAYLOAD_BYTES), so what a fetch brings always fits INBOX_BUFFER_BYTES;
+        0 when they are full."""
+        count, free = self.inbox.room()
+        # A message kept until acked costs the buffer twice its size (it and its row).
+        largest = 2 * self.inbox.config.max_payload_bytes
+        return max(0, min(self.batch_size, count, free // largest))
+
     async def run_once(self, wait: float = 1.0) -> list[Msg]:
-        """One fetch of up to batch_size messages, waiting up to `wait` seconds for
+        """One fetch of up to fetch_size() messages, waiting up to `wait` seconds for
         the first; each is handed to the inbox (even when stopping: they are ours now).
-        Raises what the fetch raised; nats' TimeoutError when nothing came."""
+        Nothing is fetched while the buffers are full (what the stream keeps waits
+        there, not in this process's memory). Raises what the fetch raised; nats'
+        TimeoutError when nothing came."""
         self.fault("stream")
-        msgs: list[Msg] = await self.consumer.fetch(self.batch_size, timeout=wait)
+        if self.inbox.db_unreachable:
+            # Stepped aside: nothing is fetched until the database answers again.
+            if not await self.inbox.probe():
+                await asyncio.sleep(self.probe_seconds)
+                return []
+        n = self.fetch_size()
+        if n == 0:
+            await asyncio.sleep(min(wait, 0.05))  # the inbox's workers make room
+            return []
+        msgs: list[Msg] = await self.consumer.fetch(n, timeout=wait)
         again = sum(1 for msg in msgs if msg.metadata.num_delivered > 1)
         if again:
             events.redelivered(self.inbox.counts, again)

@@ -311,6 +311,10 @@ class Settings:
     nats_queue_group: str = env_var("NATS_QUEUE_GROUP", _subject, "arm-core")
     inbox_max_payload_bytes: int = env_var("INBOX_MAX_PAYLOAD_BYTES", number(int, 1024), 1 << 20)
     inbox_buffer_size: int = env_var("INBOX_BUFFER_SIZE", number(int, 1), 10_000)
+    # What the envelopes held in the inbox came as, in bytes, at most: the bound on the
+    # memory answers take while the database is away (with RESULTS_STREAM about twice
+    # this: each message is kept until acked). The default fits a 256 MiB container.
+    inbox_buffer_bytes: int = env_var("INBOX_BUFFER_BYTES", number(int, 1 << 16), 32 << 20)
     # Inbox workers, each with its own connection and share of INBOX_BUFFER_SIZE; a job's
     # envelopes always go to the same one.
     inbox_workers: int = env_var("INBOX_WORKERS", number(int, 1), 2)
@@ -382,6 +386,7 @@ class Settings:
         if settings.auth_mode == "token" and not settings.api_tokens:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
         nats_keypair(settings.nats_seed, settings.nats_jwt)
+        settings.check_inbox()
         settings.check_results_stream()
         settings.nats_tls_context()  # every TLS file read and checked now: exit 2 if bad
         settings.https_context()
@@ -403,6 +408,21 @@ class Settings:
         """The server context of `serve` and the bridge's health port (HTTP_TLS_CERT_FILE,
         HTTP_TLS_KEY_FILE); None: plain HTTP."""
         return https_server_context(self.http_tls_cert_file, self.http_tls_key_file)
+
+    def check_inbox(self) -> None:
+        """Each inbox worker's share of INBOX_BUFFER_BYTES holds a message of
+        INBOX_MAX_PAYLOAD_BYTES (else such an answer could never be taken)."""
+        need = self.inbox_workers * self.inbox_max_payload_bytes
+        if self.inbox_buffer_bytes < need:
+            raise ConfigError(
+                f"INBOX_BUFFER_BYTES: must be at least INBOX_WORKERS × "
+                f"INBOX_MAX_PAYLOAD_BYTES ({need}), got {self.inbox_buffer_bytes}"
+            )
+        if self.inbox_workers > self.inbox_buffer_size:
+            raise ConfigError(
+                f"INBOX_BUFFER_SIZE: must be at least INBOX_WORKERS ({self.inbox_workers}), "
+                f"got {self.inbox_buffer_size}"
+            )
 
     def check_results_stream(self) -> None:
         """With RESULTS_STREAM set: the durable consumer is named after NATS_QUEUE_GROUP

@@ -88,6 +88,13 @@ REDELIVERED = Counter(
     "within its ack_wait (one that held them stopped or died, or the database was out)",
     registry=REGISTRY,
 )
+HANDED_BACK = Counter(
+    "arm_inbox_handed_back",
+    "Messages of RESULTS_STREAM this process handed back unapplied (a NAK: delivered again "
+    "at once to whichever bridge fetches) because it could not reach its database, or "
+    "was stopping",
+    registry=REGISTRY,
+)
 REPLAYED = Counter(
     "arm_inbox_replayed",
     "Answers this process received by core NATS and handed to its inbox again when "
@@ -325,7 +332,8 @@ class AppMetrics(Collector):
             )
             yield GaugeMetricFamily(
                 "arm_inbox_buffered",
-                "Envelopes received and waiting in this process's inbox buffers",
+                "Envelopes received and not applied yet: in this process's inbox buffers, or "
+                "in a worker's batch held while the database is away",
                 value=state.inbox_buffered,
             )
 

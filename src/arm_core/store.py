@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -31,7 +30,6 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import scalar_row
-from psycopg.types.json import Jsonb
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
@@ -66,17 +64,12 @@ SendUnacked = Callable[[list[UnackedJob]], Awaitable[Sequence[UnackedJob]]]
 
 class Answer(Protocol):
     """An ack or a result as apply_envelopes_v2 takes it: arm_core.bridge.envelope's
-    Envelope. row() has the keys job_id, file_id, msg_id, status, service_name,
-    service_version, result_bucket, result_key, result_schema_version, error_code,
-    error_message, metrics."""
+    Envelope. row_json is a JSON object with the keys job_id, file_id, msg_id, status,
+    service_name, service_version, result_bucket, result_key, result_schema_version,
+    error_code, error_message, metrics."""
 
-    def row(self) -> dict[str, Any]: ...
-
-
-def _dumps(value: Any) -> str:
-    # allow_nan=False: the inbox has replaced every non-finite number already (envelope
-    # storable()); should one slip through, this raises here instead of in PostgreSQL.
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    @property
+    def row_json(self) -> str: ...
 
 
 # --- the store ------------------------------------------------------------------------
@@ -247,7 +240,8 @@ class Store:
         """Applies a batch of acks and results in one statement (one transaction), in
         order; returns one outcome per answer, in the batch's order, each applied one with
         the wait it ended."""
-        payload = Jsonb([a.row() for a in answers], dumps=_dumps)
+        # The rows are JSON text already: joined, not parsed and dumped again.
+        payload = "[" + ",".join(a.row_json for a in answers) + "]"
         rows = await self._pooled_rows(
             "apply_envelopes_v2", AppliedEnvelope, {"envelopes": payload}
         )

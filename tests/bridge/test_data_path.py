@@ -158,14 +158,15 @@ async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_
     """While the database is unreachable an inbox step (one worker) holds its batch and
     the buffer takes 4 more; what arrives beyond that is dropped at once (the callback
     does not wait for a database that is gone), and each drop is counted and logged with
-    its job id. What was held is applied once the database is back, in order."""
+    its job id at DEBUG, the burst once at ERROR when it starts and at WARNING with its
+    count when it ends. What was held is applied once the database is back, in order."""
     with dict_conn(db_url) as conn:
         ups = [upload(conn) for _ in range(10)]
         publish(conn)
     assert pg_server.port is not None
     proxy = await TcpProxy(pg_server.port).start()
     proxied = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
-    caplog.set_level(logging.INFO, logger="arm_core")
+    caplog.set_level(logging.DEBUG, logger="arm_core")
     holding: asyncio.Task[InboxStep] | None = None
     try:
         async with step_pool(proxied, pool_timeout=1) as pool:
@@ -185,6 +186,7 @@ async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_
             proxy.unblock()
             held = await asyncio.wait_for(holding, 30)
             rest = await inbox.run_once()
+            await feed.put(envelope(ups[5].job_id, ups[5].file_id, "processing"), "ack:5b")
     finally:
         if holding is not None:
             holding.cancel()  # a no-op unless the test failed while it held
@@ -196,6 +198,11 @@ async def test_envelopes_beyond_the_buffer_are_dropped_counted_and_logged_in_an_
     ]
     drops = logged(caplog.records, action="inbox_drop", reason="buffer_full")
     assert {str(r.job_id) for r in drops} == {str(up.job_id) for up in ups[5:]}
+    assert {r.levelno for r in drops} == {logging.DEBUG}
+    started, ended = logged(caplog.records, action="inbox_drops", reason="buffer_full")
+    assert (started.levelno, started.state) == (logging.ERROR, "started")
+    assert str(ups[5].job_id) in started.getMessage()
+    assert (ended.levelno, ended.state, ended.count) == (logging.WARNING, "ended", 5)
     with dict_conn(db_url) as conn:
         assert [job(conn, up.job_id)["status"] for up in ups] == ["processing"] * 5 + [
             "published"
@@ -467,7 +474,7 @@ async def test_an_answer_still_waiting_at_shutdown_is_counted_and_logged_as_lost
     with dict_conn(db_url) as conn:
         up = upload(conn)
         publish(conn)
-    caplog.set_level(logging.INFO, logger="arm_core")
+    caplog.set_level(logging.DEBUG, logger="arm_core")
     pool = AsyncConnectionPool(bridge_db_url, open=False, min_size=1, kwargs={"autocommit": True})
     await pool.open()
     bridge = new_bridge(fast_settings(db_url, nats_server.url()), pool)
@@ -485,6 +492,9 @@ async def test_an_answer_still_waiting_at_shutdown_is_counted_and_logged_as_lost
         await pool.close()
     assert bridge.inbox.dropped() == bridge.inbox.counts["dropped.shutdown"] == 1
     [line] = logged(caplog.records, action="inbox_drop", reason="shutdown")
-    assert line.job_id == up.job_id
+    assert line.job_id == up.job_id and line.levelno == logging.DEBUG
+    started, ended = logged(caplog.records, action="inbox_drops", reason="shutdown")
+    assert str(up.job_id) in started.getMessage() and started.levelno == logging.ERROR
+    assert ended.count == 1
     with dict_conn(db_url) as conn:
         assert job(conn, up.job_id)["status"] == "published"

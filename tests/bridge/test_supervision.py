@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,14 +19,16 @@ from nats.aio.client import Client
 from arm_core.bridge.service import InjectedFault
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import (
+    envelope,
     fast_settings,
     instant_service,
     logged,
     nats_client,
     running_bridge,
+    send,
     wait_for,
 )
-from tests.support.sql import dict_conn, job, upload
+from tests.support.sql import dict_conn, job, publish, upload
 
 pytestmark = pytest.mark.integration
 
@@ -195,7 +198,7 @@ async def test_an_outcome_this_bridge_does_not_know_is_logged_restarted_and_surv
 
 
 async def test_the_callback_never_waits_for_a_worker_that_has_failed(
-    db_url: str, js_server: EmbeddedNats, caplog: pytest.LogCaptureFixture
+    db_url: str, js_server: EmbeddedNats
 ) -> None:
     """A worker that failed past the limit drains nothing: the NATS callback drops (and
     counts) instead of waiting for room in its buffer forever."""
@@ -209,19 +212,27 @@ async def test_the_callback_never_waits_for_a_worker_that_has_failed(
         test_faults=(("inbox", -1),),
     )
     with dict_conn(db_url) as conn:
-        for _ in range(8):
-            upload(conn)
-    service = await instant_service(js_server.url())
+        ups = [upload(conn) for _ in range(8)]
+        publish(conn)
+    client = await nats_client(js_server.url())
     try:
         async with running_bridge(settings) as bridge:
+            counts = bridge.inbox.counts
+            # The first answer reaches the worker, which fails at once, past its limit.
+            await send(client, envelope(ups[0].job_id, ups[0].file_id, "processing"), "a:0")
             await wait_for(lambda: bridge.fatal is not None, 30, "the inbox failed")
             assert bridge.fatal is not None and bridge.fatal.reason.startswith("inbox-0 crashed")
             assert not bridge.supervisor.live()[0]
-            # 8 acks and 8 results for a buffer of 2 and a batch of 1 in the failed
-            # worker's hands: every other one is dropped by the callback at once.
-            await wait_for(
-                lambda: bridge.inbox.counts["received"] == 16, 30, "every answer handed over"
-            )
-            assert bridge.inbox.counts["dropped.shutdown"] == 16 - 2 - 1
+
+            # Two fill the buffer; each one after is handed over and dropped at once: the
+            # callback is free for the next.
+            def received(n: int) -> Callable[[], bool]:
+                return lambda: counts["received"] == n
+
+            for i, up in enumerate(ups[1:], 1):
+                await send(client, envelope(up.job_id, up.file_id, "processing"), f"a:{i}")
+                await wait_for(received(i + 1), 10, f"answer {i} taken")
+            assert counts["dropped.shutdown"] == 8 - 1 - 2
+            assert bridge.inbox.buffered() == 2
     finally:
-        await service.client.close()
+        await client.close()

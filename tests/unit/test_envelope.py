@@ -99,5 +99,5 @@ def test_what_the_raw_text_says_decides_the_walk(
     data = head[:-1] + b', "metrics": ' + raw_metrics + b"}"
     parsed = parse_envelope(data, {"Nats-Msg-Id": "r:1"}, 1 << 20)
     assert isinstance(parsed, Envelope), parsed
-    assert parsed.body["metrics"] == expected
+    assert parsed.row()["metrics"] == expected
     assert bool(parsed.made_storable) == changed

@@ -78,9 +78,15 @@ MEANINGS: dict[str, str] = {
     "INBOX_MAX_PAYLOAD_BYTES": "larger envelopes are dropped (logged)",
     "INBOX_BUFFER_SIZE": "envelopes held while the database is unreachable (see "
     "[What the inbox keeps](architecture.md#what-the-inbox-keeps))",
+    "INBOX_BUFFER_BYTES": "the bytes those envelopes came as, at most: the bound on what "
+    "answers take in memory while the database is away (about twice it with "
+    "`RESULTS_STREAM`, which keeps each message until it is acked; nats-py's queue of the "
+    "subscription is bounded by it too); at least `INBOX_WORKERS` × "
+    "`INBOX_MAX_PAYLOAD_BYTES`. Without `RESULTS_STREAM` what does not fit during an "
+    "outage is dropped (counted, logged once per burst); with it, it is not fetched",
     "INBOX_WORKERS": "inbox workers, each applying its own batches on its own connection; "
     "a job's envelopes always go to the same worker (order per job holds) and each has its "
-    "share of `INBOX_BUFFER_SIZE`",
+    "share of `INBOX_BUFFER_SIZE` and `INBOX_BUFFER_BYTES`",
     "INBOX_BATCH_SIZE": "most envelopes applied in one transaction",
     "OUTBOX_STUCK_SECONDS": "oldest queued job older than this (NATS up) → health "
     "`degraded`, `outbox: stuck: …`",
