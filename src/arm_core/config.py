@@ -252,6 +252,13 @@ def _path(name: str, raw: str) -> str:
 _POSITIVE = number(float, 0.001)
 LOG_FORMATS = ("text", "json")
 
+# Connections of the pool kept beside the bridge's loops for the API's requests,
+# /healthcheck and /metrics (and `arm-core bridge`'s health port): each holds one for a
+# statement of a few milliseconds, so four let a health check and a scrape run beside
+# two requests before a request waits (DATABASE_POOL_TIMEOUT_SECONDS); a burst beyond
+# that waits its turn rather than costing the server more sessions.
+POOL_RESERVE = 4
+
 
 @dataclass(frozen=True, repr=False)
 class Settings:
@@ -260,6 +267,9 @@ class Settings:
 
     database_url: str | None = env_var("DATABASE_URL", _database_url, None)
     db_pool_timeout_seconds: float = env_var("DATABASE_POOL_TIMEOUT_SECONDS", _POSITIVE, 5.0)
+    # The most connections the process's pool opens; None: enough for the bridge's loops
+    # and POOL_RESERVE (pool_max_size()).
+    db_pool_max_size: int | None = env_var("DATABASE_POOL_MAX_SIZE", number(int, 1), None)
     nats_urls: tuple[str, ...] = env_var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
     nats_enabled: bool = env_var("NATS_ENABLED", parse_bool, True)
     debug: bool = env_var("DEBUG", parse_bool, False)
@@ -352,9 +362,35 @@ class Settings:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
         nats_keypair(settings.nats_seed, settings.nats_jwt)
         settings.check_results_stream()
+        settings.pool_max_size()  # too small for the bridge's loops: exit 2 at start
         settings.nats_tls_context()  # every TLS file read and checked now: exit 2 if bad
         settings.https_context()
         return settings
+
+    def bridge_connections(self) -> int:
+        """Connections the bridge's loops hold at once at most when this process runs the
+        bridge (NATS_ENABLED): one per publisher and per inbox worker, one for the
+        schedule runner; 0 otherwise."""
+        if not self.nats_enabled:
+            return 0
+        return self.outbox_publishers + self.inbox_workers + 1
+
+    def pool_max_size(self) -> int:
+        """The pool's max_size: DATABASE_POOL_MAX_SIZE, or by default the bridge's loops
+        plus POOL_RESERVE. An explicit value that leaves the API no connection beside the
+        bridge's loops raises ConfigError naming the variable."""
+        loops = self.bridge_connections()
+        if self.db_pool_max_size is None:
+            return loops + POOL_RESERVE
+        if self.db_pool_max_size < loops + 1:
+            raise ConfigError(
+                f"DATABASE_POOL_MAX_SIZE: {self.db_pool_max_size} is too small: at least "
+                f"{loops + 1}, as the bridge's loops hold up to {loops} connections at once "
+                f"(OUTBOX_PUBLISHERS={self.outbox_publishers}, "
+                f"INBOX_WORKERS={self.inbox_workers}, the schedule runner 1) and the API, "
+                "/healthcheck and /metrics need at least 1 more"
+            )
+        return self.db_pool_max_size
 
     def nats_tls_context(self) -> ssl.SSLContext | None:
         """The SSL context of every NATS connection (bridge/nats_client.connect): when a

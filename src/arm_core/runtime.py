@@ -47,17 +47,19 @@ def new_app(settings: Settings, **kwargs: Any) -> web.Application:
     return app
 
 
-def make_pool(settings: Settings, max_size: int = 10) -> AsyncConnectionPool[Any]:
-    """The process's pool: connections with arm_core.db's timeouts and keepalives; one
-    that finds its server read-only (a standby: the primary has moved) is discarded
-    when taken, not reused; connection failures are logged as one outage."""
+def make_pool(settings: Settings) -> AsyncConnectionPool[Any]:
+    """The process's pool, of settings.pool_max_size() connections at most (the
+    bridge's loops and a reserve for the API: DATABASE_POOL_MAX_SIZE); connections
+    with arm_core.db's timeouts and keepalives; one that finds its server read-only (a
+    standby: the primary has moved) is discarded when taken, not reused; connection
+    failures are logged as one outage. (The bridge's LISTEN connection is its own.)"""
     url = settings.require_database_url()
     install_pool_log_filter()
     return AsyncConnectionPool(
         url,
         open=False,
         min_size=1,
-        max_size=max_size,
+        max_size=settings.pool_max_size(),
         timeout=settings.db_pool_timeout_seconds,
         kwargs={"autocommit": True, **connection_options(url)},
         check=_writable,
