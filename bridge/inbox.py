@@ -43,7 +43,7 @@ from arm_core.bridge import events
 from arm_core.bridge.config import InboxConfig
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
 from arm_core.bridge.service import Service
-from arm_core.db import DatabaseError, DatabaseUnavailable, is_transient
+from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable, is_transient
 from arm_core.statuses import ApplyOutcome, JobStatus
 from arm_core.store import Store
 
@@ -248,8 +248,9 @@ class Inbox(Service):
                 results = await self.apply(batch)
                 self.db_unreachable = False
                 return results, []
-            except DatabaseUnavailable as exc:
-                self.db_unreachable = True
+            except (DatabaseUnavailable, DatabasePoolExhausted) as exc:
+                # Exhausted: the database is there, every connection busy; same batch again.
+                self.db_unreachable = not isinstance(exc, DatabasePoolExhausted)
                 events.held(self.counts, len(batch), self.buffered(), exc)
                 if stopping.is_set() and backoff >= c.backoff_max_seconds:
                     for envelope in batch:

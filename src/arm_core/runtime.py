@@ -20,6 +20,7 @@ from arm_core.config import Settings
 from arm_core.db import (
     OUTAGE,
     DatabaseError,
+    DatabasePoolExhausted,
     connection_options,
     install_pool_log_filter,
     read_only,
@@ -108,7 +109,9 @@ async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
-    """200 while the process can serve; 503 with the reason when the database is down.
+    """200 while the process can serve; 503 with the reason when the database is down
+    (`db: unavailable: …`) or no connection of the pool came free in time (`db: pool
+    exhausted: …`).
 
     `outbox` says "stuck: …" when the oldest queued job has waited longer than
     OUTBOX_STUCK_SECONDS although NATS is up (or this process runs no bridge and so
@@ -120,6 +123,10 @@ async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
         age = await app[STORE].outbox_oldest_queued_age(
             pool_timeout=min(2.0, settings.db_pool_timeout_seconds)
         )
+    except DatabasePoolExhausted as exc:
+        # The database answers: this process's connections are all busy (not an outage).
+        db = f"pool exhausted: all {exc.figures.max_size} connections in use"
+        outbox = "unknown"
     except Exception as exc:
         # The driver's error names the cause (the store wraps it in DatabaseUnavailable).
         cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc

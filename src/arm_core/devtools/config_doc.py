@@ -50,7 +50,10 @@ MEANINGS: dict[str, str] = {
     f"{Settings().pool_max_size()} with the defaults; with `NATS_ENABLED=false`, "
     f"{Settings(nats_enabled=False).pool_max_size()}. Not from the pool: the bridge's "
     "LISTEN connection and `arm-core migrate`'s, one each. A value below the bridge's "
-    "loops plus 1 stops the process at start (exit 2). Every process opens up to this "
+    "loops plus 1 stops the process at start (exit 2). A request that finds every "
+    "connection in use for `DATABASE_POOL_TIMEOUT_SECONDS` gets `503 "
+    "DATABASE_POOL_EXHAUSTED` (not an outage: [Logs](logs-and-metrics.md#logs)). Every "
+    "process opens up to this "
     "many sessions plus its LISTEN one: keep their sum under the server's "
     "`max_connections`",
     "NATS_URL": "NATS server URL(s), comma-separated (every node of a cluster: "
