@@ -13,6 +13,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from arm_core.bridge.service import Service
+from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
 from arm_core.db import OUTAGE, connection_options
 from arm_core.redaction import mask_urls_in
 
@@ -37,6 +38,8 @@ class Listener(Service):
 
     database_url: str
     wake: asyncio.Event
+    # DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, like every session of the process.
+    idle_in_transaction: float = IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
     # How often the wait for a notification looks whether it should stop.
     poll_seconds: float = 1.0
     backoff_max_seconds: float = 10.0
@@ -53,7 +56,10 @@ class Listener(Service):
         backoff = 0.5
         while not stopping.is_set():
             try:
-                conninfo = make_conninfo(self.database_url, **connection_options(self.database_url))
+                options = connection_options(
+                    self.database_url, idle_in_transaction=self.idle_in_transaction
+                )
+                conninfo = make_conninfo(self.database_url, **options)
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self.wake.set()  # whatever was queued while we were not listening

@@ -88,7 +88,11 @@ class Bridge:
         self.publisher = Publisher(self.config.publisher, self.store, self.nats)
         self.inbox = Inbox(self.config.inbox, self.store)
         self.scheduler = Scheduler(self.config.scheduler, self.store)
-        self.listener = Listener(self.settings.require_database_url(), self.publisher.wake)
+        self.listener = Listener(
+            self.settings.require_database_url(),
+            self.publisher.wake,
+            idle_in_transaction=self.settings.db_idle_in_transaction_timeout_seconds,
+        )
 
     async def start(self) -> None:
         """Starts every service; returns at once (NATS may still be connecting)."""

@@ -259,6 +259,36 @@ LOG_FORMATS = ("text", "json")
 # that waits its turn rather than costing the server more sessions.
 POOL_RESERVE = 4
 
+# The longest the processes sit idle inside a transaction on purpose: the publisher
+# claims jobs, publishes them and waits for NATS's confirmation (bridge/nats_client.py
+# confirm: two flushes of up to CONFIRM_FLUSH_SECONDS each) before it commits.
+CONFIRM_FLUSH_SECONDS = 5
+PUBLISH_CONFIRM_SECONDS = 2 * CONFIRM_FLUSH_SECONDS
+# idle_in_transaction_session_timeout of every session the processes open (the pool's,
+# the LISTEN connection's, migrate's: arm_core.db.connection_options): twice the
+# publisher's longest legitimate idle, so a slow NATS never gets a healthy publish's
+# session ended, and well under a minute, so the session of a process whose network path
+# went silent mid-transaction gives back its snapshot and row locks within seconds
+# instead of hours.
+IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = 20.0
+# PostgreSQL takes the timeout in milliseconds, as a 32-bit integer (about 24.8 days).
+_PG_MAX_MILLISECONDS = 2**31 - 1
+
+
+def _idle_in_transaction(name: str, raw: str) -> float:
+    """0 (leave the server's setting), or more than the publisher's wait for NATS inside
+    its transaction and within what PostgreSQL takes."""
+    value = number(float, 0)(name, raw)
+    if 0 < value <= PUBLISH_CONFIRM_SECONDS:
+        raise ConfigError(
+            f"{name}: must be 0 (the server's setting) or more than "
+            f"{PUBLISH_CONFIRM_SECONDS:g} s, the publisher's wait for NATS's confirmation "
+            f"inside its transaction, got {raw!r}"
+        )
+    if value * 1000 > _PG_MAX_MILLISECONDS:
+        raise ConfigError(f"{name}: at most {_PG_MAX_MILLISECONDS // 1000} s, got {raw!r}")
+    return value
+
 
 @dataclass(frozen=True, repr=False)
 class Settings:
@@ -270,6 +300,14 @@ class Settings:
     # The most connections the process's pool opens; None: enough for the bridge's loops
     # and POOL_RESERVE (pool_max_size()).
     db_pool_max_size: int | None = env_var("DATABASE_POOL_MAX_SIZE", number(int, 1), None)
+    # The server ends a session left idle inside a transaction this long (every session:
+    # arm_core.db.connection_options); 0 leaves the server's setting, and an
+    # idle_in_transaction_session_timeout in DATABASE_URL's options wins.
+    db_idle_in_transaction_timeout_seconds: float = env_var(
+        "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
+        _idle_in_transaction,
+        IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
+    )
     nats_urls: tuple[str, ...] = env_var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
     nats_enabled: bool = env_var("NATS_ENABLED", parse_bool, True)
     debug: bool = env_var("DEBUG", parse_bool, False)

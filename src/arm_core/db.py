@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -130,11 +132,28 @@ CONNECTION_DEFAULTS = {
 }
 
 
-def connection_options(database_url: str) -> dict[str, str]:
+def connection_options(database_url: str, *, idle_in_transaction: float) -> dict[str, str]:
     """CONNECTION_DEFAULTS without those `database_url` sets itself (libpq reads both
-    forms: a URL, one or several hosts, and key=value)."""
+    forms: a URL, one or several hosts, and key=value); and, unless 0, libpq's `options`
+    with `-c idle_in_transaction_session_timeout=` `idle_in_transaction` seconds
+    (DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS): the server ends a session left idle
+    inside a transaction that long, e.g. one whose client's network path went silent.
+    The options the URL gives (or else PGOPTIONS, which libpq reads only when a
+    connection string has none) are kept ahead of it; when they set the timeout
+    themselves, they are left as they are."""
     given = conninfo_to_dict(database_url)
-    return {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+    found = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+    options = str(given["options"]) if "options" in given else os.environ.get("PGOPTIONS", "")
+    if idle_in_transaction > 0 and not _IDLE_IN_TRANSACTION_SET.search(options):
+        milliseconds = max(1, math.ceil(idle_in_transaction * 1000))
+        setting = f"-c idle_in_transaction_session_timeout={milliseconds}"
+        found["options"] = f"{options} {setting}" if options.strip() else setting
+    return found
+
+
+# The setting in libpq's options (`-c name=value`, `-cname=value` or `--name=value`,
+# dashes for underscores allowed).
+_IDLE_IN_TRANSACTION_SET = re.compile(r"idle[-_]in[-_]transaction[-_]session[-_]timeout\s*=", re.I)
 
 
 def read_only(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -62,7 +62,12 @@ def make_pool(settings: Settings) -> AsyncConnectionPool[Any]:
         min_size=1,
         max_size=settings.pool_max_size(),
         timeout=settings.db_pool_timeout_seconds,
-        kwargs={"autocommit": True, **connection_options(url)},
+        kwargs={
+            "autocommit": True,
+            **connection_options(
+                url, idle_in_transaction=settings.db_idle_in_transaction_timeout_seconds
+            ),
+        },
         check=_writable,
         configure=_connected,
         name="arm-core",

@@ -381,3 +381,15 @@ def test_arm_core_exits_2_naming_a_pool_too_small() -> None:
     done = subprocess.run([arm_core, "serve"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "DATABASE_POOL_MAX_SIZE: 3 is too small: at least 6" in done.stderr
+
+
+def test_the_idle_in_transaction_timeout_is_0_or_above_the_publishers_wait() -> None:
+    assert Settings.from_env({}).db_idle_in_transaction_timeout_seconds == 20
+    variable = "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS"
+    assert Settings.from_env({variable: "0"}).db_idle_in_transaction_timeout_seconds == 0
+    assert Settings.from_env({variable: "45"}).db_idle_in_transaction_timeout_seconds == 45
+    for value in ("10", "0.5", "-1", "soon", "3000000"):
+        with pytest.raises(ConfigError, match=rf"^{variable}: "):
+            Settings.from_env({variable: value})
+    with pytest.raises(ConfigError, match="more than 10 s, the publisher's wait"):
+        Settings.from_env({variable: "5"})

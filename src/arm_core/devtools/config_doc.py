@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import arm_core
-from arm_core.config import POOL_RESERVE, Settings
+from arm_core.config import POOL_RESERVE, PUBLISH_CONFIRM_SECONDS, Settings
 from arm_core.devtools import generated
 from arm_core.devtools.reference import MARKERS, MODES, SCAN, TABULAR, ReferenceConfig
 from arm_core.devtools.stack import DEV_DEFAULTS
@@ -56,6 +56,16 @@ MEANINGS: dict[str, str] = {
     "process opens up to this "
     "many sessions plus its LISTEN one: keep their sum under the server's "
     "`max_connections`",
+    "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS": "every session the processes open (the "
+    "pool's, the bridge's LISTEN connection, `arm-core migrate`'s) sets PostgreSQL's "
+    "`idle_in_transaction_session_timeout` to this, so the server ends a session left "
+    "idle inside a transaction that long (a process whose network path to PostgreSQL went "
+    "silent mid-transaction no longer holds its snapshot and row locks for hours); above "
+    "the publisher's longest wait inside a transaction, NATS's confirmation "
+    f"({PUBLISH_CONFIRM_SECONDS:g} s), or the process stops at start (exit 2). `0`: "
+    "the server's setting. A `DATABASE_URL` whose `options` set it (`options=-c "
+    "idle_in_transaction_session_timeout=…`) wins; its other options are kept. See also "
+    "the server's TCP keepalives: [For DBAs](dbas.md#connections-and-dead-clients)",
     "NATS_URL": "NATS server URL(s), comma-separated (every node of a cluster: "
     "[On a NATS cluster](not-losing-answers.md#on-a-nats-cluster))",
     "NATS_ENABLED": "start the bridge's tasks (publisher, inbox, schedule) in `serve`",
