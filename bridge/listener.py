@@ -46,6 +46,14 @@ class Listener(Service):
     state: ListenerState = ListenerState.CONNECTING
     name = "listen"
 
+    def conninfo(self) -> str:
+        """The LISTEN connection's: DATABASE_URL with the options of every session
+        (arm_core.db.connection_options)."""
+        options = connection_options(
+            self.database_url, idle_in_transaction=self.idle_in_transaction
+        )
+        return make_conninfo(self.database_url, **options)
+
     def status(self) -> ListenerState:
         """The connection's state; `stopped` once the loop has ended."""
         if self.ended():
@@ -56,10 +64,7 @@ class Listener(Service):
         backoff = 0.5
         while not stopping.is_set():
             try:
-                options = connection_options(
-                    self.database_url, idle_in_transaction=self.idle_in_transaction
-                )
-                conninfo = make_conninfo(self.database_url, **options)
+                conninfo = self.conninfo()
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self.wake.set()  # whatever was queued while we were not listening

@@ -90,7 +90,8 @@ async def test_a_starved_pool_is_exhausted_and_an_unreachable_database_an_outage
                 )
             assert app[STORE].pool_figures.in_use == POOL_SIZE
 
-            starved = await http.get(path)
+            async with asyncio.timeout(10):  # a connection to spare would wait on the lock
+                starved = await http.get(path)
             assert starved.status == 503
             body = await starved.json()
             assert body["error"]["code"] == "DATABASE_POOL_EXHAUSTED", body

@@ -2,19 +2,25 @@
 process's pool sets idle_in_transaction_session_timeout
 (DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, shortened here), so the server ends one
 left idle inside a transaction — as a process whose network path went silent leaves
-it — and the pool replaces it; a DATABASE_URL that sets the timeout itself keeps it."""
+it — and the pool replaces it. A DATABASE_URL that sets the timeout itself keeps it, its
+other options are kept beside ours, 0 leaves the server's setting, and the bridge's
+LISTEN connection (not from the pool) gets the setting too."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
 
 from arm_core.config import Settings
 from arm_core.runtime import make_pool
 from arm_core.store import Store
-from tests.support.bridge import wait_for
+from tests.support.bridge import fast_settings, new_bridge, wait_for
 from tests.support.sql import dict_conn, scalar
+from tests.support.steps import NO_NATS
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +84,21 @@ async def test_a_database_url_that_sets_the_timeout_keeps_it(
         await pool.close()
 
 
+async def test_the_urls_other_options_are_kept_beside_the_timeout(bridge_db_url: str) -> None:
+    pool = make_pool(settings(make_conninfo(bridge_db_url, options="-c work_mem=2MB"), 0.5))
+    await pool.open(wait=True)
+    try:
+        async with pool.connection() as conn:
+            for name, value in (
+                ("idle_in_transaction_session_timeout", "500ms"),
+                ("work_mem", "2MB"),
+            ):
+                row = await (await conn.execute(f"SHOW {name}")).fetchone()
+                assert row is not None and row[0] == value, name
+    finally:
+        await pool.close()
+
+
 async def test_0_leaves_the_servers_setting(bridge_db_url: str) -> None:
     pool = make_pool(settings(bridge_db_url, 0))
     await pool.open(wait=True)
@@ -87,3 +108,15 @@ async def test_0_leaves_the_servers_setting(bridge_db_url: str) -> None:
             assert row is not None and row[0] == "0"  # the suite's server sets none
     finally:
         await pool.close()
+
+
+async def test_the_listen_connection_of_a_bridge_gets_the_timeout_too(bridge_db_url: str) -> None:
+    """The bridge's LISTEN session is not from the pool: its own connection string
+    carries the setting (DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS of the bridge's
+    settings), as the server sees it."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(bridge_db_url, open=False)
+    values = {"db_idle_in_transaction_timeout_seconds": 45.0, "nats_enabled": True}
+    bridge = new_bridge(fast_settings(bridge_db_url, NO_NATS, **values), pool)
+    async with await psycopg.AsyncConnection.connect(bridge.listener.conninfo()) as conn:
+        row = await (await conn.execute("SHOW idle_in_transaction_session_timeout")).fetchone()
+        assert row is not None and row[0] == "45s"
