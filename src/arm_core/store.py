@@ -9,8 +9,9 @@ driver errors into arm_core.db's DatabaseError / DatabaseUnavailable, named afte
 operation. A wait for a connection that runs out is told apart here, in _connection:
 DatabasePoolExhausted when every connection of the pool is in use (the store counts
 those it holds: nothing else takes the pool's), DatabaseUnavailable (an outage) when the
-pool could not connect. Rows come back typed (arm_core.rows). Every state change happens in the
-functions of db/functions; this module only says what goes in and what comes out.
+pool could not connect. Rows come back typed (arm_core.rows). Every state change happens
+in the functions of db/functions; this module only says what goes in and what comes
+out.
 
 The publisher's two operations take a `send` callback: the jobs are claimed, handed to
 `send` (which publishes them to NATS and returns once the server confirmed them) and
