@@ -308,11 +308,13 @@ def applied_batch(counts: Counts, outcomes: Counter[ApplyOutcome]) -> None:
 
 
 def held(counts: Counts, n: int, waiting: int, error: Exception) -> None:
-    """The database is unreachable: the inbox holds its batch and tries again."""
+    """The database is unreachable, or no connection of the pool came free: the inbox
+    holds its batch and tries again."""
     counts["db_retries"] += 1
-    # DEBUG: the outage itself is logged once by arm_core.db.OUTAGE, not once per retry.
+    # DEBUG: the outage (or the exhausted pool) is logged once by arm_core.db, not once
+    # per retry; `error` says which.
     log.debug(
-        "database unavailable, holding %d envelopes (%d more waiting): %s",
+        "holding %d envelopes (%d more waiting): %s",
         n,
         waiting,
         error,

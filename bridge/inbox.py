@@ -53,7 +53,7 @@ from arm_core.bridge.buffer import Buffer, DropBursts
 from arm_core.bridge.config import InboxConfig
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
 from arm_core.bridge.service import Loop, Service
-from arm_core.db import DatabaseError, DatabaseUnavailable, is_transient
+from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable, is_transient
 from arm_core.statuses import ApplyOutcome, JobStatus
 from arm_core.store import Store
 
@@ -360,13 +360,15 @@ class Inbox(Service):
                 results = await self.apply(batch)
                 self.reachable()
                 return results, gone
-            except DatabaseUnavailable as exc:
-                if not self.db_unreachable and self.acks:
+            except (DatabaseUnavailable, DatabasePoolExhausted) as exc:
+                # Exhausted: the database is there, every connection busy; same batch again.
+                unreachable = not isinstance(exc, DatabasePoolExhausted)
+                if unreachable and not self.db_unreachable and self.acks:
                     events.intake_paused(self.counts, exc)
-                self.db_unreachable = True
+                self.db_unreachable = self.db_unreachable or unreachable
                 events.held(self.counts, len(batch), self.buffered(), exc)
                 self.beat(self.worker_name(self._worker_of(batch[0])))
-                if self.acks:
+                if self.acks and unreachable:
                     # Step aside: what the results stream keeps goes back to it now, for
                     # a bridge that reaches its database; only core NATS answers are held.
                     returned = [e for e in batch if e.msg is not None]

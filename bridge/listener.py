@@ -13,6 +13,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from arm_core.bridge.service import Service
+from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
 from arm_core.db import OUTAGE, connection_options
 from arm_core.redaction import mask_urls_in
 
@@ -37,11 +38,21 @@ class Listener(Service):
 
     database_url: str
     wake: asyncio.Event
+    # DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, like every session of the process.
+    idle_in_transaction: float = IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
     # How often the wait for a notification looks whether it should stop.
     poll_seconds: float = 1.0
     backoff_max_seconds: float = 10.0
     state: ListenerState = ListenerState.CONNECTING
     name = "listen"
+
+    def conninfo(self) -> str:
+        """The LISTEN connection's: DATABASE_URL with the options of every session
+        (arm_core.db.connection_options)."""
+        options = connection_options(
+            self.database_url, idle_in_transaction=self.idle_in_transaction
+        )
+        return make_conninfo(self.database_url, **options)
 
     def status(self) -> ListenerState:
         """The connection's state; `stopped` once the loop has ended."""
@@ -54,7 +65,7 @@ class Listener(Service):
         while not stopping.is_set():
             self.beat()
             try:
-                conninfo = make_conninfo(self.database_url, **connection_options(self.database_url))
+                conninfo = self.conninfo()
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self.wake.set()  # whatever was queued while we were not listening

@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
-from arm_core.config import Settings
+from arm_core.config import CONFIRM_FLUSH_SECONDS, Settings
 from arm_core.nats_credentials import nats_keypair
 from arm_core.redaction import mask_urls_in
 
@@ -38,9 +38,11 @@ async def confirm(nc: Client) -> None:
     nats-py writes flush()'s PING straight to the socket, ahead of PUBs (and SUBs) still
     waiting for its flusher task: the first PONG proves nothing about them. The first
     flush hands them to the socket; the second PING follows them, so its PONG means the
-    server has read them all."""
-    await nc.flush(timeout=5)
-    await nc.flush(timeout=5)
+    server has read them all. The publisher waits for it inside its transaction: the
+    sessions' idle_in_transaction_session_timeout is above the two flushes' bound
+    (arm_core.config.PUBLISH_CONFIRM_SECONDS)."""
+    await nc.flush(timeout=CONFIRM_FLUSH_SECONDS)
+    await nc.flush(timeout=CONFIRM_FLUSH_SECONDS)
 
 
 def auth_options(settings: Settings) -> dict[str, Any]:

@@ -97,7 +97,11 @@ class Bridge:
         self.publisher = Publisher(self.config.publisher, self.store, self.nats)
         self.inbox = Inbox(self.config.inbox, self.store)
         self.scheduler = Scheduler(self.config.scheduler, self.store)
-        self.listener = Listener(self.settings.require_database_url(), self.publisher.wake)
+        self.listener = Listener(
+            self.settings.require_database_url(),
+            self.publisher.wake,
+            idle_in_transaction=self.settings.db_idle_in_transaction_timeout_seconds,
+        )
 
     def _fail(self, fatal: Fatal) -> None:
         if self.fatal is None:

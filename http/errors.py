@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from arm_core.db import DatabaseUnavailable
+from arm_core.db import DatabasePoolExhausted, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # The outage is logged once by arm_core.db.OUTAGE, not once per request.
         log.debug("database unavailable: %s", exc, extra={"action": "http"})
         return error_response(503, "DATABASE_UNAVAILABLE", "the database cannot be reached")
+    except DatabasePoolExhausted as exc:
+        # The database answers; every connection of this process is busy. Logged once by
+        # arm_core.db.POOL_EXHAUSTION (action=db_pool_exhausted), not once per request.
+        log.debug("database pool exhausted: %s", exc, extra={"action": "http"})
+        return error_response(
+            503,
+            "DATABASE_POOL_EXHAUSTED",
+            "every database connection of this process is in use "
+            f"(DATABASE_POOL_MAX_SIZE={exc.figures.max_size}); try again shortly",
+        )
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "INTERNAL", "internal error; see the server log")

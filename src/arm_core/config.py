@@ -271,6 +271,43 @@ def _faults(name: str, raw: str) -> tuple[tuple[str, int], ...]:
 _POSITIVE = number(float, 0.001)
 LOG_FORMATS = ("text", "json")
 
+# Connections of the pool kept beside the bridge's loops for the API's requests,
+# /healthcheck and /metrics (and `arm-core bridge`'s health port): each holds one for a
+# statement of a few milliseconds, so four let a health check and a scrape run beside
+# two requests before a request waits (DATABASE_POOL_TIMEOUT_SECONDS); a burst beyond
+# that waits its turn rather than costing the server more sessions.
+POOL_RESERVE = 4
+
+# The longest the processes sit idle inside a transaction on purpose: the publisher
+# claims jobs, publishes them and waits for NATS's confirmation (bridge/nats_client.py
+# confirm: two flushes of up to CONFIRM_FLUSH_SECONDS each) before it commits.
+CONFIRM_FLUSH_SECONDS = 5
+PUBLISH_CONFIRM_SECONDS = 2 * CONFIRM_FLUSH_SECONDS
+# idle_in_transaction_session_timeout of every session the processes open (the pool's,
+# the LISTEN connection's, migrate's: arm_core.db.connection_options): twice the
+# publisher's longest legitimate idle, so a slow NATS never gets a healthy publish's
+# session ended, and well under a minute, so the session of a process whose network path
+# went silent mid-transaction gives back its snapshot and row locks within seconds
+# instead of hours.
+IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = 20.0
+# PostgreSQL takes the timeout in milliseconds, as a 32-bit integer (about 24.8 days).
+_PG_MAX_MILLISECONDS = 2**31 - 1
+
+
+def _idle_in_transaction(name: str, raw: str) -> float:
+    """0 (leave the server's setting), or more than the publisher's wait for NATS inside
+    its transaction and within what PostgreSQL takes."""
+    value = number(float, 0)(name, raw)
+    if 0 < value <= PUBLISH_CONFIRM_SECONDS:
+        raise ConfigError(
+            f"{name}: must be 0 (the server's setting) or more than "
+            f"{PUBLISH_CONFIRM_SECONDS:g} s, the publisher's wait for NATS's confirmation "
+            f"inside its transaction, got {raw!r}"
+        )
+    if value * 1000 > _PG_MAX_MILLISECONDS:
+        raise ConfigError(f"{name}: at most {_PG_MAX_MILLISECONDS // 1000} s, got {raw!r}")
+    return value
+
 
 @dataclass(frozen=True, repr=False)
 class Settings:
@@ -279,6 +316,17 @@ class Settings:
 
     database_url: str | None = env_var("DATABASE_URL", _database_url, None)
     db_pool_timeout_seconds: float = env_var("DATABASE_POOL_TIMEOUT_SECONDS", _POSITIVE, 5.0)
+    # The most connections the process's pool opens; None: enough for the bridge's loops
+    # and POOL_RESERVE (pool_max_size()).
+    db_pool_max_size: int | None = env_var("DATABASE_POOL_MAX_SIZE", number(int, 1), None)
+    # The server ends a session left idle inside a transaction this long (every session:
+    # arm_core.db.connection_options); 0 leaves the server's setting, and an
+    # idle_in_transaction_session_timeout in DATABASE_URL's options wins.
+    db_idle_in_transaction_timeout_seconds: float = env_var(
+        "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
+        _idle_in_transaction,
+        IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
+    )
     nats_urls: tuple[str, ...] = env_var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
     nats_enabled: bool = env_var("NATS_ENABLED", parse_bool, True)
     debug: bool = env_var("DEBUG", parse_bool, False)
@@ -388,9 +436,35 @@ class Settings:
         nats_keypair(settings.nats_seed, settings.nats_jwt)
         settings.check_inbox()
         settings.check_results_stream()
+        settings.pool_max_size()  # too small for the bridge's loops: exit 2 at start
         settings.nats_tls_context()  # every TLS file read and checked now: exit 2 if bad
         settings.https_context()
         return settings
+
+    def bridge_connections(self) -> int:
+        """Connections the bridge's loops hold at once at most when this process runs the
+        bridge (NATS_ENABLED): one per publisher and per inbox worker, one for the
+        schedule runner; 0 otherwise."""
+        if not self.nats_enabled:
+            return 0
+        return self.outbox_publishers + self.inbox_workers + 1
+
+    def pool_max_size(self) -> int:
+        """The pool's max_size: DATABASE_POOL_MAX_SIZE, or by default the bridge's loops
+        plus POOL_RESERVE. An explicit value that leaves the API no connection beside the
+        bridge's loops raises ConfigError naming the variable."""
+        loops = self.bridge_connections()
+        if self.db_pool_max_size is None:
+            return loops + POOL_RESERVE
+        if self.db_pool_max_size < loops + 1:
+            raise ConfigError(
+                f"DATABASE_POOL_MAX_SIZE: {self.db_pool_max_size} is too small: at least "
+                f"{loops + 1}, as the bridge's loops hold up to {loops} connections at once "
+                f"(OUTBOX_PUBLISHERS={self.outbox_publishers}, "
+                f"INBOX_WORKERS={self.inbox_workers}, the schedule runner 1) and the API, "
+                "/healthcheck and /metrics need at least 1 more"
+            )
+        return self.db_pool_max_size
 
     def nats_tls_context(self) -> ssl.SSLContext | None:
         """The SSL context of every NATS connection (bridge/nats_client.connect): when a

@@ -6,7 +6,9 @@ db/functions. The runtime sends them only through arm_core.store, which types th
 parameters and rows; query(name) is for the store (and for tests that run a query as
 it is). Driver errors become :class:`DatabaseUnavailable` (the server cannot be reached,
 or is read-only — a standby: retrying later makes sense) or :class:`DatabaseError`
-(anything else).
+(anything else). A wait for a connection of the pool that ran out while every
+connection was in use is neither: :class:`DatabasePoolExhausted` (the store tells the
+two apart, :meth:`PoolFigures.full`), logged as its own event by :data:`POOL_EXHAUSTION`.
 
 An outage is one event for the operator, however many connections and tasks meet it:
 :data:`OUTAGE` logs it once when it starts (with the cause), every
@@ -20,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -41,6 +46,39 @@ class DatabaseError(Exception):
 
 class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached right now (connection refused, lost, timed out)."""
+
+
+@dataclass(frozen=True)
+class PoolFigures:
+    """The process's pool as it stands (read by Store.pool_figures). `in_use`:
+    connections the store has taken and not given back; `idle`: ready in the pool;
+    `connecting`: the rest of the pool's connections, being opened or opened again
+    after one was lost (psycopg_pool's `pool_size` counts those too, so a pool whose
+    connections an outage broke looks full); `waiting`: requests waiting for one, as
+    the pool counts them."""
+
+    max_size: int
+    in_use: int
+    idle: int
+    connecting: int
+    waiting: int
+
+    @property
+    def full(self) -> bool:
+        """Every connection the pool may open is in use: a wait for one that ran out is
+        the pool's limit, not the database (which then leaves connections `connecting`,
+        never `in_use`)."""
+        return self.in_use >= self.max_size
+
+
+class DatabasePoolExhausted(DatabaseError):
+    """No connection of the pool came free within the wait while every one was in use:
+    the database answers, this process asks more of it at once than
+    DATABASE_POOL_MAX_SIZE allows. Worth trying again shortly; not an outage."""
+
+    def __init__(self, message: str, figures: PoolFigures) -> None:
+        super().__init__(message)
+        self.figures = figures
 
 
 @cache
@@ -94,11 +132,28 @@ CONNECTION_DEFAULTS = {
 }
 
 
-def connection_options(database_url: str) -> dict[str, str]:
+def connection_options(database_url: str, *, idle_in_transaction: float) -> dict[str, str]:
     """CONNECTION_DEFAULTS without those `database_url` sets itself (libpq reads both
-    forms: a URL, one or several hosts, and key=value)."""
+    forms: a URL, one or several hosts, and key=value); and, unless 0, libpq's `options`
+    with `-c idle_in_transaction_session_timeout=` `idle_in_transaction` seconds
+    (DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS): the server ends a session left idle
+    inside a transaction that long, e.g. one whose client's network path went silent.
+    The options the URL gives (or else PGOPTIONS, which libpq reads only when a
+    connection string has none) are kept ahead of it; when they set the timeout
+    themselves, they are left as they are."""
     given = conninfo_to_dict(database_url)
-    return {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+    found = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+    options = str(given["options"]) if "options" in given else os.environ.get("PGOPTIONS", "")
+    if idle_in_transaction > 0 and not _IDLE_IN_TRANSACTION_SET.search(options):
+        milliseconds = max(1, math.ceil(idle_in_transaction * 1000))
+        setting = f"-c idle_in_transaction_session_timeout={milliseconds}"
+        found["options"] = f"{options} {setting}" if options.strip() else setting
+    return found
+
+
+# The setting in libpq's options (`-c name=value`, `-cname=value` or `--name=value`,
+# dashes for underscores allowed).
+_IDLE_IN_TRANSACTION_SET = re.compile(r"idle[-_]in[-_]transaction[-_]session[-_]timeout\s*=", re.I)
 
 
 def read_only(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -160,6 +215,73 @@ class Outage:
 
 
 OUTAGE = Outage()
+
+
+class PoolExhaustion:
+    """Waits for a connection that ran out on a full pool, logged as one event like an
+    outage (`action=db_pool_exhausted`, WARNING): once when it starts, at most every
+    :attr:`report_every` seconds while it lasts, and once (INFO) when a connection is had
+    again; `total` counts every such wait of the process (arm_db_pool_exhausted_total)."""
+
+    report_every = 30.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.since: float | None = None
+        self.times = 0  # in this episode
+        self.total = 0
+        self._reported_at = 0.0
+
+    def exhausted(self, action: str, waited: float, figures: PoolFigures) -> DatabasePoolExhausted:
+        """Counts and logs a wait that ran out on a full pool; returns the error to raise."""
+        now = self._clock()
+        self.total += 1
+        self.times += 1
+        said = (
+            f"{action}: no database connection within {waited:g} s: all {figures.max_size} "
+            f"connections of the pool are in use ({figures.waiting} requests waiting); "
+            f"raise DATABASE_POOL_MAX_SIZE (now {figures.max_size}) or find what holds them"
+        )
+        extra = {
+            "action": "db_pool_exhausted",
+            "in_use": figures.in_use,
+            "max": figures.max_size,
+            "waiting": figures.waiting,
+        }
+        if self.since is None:
+            self.since, self.times, self._reported_at = now, 1, now
+            log.warning("connection pool exhausted: %s", said, extra={**extra, "state": "started"})
+        elif now - self._reported_at >= self.report_every:
+            self._reported_at = now
+            log.warning(
+                "connection pool still exhausted after %.0f s (%d waits ran out): %s",
+                now - self.since,
+                self.times,
+                said,
+                extra={**extra, "state": "ongoing", "count": self.times},
+            )
+        return DatabasePoolExhausted(said, figures)
+
+    def relieved(self) -> None:
+        """A connection was had: an exhaustion, if any, has ended."""
+        if self.since is None:
+            return
+        lasted = self._clock() - self.since
+        log.info(
+            "connection pool has connections to give again after %.1f s (%d waits ran out)",
+            lasted,
+            self.times,
+            extra={
+                "action": "db_pool_exhausted",
+                "state": "ended",
+                "count": self.times,
+                "seconds": round(lasted, 1),
+            },
+        )
+        self.since, self.times = None, 0
+
+
+POOL_EXHAUSTION = PoolExhaustion()
 
 
 class _PoolLogFilter(logging.Filter):

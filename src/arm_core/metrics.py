@@ -9,7 +9,9 @@ Two kinds:
   bridge/scheduler.py, http/handlers.py). With several processes each exposes its own;
   dashboards `sum()` them.
 * **gauges read at scrape time** (:class:`AppMetrics`, one per aiohttp application): the
-  bridge's state (NATS connected, envelopes buffered) from memory, and the figures of
+  bridge's state (NATS connected, envelopes buffered) and the connection pool's (in use,
+  idle, connecting, its maximum, requests waiting; with arm_core.db's count of waits that
+  ran out on a full pool, `arm_db_pool_exhausted_total`) from memory, and the figures of
   the database (`arm_jobs{status}`, `arm_outbox_oldest_queued_age_seconds`, the overdue
   jobs, the last sweep: `arm.status_view`) from one bounded read
   (DB_READ_TIMEOUT_SECONDS) cached for DB_CACHE_SECONDS, so scrapes never hammer the
@@ -35,10 +37,10 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from arm_core.db import DatabaseError, DatabaseUnavailable
+from arm_core.db import POOL_EXHAUSTION, DatabaseError, DatabasePoolExhausted, DatabaseUnavailable
 from arm_core.rows import SeriesPoint, StatusView
 from arm_core.statuses import ApplyOutcome, JobStatus
 from arm_core.store import Store
@@ -275,10 +277,14 @@ class AppMetrics(Collector):
                         view.last_sweep_error is None,
                     )
                 except (DatabaseError, TimeoutError) as exc:
+                    busy = isinstance(exc, DatabasePoolExhausted)
                     log.warning(
                         "metrics: the database's gauges are left out: %s",
                         exc,
-                        extra={"action": "metrics", "reason": "database_unavailable"},
+                        extra={
+                            "action": "metrics",
+                            "reason": "pool_exhausted" if busy else "database_unavailable",
+                        },
                     )
             self._figures, self._read_at = figures, time.monotonic()
 
@@ -323,6 +329,36 @@ class AppMetrics(Collector):
                     "1 when the timeout sweep's last run succeeded, 0 when it failed",
                     value=1 if self._figures.last_sweep_ok else 0,
                 )
+        yield CounterMetricFamily(
+            "arm_db_pool_exhausted",
+            "Waits for a database connection that ran out while every connection of the "
+            "pool was in use (DATABASE_POOL_MAX_SIZE reached; not an outage)",
+            value=POOL_EXHAUSTION.total,
+        )
+        store = self.store()
+        if store is not None:
+            pool = store.pool_figures
+            connections = GaugeMetricFamily(
+                "arm_db_pool_connections",
+                "Connections of this process's pool: in_use (taken by a request or a "
+                "loop), idle (ready), connecting (being opened, or opened again after one "
+                "was lost)",
+                labels=["state"],
+            )
+            connections.add_metric(["in_use"], pool.in_use)
+            connections.add_metric(["idle"], pool.idle)
+            connections.add_metric(["connecting"], pool.connecting)
+            yield connections
+            yield GaugeMetricFamily(
+                "arm_db_pool_max",
+                "The most connections this process's pool opens (DATABASE_POOL_MAX_SIZE)",
+                value=pool.max_size,
+            )
+            yield GaugeMetricFamily(
+                "arm_db_pool_requests_waiting",
+                "Requests waiting for a connection of this process's pool",
+                value=pool.waiting,
+            )
         state = self.bridge()
         if state is not None:
             yield GaugeMetricFamily(

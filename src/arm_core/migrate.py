@@ -31,7 +31,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from yoyo import get_backend, read_migrations
 
-from arm_core.config import Settings
+from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, Settings
 from arm_core.db import DatabaseError, connection_options, wrap_db_errors
 from arm_core.store import SyncStore
 
@@ -68,20 +68,26 @@ class RolesMissing(DatabaseError):
         self.sql = sql
 
 
-def yoyo_url(database_url: str) -> str:
+def yoyo_url(
+    database_url: str, idle_in_transaction: float = IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
+) -> str:
     """`database_url` (any connection string libpq reads: a URL with one or several hosts,
-    or the key=value form) as yoyo's URL. yoyo parses its URL with urllib, which takes
+    or the key=value form) as yoyo's URL, with the options of every connection
+    (arm_core.db.connection_options). yoyo parses its URL with urllib, which takes
     neither several hosts nor key=value, and hands the query's parameters to
     psycopg.connect: so every parameter goes in the query, the netloc stays empty, and
     libpq reads them as it reads DATABASE_URL itself (target_session_attrs included)."""
     params = {k: str(v) for k, v in conninfo_to_dict(database_url).items()}
-    return "postgresql+psycopg:///?" + urlencode(params | connection_options(database_url))
+    options = connection_options(database_url, idle_in_transaction=idle_in_transaction)
+    return "postgresql+psycopg:///?" + urlencode(params | options)
 
 
 @contextlib.contextmanager
-def _yoyo(database_url: str) -> Iterator[tuple[Any, Any]]:
+def _yoyo(
+    database_url: str, idle_in_transaction: float = IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
+) -> Iterator[tuple[Any, Any]]:
     """yoyo's backend (holding its lock) and the migrations of db/migrations."""
-    backend = get_backend(yoyo_url(database_url))
+    backend = get_backend(yoyo_url(database_url, idle_in_transaction))
     try:
         with backend.lock():
             yield backend, read_migrations(str(SQL_DIR / "migrations"))
@@ -202,12 +208,14 @@ def migrate(database_url: str, settings: Settings | None = None) -> MigrateRepor
     """Brings the database at database_url up to date. Idempotent and safe to run
     concurrently: runs queue on an advisory lock held for the whole migration."""
     settings = settings or Settings()
-    conninfo = make_conninfo(database_url, **connection_options(database_url))
+    idle = settings.db_idle_in_transaction_timeout_seconds
+    options = connection_options(database_url, idle_in_transaction=idle)
+    conninfo = make_conninfo(database_url, **options)
     with wrap_db_errors("migrate"), psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
         try:
             ensure_roles(conn)
-            with _yoyo(database_url) as (backend, migrations):
+            with _yoyo(database_url, idle) as (backend, migrations):
                 pending = backend.to_apply(migrations)
                 backend.apply_migrations(pending)
             applied = [m.id for m in pending]

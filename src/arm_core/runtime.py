@@ -20,6 +20,7 @@ from arm_core.config import Settings
 from arm_core.db import (
     OUTAGE,
     DatabaseError,
+    DatabasePoolExhausted,
     connection_options,
     install_pool_log_filter,
     read_only,
@@ -47,19 +48,26 @@ def new_app(settings: Settings, **kwargs: Any) -> web.Application:
     return app
 
 
-def make_pool(settings: Settings, max_size: int = 10) -> AsyncConnectionPool[Any]:
-    """The process's pool: connections with arm_core.db's timeouts and keepalives; one
-    that finds its server read-only (a standby: the primary has moved) is discarded
-    when taken, not reused; connection failures are logged as one outage."""
+def make_pool(settings: Settings) -> AsyncConnectionPool[Any]:
+    """The process's pool, of settings.pool_max_size() connections at most (the
+    bridge's loops and a reserve for the API: DATABASE_POOL_MAX_SIZE); connections
+    with arm_core.db's timeouts and keepalives; one that finds its server read-only (a
+    standby: the primary has moved) is discarded when taken, not reused; connection
+    failures are logged as one outage. (The bridge's LISTEN connection is its own.)"""
     url = settings.require_database_url()
     install_pool_log_filter()
     return AsyncConnectionPool(
         url,
         open=False,
         min_size=1,
-        max_size=max_size,
+        max_size=settings.pool_max_size(),
         timeout=settings.db_pool_timeout_seconds,
-        kwargs={"autocommit": True, **connection_options(url)},
+        kwargs={
+            "autocommit": True,
+            **connection_options(
+                url, idle_in_transaction=settings.db_idle_in_transaction_timeout_seconds
+            ),
+        },
         check=_writable,
         configure=_connected,
         name="arm-core",
@@ -106,7 +114,9 @@ async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
-    """200 while the process can serve; 503 with the reason when the database is down.
+    """200 while the process can serve; 503 with the reason when the database is down
+    (`db: unavailable: …`) or no connection of the pool came free in time (`db: pool
+    exhausted: …`).
 
     `outbox` says "stuck: …" when the oldest queued job has waited longer than
     OUTBOX_STUCK_SECONDS although NATS is up (or this process runs no bridge and so
@@ -118,6 +128,10 @@ async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
         age = await app[STORE].outbox_oldest_queued_age(
             pool_timeout=min(2.0, settings.db_pool_timeout_seconds)
         )
+    except DatabasePoolExhausted as exc:
+        # The database answers: this process's connections are all busy (not an outage).
+        db = f"pool exhausted: all {exc.figures.max_size} connections in use"
+        outbox = "unknown"
     except Exception as exc:
         # The driver's error names the cause (the store wraps it in DatabaseUnavailable).
         cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc

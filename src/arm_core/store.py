@@ -6,8 +6,12 @@ one runtime operation: it sends the named queries of src/arm_core/queries.sql it
 (tests/integration/test_store.py: each query is sent by exactly one method, and every
 method is called by the runtime or the admin code), owns its transaction, and turns
 driver errors into arm_core.db's DatabaseError / DatabaseUnavailable, named after the
-operation. Rows come back typed (arm_core.rows). Every state change happens in the
-functions of db/functions; this module only says what goes in and what comes out.
+operation. A wait for a connection that runs out is told apart here, in _connection:
+DatabasePoolExhausted when every connection of the pool is in use (the store counts
+those it holds: nothing else takes the pool's), DatabaseUnavailable (an outage) when the
+pool could not connect. Rows come back typed (arm_core.rows). Every state change happens
+in the functions of db/functions; this module only says what goes in and what comes
+out.
 
 The publisher's two operations take a `send` callback: the jobs are claimed, handed to
 `send` (which publishes them to NATS and returns once the server confirmed them) and
@@ -31,9 +35,16 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import scalar_row
 from psycopg.types.string import TextLoader
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from arm_core.db import DatabaseError, DatabaseUnavailable, query, wrap_db_errors
+from arm_core.db import (
+    POOL_EXHAUSTION,
+    DatabaseError,
+    DatabaseUnavailable,
+    PoolFigures,
+    query,
+    wrap_db_errors,
+)
 from arm_core.rows import (
     AppliedEnvelope,
     DeadLetteredJob,
@@ -80,6 +91,22 @@ class Store:
 
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
+        self._in_use = 0  # connections taken by _connection and not given back
+
+    @property
+    def pool_figures(self) -> PoolFigures:
+        """The pool now (the gauges of /metrics): its max_size, the connections in use
+        (this store's count), idle and being opened, and the requests waiting, from
+        psycopg_pool's get_stats()."""
+        stats = self.pool.get_stats()
+        size, idle = stats.get("pool_size", 0), stats.get("pool_available", 0)
+        return PoolFigures(
+            max_size=self.pool.max_size,
+            in_use=self._in_use,
+            idle=idle,
+            connecting=max(0, size - idle - self._in_use),
+            waiting=stats.get("requests_waiting", 0),
+        )
 
     async def _rows(
         self,
@@ -104,45 +131,65 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def _connection(
-        self, pool_timeout: float | None = None
+        self, action: str, pool_timeout: float | None = None
     ) -> AsyncIterator[AsyncConnection[Any]]:
-        """A connection of the pool. One whose server refused a write as read-only (a
-        standby, or a primary being demoted, at a failover) is closed, so the pool
-        replaces it with one to the writable server instead of handing it out again."""
-        async with self.pool.connection(timeout=pool_timeout) as conn:
-            try:
-                yield conn
-            except psycopg.errors.ReadOnlySqlTransaction:
-                await conn.close()
+        """A connection of the pool, for `action`. One whose server refused a write as
+        read-only (a standby, or a primary being demoted, at a failover) is closed, so the
+        pool replaces it with one to the writable server instead of handing it out again.
+
+        When none comes within `pool_timeout` (DATABASE_POOL_TIMEOUT_SECONDS by default)
+        while every connection of the pool is in use, DatabasePoolExhausted (logged and
+        counted by POOL_EXHAUSTION); otherwise the pool could not connect, and its
+        PoolTimeout goes on to wrap_db_errors, which reports the outage."""
+        acquired = False
+        try:
+            async with self.pool.connection(timeout=pool_timeout) as conn:
+                acquired = True
+                self._in_use += 1
+                POOL_EXHAUSTION.relieved()
+                try:
+                    yield conn
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    await conn.close()
+                    raise
+                finally:
+                    self._in_use -= 1
+        except PoolTimeout as exc:
+            figures = self.pool_figures
+            if acquired or not figures.full:
                 raise
+            waited = self.pool.timeout if pool_timeout is None else pool_timeout
+            raise POOL_EXHAUSTION.exhausted(action, waited, figures) from exc
 
     async def _pooled_rows(
         self, name: str, row: type[R], params: dict[str, Any] | None = None
     ) -> list[R]:
         with wrap_db_errors(name):
-            async with self._connection() as conn:
+            async with self._connection(name) as conn:
                 return await self._rows(conn, name, row, params)
 
     async def _pooled_scalar(
         self, name: str, params: dict[str, Any] | None = None, pool_timeout: float | None = None
     ) -> Any:
         with wrap_db_errors(name):
-            async with self._connection(pool_timeout) as conn:
+            async with self._connection(name, pool_timeout) as conn:
                 return await self._scalar(conn, name, params)
 
     async def _bounded_rows(
         self, name: str, row: type[R], params: dict[str, Any] | None, within: float
     ) -> list[R]:
-        """_pooled_rows within `within` seconds, the wait for a connection included; past
-        it the statement is cancelled (psycopg sends the server a cancel request) and
-        DatabaseUnavailable raised."""
-        try:
-            async with asyncio.timeout(within):
-                with wrap_db_errors(name):
-                    async with self._connection(within) as conn:
+        """_pooled_rows within `within` seconds, the wait for a connection included (past
+        it, as for any wait: DatabasePoolExhausted or DatabaseUnavailable); a statement
+        still running at the deadline is cancelled (psycopg sends the server a cancel
+        request) and DatabaseUnavailable raised."""
+        deadline = asyncio.get_running_loop().time() + within
+        with wrap_db_errors(name):
+            async with self._connection(name, within) as conn:
+                try:
+                    async with asyncio.timeout_at(deadline):
                         return await self._rows(conn, name, row, params)
-        except TimeoutError as exc:
-            raise DatabaseUnavailable(f"{name}: no answer within {within:g} s") from exc
+                except TimeoutError as exc:
+                    raise DatabaseUnavailable(f"{name}: no answer within {within:g} s") from exc
 
     # The publisher's: claim, send, mark, in one transaction -----------------------------
 
@@ -171,7 +218,7 @@ class Store:
         }
         name = "publish_queued_jobs_v2"
         with wrap_db_errors("publish"):  # the commit's errors too
-            async with self._connection() as conn, conn.transaction():
+            async with self._connection("publish") as conn, conn.transaction():
                 claimed = await self._rows(conn, name, PublishedJob, params, json_as_text=True)
                 sent = [c for c in claimed if c.outcome is PublishOutcome.PUBLISHED]
                 if sent:
@@ -195,7 +242,7 @@ class Store:
         dead-lettered). When `send` raises, nothing changed."""
         params = {"limit": limit, "ack_timeout": ack_timeout, "max_republish": max_republish}
         with wrap_db_errors("republish"):
-            async with self._connection() as conn, conn.transaction():
+            async with self._connection("republish") as conn, conn.transaction():
                 claimed = await self._rows(
                     conn, "claim_unacked_jobs", UnackedJob, params, json_as_text=True
                 )
@@ -269,7 +316,7 @@ class Store:
     async def record_waits(self, waits: dict[str, list[int]]) -> None:
         """Stores the waits a bridge observed, per phase and bucket, in one transaction."""
         with wrap_db_errors("record_waits"):
-            async with self._connection() as conn, conn.transaction():
+            async with self._connection("record_waits") as conn, conn.transaction():
                 for phase, counts in waits.items():
                     await self._scalar(conn, "record_waits", {"phase": phase, "counts": counts})
 

@@ -234,6 +234,49 @@ async def test_an_inbox_step_keeps_busy_envelopes_to_lead_the_next_one(
         assert job(conn, free.job_id)["status"] == "processing"
 
 
+async def test_an_inbox_step_that_meets_a_starved_pool_holds_its_batch_until_it_frees(
+    db_url: str, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every connection of the pool in use (a schedule tick waiting on a DBA's lock
+    holds the only one): the batch waits for a connection, backs off and tries again,
+    whole — not split, not failed, and the database not taken for unreachable (so what
+    arrives meanwhile waits for room instead of being dropped). Once the connection is
+    given back, the same step applies it."""
+    caplog.set_level(logging.DEBUG, logger="arm_core")
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+        publish(conn)
+    async with step_pool(db_url, pool_timeout=0.3, max_size=1) as pool:
+        feed = await inbox_feed(client, db_url, pool)
+        inbox, store = feed.inbox, feed.inbox.store
+        await feed.put(envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1")
+        await feed.put(envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+        with dict_conn(db_url) as locker:
+            locker.execute("BEGIN")
+            locker.execute("LOCK TABLE arm.periodic_task IN ACCESS EXCLUSIVE MODE")
+            tick = asyncio.ensure_future(store.run_due_tasks())
+            await wait_for(lambda: store.pool_figures.in_use == 1, 10, "the tick holds it")
+            step = asyncio.ensure_future(inbox.run_once())
+            await wait_for(lambda: inbox.counts["db_retries"] >= 2, 10, "the batch held twice")
+            assert not step.done() and inbox.db_unreachable is False
+            with dict_conn(db_url) as conn:
+                assert job(conn, up.job_id)["status"] == "published"
+            locker.execute("COMMIT")
+            await tick
+            applied = await step
+    assert [(r.outcome, r.status) for r in applied.results] == [
+        (ApplyOutcome.APPLIED, JobStatus.PROCESSING),
+        (ApplyOutcome.APPLIED, JobStatus.DONE),
+    ]
+    assert applied.dropped == () and inbox.counts["batches"] == 1
+    assert inbox.db_unreachable is False
+    held = [r for r in caplog.records if getattr(r, "action", None) == "inbox_hold"]
+    assert held and all("DATABASE_POOL_MAX_SIZE" in r.getMessage() for r in held)
+    assert not [r for r in caplog.records if getattr(r, "action", None) == "inbox_split"]
+    with dict_conn(db_url) as conn:
+        assert job(conn, up.job_id)["status"] == "done"
+
+
 async def test_one_inbox_step_takes_every_worker_and_keeps_each_jobs_order(
     db_url: str, client: Client, pool: AsyncConnectionPool[Any]
 ) -> None:

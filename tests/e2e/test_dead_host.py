@@ -93,7 +93,14 @@ def pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
 async def test_a_query_on_a_host_that_went_silent_fails_instead_of_hanging(
     pg: EmbeddedPostgres,
 ) -> None:
-    pool = make_pool(Settings(database_url=pg.url("arm"), db_pool_timeout_seconds=60), 2)
+    pool = make_pool(
+        Settings(
+            database_url=pg.url("arm"),
+            db_pool_timeout_seconds=60,
+            nats_enabled=False,
+            db_pool_max_size=2,
+        )
+    )
     await pool.open(wait=True)
     store = Store(pool)
     try:

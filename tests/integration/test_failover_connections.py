@@ -33,7 +33,7 @@ async def test_a_connection_whose_server_turned_read_only_is_not_handed_out(
 ) -> None:
     """The server reports in_hot_standby and default_transaction_read_only on its own
     (PostgreSQL 14+): the pool's check reads them without a round trip."""
-    pool = make_pool(Settings(database_url=db_url), max_size=1)
+    pool = make_pool(Settings(database_url=db_url, nats_enabled=False, db_pool_max_size=1))
     await pool.open(wait=True)
     try:
         async with pool.connection() as conn:

@@ -42,18 +42,19 @@ REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
 
 @contextlib.asynccontextmanager
 async def step_pool(
-    db_url: str, pool_timeout: float = 5.0
+    db_url: str, pool_timeout: float = 5.0, max_size: int = 3
 ) -> AsyncIterator[AsyncConnectionPool[Any]]:
     """A connection pool as the bridge opens one: as the bridge's login (a member of
     arm_bridge only, so a step has the bridge's privileges and no more), autocommit,
-    `pool_timeout` the wait for a connection before the database counts as unreachable;
+    `pool_timeout` the wait for a connection before the database counts as unreachable
+    (or, every connection in use, the pool as exhausted), at most `max_size` connections;
     its first connection made before the body runs. `db_url` is the superuser's URL the
     test's own connections use."""
     async with AsyncConnectionPool(
         as_login(db_url, BRIDGE_LOGIN),
         open=False,
         min_size=1,
-        max_size=3,
+        max_size=max_size,
         timeout=pool_timeout,
         kwargs={"autocommit": True},
     ) as pool:

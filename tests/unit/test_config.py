@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import nkeys
 import pytest
 
-from arm_core.config import Settings
+from arm_core.config import POOL_RESERVE, Settings
 from arm_core.config_error import ConfigError
 from arm_core.redaction import mask_url, mask_urls_in
 from tests.support.natsauth import operator_mode
@@ -323,3 +326,70 @@ def test_anonymous_access_from_the_network_must_be_asked_for(host: str) -> None:
     Settings.from_env(
         {"HTTP_HOST": host, "AUTH_MODE": "token", "API_TOKENS": "ops=0123456789abcdef"}
     ).require_safe_exposure()
+
+
+def test_the_pool_holds_the_bridges_loops_and_a_reserve_by_default() -> None:
+    """Unset DATABASE_POOL_MAX_SIZE: a connection per publisher and per inbox worker, one
+    for the schedule runner, and POOL_RESERVE for the API, health checks and scrapes."""
+    assert POOL_RESERVE == 4
+    assert Settings.from_env({}).pool_max_size() == 9  # 2 publishers + 2 workers + 1 + 4
+    grown = Settings.from_env({"OUTBOX_PUBLISHERS": "5", "INBOX_WORKERS": "3"})
+    assert grown.pool_max_size() == 5 + 3 + 1 + POOL_RESERVE
+    assert Settings.from_env({"INBOX_WORKERS": "1"}).pool_max_size() == 2 + 1 + 1 + 4
+    # No bridge in the process: the reserve alone, whatever the bridge's settings say.
+    off = Settings.from_env({"NATS_ENABLED": "false", "OUTBOX_PUBLISHERS": "8"})
+    assert off.pool_max_size() == POOL_RESERVE
+
+
+def test_an_explicit_pool_size_is_taken_when_it_leaves_the_api_a_connection() -> None:
+    assert Settings.from_env({"DATABASE_POOL_MAX_SIZE": "6"}).pool_max_size() == 6
+    assert Settings.from_env({"DATABASE_POOL_MAX_SIZE": "40"}).pool_max_size() == 40
+    off = {"NATS_ENABLED": "false", "DATABASE_POOL_MAX_SIZE": "1"}
+    assert Settings.from_env(off).pool_max_size() == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "minimum"),
+    [
+        ({"DATABASE_POOL_MAX_SIZE": "5"}, 6),
+        ({"DATABASE_POOL_MAX_SIZE": "9", "OUTBOX_PUBLISHERS": "4", "INBOX_WORKERS": "4"}, 10),
+    ],
+)
+def test_a_pool_too_small_for_the_bridges_loops_fails_at_start(
+    env: dict[str, str], minimum: int
+) -> None:
+    with pytest.raises(ConfigError, match=r"^DATABASE_POOL_MAX_SIZE: ") as caught:
+        Settings.from_env(env)
+    said = str(caught.value)
+    assert f"at least {minimum}" in said and "the API" in said
+    assert f"OUTBOX_PUBLISHERS={env.get('OUTBOX_PUBLISHERS', '2')}" in said
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "2.5", "many"])
+def test_a_pool_size_that_is_no_count_fails_naming_the_variable(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"^DATABASE_POOL_MAX_SIZE: "):
+        Settings.from_env({"NATS_ENABLED": "false", "DATABASE_POOL_MAX_SIZE": value})
+
+
+def test_arm_core_exits_2_naming_a_pool_too_small() -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "OUTBOX_"))},
+        "DATABASE_URL": "postgresql://arm@127.0.0.1:1/arm",
+        "DATABASE_POOL_MAX_SIZE": "3",
+    }
+    arm_core = str(Path(sys.executable).with_name("arm-core"))
+    done = subprocess.run([arm_core, "serve"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "DATABASE_POOL_MAX_SIZE: 3 is too small: at least 6" in done.stderr
+
+
+def test_the_idle_in_transaction_timeout_is_0_or_above_the_publishers_wait() -> None:
+    assert Settings.from_env({}).db_idle_in_transaction_timeout_seconds == 20
+    variable = "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS"
+    assert Settings.from_env({variable: "0"}).db_idle_in_transaction_timeout_seconds == 0
+    assert Settings.from_env({variable: "45"}).db_idle_in_transaction_timeout_seconds == 45
+    for value in ("10", "0.5", "-1", "soon", "3000000"):
+        with pytest.raises(ConfigError, match=rf"^{variable}: "):
+            Settings.from_env({variable: value})
+    with pytest.raises(ConfigError, match="more than 10 s, the publisher's wait"):
+        Settings.from_env({variable: "5"})

@@ -25,9 +25,17 @@ def test_every_variable_is_listed_with_its_default() -> None:
     page = config_doc.render()
     for cls in (Settings, ReferenceConfig):
         for name, default in config_doc.env_fields(cls):
-            assert f"| `{name}` | {config_doc.default_text(default)} |" in page, name
+            assert f"| `{name}` | {config_doc.shown_default(name, default)} |" in page, name
     for name in config_doc.OTHER_VARIABLES:
         assert f"| `{name}` |" in page, name
+
+
+def test_the_pool_size_shows_its_default_for_the_default_settings_and_its_formula() -> None:
+    [row] = [r for r in config_doc.render().splitlines() if "`DATABASE_POOL_MAX_SIZE`" in r]
+    assert f"| {Settings().pool_max_size()} (computed) |" in row
+    assert "`OUTBOX_PUBLISHERS + INBOX_WORKERS + 1 + 4`" in row
+    assert f"`NATS_ENABLED=false`, {Settings(nats_enabled=False).pool_max_size()}" in row
+    assert "LISTEN" in row
 
 
 def test_a_variable_without_a_meaning_fails_the_page(monkeypatch: pytest.MonkeyPatch) -> None:

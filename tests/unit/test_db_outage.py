@@ -6,10 +6,13 @@ meet it. And the connection options every process adds to DATABASE_URL."""
 from __future__ import annotations
 
 import logging
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from arm_core import db
+from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, Settings
 from arm_core.db import CONNECTION_DEFAULTS, Outage, connection_options, install_pool_log_filter
 from arm_core.migrate import yoyo_url
 
@@ -98,8 +101,6 @@ def test_the_pools_connection_failures_become_the_outage(
 def test_every_connection_string_libpq_reads_goes_to_yoyo_whole(url: str) -> None:
     """yoyo parses its URL with urllib (one host, no key=value): the parameters go in
     its query, which it hands to psycopg.connect as they are."""
-    from urllib.parse import parse_qsl, urlsplit
-
     parts = urlsplit(yoyo_url(url))
     assert (parts.scheme, parts.netloc, parts.path) == ("postgresql+psycopg", "", "/")
     assert dict(parse_qsl(parts.query)) == {
@@ -110,12 +111,59 @@ def test_every_connection_string_libpq_reads_goes_to_yoyo_whole(url: str) -> Non
         "password": "p@ss&w",
         "target_session_attrs": "read-write",
         **CONNECTION_DEFAULTS,
+        "options": "-c idle_in_transaction_session_timeout=20000",
     }
 
 
 def test_connection_options_leave_what_the_url_sets() -> None:
-    assert connection_options("postgresql://arm@db/arm") == CONNECTION_DEFAULTS
-    given = connection_options("postgresql://arm@db/arm?connect_timeout=30&keepalives=0")
+    def options(url: str) -> dict[str, str]:
+        return connection_options(url, idle_in_transaction=0)
+
+    assert options("postgresql://arm@db/arm") == CONNECTION_DEFAULTS
+    given = options("postgresql://arm@db/arm?connect_timeout=30&keepalives=0")
     assert "connect_timeout" not in given and "keepalives" not in given
     assert given["keepalives_idle"] == CONNECTION_DEFAULTS["keepalives_idle"]
-    assert "connect_timeout" not in connection_options("host=db connect_timeout=2")
+    assert "connect_timeout" not in options("host=db connect_timeout=2")
+
+
+IDLE_20S = "-c idle_in_transaction_session_timeout=20000"
+
+
+def test_every_connection_gets_the_idle_in_transaction_timeout_beside_the_urls_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PGOPTIONS", raising=False)
+    default = Settings().db_idle_in_transaction_timeout_seconds
+    assert default == IDLE_IN_TRANSACTION_TIMEOUT_SECONDS == 20
+
+    def options(url: str, seconds: float = default) -> str | None:
+        return connection_options(url, idle_in_transaction=seconds).get("options")
+
+    assert options("postgresql://arm@db/arm") == IDLE_20S
+    assert options("postgresql://arm@db/arm", 0.0001) == (
+        "-c idle_in_transaction_session_timeout=1"  # never 0, which would turn it off
+    )
+    assert options("postgresql://arm@db/arm", 0) is None  # the server's setting
+    # The URL's own options are kept, the timeout after them.
+    assert options("postgresql://arm@db/arm?options=-c%20search_path%3Dx") == (
+        f"-c search_path=x {IDLE_20S}"
+    )
+    assert options("host=db options='-c work_mem=64MB'") == f"-c work_mem=64MB {IDLE_20S}"
+    # PGOPTIONS, which libpq reads only when the connection string has no options.
+    monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=60s")
+    assert options("postgresql://arm@db/arm") == f"-c statement_timeout=60s {IDLE_20S}"
+    assert options("host=db options='-c work_mem=64MB'") == f"-c work_mem=64MB {IDLE_20S}"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://arm@db/arm?options=-c%20idle_in_transaction_session_timeout%3D5min",
+        "host=db options='-cidle_in_transaction_session_timeout=0'",
+        "host=db options='--idle-in-transaction-session-timeout=7s -c work_mem=1MB'",
+    ],
+)
+def test_a_database_url_that_sets_the_idle_in_transaction_timeout_keeps_it(url: str) -> None:
+    assert "options" not in connection_options(url, idle_in_transaction=20)
+    given = conninfo_to_dict(url)["options"]
+    assert dict(parse_qsl(urlsplit(yoyo_url(url, 20)).query))["options"] == given

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import arm_core
-from arm_core.config import FAULT_POINTS, Settings
+from arm_core.config import FAULT_POINTS, POOL_RESERVE, PUBLISH_CONFIRM_SECONDS, Settings
 from arm_core.devtools import generated
 from arm_core.devtools.reference import MARKERS, MODES, SCAN, TABULAR, ReferenceConfig
 from arm_core.devtools.stack import DEV_DEFAULTS
@@ -42,6 +42,30 @@ MEANINGS: dict[str, str] = {
     "[Encryption in transit](security.md#encryption-in-transit)",
     "DATABASE_POOL_TIMEOUT_SECONDS": "how long a request waits for a database connection "
     "before 503",
+    "DATABASE_POOL_MAX_SIZE": "the most connections the process's pool opens, shared by "
+    "the API's requests, `/healthcheck`, `/metrics` and the bridge's loops. Unset: with "
+    "`NATS_ENABLED=true`, `OUTBOX_PUBLISHERS + INBOX_WORKERS + 1 + "
+    f"{POOL_RESERVE}` (one connection per publisher and per inbox worker, one for the "
+    f"schedule runner, {POOL_RESERVE} for the API, health checks and scrapes), which is "
+    f"{Settings().pool_max_size()} with the defaults; with `NATS_ENABLED=false`, "
+    f"{Settings(nats_enabled=False).pool_max_size()}. Not from the pool: the bridge's "
+    "LISTEN connection and `arm-core migrate`'s, one each. A value below the bridge's "
+    "loops plus 1 stops the process at start (exit 2). A request that finds every "
+    "connection in use for `DATABASE_POOL_TIMEOUT_SECONDS` gets `503 "
+    "DATABASE_POOL_EXHAUSTED` (not an outage: [Logs](logs-and-metrics.md#logs)). Every "
+    "process opens up to this "
+    "many sessions plus its LISTEN one: keep their sum under the server's "
+    "`max_connections`",
+    "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS": "every session the processes open (the "
+    "pool's, the bridge's LISTEN connection, `arm-core migrate`'s) sets PostgreSQL's "
+    "`idle_in_transaction_session_timeout` to this, so the server ends a session left "
+    "idle inside a transaction that long (a process whose network path to PostgreSQL went "
+    "silent mid-transaction no longer holds its snapshot and row locks for hours); above "
+    "the publisher's longest wait inside a transaction, NATS's confirmation "
+    f"({PUBLISH_CONFIRM_SECONDS:g} s), or the process stops at start (exit 2). `0`: "
+    "the server's setting. A `DATABASE_URL` whose `options` set it (`options=-c "
+    "idle_in_transaction_session_timeout=…`) wins; its other options are kept. See also "
+    "the server's TCP keepalives: [For DBAs](dbas.md#connections-and-dead-clients)",
     "NATS_URL": "NATS server URL(s), comma-separated (every node of a cluster: "
     "[On a NATS cluster](not-losing-answers.md#on-a-nats-cluster))",
     "NATS_ENABLED": "start the bridge's tasks (publisher, inbox, schedule) in `serve`",
@@ -268,8 +292,20 @@ def _table(rows: Iterable[tuple[str, str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Defaults computed from other variables: what the page shows for them instead of the
+# field's None (the meaning gives the formula).
+COMPUTED_DEFAULTS: dict[str, str] = {
+    "DATABASE_POOL_MAX_SIZE": f"{Settings().pool_max_size()} (computed)",
+}
+
+
+def shown_default(name: str, default: Any) -> str:
+    """The default column of variable `name`, whose field's default is `default`."""
+    return COMPUTED_DEFAULTS.get(name) or default_text(default)
+
+
 def _rows(fields: list[tuple[str, Any]]) -> list[tuple[str, str, str]]:
-    return [(name, default_text(default), MEANINGS[name]) for name, default in fields]
+    return [(name, shown_default(name, default), MEANINGS[name]) for name, default in fields]
 
 
 def render() -> str:
