@@ -178,14 +178,16 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 
 
 def wanted_stream(settings: Settings) -> StreamConfig:
-    """The stream arm-core creates when RESULTS_STREAM does not exist yet."""
+    """The stream arm-core creates when RESULTS_STREAM does not exist yet. Its duplicate
+    window is shorter than ACK_TIMEOUT_SECONDS (Settings.duplicate_window_seconds): a
+    service's ack to a republished request is stored, not dropped as a duplicate."""
     return StreamConfig(
         name=settings.results_stream,
         subjects=[settings.result_subject],
         storage=StorageType.FILE,
         num_replicas=settings.results_stream_replicas,
         max_age=settings.results_stream_max_age_seconds,
-        duplicate_window=settings.results_stream_duplicate_window_seconds,
+        duplicate_window=settings.duplicate_window_seconds,
     )
 
 

@@ -92,6 +92,27 @@ async def ack_all(client: Client, jobs: list[dict[str, Any]]) -> None:
             "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
         ),
         ({"RESULTS_STREAM": "A", "NATS_QUEUE_GROUP": "arm.core"}, "NATS_QUEUE_GROUP"),
+        (
+            {"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "0.05"},
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
+        # The window must be shorter than the republish interval (ACK_TIMEOUT_SECONDS).
+        (
+            {"RESULTS_STREAM": "A", "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "30"},
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
+        (
+            {
+                "RESULTS_STREAM": "A",
+                "ACK_TIMEOUT_SECONDS": "5",
+                "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "10",
+            },
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
+        (
+            {"RESULTS_STREAM": "A", "ACK_TIMEOUT_SECONDS": "0.1"},
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
     ],
 )
 def test_bad_stream_settings_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -107,8 +128,39 @@ def test_stream_settings_defaults() -> None:
         on.results_stream,
         on.results_stream_replicas,
         on.results_stream_max_age_seconds,
-        on.results_stream_duplicate_window_seconds,
-    ) == ("ARM_RESULTS", 1, 7 * 24 * 3600.0, 120.0)
+        on.duplicate_window_seconds,
+    ) == ("ARM_RESULTS", 1, 7 * 24 * 3600.0, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("env", "window"),
+    [
+        ({}, 10.0),  # a third of ACK_TIMEOUT_SECONDS' 30
+        ({"ACK_TIMEOUT_SECONDS": "10"}, 10 / 3),  # arm-core dev's
+        ({"ACK_TIMEOUT_SECONDS": "0.2"}, 0.1),  # never below the server's minimum
+        ({"ACK_TIMEOUT_SECONDS": "900"}, 120.0),  # nor above the server's own default
+        ({"ACK_TIMEOUT_SECONDS": "30", "RESULTS_STREAM_MAX_AGE_SECONDS": "5"}, 5.0),
+        ({"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "29.5"}, 29.5),
+    ],
+)
+def test_the_duplicate_window_is_shorter_than_the_ack_timeout(
+    env: dict[str, str], window: float
+) -> None:
+    settings = Settings.from_env({"RESULTS_STREAM": "ARM_RESULTS", **env})
+    assert settings.duplicate_window_seconds == pytest.approx(window)
+    assert settings.duplicate_window_seconds < settings.ack_timeout_seconds
+
+
+def test_arm_core_dev_checks_a_window_given_against_its_own_ack_timeout() -> None:
+    """`arm-core dev` shortens ACK_TIMEOUT_SECONDS to 10 s after the environment is read:
+    a window of 20 s given with it is refused then, naming the window."""
+    from arm_core.devtools.stack import dev_settings
+
+    given = Settings.from_env({"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "20"})
+    with pytest.raises(ConfigError, match=r"^RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS: "):
+        dev_settings(given, "postgresql://u@h/db", "nats://127.0.0.1:1", 8080, True)
+    derived = dev_settings(Settings.from_env({}), "postgresql://u@h/db", "nats://h:1", 8080, True)
+    assert derived.duplicate_window_seconds == pytest.approx(10 / 3)
 
 
 async def test_stream_and_durable_consumer_made_and_every_message_acked_after_commit(
@@ -116,14 +168,20 @@ async def test_stream_and_durable_consumer_made_and_every_message_acked_after_co
 ) -> None:
     n = 200
     jobs = published_jobs(db_url, n)
-    settings = stream_settings(db_url, js_server.url(), results_stream_max_age_seconds=3600.0)
+    settings = stream_settings(
+        db_url,
+        js_server.url(),
+        results_stream_max_age_seconds=3600.0,
+        # Long, within ACK_TIMEOUT_SECONDS (30): the ack sent again below is within it.
+        results_stream_duplicate_window_seconds=25.0,
+    )
     async with running_bridge(settings) as bridge:
         js = js_client.jetstream()
         info = await js.stream_info(STREAM)
         assert info.config.subjects == [SUBJECT]
         assert info.config.storage == "file"
         assert (info.config.num_replicas, info.config.max_age) == (1, 3600.0)
-        assert info.config.duplicate_window == 120.0
+        assert info.config.duplicate_window == 25.0
         consumer = await js.consumer_info(STREAM, "arm-core")
         assert consumer.config.durable_name == "arm-core"
         assert consumer.config.ack_policy == "explicit"

@@ -25,7 +25,7 @@ def test_every_variable_is_listed_with_its_default() -> None:
     page = config_doc.render()
     for cls in (Settings, ReferenceConfig):
         for name, default in config_doc.env_fields(cls):
-            assert f"| `{name}` | {config_doc.default_text(default)} |" in page, name
+            assert f"| `{name}` | {config_doc.shown_default(name, default)} |" in page, name
     for name in config_doc.OTHER_VARIABLES:
         assert f"| `{name}` |" in page, name
 
@@ -43,6 +43,15 @@ def test_a_variable_without_a_meaning_fails_the_page(monkeypatch: pytest.MonkeyP
     )
     with pytest.raises(config_doc.MeaningError, match="BRAND_NEW_VARIABLE"):
         config_doc.render()
+
+
+def test_a_derived_default_is_described_not_shown_as_none() -> None:
+    """RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS' field holds None: its default comes from
+    ACK_TIMEOUT_SECONDS, and the page says how."""
+    shown = config_doc.shown_default("RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS", None)
+    assert "ACK_TIMEOUT_SECONDS" in shown
+    with pytest.raises(config_doc.MeaningError, match="has a default of its own"):
+        config_doc.shown_default("RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS", 120.0)
 
 
 def test_defaults_as_the_page_shows_them() -> None:
