@@ -17,7 +17,15 @@ from typing import Any
 from nats.aio.client import Client
 from nats.errors import NoRespondersError, SlowConsumerError
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from arm_core.config import Settings
@@ -178,14 +186,22 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 
 
 def wanted_stream(settings: Settings) -> StreamConfig:
-    """The stream arm-core creates when RESULTS_STREAM does not exist yet. Its duplicate
-    window is shorter than ACK_TIMEOUT_SECONDS (Settings.duplicate_window_seconds): a
-    service's ack to a republished request is stored, not dropped as a duplicate."""
+    """The stream arm-core creates when RESULTS_STREAM does not exist yet.
+
+    Interest retention: a message goes once the one durable consumer all bridges share
+    has acked (or terminated) it, so the stream holds only what is not applied yet. A
+    byte limit with discard new: a full stream refuses a new message (a JetStream
+    publisher is told, and tries again) rather than remove one not applied yet. A
+    duplicate window shorter than ACK_TIMEOUT_SECONDS (Settings.duplicate_window_seconds):
+    a service's ack to a republished request is stored, not dropped as a duplicate."""
     return StreamConfig(
         name=settings.results_stream,
         subjects=[settings.result_subject],
         storage=StorageType.FILE,
         num_replicas=settings.results_stream_replicas,
+        retention=RetentionPolicy.INTEREST,
+        discard=DiscardPolicy.NEW,
+        max_bytes=settings.results_stream_max_bytes,
         max_age=settings.results_stream_max_age_seconds,
         duplicate_window=settings.duplicate_window_seconds,
     )
@@ -194,7 +210,15 @@ def wanted_stream(settings: Settings) -> StreamConfig:
 def stream_differences(have: StreamConfig, want: StreamConfig) -> list[str]:
     """How an existing stream differs from the one arm-core would create."""
     said: list[str] = []
-    for name in ("storage", "num_replicas", "max_age", "duplicate_window"):
+    for name in (
+        "storage",
+        "num_replicas",
+        "retention",
+        "discard",
+        "max_bytes",
+        "max_age",
+        "duplicate_window",
+    ):
         a, b = getattr(have, name), getattr(want, name)
         if isinstance(a, float) and isinstance(b, float) and abs(a - b) < 1e-6:
             continue
@@ -207,11 +231,10 @@ def stream_differences(have: StreamConfig, want: StreamConfig) -> list[str]:
 
 
 async def ensure_results_stream(nc: Client, settings: Settings) -> JetStreamContext:
-    """Makes sure the stream RESULTS_STREAM captures RESULT_SUBJECT: creates it (file
-    storage, the configured replicas, maximum age and duplicate window) when it does not
-    exist; uses one the operator created as it is, logging how it differs. Raises
-    StreamUnavailable when the server has no JetStream, refuses the stream, or the
-    existing stream does not capture RESULT_SUBJECT."""
+    """Makes sure the stream RESULTS_STREAM captures RESULT_SUBJECT: creates it
+    (:func:`wanted_stream`) when it does not exist; uses one that exists as it is,
+    logging how it differs. Raises StreamUnavailable when the server has no JetStream,
+    refuses the stream, or the existing stream does not capture RESULT_SUBJECT."""
     name, subject = settings.results_stream, settings.result_subject
     js = nc.jetstream(timeout=5)
     want = wanted_stream(settings)
@@ -235,11 +258,13 @@ async def ensure_results_stream(nc: Client, settings: Settings) -> JetStreamCont
                     f"{subject!r}: {exc}"
                 ) from None
             log.info(
-                "created JetStream stream %s over %s (file storage, %d replicas, max age "
-                "%g s, duplicate window %g s)",
+                "created JetStream stream %s over %s (file storage, %d replicas, interest "
+                "retention, at most %d bytes with discard new, max age %g s, duplicate "
+                "window %g s)",
                 name,
                 subject,
                 want.num_replicas,
+                want.max_bytes,
                 want.max_age,
                 want.duplicate_window,
                 extra={"action": "stream_created"},

@@ -322,6 +322,12 @@ class Settings:
     results_stream_max_age_seconds: float = env_var(
         "RESULTS_STREAM_MAX_AGE_SECONDS", number(float, 1), 7 * 24 * 3600.0
     )
+    # The stream's byte limit. It holds only what no bridge has applied yet (interest
+    # retention) and refuses new messages when full (discard new): at least 1 MiB, the
+    # largest message a default nats-server takes.
+    results_stream_max_bytes: int = env_var(
+        "RESULTS_STREAM_MAX_BYTES", number(int, 1 << 20), 1 << 30
+    )
     # None: derived from ACK_TIMEOUT_SECONDS (duplicate_window_seconds). 0.1 s is the
     # server's minimum.
     results_stream_duplicate_window_seconds: float | None = env_var(

@@ -92,6 +92,8 @@ async def ack_all(client: Client, jobs: list[dict[str, Any]]) -> None:
             "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
         ),
         ({"RESULTS_STREAM": "A", "NATS_QUEUE_GROUP": "arm.core"}, "NATS_QUEUE_GROUP"),
+        ({"RESULTS_STREAM_MAX_BYTES": "1048575"}, "RESULTS_STREAM_MAX_BYTES"),
+        ({"RESULTS_STREAM_MAX_BYTES": "1 GiB"}, "RESULTS_STREAM_MAX_BYTES"),
         (
             {"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "0.05"},
             "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
@@ -128,8 +130,9 @@ def test_stream_settings_defaults() -> None:
         on.results_stream,
         on.results_stream_replicas,
         on.results_stream_max_age_seconds,
+        on.results_stream_max_bytes,
         on.duplicate_window_seconds,
-    ) == ("ARM_RESULTS", 1, 7 * 24 * 3600.0, 10.0)
+    ) == ("ARM_RESULTS", 1, 7 * 24 * 3600.0, 1 << 30, 10.0)
 
 
 @pytest.mark.parametrize(
@@ -181,6 +184,8 @@ async def test_stream_and_durable_consumer_made_and_every_message_acked_after_co
         assert info.config.subjects == [SUBJECT]
         assert info.config.storage == "file"
         assert (info.config.num_replicas, info.config.max_age) == (1, 3600.0)
+        assert (info.config.retention, info.config.discard) == ("interest", "new")
+        assert info.config.max_bytes == 1 << 30
         assert info.config.duplicate_window == 25.0
         consumer = await js.consumer_info(STREAM, "arm-core")
         assert consumer.config.durable_name == "arm-core"
@@ -198,9 +203,13 @@ async def test_stream_and_durable_consumer_made_and_every_message_acked_after_co
         await wait_for(settled, 30, "every message acked")
         assert bridge.inbox.counts["acked"] == n
         assert bridge.nats_state() == "ok"
-        # The same answer again: the stream drops it (Nats-Msg-Id within the window).
-        await ack_all(js_client, jobs[:1])
-        assert (await js.stream_info(STREAM)).state.messages == n
+        # Acked, so gone (interest retention); the same answer again within the window is
+        # dropped (its Nats-Msg-Id), though the stream no longer holds the first.
+        assert (await js.stream_info(STREAM)).state.messages == 0
+        again = jobs[0]
+        body = json.dumps(envelope(again["job_id"], again["file_id"], "processing")).encode()
+        pub = await js.publish(SUBJECT, body, headers={"Nats-Msg-Id": f"ack:{again['job_id']}:1"})
+        assert pub.duplicate
 
 
 async def test_busy_envelope_is_not_acked_until_applied_and_garbage_is_terminated(
@@ -244,8 +253,10 @@ async def test_operator_stream_used_as_it_is_with_differences_logged(
     info = await js.stream_info(STREAM)
     assert (info.config.subjects, info.config.storage) == (["files.>"], "memory")
     assert info.config.max_age == 600.0
+    assert (info.config.retention, info.config.max_bytes) == ("limits", -1)
     (line,) = logged(caplog.records, action="stream_differs")
     assert "storage memory" in line.getMessage() and "max_age 600" in line.getMessage()
+    assert "retention limits (arm-core would use interest)" in line.getMessage()
 
 
 def bridge_process(db_url: str, url: str, tmp_path: Path, **more: str) -> tuple[ArmProcess, int]:

@@ -105,8 +105,14 @@ MEANINGS: dict[str, str] = {
     "[Not losing answers](not-losing-answers.md)). Needs a server with JetStream: without "
     "it the process exits 2 naming `RESULTS_STREAM`. Empty: off",
     "RESULTS_STREAM_REPLICAS": "replicas (1–5) of the stream the core creates",
-    "RESULTS_STREAM_MAX_AGE_SECONDS": "how long the created stream keeps a message (the "
-    "default is 7 days)",
+    "RESULTS_STREAM_MAX_AGE_SECONDS": "the stream removes a message older than this, "
+    "applied or not (the default is 7 days; by then its job has long reached its reply "
+    "deadline)",
+    "RESULTS_STREAM_MAX_BYTES": "the stream's byte limit, per replica on each node (at "
+    "least 1 MiB; the default is 1 GiB). It holds only answers not yet applied (interest "
+    "retention) and, when full, refuses new ones (discard new): JetStream publishers are "
+    "told and try again, core NATS publishes are lost. The server reserves it from its "
+    "`max_file_store` ([Capacity](capacity.md#the-results-stream))",
     "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "the stream drops a message whose "
     "`Nats-Msg-Id` it stored within this (0.1 s or more, at most the maximum age); must be "
     "shorter than `ACK_TIMEOUT_SECONDS` (else exit 2), so that a service's ack to a "
