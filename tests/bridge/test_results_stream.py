@@ -333,7 +333,8 @@ async def test_documented_stream_permissions_are_enough(
 ) -> None:
     """A jetstream server with exactly the documented RESULTS_STREAM variant for arm-core:
     the bridge makes the stream and the consumer, keeps the answers for a replay (its
-    two SUBs are not refused), and a job goes through."""
+    two SUBs are not refused), and a job goes through; a bridge configured with another
+    byte limit then sets it on the stream."""
     from tests.support.natsauth import nkey_users
 
     users = nkey_users(stream_variant(PERMISSIONS.read_text()))
@@ -352,6 +353,13 @@ async def test_documented_stream_permissions_are_enough(
             await wait_for(lambda: bridge.inbox.counts["acked"] == 2, 30, "applied through it")
             assert bridge.recent is not None and len(bridge.recent) == 2
         assert logged(caplog.records, action="stream_replay_refused") == []
+        caplog.set_level(logging.INFO)
+        smaller = dataclasses.replace(settings, results_stream_max_bytes=64 << 20)
+        async with running_bridge(smaller):
+            pass
+        (updated,) = logged(caplog.records, action="stream_updated")
+        assert f"max_bytes from {1 << 30} to {64 << 20}" in updated.getMessage()
+        assert logged(caplog.records, action="stream_differs") == []
     finally:
         await service.close()
         server.stop()

@@ -1,12 +1,15 @@
 """RESULTS_STREAM's bounds, on a real nats-server with JetStream and a real PostgreSQL:
 the stream holds only the answers not yet applied (interest retention), refuses new
 ones when RESULTS_STREAM_MAX_BYTES is reached (discard new) instead of removing one,
-and lets a service's re-ack to a republished request through (a duplicate window
-shorter than ACK_TIMEOUT_SECONDS)."""
+lets a service's re-ack to a republished request through (a duplicate window shorter
+than ACK_TIMEOUT_SECONDS), and an existing stream is brought to those limits or its
+differences are reported."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import PubAck, StreamConfig
+from nats.js.api import PubAck, StorageType, StreamConfig
 from nats.js.errors import ServiceUnavailableError
 
 from arm_core.bridge.nats_client import ensure_results_stream, results_consumer
@@ -25,6 +28,7 @@ from tests.support.bridge import (
     TcpProxy,
     envelope,
     fast_settings,
+    logged,
     nats_client,
     running_bridge,
     wait_for,
@@ -37,6 +41,16 @@ STREAM = "ARM_RESULTS"
 SUBJECT = "files.tabular_parsed"
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "contracts" / "examples"
 PROCESSING = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+# As an arm-core before the bounds created its stream: limits retention (answers kept
+# for the maximum age, applied or not), no byte limit, a 120 s duplicate window.
+UNBOUNDED = StreamConfig(
+    name=STREAM,
+    subjects=[SUBJECT],
+    storage=StorageType.FILE,
+    num_replicas=1,
+    max_age=7 * 24 * 3600.0,
+    duplicate_window=120.0,
+)
 
 
 @pytest.fixture
@@ -169,6 +183,142 @@ async def test_a_full_stream_refuses_jetstream_publishes_and_loses_nothing(
                 assert scalar(conn, status, (core_row["job_id"],)) == "published"
     finally:
         await proxy.close()
+
+
+async def test_an_unbounded_stream_an_earlier_arm_core_made_is_bounded_in_place(
+    db_url: str, js_server: EmbeddedNats, js_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stream has limits retention and no byte limit, with answers applied long ago
+    (acked by the durable consumer) and three not applied yet; the byte limit configured
+    is below what those three take. The bridge sets the retention, discard policy, byte
+    limit and duplicate window to the configuration, one INFO line each: the applied
+    answers go at once (interest retention), the three stay though over the limit
+    (discard new removes nothing, it refuses new messages), are applied, and then the
+    stream is empty and takes new answers again."""
+    js = js_client.jetstream()
+    await js.add_stream(UNBOUNDED)
+    jobs = published_jobs(db_url, 9)
+    settings = stream_settings(db_url, js_server.url(), results_stream_max_bytes=512)
+    earlier = await results_consumer(js, settings)  # the consumer as arm-core makes it
+    for row in jobs[:8]:
+        await js_ack(js, row)
+    for msg in await earlier.fetch(5, timeout=5):  # applied by the earlier arm-core
+        await msg.ack_sync()
+    await earlier.unsubscribe()
+    assert await stored(js) == 8  # limits retention: applied or not, kept
+    caplog.set_level(logging.INFO)
+    await ensure_results_stream(js_client, settings)  # what a bridge does first at start
+    info = await js.stream_info(STREAM)
+    assert (info.config.retention, info.config.discard) == ("interest", "new")
+    assert (info.config.max_bytes, info.config.duplicate_window) == (512, 10.0)
+    assert info.config.max_age == 7 * 24 * 3600.0
+    assert info.state.messages == 3 and info.state.bytes > 512
+    with pytest.raises(ServiceUnavailableError, match="maximum bytes exceeded"):
+        await js_ack(js, jobs[8])
+    updated = [r.getMessage() for r in logged(caplog.records, action="stream_updated")]
+    assert updated == [
+        f"updated JetStream stream {STREAM}: retention from limits to interest",
+        f"updated JetStream stream {STREAM}: discard from old to new",
+        f"updated JetStream stream {STREAM}: max_bytes from unlimited to 512",
+        f"updated JetStream stream {STREAM}: duplicate_window from 120 to 10",
+    ]
+    async with running_bridge(settings) as bridge:
+        with dict_conn(db_url) as conn:
+            await wait_for(lambda: scalar(conn, PROCESSING) == 3, 30, "the three applied")
+
+            async def emptied() -> bool:
+                return await stored(js) == 0
+
+            await wait_for(emptied, 30, "the stream holds nothing applied")
+            await js_ack(js, jobs[8])
+            await wait_for(lambda: scalar(conn, PROCESSING) == 4, 30, "a new answer applied")
+        assert bridge.inbox.counts["acked"] == 4
+    assert len(logged(caplog.records, action="stream_updated")) == 4  # nothing more to do
+    assert logged(caplog.records, action="stream_differs") == []
+
+
+# Where the 4 MB for streams are: the server's file store, an account's (its user
+# a:a), the server's memory store. (storage, the server's reason for the byte limit)
+SMALL_STORES = {
+    "server": ("jetstream { max_file_store: 4MB, store_dir: STORE }", StorageType.FILE),
+    "account": (
+        "jetstream { store_dir: STORE }\n"
+        "accounts { A: { jetstream: { max_file: 4MB }, users: [{user: a, password: a}] } }",
+        StorageType.FILE,
+    ),
+    "memory": ("jetstream { max_memory_store: 4MB, store_dir: STORE }", StorageType.MEMORY),
+}
+
+
+@pytest.mark.parametrize("where", sorted(SMALL_STORES))
+async def test_what_the_server_refuses_or_arm_core_does_not_change_is_reported(
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """4 MB for streams, on the server or for the account, and the default 1 GiB byte
+    limit: the server cannot reserve it, so the update in one goes refused and the bridge
+    makes the changes one by one — retention, discard and duplicate window are made, the
+    byte limit is reported with the server's reason (and a storage other than file, which
+    the server cannot change) — and the stream is used as it is."""
+    text, storage = SMALL_STORES[where]
+    config_file = tmp_path / "small.conf"
+    config_file.write_text(text.replace("STORE", f'"{tmp_path / "js-small"}"') + "\n")
+    server = EmbeddedNats(log_dir=tmp_path / "nats-small", extra_args=["-c", str(config_file)])
+    server.start()
+    url = server.url().replace("nats://", "nats://a:a@" if where == "account" else "nats://")
+    client = await nats_client(url)
+    try:
+        js = client.jetstream()
+        await js.add_stream(dataclasses.replace(UNBOUNDED, storage=storage))
+        jobs = published_jobs(db_url, 2)
+        caplog.set_level(logging.INFO)
+        async with running_bridge(stream_settings(db_url, url)) as bridge:
+            config = (await js.stream_info(STREAM)).config
+            assert (config.retention, config.discard, config.duplicate_window) == (
+                "interest",
+                "new",
+                10.0,
+            )
+            assert (config.max_bytes, config.storage) == (-1, storage.value)
+            for row in jobs:
+                await js_ack(js, row)
+            await wait_for(lambda: bridge.inbox.counts["acked"] == 2, 30, "the stream is used")
+    finally:
+        await client.close()
+        server.stop()
+    changed = [
+        r.getMessage().split(": ")[1] for r in logged(caplog.records, action="stream_updated")
+    ]
+    assert changed == [
+        "retention from limits to interest",
+        "discard from old to new",
+        "duplicate_window from 120 to 10",
+    ]
+    (line,) = logged(caplog.records, action="stream_differs")
+    said = line.getMessage()
+    assert f"max_bytes unlimited (arm-core would use {1 << 30}): the server refused" in said
+    kind = "memory" if storage is StorageType.MEMORY else "storage"
+    assert f"insufficient {kind} resources available" in said
+    assert ("storage memory (arm-core would use file)" in said) is (storage is StorageType.MEMORY)
+
+
+async def test_a_stream_capturing_more_subjects_is_used_as_it_is(
+    db_url: str, js_server: EmbeddedNats, js_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator's stream over files.>: interest retention or a byte limit would act
+    on the other subjects' messages too, so arm-core changes none of its limits and
+    logs how it differs."""
+    js = js_client.jetstream()
+    await js.add_stream(dataclasses.replace(UNBOUNDED, subjects=["files.>"]))
+    caplog.set_level(logging.INFO)
+    async with running_bridge(stream_settings(db_url, js_server.url())):
+        config = (await js.stream_info(STREAM)).config
+    assert (config.retention, config.discard, config.max_bytes) == ("limits", "old", -1)
+    assert logged(caplog.records, action="stream_updated") == []
+    (line,) = logged(caplog.records, action="stream_differs")
+    said = line.getMessage()
+    assert f"captures more than {SUBJECT}, so arm-core uses it as it is" in said
+    assert "retention limits (arm-core would use interest)" in said
+    assert f"max_bytes unlimited (arm-core would use {1 << 30})" in said
 
 
 async def test_a_re_ack_after_the_duplicate_window_is_stored_and_called_duplicate(
