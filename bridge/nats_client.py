@@ -373,7 +373,10 @@ async def ensure_results_stream(nc: Client, settings: Settings) -> JetStreamCont
 async def results_consumer(js: JetStreamContext, settings: Settings) -> Any:
     """The one durable pull consumer (named NATS_QUEUE_GROUP) that every core instance
     fetches from: explicit acks, everything in the stream from its start, delivered
-    again until acked."""
+    again until acked. Warns when the stream has other consumers: with interest
+    retention a message stays until every consumer has acked it, so one that reads
+    nothing (the consumer of an earlier NATS_QUEUE_GROUP, an operator's) keeps every
+    answer until the stream is full and refuses new ones."""
     durable = settings.nats_queue_group
     config = ConsumerConfig(
         durable_name=durable,
@@ -385,7 +388,7 @@ async def results_consumer(js: JetStreamContext, settings: Settings) -> Any:
         filter_subject=settings.result_subject,
     )
     try:
-        return await js.pull_subscribe(
+        consumer = await js.pull_subscribe(
             settings.result_subject,
             durable=durable,
             stream=settings.results_stream,
@@ -396,3 +399,22 @@ async def results_consumer(js: JetStreamContext, settings: Settings) -> Any:
             f"RESULTS_STREAM: the server refused the durable consumer {durable!r} on "
             f"stream {settings.results_stream!r}: {exc}"
         ) from None
+    try:
+        info = await js.stream_info(settings.results_stream)
+    except Exception as exc:  # only a warning's worth: the consumer is there
+        log.debug("stream info of %s: %s", settings.results_stream, exc)
+        return consumer
+    others = (info.state.consumer_count or 0) - 1
+    if others > 0 and _shown("retention", info.config.retention) == RetentionPolicy.INTEREST.value:
+        log.warning(
+            "JetStream stream %s has %d consumer(s) besides %s: with interest retention it "
+            "keeps every message until each consumer has acked it, so one that reads "
+            "nothing fills the stream until it refuses new answers; remove any that is not "
+            "in use (nats consumer rm %s <name>)",
+            settings.results_stream,
+            others,
+            durable,
+            settings.results_stream,
+            extra={"action": "stream_consumers"},
+        )
+    return consumer

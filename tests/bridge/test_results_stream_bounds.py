@@ -379,6 +379,26 @@ async def test_a_re_ack_reaches_the_core_while_the_first_copy_is_held_elsewhere(
         await nc.close()
 
 
+async def test_other_consumers_of_the_stream_are_warned_about(
+    db_url: str, js_server: EmbeddedNats, js_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With interest retention a consumer that reads nothing (here the one an earlier
+    NATS_QUEUE_GROUP made) keeps every answer until the stream is full: the bridge
+    says so at start."""
+    earlier = stream_settings(db_url, js_server.url(), nats_queue_group="old-group")
+    nc = await nats_client(js_server.url())
+    try:
+        js = await ensure_results_stream(nc, earlier)
+        await results_consumer(js, earlier)
+    finally:
+        await nc.close()
+    caplog.set_level(logging.INFO)
+    async with running_bridge(stream_settings(db_url, js_server.url())):
+        pass
+    (line,) = logged(caplog.records, action="stream_consumers")
+    assert "has 1 consumer(s) besides arm-core" in line.getMessage()
+
+
 async def test_a_jobs_answers_take_under_a_kibibyte_of_the_stream(
     js_server: EmbeddedNats, js_client: Client
 ) -> None:
