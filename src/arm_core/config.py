@@ -393,8 +393,16 @@ class Settings:
     results_stream_max_age_seconds: float = env_var(
         "RESULTS_STREAM_MAX_AGE_SECONDS", number(float, 1), 7 * 24 * 3600.0
     )
-    results_stream_duplicate_window_seconds: float = env_var(
-        "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS", number(float, 1), 120.0
+    # The stream's byte limit. It holds only what no bridge has applied yet (interest
+    # retention) and refuses new messages when full (discard new): at least 1 MiB, the
+    # largest message a default nats-server takes.
+    results_stream_max_bytes: int = env_var(
+        "RESULTS_STREAM_MAX_BYTES", number(int, 1 << 20), 1 << 30
+    )
+    # None: derived from ACK_TIMEOUT_SECONDS (duplicate_window_seconds). 0.1 s is the
+    # server's minimum.
+    results_stream_duplicate_window_seconds: float | None = env_var(
+        "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS", number(float, 0.1), None
     )
     # How long each bridge keeps the answers core NATS delivered, to apply them again when
     # the stream elects a leader (bridge/replay.py); 0: not kept.
@@ -498,10 +506,22 @@ class Settings:
                 f"got {self.inbox_buffer_size}"
             )
 
+    @property
+    def duplicate_window_seconds(self) -> float:
+        """The results stream's duplicate window: RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS,
+        or when not given a third of ACK_TIMEOUT_SECONDS, at most 120 s and the maximum
+        age, at least the server's 0.1 s. Shorter than ACK_TIMEOUT_SECONDS, so that a
+        service's ack to a republished request (the same Nats-Msg-Id, ACK_TIMEOUT_SECONDS
+        after the first) is stored, not dropped as a duplicate of the first ack."""
+        if self.results_stream_duplicate_window_seconds is not None:
+            return self.results_stream_duplicate_window_seconds
+        derived = min(self.ack_timeout_seconds / 3, 120.0, self.results_stream_max_age_seconds)
+        return max(derived, 0.1)
+
     def check_results_stream(self) -> None:
         """With RESULTS_STREAM set: the durable consumer is named after NATS_QUEUE_GROUP
-        (so it must be a valid consumer name), and JetStream wants the duplicate window
-        within the maximum age."""
+        (so it must be a valid consumer name), JetStream wants the duplicate window within
+        the maximum age, and the window must be shorter than ACK_TIMEOUT_SECONDS."""
         if not self.results_stream:
             return
         if not _JS_NAME.fullmatch(self.nats_queue_group):
@@ -509,10 +529,20 @@ class Settings:
                 f"NATS_QUEUE_GROUP: names the durable consumer of RESULTS_STREAM, so only "
                 f"A-Z a-z 0-9 _ - (1 to 64): {self.nats_queue_group!r}"
             )
-        if self.results_stream_duplicate_window_seconds > self.results_stream_max_age_seconds:
+        window = self.duplicate_window_seconds
+        if window > self.results_stream_max_age_seconds:
             raise ConfigError(
                 "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS: must not exceed "
                 f"RESULTS_STREAM_MAX_AGE_SECONDS ({self.results_stream_max_age_seconds:g})"
+            )
+        if window >= self.ack_timeout_seconds:
+            given = self.results_stream_duplicate_window_seconds is not None
+            raise ConfigError(
+                f"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS: must be shorter than "
+                f"ACK_TIMEOUT_SECONDS ({self.ack_timeout_seconds:g}), got {window:g}"
+                f"{'' if given else ' (not given: the server minimum of 0.1 s)'}: a service's ack "
+                "to a republished request carries the first ack's Nats-Msg-Id, and the "
+                "stream would drop it as a duplicate"
             )
 
     def __repr__(self) -> str:

@@ -93,6 +93,29 @@ async def ack_all(client: Client, jobs: list[dict[str, Any]]) -> None:
             "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
         ),
         ({"RESULTS_STREAM": "A", "NATS_QUEUE_GROUP": "arm.core"}, "NATS_QUEUE_GROUP"),
+        ({"RESULTS_STREAM_MAX_BYTES": "1048575"}, "RESULTS_STREAM_MAX_BYTES"),
+        ({"RESULTS_STREAM_MAX_BYTES": "1 GiB"}, "RESULTS_STREAM_MAX_BYTES"),
+        (
+            {"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "0.05"},
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
+        # The window must be shorter than the republish interval (ACK_TIMEOUT_SECONDS).
+        (
+            {"RESULTS_STREAM": "A", "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "30"},
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
+        (
+            {
+                "RESULTS_STREAM": "A",
+                "ACK_TIMEOUT_SECONDS": "5",
+                "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "10",
+            },
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
+        (
+            {"RESULTS_STREAM": "A", "ACK_TIMEOUT_SECONDS": "0.1"},
+            "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
+        ),
     ],
 )
 def test_bad_stream_settings_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -108,8 +131,40 @@ def test_stream_settings_defaults() -> None:
         on.results_stream,
         on.results_stream_replicas,
         on.results_stream_max_age_seconds,
-        on.results_stream_duplicate_window_seconds,
-    ) == ("ARM_RESULTS", 1, 7 * 24 * 3600.0, 120.0)
+        on.results_stream_max_bytes,
+        on.duplicate_window_seconds,
+    ) == ("ARM_RESULTS", 1, 7 * 24 * 3600.0, 1 << 30, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("env", "window"),
+    [
+        ({}, 10.0),  # a third of ACK_TIMEOUT_SECONDS' 30
+        ({"ACK_TIMEOUT_SECONDS": "10"}, 10 / 3),  # arm-core dev's
+        ({"ACK_TIMEOUT_SECONDS": "0.2"}, 0.1),  # never below the server's minimum
+        ({"ACK_TIMEOUT_SECONDS": "900"}, 120.0),  # nor above the server's own default
+        ({"ACK_TIMEOUT_SECONDS": "30", "RESULTS_STREAM_MAX_AGE_SECONDS": "5"}, 5.0),
+        ({"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "29.5"}, 29.5),
+    ],
+)
+def test_the_duplicate_window_is_shorter_than_the_ack_timeout(
+    env: dict[str, str], window: float
+) -> None:
+    settings = Settings.from_env({"RESULTS_STREAM": "ARM_RESULTS", **env})
+    assert settings.duplicate_window_seconds == pytest.approx(window)
+    assert settings.duplicate_window_seconds < settings.ack_timeout_seconds
+
+
+def test_arm_core_dev_checks_a_window_given_against_its_own_ack_timeout() -> None:
+    """`arm-core dev` shortens ACK_TIMEOUT_SECONDS to 10 s after the environment is read:
+    a window of 20 s given with it is refused then, naming the window."""
+    from arm_core.devtools.stack import dev_settings
+
+    given = Settings.from_env({"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "20"})
+    with pytest.raises(ConfigError, match=r"^RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS: "):
+        dev_settings(given, "postgresql://u@h/db", "nats://127.0.0.1:1", 8080, True)
+    derived = dev_settings(Settings.from_env({}), "postgresql://u@h/db", "nats://h:1", 8080, True)
+    assert derived.duplicate_window_seconds == pytest.approx(10 / 3)
 
 
 async def test_stream_and_durable_consumer_made_and_every_message_acked_after_commit(
@@ -117,14 +172,22 @@ async def test_stream_and_durable_consumer_made_and_every_message_acked_after_co
 ) -> None:
     n = 200
     jobs = published_jobs(db_url, n)
-    settings = stream_settings(db_url, js_server.url(), results_stream_max_age_seconds=3600.0)
+    settings = stream_settings(
+        db_url,
+        js_server.url(),
+        results_stream_max_age_seconds=3600.0,
+        # Long, within ACK_TIMEOUT_SECONDS (30): the ack sent again below is within it.
+        results_stream_duplicate_window_seconds=25.0,
+    )
     async with running_bridge(settings) as bridge:
         js = js_client.jetstream()
         info = await js.stream_info(STREAM)
         assert info.config.subjects == [SUBJECT]
         assert info.config.storage == "file"
         assert (info.config.num_replicas, info.config.max_age) == (1, 3600.0)
-        assert info.config.duplicate_window == 120.0
+        assert (info.config.retention, info.config.discard) == ("interest", "new")
+        assert info.config.max_bytes == 1 << 30
+        assert info.config.duplicate_window == 25.0
         consumer = await js.consumer_info(STREAM, "arm-core")
         assert consumer.config.durable_name == "arm-core"
         assert consumer.config.ack_policy == "explicit"
@@ -141,9 +204,13 @@ async def test_stream_and_durable_consumer_made_and_every_message_acked_after_co
         await wait_for(settled, 30, "every message acked")
         assert bridge.inbox.counts["acked"] == n
         assert bridge.nats_state() == "ok"
-        # The same answer again: the stream drops it (Nats-Msg-Id within the window).
-        await ack_all(js_client, jobs[:1])
-        assert (await js.stream_info(STREAM)).state.messages == n
+        # Acked, so gone (interest retention); the same answer again within the window is
+        # dropped (its Nats-Msg-Id), though the stream no longer holds the first.
+        assert (await js.stream_info(STREAM)).state.messages == 0
+        again = jobs[0]
+        body = json.dumps(envelope(again["job_id"], again["file_id"], "processing")).encode()
+        pub = await js.publish(SUBJECT, body, headers={"Nats-Msg-Id": f"ack:{again['job_id']}:1"})
+        assert pub.duplicate
 
 
 async def test_busy_envelope_is_not_acked_until_applied_and_garbage_is_terminated(
@@ -187,8 +254,10 @@ async def test_operator_stream_used_as_it_is_with_differences_logged(
     info = await js.stream_info(STREAM)
     assert (info.config.subjects, info.config.storage) == (["files.>"], "memory")
     assert info.config.max_age == 600.0
+    assert (info.config.retention, info.config.max_bytes) == ("limits", -1)
     (line,) = logged(caplog.records, action="stream_differs")
     assert "storage memory" in line.getMessage() and "max_age 600" in line.getMessage()
+    assert "retention limits (arm-core would use interest)" in line.getMessage()
 
 
 def bridge_process(db_url: str, url: str, tmp_path: Path, **more: str) -> tuple[ArmProcess, int]:
@@ -265,7 +334,8 @@ async def test_documented_stream_permissions_are_enough(
 ) -> None:
     """A jetstream server with exactly the documented RESULTS_STREAM variant for arm-core:
     the bridge makes the stream and the consumer, keeps the answers for a replay (its
-    two SUBs are not refused), and a job goes through."""
+    two SUBs are not refused), and a job goes through; a bridge configured with another
+    byte limit then sets it on the stream."""
     from tests.support.natsauth import nkey_users
 
     users = nkey_users(stream_variant(PERMISSIONS.read_text()))
@@ -284,6 +354,13 @@ async def test_documented_stream_permissions_are_enough(
             await wait_for(lambda: bridge.inbox.counts["acked"] == 2, 30, "applied through it")
             assert bridge.recent is not None and len(bridge.recent) == 2
         assert logged(caplog.records, action="stream_replay_refused") == []
+        caplog.set_level(logging.INFO)
+        smaller = dataclasses.replace(settings, results_stream_max_bytes=64 << 20)
+        async with running_bridge(smaller):
+            pass
+        (updated,) = logged(caplog.records, action="stream_updated")
+        assert f"max_bytes from {1 << 30} to {64 << 20}" in updated.getMessage()
+        assert logged(caplog.records, action="stream_differs") == []
     finally:
         await service.close()
         server.stop()

@@ -53,6 +53,15 @@ def test_a_variable_without_a_meaning_fails_the_page(monkeypatch: pytest.MonkeyP
         config_doc.render()
 
 
+def test_a_derived_default_is_described_not_shown_as_none() -> None:
+    """RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS' field holds None: its default comes from
+    ACK_TIMEOUT_SECONDS, and the page says how."""
+    shown = config_doc.shown_default("RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS", None)
+    assert "ACK_TIMEOUT_SECONDS" in shown
+    with pytest.raises(config_doc.MeaningError, match="has a default of its own"):
+        config_doc.shown_default("RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS", 120.0)
+
+
 def test_defaults_as_the_page_shows_them() -> None:
     assert config_doc.default_text(None) == "—"
     assert config_doc.default_text(True) == "`true`"

@@ -135,10 +135,18 @@ MEANINGS: dict[str, str] = {
     "[Not losing answers](not-losing-answers.md)). Needs a server with JetStream: without "
     "it the process exits 2 naming `RESULTS_STREAM`. Empty: off",
     "RESULTS_STREAM_REPLICAS": "replicas (1–5) of the stream the core creates",
-    "RESULTS_STREAM_MAX_AGE_SECONDS": "how long the created stream keeps a message (the "
-    "default is 7 days)",
-    "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "the created stream drops a message whose "
-    "`Nats-Msg-Id` it saw within this; at most the maximum age",
+    "RESULTS_STREAM_MAX_AGE_SECONDS": "the stream removes a message older than this, "
+    "applied or not (the default is 7 days; by then its job has long reached its reply "
+    "deadline)",
+    "RESULTS_STREAM_MAX_BYTES": "the stream's byte limit, per replica on each node (at "
+    "least 1 MiB; the default is 1 GiB). It holds only answers not yet applied (interest "
+    "retention) and, when full, refuses new ones (discard new): JetStream publishers are "
+    "told and try again, core NATS publishes are lost. The server reserves it from its "
+    "`max_file_store` ([Capacity](capacity.md#the-results-stream))",
+    "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "the stream drops a message whose "
+    "`Nats-Msg-Id` it stored within this (0.1 s or more, at most the maximum age); must be "
+    "shorter than `ACK_TIMEOUT_SECONDS` (else exit 2), so that a service's ack to a "
+    "republished request is stored ([For service teams](service-teams.md#for-service-teams))",
     "RESULTS_STREAM_REPLAY_SECONDS": "with `RESULTS_STREAM`, each bridge also receives the "
     "answers by core NATS and keeps those of the last this many seconds in memory; when the "
     "stream elects a leader it applies them again, so that what services published with "
@@ -187,6 +195,14 @@ MEANINGS: dict[str, str] = {
     "PubAck) where a stream captures the result subject, else core NATS · `core`: always "
     "core NATS, as a service that has not adopted JetStream publish (`make chaos` measures "
     "what it loses)",
+}
+
+# The default of a variable whose field holds None because its default is derived from
+# other settings: how the page shows it.
+DERIVED_DEFAULTS: dict[str, str] = {
+    "DATABASE_POOL_MAX_SIZE": f"{Settings().pool_max_size()} (computed)",
+    "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "a third of `ACK_TIMEOUT_SECONDS` (10 with "
+    "its default), at most 120 and the maximum age, at least 0.1",
 }
 
 # Variables read outside the dataclasses: name → (default, meaning). Each must still be
@@ -292,20 +308,18 @@ def _table(rows: Iterable[tuple[str, str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Defaults computed from other variables: what the page shows for them instead of the
-# field's None (the meaning gives the formula).
-COMPUTED_DEFAULTS: dict[str, str] = {
-    "DATABASE_POOL_MAX_SIZE": f"{Settings().pool_max_size()} (computed)",
-}
+def _rows(fields: list[tuple[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(name, shown_default(name, default), MEANINGS[name]) for name, default in fields]
 
 
 def shown_default(name: str, default: Any) -> str:
-    """The default column of variable `name`, whose field's default is `default`."""
-    return COMPUTED_DEFAULTS.get(name) or default_text(default)
-
-
-def _rows(fields: list[tuple[str, Any]]) -> list[tuple[str, str, str]]:
-    return [(name, shown_default(name, default), MEANINGS[name]) for name, default in fields]
+    """The default column of variable `name`: DERIVED_DEFAULTS' text for a field whose
+    default (None) is derived from other settings, else :func:`default_text`."""
+    if name in DERIVED_DEFAULTS:
+        if default is not None:
+            raise MeaningError(f"DERIVED_DEFAULTS: {name} has a default of its own: {default!r}")
+        return DERIVED_DEFAULTS[name]
+    return default_text(default)
 
 
 def render() -> str:
@@ -315,11 +329,11 @@ def render() -> str:
     others = other_variables()
     declared = [name for name, _ in settings + reference]
     missing = sorted(set(declared) - set(MEANINGS))
-    unused = sorted(set(MEANINGS) - set(declared))
+    unused = sorted((set(MEANINGS) | set(DERIVED_DEFAULTS)) - set(declared))
     if missing or unused:
         raise MeaningError(
             f"src/arm_core/devtools/config_doc.py MEANINGS: no meaning for {missing}; "
-            f"meanings of variables nothing declares: {unused}"
+            f"meanings (or derived defaults) of variables nothing declares: {unused}"
         )
     dev = ", ".join(
         f"`{env}` {default_text(value)}" for env, (_field, value) in DEV_DEFAULTS.items()

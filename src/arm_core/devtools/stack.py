@@ -80,7 +80,9 @@ def dev_settings(
     for env, (name, value) in DEV_DEFAULTS.items():
         if env not in settings.explicit:
             changes[name] = value
-    return dataclasses.replace(settings, **changes, explicit=frozenset(explicit))
+    dev = dataclasses.replace(settings, **changes, explicit=frozenset(explicit))
+    dev.check_results_stream()  # its shorter ACK_TIMEOUT_SECONDS against a window given
+    return dev
 
 
 def seed_demo(database_url: str) -> list[dict[str, Any]]:
