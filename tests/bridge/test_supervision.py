@@ -28,7 +28,7 @@ from tests.support.bridge import (
     send,
     wait_for,
 )
-from tests.support.sql import dict_conn, job, publish, upload
+from tests.support.sql import dict_conn, job, publish, scalar, upload
 
 pytestmark = pytest.mark.integration
 
@@ -195,6 +195,74 @@ async def test_an_outcome_this_bridge_does_not_know_is_logged_restarted_and_surv
             assert bridge.supervisor.live()[0] and bridge.fatal is None
     finally:
         await service.client.close()
+
+
+# One answer the database's newer function always returns an unknown outcome for: a
+# poison envelope, whatever batch it is in.
+UNKNOWN_OUTCOME_FOR_ONE = """
+ALTER FUNCTION arm.apply_envelopes_v2(jsonb) RENAME TO apply_envelopes_v2_real;
+CREATE FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb)
+RETURNS TABLE (ord integer, outcome text, attempt integer, status arm.job_status,
+               wait_seconds double precision)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, arm, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT r.ord,
+           CASE WHEN e.value->>'msg_id' = 'poison' THEN 'deferred_for_mapping' ELSE r.outcome END,
+           r.attempt, r.status, r.wait_seconds
+    FROM arm.apply_envelopes_v2_real(p_envelopes) AS r
+    JOIN jsonb_array_elements(p_envelopes) WITH ORDINALITY AS e(value, n) ON e.n = r.ord;
+END;
+$$;
+GRANT EXECUTE ON FUNCTION arm.apply_envelopes_v2(jsonb) TO arm_bridge;
+"""
+
+
+async def test_a_poison_envelope_fails_alone_after_the_restart_and_takes_nothing_down(
+    db_url: str, js_server: EmbeddedNats, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The batch a worker crashed on is applied one envelope at a time after the
+    restart: the one that raises alone is `failed` (logged with the error), the others of
+    its batch and every later one are applied, and the loop crashed once, not until the
+    process gave up."""
+    caplog.set_level(logging.INFO)
+    with dict_conn(db_url) as conn:
+        conn.execute(UNKNOWN_OUTCOME_FOR_ONE)
+        ups = [upload(conn) for _ in range(10)]
+        publish(conn)
+    settings = fast_settings(db_url, js_server.url(), inbox_workers=1, service_restart_limit=2)
+    client = await nats_client(js_server.url())
+    try:
+        async with running_bridge(settings) as bridge:
+            # One batch: the inbox's worker is held until all ten are buffered.
+            with dict_conn(db_url) as dba:
+                dba.execute("BEGIN")
+                dba.execute("SELECT id FROM arm.recognition_job FOR UPDATE")
+                for i, up in enumerate(ups):
+                    msg_id = "poison" if i == 4 else f"ack:{up.job_id}:1"
+                    await send(client, envelope(up.job_id, up.file_id, "processing"), msg_id)
+                await wait_for(lambda: bridge.inbox.counts["received"] == 10, 10, "received")
+                dba.execute("ROLLBACK")
+            with dict_conn(db_url) as conn:
+                processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+                await wait_for(lambda: scalar(conn, processing) == 10, 30, "all ten applied")
+                later = upload(conn)
+            await done_later(db_url, later, client)
+            assert len(crashes(caplog.records, "inbox-0")) == 1
+            assert bridge.fatal is None and bridge.supervisor.live()[0]
+            [failed] = logged(caplog.records, reason="apply_error")
+            assert failed.msg_id == "poison" and "deferred_for_mapping" in failed.getMessage()
+    finally:
+        await client.close()
+
+
+async def done_later(db_url: str, up: Any, client: Client) -> None:
+    """A job uploaded after the poison: published, answered, done."""
+    with dict_conn(db_url) as conn:
+        await wait_for(lambda: job(conn, up.job_id)["status"] == "published", 10, "published")
+    await send(client, envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+    await done(db_url, up.job_id)
 
 
 async def test_the_callback_never_waits_for_a_worker_that_has_failed(

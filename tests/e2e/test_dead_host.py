@@ -12,10 +12,8 @@ the rules are removed at the end, whatever happens)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from arm_core.runtime import make_pool
 from arm_core.store import Store
+from tests.support.faults import black_hole
 
 pytestmark = pytest.mark.e2e
 
@@ -55,26 +54,6 @@ async def test_a_connection_attempt_to_a_silent_host_gives_up(silent_listener: i
         )
     took = time.monotonic() - started
     assert CONNECT_TIMEOUT - 1 <= took < CONNECT_TIMEOUT + 10, took
-
-
-def _iptables(action: str, port: int) -> None:
-    for direction in ("--dport", "--sport"):
-        subprocess.run(
-            ["iptables", action, "OUTPUT", "-o", "lo", "-p", "tcp", direction, str(port),
-             "-j", "DROP"],
-            check=True, capture_output=True, timeout=30,
-        )  # fmt: skip
-
-
-@contextlib.contextmanager
-def black_hole(port: int) -> Iterator[None]:
-    """Every packet to and from `port` on loopback dropped: a peer that vanished."""
-    _iptables("-A", port)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            _iptables("-D", port)
 
 
 @pytest.fixture

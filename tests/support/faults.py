@@ -1,12 +1,16 @@
 """What the tests that take a server away ask of it and of the processes: a count that
-survives the server's absence, the jobs by status, and an HTTP GET with a deadline
-(tests/e2e/test_pg_restart.py, tests/e2e/test_pg_failover.py)."""
+survives the server's absence, the jobs by status, an HTTP GET with a deadline
+(tests/e2e/test_pg_restart.py, tests/e2e/test_pg_failover.py), and a port whose packets
+vanish (iptables), as a peer does that is gone without closing its sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -41,3 +45,24 @@ def http_get(url: str) -> tuple[int, dict[str, Any]]:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def _iptables(action: str, port: int) -> None:
+    for direction in ("--dport", "--sport"):
+        subprocess.run(
+            ["iptables", action, "OUTPUT", "-o", "lo", "-p", "tcp", direction, str(port),
+             "-j", "DROP"],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def black_hole(port: int) -> Iterator[None]:
+    """Every packet to and from `port` on loopback dropped: a peer that vanished (its
+    machine lost, a network cut). The rules go at the end, whatever happens."""
+    _iptables("-A", port)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _iptables("-D", port)

@@ -1,0 +1,111 @@
+"""A bridge cut off from its database steps aside.
+
+Two `arm-core bridge` processes with RESULTS_STREAM share one durable consumer; the
+reference services answer through JetStream publish. Bridge A reaches PostgreSQL through
+a proxy whose port then drops every packet (iptables): A's side finds out only by TCP's
+own deadlines (tcp_user_timeout, 30 s), the server's side stays open, and A's NATS side
+stays up. A must not sit on the answers it pulls: once its database fails it hands back
+every message of the stream it holds (a NAK: B gets them at once), fetches no more, and
+probes its database. The session A left in a transaction is ended by the server
+(idle_in_transaction_session_timeout). The re-acks of the requests B republishes are
+stored by the stream (its duplicate window is shorter than the ack timeout).
+
+Judged by the history: 60 s after the cut every job is done, none dlq or timeout, each
+result applied once, and no session of the bridges idles in a transaction."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from tests.support.bridge import TcpProxy, wait_for
+from tests.support.faults import black_hole, by_status
+from tests.support.flow import Flow, applied_results
+from tests.support.processes import log_lines
+from tests.support.sql import dict_conn, scalar
+from tests.support.stack import Stack, listening, running_stack
+
+pytestmark = pytest.mark.e2e
+
+STREAM = "ARM_RESULTS"
+LIVE = (
+    "SELECT count(*) FROM arm.recognition_job WHERE status IN ('queued', 'published', 'processing')"
+)
+# The sessions of the bridges' login idling in a transaction for longer than the
+# server's timeout (20 s) and a margin: none may, once it has ended them.
+IDLE_IN_TRANSACTION = (
+    "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%' "
+    "AND usename = 'bridge_login' AND state_change < now() - interval '25 seconds'"
+)
+
+
+@pytest.fixture
+def js_stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
+    yield from running_stack(db_url, tmp_path, ["-js", "-sd", str(tmp_path / "js")])
+
+
+async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_left_undone(
+    js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres
+) -> None:
+    if shutil.which("iptables") is None:
+        pytest.skip("iptables is not installed (Debian: apt-get install iptables)")
+    assert pg_server.port is not None
+    proxy = await TcpProxy(pg_server.port).start()
+    proxied = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
+    env = {
+        "RESULTS_STREAM": STREAM,
+        "ACK_TIMEOUT_SECONDS": "10",
+        "DEBUG": "true",  # a line per result applied: each must be applied once
+    }
+    b = js_stack.bridge(**env)
+    # A connects through the proxy this event loop serves: made and waited for off it.
+    port = free_port()
+    a = await asyncio.to_thread(
+        js_stack.start, "bridge", BRIDGE_HEALTH_PORT=port, DATABASE_URL=proxied, **env
+    )
+    await asyncio.to_thread(a.wait_healthy, port)
+    await listening(js_stack.reference(REFERENCE_DELAY_SECONDS="0.2"))
+    try:
+        with Flow(db_url, per_step=5, pause=0.1) as flow, dict_conn(db_url) as conn:
+            await wait_for(lambda: applied_results([a.log()]), 60, "A applies its share")
+            with black_hole(proxy.port):
+                cut = time.monotonic()
+                await wait_for(
+                    lambda: log_lines(a.log(), action="stream_intake", state="paused"),
+                    60,
+                    lambda: f"A stepping aside: {a.log()[-3000:]}",
+                )
+                stepped_aside = time.monotonic() - cut
+                await wait_for(lambda: time.monotonic() - cut > 20, 30, "more flow after")
+                n = flow.stop()
+                await wait_for(
+                    lambda: scalar(conn, LIVE) == 0,
+                    max(1.0, 60 - (time.monotonic() - cut)),
+                    lambda: f"nothing left undone 60 s after the cut: {by_status(db_url)}",
+                )
+                undone_in = time.monotonic() - cut
+                assert scalar(conn, IDLE_IN_TRANSACTION) == 0
+            statuses = by_status(db_url)
+    finally:
+        await proxy.close()
+    assert statuses == {"done": n}, statuses
+    applied = applied_results([a.log(), b.log()])
+    assert len(applied) == n and set(applied.values()) == {1}  # each once, none twice
+    handed_back = sum(
+        int(line.split(" count=")[1].split()[0])
+        for line in log_lines(a.log(), action="stream_hand_back")
+    )
+    print(
+        f"\nFIGURE bridge cut off from its database: {n} jobs, A stepped aside "
+        f"{stepped_aside:.1f} s after the cut (handed back {handed_back}), nothing "
+        f"undone {undone_in:.1f} s after it"
+    )
+    for proc in (a, b):
+        assert proc.proc.poll() is None, proc.log()[-2000:]  # both still running
