@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from arm_core.bridge.envelope import Envelope
+from arm_core.episodes import Episode
 
 log = logging.getLogger(__name__)
 
@@ -102,63 +103,39 @@ class Buffer:
 
 @dataclass
 class DropBursts:
-    """Envelopes lost before the database saw them, told as bursts: an ERROR line when a
-    burst of drops for a reason starts (naming the first job), one every `report_every`
-    seconds while it lasts, and a WARNING with the count when it ends (an envelope is
-    buffered again, or the inbox stops). Each envelope is also a DEBUG line with its
-    job id."""
+    """Envelopes lost before the database saw them, told as bursts (arm_core.episodes):
+    an ERROR line when a burst of drops for a reason starts (naming the first job), one
+    every `report_every` seconds while it lasts, and a WARNING with the count when it
+    ends (the database answers again, or the inbox stops). Each envelope is also a
+    DEBUG line with its job id."""
 
     report_every: float = 30.0
     clock: Callable[[], float] = time.monotonic
-    _bursts: dict[str, list[float]] = field(default_factory=dict)  # reason: [since, n, told]
+    _bursts: dict[str, Episode] = field(default_factory=dict)
 
     def dropped(self, envelope: Envelope, reason: str, why: str) -> None:
-        now = self.clock()
         burst = self._bursts.get(reason)
         if burst is None:
-            self._bursts[reason] = [now, 1, now]
-            log.error(
-                "dropping answers: %s; their jobs time out at their reply deadline unless "
-                "the answer comes again (first: job %s)",
-                why,
-                envelope.job_id,
-                extra={"action": "inbox_drops", "state": "started", "reason": reason},
+            burst = self._bursts[reason] = Episode(
+                "inbox_drops",
+                log,
+                report_every=self.report_every,
+                clock=self.clock,
+                extra={"reason": reason},
             )
-            return
-        burst[1] += 1
-        if now - burst[2] >= self.report_every:
-            burst[2] = now
-            log.error(
-                "still dropping answers after %.0f s: %d so far (%s)",
-                now - burst[0],
-                burst[1],
-                why,
-                extra={
-                    "action": "inbox_drops",
-                    "state": "ongoing",
-                    "reason": reason,
-                    "count": int(burst[1]),
-                },
-            )
+        burst.happened(
+            "dropping answers: %s; their jobs time out at their reply deadline unless "
+            "the answer comes again (first: job %s)",
+            "still dropping answers after %.0f s: %d so far (%s; the latest: job %s)",
+            why,
+            envelope.job_id,
+        )
 
     def ended(self) -> None:
         """Every burst under way is over."""
-        now = self.clock()
-        for reason, (since, n, _) in self._bursts.items():
-            log.warning(
-                "dropped %d answers in %.1f s (%s)",
-                n,
-                now - since,
-                reason,
-                extra={
-                    "action": "inbox_drops",
-                    "state": "ended",
-                    "reason": reason,
-                    "count": int(n),
-                    "seconds": round(now - since, 1),
-                },
-            )
+        for burst in self._bursts.values():
+            burst.end("dropped answers for %.1f s: %d of them")
         self._bursts.clear()
 
     def __bool__(self) -> bool:
-        return bool(self._bursts)
+        return any(self._bursts.values())

@@ -155,6 +155,16 @@ def js_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
 
 
 @pytest.fixture
+async def js_client(js_server: EmbeddedNats) -> AsyncIterator[Client]:
+    """The test's own connection to the JetStream server."""
+    nc = await nats_client(js_server.url())
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
 async def client(nats_server: EmbeddedNats) -> AsyncIterator[Client]:
     """The test's own NATS connection: plays the services (or the core)."""
     nc = await nats_client(nats_server.url())

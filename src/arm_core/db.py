@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from arm_core.episodes import Episode
 from arm_core.redaction import mask_urls_in
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -169,49 +170,27 @@ class Outage:
     report_every = 30.0
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self.since: float | None = None
-        self.failures = 0
-        self._reported_at = 0.0
+        self._episode = Episode("db_outage", log, report_every=self.report_every, clock=clock)
+
+    @property
+    def since(self) -> float | None:
+        return self._episode.since
+
+    @property
+    def failures(self) -> int:
+        return self._episode.count
 
     def failed(self, cause: str) -> None:
         """A query or a connection attempt failed because the database is unavailable."""
-        now = self._clock()
-        self.failures += 1
-        if self.since is None:
-            self.since, self.failures, self._reported_at = now, 1, now
-            log.error(
-                "database unavailable: %s",
-                cause,
-                extra={"action": "db_outage", "state": "started"},
-            )
-        elif now - self._reported_at >= self.report_every:
-            self._reported_at = now
-            log.error(
-                "database still unavailable after %.0f s (%d failed attempts): %s",
-                now - self.since,
-                self.failures,
-                cause,
-                extra={"action": "db_outage", "state": "ongoing", "count": self.failures},
-            )
+        self._episode.happened(
+            "database unavailable: %s",
+            "database still unavailable after %.0f s (%d failed attempts): %s",
+            cause,
+        )
 
     def available(self) -> None:
         """A query or a connection attempt succeeded: an outage, if any, has ended."""
-        if self.since is None:
-            return
-        lasted = self._clock() - self.since
-        log.warning(
-            "database available again after %.1f s (%d failed attempts)",
-            lasted,
-            self.failures,
-            extra={
-                "action": "db_outage",
-                "state": "ended",
-                "count": self.failures,
-                "seconds": round(lasted, 1),
-            },
-        )
-        self.since, self.failures = None, 0
+        self._episode.end("database available again after %.1f s (%d failed attempts)")
 
 
 OUTAGE = Outage()
@@ -226,59 +205,39 @@ class PoolExhaustion:
     report_every = 30.0
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self.since: float | None = None
-        self.times = 0  # in this episode
+        self._episode = Episode(
+            "db_pool_exhausted",
+            log,
+            level=logging.WARNING,
+            end_level=logging.INFO,
+            report_every=self.report_every,
+            clock=clock,
+        )
         self.total = 0
-        self._reported_at = 0.0
 
     def exhausted(self, action: str, waited: float, figures: PoolFigures) -> DatabasePoolExhausted:
         """Counts and logs a wait that ran out on a full pool; returns the error to raise."""
-        now = self._clock()
         self.total += 1
-        self.times += 1
         said = (
             f"{action}: no database connection within {waited:g} s: all {figures.max_size} "
             f"connections of the pool are in use ({figures.waiting} requests waiting); "
             f"raise DATABASE_POOL_MAX_SIZE (now {figures.max_size}) or find what holds them"
         )
-        extra = {
-            "action": "db_pool_exhausted",
-            "in_use": figures.in_use,
-            "max": figures.max_size,
-            "waiting": figures.waiting,
-        }
-        if self.since is None:
-            self.since, self.times, self._reported_at = now, 1, now
-            log.warning("connection pool exhausted: %s", said, extra={**extra, "state": "started"})
-        elif now - self._reported_at >= self.report_every:
-            self._reported_at = now
-            log.warning(
-                "connection pool still exhausted after %.0f s (%d waits ran out): %s",
-                now - self.since,
-                self.times,
-                said,
-                extra={**extra, "state": "ongoing", "count": self.times},
-            )
+        self._episode.happened(
+            "connection pool exhausted: %s",
+            "connection pool still exhausted after %.0f s (%d waits ran out): %s",
+            said,
+            in_use=figures.in_use,
+            max=figures.max_size,
+            waiting=figures.waiting,
+        )
         return DatabasePoolExhausted(said, figures)
 
     def relieved(self) -> None:
         """A connection was had: an exhaustion, if any, has ended."""
-        if self.since is None:
-            return
-        lasted = self._clock() - self.since
-        log.info(
-            "connection pool has connections to give again after %.1f s (%d waits ran out)",
-            lasted,
-            self.times,
-            extra={
-                "action": "db_pool_exhausted",
-                "state": "ended",
-                "count": self.times,
-                "seconds": round(lasted, 1),
-            },
+        self._episode.end(
+            "connection pool has connections to give again after %.1f s (%d waits ran out)"
         )
-        self.since, self.times = None, 0
 
 
 POOL_EXHAUSTION = PoolExhaustion()

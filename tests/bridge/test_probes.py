@@ -17,7 +17,7 @@ from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.http.app import create_app
 from arm_core.runtime import SHUTDOWN, bridge_app
-from tests.support.bridge import TcpProxy, fast_settings, wait_for
+from tests.support.bridge import LOOPS, TcpProxy, fast_settings, wait_for
 from tests.support.sql import SERVE_LOGIN, as_login, dict_conn
 
 pytestmark = pytest.mark.integration
@@ -53,14 +53,7 @@ async def test_alive_and_ready_then_a_stuck_loop_is_not_alive_until_it_moves(
         await wait_for(lambda: ready(http), 15, "ready")
         status, body = await probe(http, "/livez")
         assert status == 200 and body["status"] == "alive"
-        assert set(body["loops"]) == {
-            "publisher",
-            "inbox-0",
-            "inbox-1",
-            "listen",
-            "schedule",
-            "nats-connect",
-        }
+        assert set(body["loops"]) == set(LOOPS)
         assert body["loops"]["publisher"] == "running"
         assert body["loops"]["nats-connect"] == "stopped"  # connected: its work is done
         assert (await probe(http, "/readyz")) == (

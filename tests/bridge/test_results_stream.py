@@ -9,7 +9,6 @@ import dataclasses
 import json
 import logging
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import (
     envelope,
-    fast_settings,
     logged,
     nats_client,
     new_bridge,
@@ -34,33 +32,13 @@ from tests.support.bridge import (
     wait_for,
 )
 from tests.support.processes import ArmProcess
-from tests.support.sql import dict_conn, publish, scalar, upload_many
+from tests.support.sql import dict_conn, scalar
+from tests.support.stream import STREAM, published_jobs, stream_settings
 
 pytestmark = pytest.mark.integration
 
 PERMISSIONS = Path(__file__).resolve().parents[2] / "docs" / "nats-permissions.conf"
-STREAM = "ARM_RESULTS"
 SUBJECT = "files.tabular_parsed"
-
-
-@pytest.fixture
-async def js_client(js_server: EmbeddedNats) -> AsyncIterator[Client]:
-    nc = await nats_client(js_server.url())
-    try:
-        yield nc
-    finally:
-        await nc.close()
-
-
-def stream_settings(db_url: str, url: str, **more: Any) -> Settings:
-    return fast_settings(db_url, url, results_stream=STREAM, **more)
-
-
-def published_jobs(db_url: str, n: int) -> list[dict[str, Any]]:
-    with dict_conn(db_url) as conn:
-        upload_many(conn, n)
-        assert len(publish(conn)) == n
-        return conn.execute("SELECT id AS job_id, file_id FROM arm.recognition_job").fetchall()
 
 
 async def ack_all(client: Client, jobs: list[dict[str, Any]]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +20,21 @@ from nats.js.api import PubAck, StorageType, StreamConfig
 from nats.js.errors import ServiceUnavailableError
 
 from arm_core.bridge.nats_client import ensure_results_stream, results_consumer
-from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.bridge import (
     TcpProxy,
     envelope,
-    fast_settings,
     logged,
     nats_client,
     running_bridge,
     wait_for,
 )
-from tests.support.sql import dict_conn, publish, scalar, upload_many
+from tests.support.sql import dict_conn, scalar
+from tests.support.stream import STREAM, published_jobs, stream_settings
 
 pytestmark = pytest.mark.integration
 
-STREAM = "ARM_RESULTS"
 SUBJECT = "files.tabular_parsed"
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "contracts" / "examples"
 PROCESSING = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
@@ -51,28 +48,6 @@ UNBOUNDED = StreamConfig(
     max_age=7 * 24 * 3600.0,
     duplicate_window=120.0,
 )
-
-
-@pytest.fixture
-async def js_client(js_server: EmbeddedNats) -> AsyncIterator[Client]:
-    nc = await nats_client(js_server.url())
-    try:
-        yield nc
-    finally:
-        await nc.close()
-
-
-def stream_settings(db_url: str, url: str, **more: Any) -> Settings:
-    return fast_settings(db_url, url, results_stream=STREAM, **more)
-
-
-def published_jobs(db_url: str, n: int) -> list[dict[str, Any]]:
-    with dict_conn(db_url) as conn:
-        upload_many(conn, n)
-        assert len(publish(conn)) == n
-        return conn.execute(
-            "SELECT id AS job_id, file_id FROM arm.recognition_job ORDER BY id"
-        ).fetchall()
 
 
 def ack(row: dict[str, Any]) -> tuple[bytes, dict[str, str]]:

@@ -21,7 +21,7 @@ from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.http.app import create_app
 from arm_core.runtime import BRIDGE
-from tests.support.bridge import envelope, fast_settings, running_bridge, send, wait_for
+from tests.support.bridge import LOOPS, envelope, fast_settings, running_bridge, send, wait_for
 from tests.support.natsauth import operator_mode
 from tests.support.sql import (
     API_LOGIN,
@@ -136,14 +136,7 @@ async def test_S_NATS_3_nats_disabled_starts_without_background_tasks(db_url: st
         assert await resp.json() == {"status": "ok", "db": "ok", "nats": "off", "outbox": "ok"}
         assert BRIDGE not in app
         running = {t.get_name() for t in asyncio.all_tasks()}
-        assert not running & {
-            "publisher",
-            "inbox-0",
-            "inbox-1",
-            "listen",
-            "schedule",
-            "nats-connect",
-        }
+        assert not running & set(LOOPS)
 
 
 async def test_healthcheck_reports_nats_unreachable(db_url: str, nats_server: EmbeddedNats) -> None:

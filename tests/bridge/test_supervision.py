@@ -142,28 +142,43 @@ async def test_the_answers_in_a_crashed_workers_hands_are_applied_after_its_rest
         await service.client.close()
 
 
-# What a newer release's apply_envelopes_v2 returns to an older bridge: an outcome it
-# does not know. The real function is kept under another name and called through.
-UNKNOWN_OUTCOME_ONCE = """
+def unknown_outcome(when: str, setup: str = "", first: str = "false", before: str = "") -> str:
+    """What a newer release's apply_envelopes_v2 returns to an older bridge: an outcome it
+    does not know, for the rows where `when` (SQL over the row `r`, the envelope `e` and
+    `v_first`, a boolean computed as `first` says) holds; `setup` runs once, `before` at
+    each call. The real function is kept under another name and called through."""
+    return f"""
 ALTER FUNCTION arm.apply_envelopes_v2(jsonb) RENAME TO apply_envelopes_v2_real;
-CREATE TABLE arm.fault_fired (fired boolean);
+{setup}
 CREATE FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb)
 RETURNS TABLE (ord integer, outcome text, attempt integer, status arm.job_status,
                wait_seconds double precision)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, arm, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_first boolean := NOT EXISTS (SELECT FROM arm.fault_fired);
+    v_first boolean := {first};
 BEGIN
-    INSERT INTO arm.fault_fired SELECT true WHERE v_first;
+    {before}
     RETURN QUERY
-    SELECT r.ord, CASE WHEN v_first THEN 'deferred_for_mapping' ELSE r.outcome END,
+    SELECT r.ord, CASE WHEN {when} THEN 'deferred_for_mapping' ELSE r.outcome END,
            r.attempt, r.status, r.wait_seconds
-    FROM arm.apply_envelopes_v2_real(p_envelopes) AS r;
+    FROM arm.apply_envelopes_v2_real(p_envelopes) AS r
+    JOIN jsonb_array_elements(p_envelopes) WITH ORDINALITY AS e(value, n) ON e.n = r.ord;
 END;
 $$;
 GRANT EXECUTE ON FUNCTION arm.apply_envelopes_v2(jsonb) TO arm_bridge;
 """
+
+
+# Once, for a whole batch: the first call only.
+UNKNOWN_OUTCOME_ONCE = unknown_outcome(
+    "v_first",
+    setup="CREATE TABLE arm.fault_fired (fired boolean);",
+    first="NOT EXISTS (SELECT FROM arm.fault_fired)",
+    before="INSERT INTO arm.fault_fired SELECT true WHERE v_first;",
+)
+# One answer always, whatever batch it is in: a poison envelope.
+UNKNOWN_OUTCOME_FOR_ONE = unknown_outcome("e.value->>'msg_id' = 'poison'")
 
 
 async def test_an_outcome_this_bridge_does_not_know_is_logged_restarted_and_survived(
@@ -195,28 +210,6 @@ async def test_an_outcome_this_bridge_does_not_know_is_logged_restarted_and_surv
             assert bridge.supervisor.live()[0] and bridge.fatal is None
     finally:
         await service.client.close()
-
-
-# One answer the database's newer function always returns an unknown outcome for: a
-# poison envelope, whatever batch it is in.
-UNKNOWN_OUTCOME_FOR_ONE = """
-ALTER FUNCTION arm.apply_envelopes_v2(jsonb) RENAME TO apply_envelopes_v2_real;
-CREATE FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb)
-RETURNS TABLE (ord integer, outcome text, attempt integer, status arm.job_status,
-               wait_seconds double precision)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, arm, pg_temp AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    SELECT r.ord,
-           CASE WHEN e.value->>'msg_id' = 'poison' THEN 'deferred_for_mapping' ELSE r.outcome END,
-           r.attempt, r.status, r.wait_seconds
-    FROM arm.apply_envelopes_v2_real(p_envelopes) AS r
-    JOIN jsonb_array_elements(p_envelopes) WITH ORDINALITY AS e(value, n) ON e.n = r.ord;
-END;
-$$;
-GRANT EXECUTE ON FUNCTION arm.apply_envelopes_v2(jsonb) TO arm_bridge;
-"""
 
 
 async def test_a_poison_envelope_fails_alone_after_the_restart_and_takes_nothing_down(

@@ -74,11 +74,11 @@ async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_lef
     await listening(js_stack.reference(REFERENCE_DELAY_SECONDS="0.2"))
     try:
         with Flow(db_url, per_step=5, pause=0.1) as flow, dict_conn(db_url) as conn:
-            await wait_for(lambda: applied_results([a.log()]), 60, "A applies its share")
+            await wait_for(lambda: bool(applied_results([a.log()])), 60, "A applies its share")
             with black_hole(proxy.port):
                 cut = time.monotonic()
                 await wait_for(
-                    lambda: log_lines(a.log(), action="stream_intake", state="paused"),
+                    lambda: bool(log_lines(a.log(), action="stream_intake", state="paused")),
                     60,
                     lambda: f"A stepping aside: {a.log()[-3000:]}",
                 )

@@ -50,6 +50,11 @@ async def wait_for(
         await asyncio.sleep(0.05)
 
 
+# The supervised loops of a bridge with the default settings and core NATS (two inbox
+# workers; RESULTS_STREAM adds `stream` and `replay`).
+LOOPS = ("publisher", "inbox-0", "inbox-1", "listen", "schedule", "nats-connect")
+
+
 def fast_settings(db_url: str, nats_url: str, **overrides: Any) -> Settings:
     """Settings with short periods so the tests wait seconds, not minutes; the database
     as the bridge's login."""
