@@ -101,6 +101,36 @@ class Buffer:
             return False
 
 
+class Waiting:
+    """Envelopes of one worker that wait to be applied again at a later time (their job
+    is still queued: see Inbox), the oldest first."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[float, Envelope]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, envelope: Envelope, at: float) -> None:
+        self._items.append((at, envelope))
+
+    def ready(self, now: float) -> bool:
+        """Whether the oldest one's time has come."""
+        return bool(self._items) and self._items[0][0] <= now
+
+    def due(self, now: float) -> list[Envelope]:
+        """Takes out those whose time has come, in order."""
+        taken: list[Envelope] = []
+        while self._items and self._items[0][0] <= now:
+            taken.append(self._items.popleft()[1])
+        return taken
+
+    def take_all(self) -> list[Envelope]:
+        taken = [e for _, e in self._items]
+        self._items.clear()
+        return taken
+
+
 @dataclass
 class DropBursts:
     """Envelopes lost before the database saw them, told as bursts (arm_core.episodes):

@@ -88,9 +88,16 @@ class InboxConfig:
     backoff_max_seconds: float = 5.0
     # A batch that meets a deadlock or serialization failure is tried this often more.
     conflict_retries: int = 3
+    # An answer for a job that is still queued (`not_published`: the transaction that sent
+    # its request had not committed, and rolled back) is applied again every
+    # not_published_retry_seconds for up to not_published_patience_seconds after it came:
+    # the job is published again, with the same Nats-Msg-Id and attempt, within seconds
+    # (once the server ends a lost publisher's session: idle_in_transaction_session_timeout).
+    not_published_retry_seconds: float = 2.0
+    not_published_patience_seconds: float = 90.0
 
     def __post_init__(self) -> None:
-        _check_positive(self)
+        _check_positive(self, "not_published_retry_seconds", "not_published_patience_seconds")
         if self.workers > self.buffer_size:
             raise ValueError(f"InboxConfig: {self.workers} workers need a buffer_size as large")
         if self.buffer_bytes // self.workers < self.max_payload_bytes:

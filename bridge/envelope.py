@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema.exceptions import best_match
@@ -53,6 +54,8 @@ class Envelope:
     # RESULTS_STREAM: the message it came in, acknowledged once its outcome is final
     # (bridge/inbox.py); None when there is nothing to acknowledge (core NATS).
     msg: Msg | None = None
+    # When it arrived (time.monotonic()).
+    received_at: float = field(default_factory=time.monotonic)
 
     @property
     def is_ack(self) -> bool:

@@ -39,9 +39,11 @@ never takes the others, or the process, down with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 from nats.aio.msg import Msg
 
 from arm_core.bridge import events
-from arm_core.bridge.buffer import Buffer, DropBursts
+from arm_core.bridge.buffer import Buffer, DropBursts, Waiting
 from arm_core.bridge.config import InboxConfig
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
 from arm_core.bridge.service import Loop, Service
@@ -114,6 +116,8 @@ class Inbox(Service):
     acks: bool = False
     # Envelopes lost before the database saw them, told once per burst.
     drops: DropBursts = field(default_factory=DropBursts)
+    # Per worker, the answers whose job was still queued, to be applied again later.
+    _waiting: list[Waiting] = field(init=False)
     # Per worker: its loop crashed with a batch in hand, which it applies one envelope at
     # a time once restarted.
     _suspect: list[bool] = field(init=False)
@@ -124,6 +128,7 @@ class Inbox(Service):
             Buffer(max(1, c.buffer_size // n), max(1, c.buffer_bytes // n)) for _ in range(n)
         ]
         self._leading = [[] for _ in range(n)]
+        self._waiting = [Waiting() for _ in range(n)]
         self._suspect = [False] * n
 
     def loops(self) -> dict[str, Loop]:
@@ -148,7 +153,8 @@ class Inbox(Service):
     def held(self) -> int:
         """Envelopes received and not applied yet: in the buffers, or in a worker's hands
         (its batch, held while the database is away; those waiting for a busy job)."""
-        return self.buffered() + sum(len(batch) for batch in self._leading)
+        held = sum(len(batch) for batch in self._leading)
+        return self.buffered() + held + sum(len(w) for w in self._waiting)
 
     def buffered_bytes(self) -> int:
         """What the envelopes waiting in the buffers came as, in bytes."""
@@ -283,8 +289,10 @@ class Inbox(Service):
             return step
         queue, limit = self.queues[worker], self.config.batch_size
         # The batch stays in `_leading` until its outcomes are known: a crash leaves it
-        # there for the restarted loop.
+        # there for the restarted loop. Answers waiting for their job to be published
+        # again come first once their time has come.
         batch = self._leading[worker]
+        batch[:0] = self._waiting[worker].due(time.monotonic())
         while len(batch) < limit and not queue.empty():
             batch.append(queue.get_nowait())
         if not batch:
@@ -299,9 +307,29 @@ class Inbox(Service):
         deferred = [r.envelope for r in results if r.outcome is ApplyOutcome.BUSY]
         self._leading[worker] = deferred
         for r in results:
-            if r.outcome is not ApplyOutcome.BUSY and r.envelope.msg is not None:
+            if r.outcome is ApplyOutcome.NOT_PUBLISHED and self._patient(r.envelope):
+                await self._wait_for_publish(worker, r.envelope)
+            elif r.outcome is not ApplyOutcome.BUSY and r.envelope.msg is not None:
                 await self._settle(r.envelope.msg, terminate=r.outcome is ApplyOutcome.FAILED)
         return InboxStep(tuple(results), tuple(deferred), tuple(dropped))
+
+    def _patient(self, envelope: Envelope) -> bool:
+        """Whether an answer for a still-queued job is kept to be applied again: its
+        request went out in a transaction that then rolled back (its publisher lost the
+        database, or was killed, between the send and the commit), and the job is
+        published again soon, with the same Nats-Msg-Id and attempt. Past the patience
+        it is ignored, as the database said."""
+        age = time.monotonic() - envelope.received_at
+        return age < self.config.not_published_patience_seconds
+
+    async def _wait_for_publish(self, worker: int, envelope: Envelope) -> None:
+        self.counts["not_published_waits"] += 1
+        self._waiting[worker].add(
+            envelope, time.monotonic() + self.config.not_published_retry_seconds
+        )
+        if envelope.msg is not None:  # the stream must not give it to another meanwhile
+            with contextlib.suppress(Exception):
+                await envelope.msg.in_progress()
 
     async def _work(self, worker: int, stopping: asyncio.Event) -> None:
         """Applies the envelopes of the worker's buffer, batch by batch (run_once), until
@@ -317,9 +345,10 @@ class Inbox(Service):
                 self.beat(name)
                 if not leading[worker] and queue.empty():
                     first = await queue.get(0.5)
-                    if first is None:
+                    if first is not None:
+                        leading[worker] = [first]
+                    elif not self._waiting[worker].ready(time.monotonic()):
                         continue
-                    leading[worker] = [first]
                 step = await self.run_once(worker, stopping)
                 if step.deferred and len(step.deferred) == len(step.results):
                     # All waiting on others' commits: a publisher's takes milliseconds;
@@ -328,10 +357,13 @@ class Inbox(Service):
                     pause = min(pause * 2, c.busy_pause_max_seconds)
                 else:
                     pause = c.busy_pause_seconds
+            # Stopping: answers still waiting for their job's publish go (back).
+            await self.let_go(self._waiting[worker].take_all(), "shutdown")
         except asyncio.CancelledError:
             # Stopped past the shutdown grace: what waited here was never applied. (A
             # batch in flight may or may not have committed, and is not counted.)
             waiting, leading[worker] = leading[worker], []
+            waiting += self._waiting[worker].take_all()
             while not queue.empty():
                 waiting.append(queue.get_nowait())
             await self.let_go(waiting, "shutdown")
@@ -459,6 +491,8 @@ class Inbox(Service):
         outcome. Returns the outcomes in the batch's order."""
         rows = await self.store.apply_envelopes(batch)
         for envelope, row in zip(batch, rows, strict=True):
+            if row.outcome is ApplyOutcome.NOT_PUBLISHED and self._patient(envelope):
+                continue  # applied again later (run_once): not an outcome yet
             events.outcome(
                 self.counts, envelope, row.outcome, row.attempt, row.status, row.wait_seconds
             )

@@ -7,6 +7,7 @@ message either (tests/support/steps.py: a flush proves a subscription has it all
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -232,6 +233,41 @@ async def test_an_inbox_step_keeps_busy_envelopes_to_lead_the_next_one(
         row = job(conn, held.job_id)
         assert row["status"] == "done" and row["started_at"] is not None
         assert job(conn, free.job_id)["status"] == "processing"
+
+
+@pytest.mark.parametrize("patience", [90.0, 0.0], ids=["kept", "without-patience"])
+async def test_answers_for_a_job_still_queued_wait_for_its_publish(
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any], patience: float
+) -> None:
+    """The answers to a request whose publishing transaction rolled back after the send
+    (its publisher lost the database, or was killed, between the send and the commit)
+    find the job still `queued`: they are kept, not ignored, and applied once the job is
+    published again — the service answers a repeated request with its ack only, so the
+    result would otherwise be lost and the job time out. Without patience they are
+    ignored, as the database says (`not_published`)."""
+    with dict_conn(db_url) as conn:
+        up = upload(conn)  # queued: the rolled-back publish left it so
+    feed = await inbox_feed(client, db_url, pool)
+    inbox = feed.inbox
+    inbox.config = dataclasses.replace(
+        inbox.config, not_published_retry_seconds=0.0, not_published_patience_seconds=patience
+    )
+    await feed.put(envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1")
+    await feed.put(envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
+    first = await feed.step()
+    assert first.outcomes() == Counter({ApplyOutcome.NOT_PUBLISHED: 2})
+    with dict_conn(db_url) as conn:
+        assert job(conn, up.job_id)["status"] == "queued"
+        publish(conn)  # published again, with the same Nats-Msg-Id and attempt
+    again = await feed.step()
+    with dict_conn(db_url) as conn:
+        status = job(conn, up.job_id)["status"]
+    if patience:
+        assert inbox.counts["not_published_waits"] == 2
+        assert again.outcomes() == Counter({ApplyOutcome.APPLIED: 2}) and status == "done"
+    else:
+        assert again.results == () and status == "published"
+        assert inbox.counts["not_published"] == 2 and inbox.held() == 0
 
 
 async def test_an_inbox_step_that_meets_a_starved_pool_holds_its_batch_until_it_frees(

@@ -488,6 +488,24 @@ async def test_modes_and_markers(
     assert not [f for f in files(results_dir) if body["file_id"] in f]
 
 
+async def test_fail_once_fails_the_first_attempt_and_answers_a_retry(
+    client: Client, seen: Seen, start: Start
+) -> None:
+    """`[fail-once]` in a file's name: its attempt 1 fails, its attempt 2 is done — what an
+    operator's retry recovers."""
+    service = await start(TABULAR, fail_code="INVALID_DOCUMENT")
+    await start(SCAN)
+    first = request(original_name="ОСВ [fail-once].xlsx")
+    retried = {**first, "job_id": str(uuid.uuid4()), "attempt": 2}
+    for body in (first, retried):
+        await send(client, body)
+    await wait_for(lambda: service.stats.acked == 2, 5, "both acked")
+    await wait_for(lambda: len(seen.of(retried["job_id"])) == 2, 10, "the retry answered")
+    await settle(client, seen, SCAN)
+    assert statuses(seen.of(first["job_id"])) == ["processing", "error"]
+    assert statuses(seen.of(retried["job_id"])) == ["processing", "done"]
+
+
 # -- rule 8: concurrency, a callback that never raises, stop -------------------------------
 
 

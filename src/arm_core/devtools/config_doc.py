@@ -27,7 +27,7 @@ from typing import Any
 import arm_core
 from arm_core.config import FAULT_POINTS, POOL_RESERVE, PUBLISH_CONFIRM_SECONDS, Settings
 from arm_core.devtools import generated
-from arm_core.devtools.reference import MARKERS, MODES, SCAN, TABULAR, ReferenceConfig
+from arm_core.devtools.reference import FAIL_ONCE, MARKERS, MODES, SCAN, TABULAR, ReferenceConfig
 from arm_core.devtools.stack import DEV_DEFAULTS
 
 DOC_PATH = generated.CHECKOUT / "docs" / "configuration.md"
@@ -181,7 +181,8 @@ MEANINGS: dict[str, str] = {
     # ReferenceConfig
     "REFERENCE_MODE": f"how the services answer: {' · '.join(f'`{m}`' for m in MODES)}; "
     f"{', '.join(f'`{marker}`' for marker, _ in MARKERS)} in a file's name overrides it for "
-    f"that file ({', '.join(f'`{mode}`' for _, mode in MARKERS)})",
+    f"that file ({', '.join(f'`{mode}`' for _, mode in MARKERS)}); `{FAIL_ONCE}` fails its "
+    "first attempt only",
     "REFERENCE_DELAY_SECONDS": 'between the ack and the result ("reading S3, recognising")',
     "REFERENCE_FAIL_CODE": "`error.code` in mode `fail` and for `[fail]` files (a code of "
     "the result schema)",

@@ -4,7 +4,8 @@ It stands in for tabular-parser and scan-gateway in the demo (`arm-core dev`) an
 end-to-end tests. It recognises nothing: it acks a valid request at once, waits a moment,
 writes a result file that says plainly that no recognition was done, then publishes
 `done`. Modes and per-file markers in `original_name` make it misbehave on purpose:
-"[fail]" → error, "[noack]" → no answer at all, "[silent]" → ack only.
+"[fail]" → error, "[fail-once]" → error on the first attempt only (a retry is done),
+"[noack]" → no answer at all, "[silent]" → ack only.
 
 It is also the model of a conforming service for the NATS side (docs/service-teams.md,
 "For service teams"): it connects with NATS_OPTIONS (reconnect forever, no client-side
@@ -65,6 +66,8 @@ MODES = ("normal", "fail", "never_ack", "never_answer")
 PIPELINES = {TABULAR: "tabular", SCAN: "image"}
 DEFAULT_SUBJECTS = {TABULAR: "files.tabular_uploaded", SCAN: "files.img_uploaded"}
 MARKERS = (("[noack]", "never_ack"), ("[silent]", "never_answer"), ("[fail]", "fail"))
+# Fails the first attempt only: what a retry recovers.
+FAIL_ONCE = "[fail-once]"
 NOTE = "reference service: the file was not read or recognised"
 FAIL_MESSAGE = "reference service: failing on purpose (REFERENCE_MODE=fail or [fail] in the name)"
 MSG_ID = MSG_ID_HEADER
@@ -346,7 +349,7 @@ class ReferenceService:
             return await self._schema_mismatch(msg, body, job_id, problem)
 
         job = _Job(job_id, body["file_id"], _positive_int(body["attempt"]) or 1, acked=True)
-        mode = self._mode(body["original_name"])
+        mode = self._mode(body["original_name"], job.attempt)
         if mode == "never_ack":
             return self._drop("never_ack", "mode never_ack", job_id, job.attempt)
         if mode != "never_answer" and self.config.service == SCAN:
@@ -373,8 +376,10 @@ class ReferenceService:
             return f"pipeline {body['pipeline']!r} is not served by {self.config.service}"
         return None
 
-    def _mode(self, original_name: str) -> str:
+    def _mode(self, original_name: str, attempt: int = 1) -> str:
         name = original_name.lower()
+        if FAIL_ONCE in name:
+            return "fail" if attempt == 1 else self.config.mode
         return next((mode for marker, mode in MARKERS if marker in name), self.config.mode)
 
     def _remember(self, job: _Job) -> None:
