@@ -443,6 +443,7 @@ class Settings:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
         nats_keypair(settings.nats_seed, settings.nats_jwt)
         settings.check_inbox()
+        settings.check_liveness()
         settings.check_results_stream()
         settings.pool_max_size()  # too small for the bridge's loops: exit 2 at start
         settings.nats_tls_context()  # every TLS file read and checked now: exit 2 if bad
@@ -490,6 +491,16 @@ class Settings:
         """The server context of `serve` and the bridge's health port (HTTP_TLS_CERT_FILE,
         HTTP_TLS_KEY_FILE); None: plain HTTP."""
         return https_server_context(self.http_tls_cert_file, self.http_tls_key_file)
+
+    def check_liveness(self) -> None:
+        """A loop waits up to DATABASE_POOL_TIMEOUT_SECONDS for a connection while the
+        database is away, and that is no stall: LIVENESS_STALL_SECONDS must be longer
+        (twice it), or /livez would ask for restarts an outage does not need."""
+        if self.liveness_stall_seconds <= 2 * self.db_pool_timeout_seconds:
+            raise ConfigError(
+                "LIVENESS_STALL_SECONDS: must be more than twice DATABASE_POOL_TIMEOUT_SECONDS "
+                f"({2 * self.db_pool_timeout_seconds:g} s), got {self.liveness_stall_seconds:g}"
+            )
 
     def check_inbox(self) -> None:
         """Each inbox worker's share of INBOX_BUFFER_BYTES holds a message of

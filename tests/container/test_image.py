@@ -223,7 +223,9 @@ async def test_the_healthcheck_is_liveness_and_readiness_follows_the_database(
         # this loop serves; called on it, the connect blocked the loop and waited for the
         # kernel's connect timeout (about two minutes) before the test could go on.
         env = await asyncio.to_thread(bridge_env, via_proxy, nats_server.url())
-        env["LIVENESS_STALL_SECONDS"] = "3"
+        # Above the longest wait a loop makes while the database is away (the pool's
+        # DATABASE_POOL_TIMEOUT_SECONDS, 5 s), below the test's patience.
+        env["LIVENESS_STALL_SECONDS"] = "15"
         ctr = Container(image, ["bridge"], env)
         containers.append(ctr)
         await asyncio.to_thread(ctr.start)

@@ -298,7 +298,7 @@ def test_serve_and_the_bridge_answer_over_https_only(db_url: str, tmp_path: Path
                 timeout=30,
             )
             assert check.returncode == 0, check.stdout + check.stderr
-            assert check.stdout.startswith(f"https://127.0.0.1:{p}/healthcheck: ")
+            assert check.stdout.startswith(f"https://127.0.0.1:{p}/livez: ")
         assert log_lines(serve.log(), action="serve")[-1].count("serving on https://") == 1
         assert_no_key_material(logs(stack), pki)
 

@@ -164,6 +164,7 @@ def test_test_faults_and_the_restart_settings_are_read_and_checked() -> None:
         ({"SERVICE_RESTART_LIMIT": "-1"}, "SERVICE_RESTART_LIMIT"),
         ({"SERVICE_RESTART_WINDOW_SECONDS": "0"}, "SERVICE_RESTART_WINDOW_SECONDS"),
         ({"LIVENESS_STALL_SECONDS": "0"}, "LIVENESS_STALL_SECONDS"),
+        ({"LIVENESS_STALL_SECONDS": "10"}, "LIVENESS_STALL_SECONDS"),  # 2 × the pool's 5 s
     ):
         with pytest.raises(ConfigError, match=f"^{variable}: "):
             Settings.from_env(env)

@@ -174,7 +174,9 @@ MEANINGS: dict[str, str] = {
     "(draining) with exit code 1, for its supervisor to start a fresh one",
     "SERVICE_RESTART_WINDOW_SECONDS": "the window of `SERVICE_RESTART_LIMIT`",
     "LIVENESS_STALL_SECONDS": "`GET /livez` (and so the image's `HEALTHCHECK`) fails when a "
-    "loop of the bridge has not come round for this long: it is stuck, and a restart helps",
+    "loop of the bridge has not come round for this long: it is stuck, and a restart helps; "
+    "more than twice `DATABASE_POOL_TIMEOUT_SECONDS` (a loop waits that long for a "
+    "connection while the database is away, which is no stall)",
     "TEST_FAULTS": "tests only, never in production: fault points that raise in the loops, "
     "`point=N` for the next N turns (`-1`: every turn), comma-separated; points: "
     + ", ".join(f"`{p}`" for p in FAULT_POINTS),
