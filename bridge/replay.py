@@ -13,8 +13,11 @@ NATS, in its queue group (each answer reaches one bridge), and keeps what arrive
 announces a new leader (the `$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.<stream>`
 advisory), every bridge hands what it kept to its inbox as if it had just come: the
 database applies what the stream lost and calls the rest duplicates (each answer has its
-Nats-Msg-Id). Cost: each answer crosses the network twice, and a leader's election
-replays `seconds` of answers into the database once.
+Nats-Msg-Id). A bridge whose connection moved does the same once it is back: the
+advisory may have come while it was away (a node in lame-duck mode hands over the
+stream's leadership and its clients at once). Cost: each answer crosses the network
+twice, and a leader's election (or a reconnect) replays `seconds` of answers into the
+database once.
 
 :class:`Replayer` is the loop (a supervised service, `replay`) that waits for the
 advisories and hands what :class:`Recent` kept to the inbox."""
@@ -94,6 +97,13 @@ class Replayer(Service):
         except (ValueError, AttributeError):
             leader = ""
         self._elected.put_nowait(leader)
+
+    def reconnected(self) -> None:
+        """This bridge's NATS connection came back (it moved to another server, say when
+        its node entered lame-duck mode): an advisory sent meanwhile never reached it, so
+        what it kept is replayed as if one had come (what the stream holds is a
+        duplicate to the database)."""
+        self._elected.put_nowait("")
 
     async def run_once(self, leader: str = "") -> int:
         """Hands what was kept to the inbox now; returns how many."""

@@ -134,6 +134,8 @@ class Bridge:
         async def on_state(event: str) -> None:
             if event == "reconnected":
                 self.publisher.wake.set()
+                if self.replayer is not None:
+                    self.replayer.reconnected()
             elif event == "slow_consumer":
                 self.inbox.slow_consumer()
 
