@@ -9,6 +9,7 @@ buffered silently, so the publisher never takes a buffered message for a deliver
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import logging
 import time
@@ -16,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
-from nats.errors import NoRespondersError, SlowConsumerError
+from nats.errors import FlushTimeoutError, NoRespondersError, SlowConsumerError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -49,9 +50,26 @@ async def confirm(nc: Client) -> None:
     flush hands them to the socket; the second PING follows them, so its PONG means the
     server has read them all. The publisher waits for it inside its transaction: the
     sessions' idle_in_transaction_session_timeout is above the two flushes' bound
-    (arm_core.config.PUBLISH_CONFIRM_SECONDS)."""
-    await nc.flush(timeout=CONFIRM_FLUSH_SECONDS)
-    await nc.flush(timeout=CONFIRM_FLUSH_SECONDS)
+    (arm_core.config.PUBLISH_CONFIRM_SECONDS).
+
+    A flush that times out makes the connection start over (force_reconnect): nats-py
+    leaves the timed-out PING's future in its queue, and the server's late PONG then ends
+    its read loop without a word — the connection still says connected, sends, and never
+    receives again (a server paused for seconds did it: the bridge's fetches from the
+    results stream went unanswered for good). A reconnect gives a new read loop and an
+    empty queue."""
+    try:
+        await nc.flush(timeout=CONFIRM_FLUSH_SECONDS)
+        await nc.flush(timeout=CONFIRM_FLUSH_SECONDS)
+    except FlushTimeoutError:
+        log.warning(
+            "NATS did not answer a PING within %g s: connecting again",
+            CONFIRM_FLUSH_SECONDS,
+            extra={"action": "nats_reconnect"},
+        )
+        with contextlib.suppress(Exception):
+            await nc.force_reconnect()
+        raise
 
 
 def auth_options(settings: Settings) -> dict[str, Any]:

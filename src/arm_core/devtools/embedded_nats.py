@@ -143,6 +143,18 @@ class EmbeddedNats(Server):
             proc.kill()
             proc.wait()
 
+    @property
+    def pid(self) -> int | None:
+        """The running server's process id (for a signal: SIGSTOP pauses it)."""
+        return self._proc_pid() if self.running else None
+
+    def kill(self) -> None:
+        """kill -9: no lame duck, no flush; a no-op when not running."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
     def restart(self) -> None:
         """Stop, then start again on the same port (simulates an outage)."""
         self.stop()
