@@ -54,8 +54,14 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP) $(LINKS) ## figures next to same-run references, durable PostgreSQL (BENCH_ARGS=--quick, --only sweep,retry, --durability off)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
-chaos: $(LINKS) ## faults against real processes: lost, applied twice, stuck, recovery (CHAOS_ARGS=--quick)
+chaos: $(LINKS) ## faults against real processes; exit 1 on a broken promise (CHAOS_ARGS=--quick, or --nemesis --seeds 20)
 	$(BIN)/python -m benchmarks.chaos $(CHAOS_ARGS)
+
+nemesis: $(LINKS) ## SEEDS seeded random fault schedules, each checked against its history (SEEDS=20)
+	$(BIN)/python -m benchmarks.chaos --nemesis --seeds $(or $(SEEDS),20)
+
+soak: $(LINKS) ## an hour of flow and faults, measured every 5 minutes (SOAK_ARGS=--minutes 60)
+	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
 
 schema: $(LINKS) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
 	$(BIN)/python -m arm_core.devtools.schema_snapshot --write
@@ -64,4 +70,4 @@ docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/conf
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 	$(BIN)/python -m arm_core.devtools.config_doc --write
 
-.PHONY: help install run lint test bench chaos schema docs
+.PHONY: help install run lint test bench chaos nemesis soak schema docs

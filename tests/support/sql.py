@@ -126,15 +126,18 @@ def upload(
     return Upload(file_id=file_id, job_id=job_id, s3_object_id=obj, key=key)
 
 
-def upload_many(conn: Conn, n: int, file_type: str = "XLSX", mixed: bool = False) -> None:
+def upload_many(
+    conn: Conn, n: int, file_type: str = "XLSX", mixed: bool = False, name_suffix: str = ""
+) -> None:
     """n plain-SQL uploads as docs/dbas.md's upload, set-wise (one INSERT of jobs, so one
     wake-up): an s3_object, a stored_file and a queued job each, then the file's current
-    job; with `mixed`, every other file is a PDF scan."""
+    job; with `mixed`, every other file is a PDF scan; `name_suffix` ends each file's name
+    (a reference service's marker: `[fail-once]`)."""
     with conn.transaction():
-        _upload_many(conn, n, file_type, mixed)
+        _upload_many(conn, n, file_type, mixed, name_suffix)
 
 
-def _upload_many(conn: Conn, n: int, file_type: str, mixed: bool) -> None:
+def _upload_many(conn: Conn, n: int, file_type: str, mixed: bool, suffix: str = "") -> None:
     conn.execute(
         """
         WITH o AS (
@@ -143,7 +146,7 @@ def _upload_many(conn: Conn, n: int, file_type: str, mixed: bool) -> None:
             RETURNING id, key
         ), f AS (
             INSERT INTO arm.stored_file (original_name, file_type, s3_object_id)
-            SELECT o.key,
+            SELECT o.key || %(suffix)s,
                    CASE WHEN %(mixed)s AND split_part(o.key, '/', 3)::int %% 2 = 1
                         THEN 'PDF' ELSE %(type)s END::arm.file_type,
                    o.id
@@ -152,7 +155,7 @@ def _upload_many(conn: Conn, n: int, file_type: str, mixed: bool) -> None:
         )
         INSERT INTO arm.recognition_job (file_id, attempt) SELECT id, 1 FROM f
         """,
-        {"n": n, "type": file_type, "mixed": mixed},
+        {"n": n, "type": file_type, "mixed": mixed, "suffix": suffix},
     )
     # A second statement: the sub-statements of one WITH cannot see each other's rows.
     conn.execute(
