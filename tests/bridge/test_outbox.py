@@ -277,7 +277,9 @@ async def test_S_OUT_2_connection_dropped_and_back_mid_batch_then_published_once
 
     assert failed.failed_batches == 1 and failed.published == ()
     assert after_failure == before
-    assert reconnects == 1
+    # Once through the proxy; once more when the confirming PING went unanswered on the
+    # cut connection (confirm() starts over rather than keep nats-py's stale PING).
+    assert reconnects in (1, 2)
     assert again.failed_batches == 0 and len(again.published) == 10
     assert {p.job_id for p in again.published} == set(before)
     assert nats_proxy.published == 14
