@@ -65,3 +65,11 @@ def test_each_broken_promise_is_found(db_url: str) -> None:
     assert f"file {gap.file_id}: attempts [1, 3] are not contiguous from 1" in said
     assert "made by 0 audited retries, not 1" in said
     assert f"file {lost.file_id}: a double click on job {lost.job_id} made two attempts" in said
+    # The click's answers said a retry was made, yet the job it named is still current.
+    assert (
+        f"file {lost.file_id}: a retry of job {lost.job_id} answered 201, yet it is still current"
+        in said
+    )
+    assert "(retries of it answered [[201, 201]])" in said
+    assert f"file {unaudited.file_id}: its current attempt 2 is queued, not done" in said
+    assert "(retries of it answered nothing: never clicked)" in said

@@ -188,7 +188,12 @@ class Operator:
                 asyncio.to_thread(self._request, "POST", path, body),
                 asyncio.to_thread(self._request, "POST", path, body),
             )
-            self.clicks.append((file_id, job_id, [status for status, _ in answers]))
+            statuses = [status for status, _ in answers]
+            self.clicks.append((file_id, job_id, statuses))
+            if all(status is None or status >= 500 for status in statuses):
+                # No clear answer (the API or its database mid-fault): as an operator
+                # would, click again on a later look if the file is still failed.
+                self.tried.discard(job_id)
             clicked += 1
         return clicked
 
@@ -527,7 +532,11 @@ def check(db_url: str, clicks: list[Click], processes: list[ArmProcess]) -> list
     for job_id, file_id, attempt, status, _, current in jobs:
         by_file[file_id].append((attempt, status, current))
         if current and status != "done":
-            problems.append(f"file {file_id}: its current attempt {attempt} is {status}, not done")
+            seen = [a for _, j, a in clicks if j == str(job_id)]
+            problems.append(
+                f"file {file_id}: its current attempt {attempt} is {status}, not done"
+                f" (retries of it answered {seen or 'nothing: never clicked'})"
+            )
         if attempt == 1 and status in ("timeout", "dlq"):
             problems.append(f"job {job_id}: a first attempt ended {status} (lost)")
     for file_id, attempts in by_file.items():
@@ -554,7 +563,12 @@ def check(db_url: str, clicks: list[Click], processes: list[ArmProcess]) -> list
     for job_id in later:
         if retries_of[job_id] != 1:
             problems.append(f"job {job_id}: made by {retries_of[job_id]} audited retries, not 1")
+    current_job = {str(f): str(j) for j, f, *_, is_current in jobs if is_current}
     for file_id, job_id, answers in clicks:
+        if 201 in answers and current_job.get(file_id) == job_id:
+            problems.append(
+                f"file {file_id}: a retry of job {job_id} answered 201, yet it is still current"
+            )
         if answers.count(201) > 1:
             problems.append(f"file {file_id}: a double click on job {job_id} made two attempts")
     for proc in processes:
