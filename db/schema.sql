@@ -578,6 +578,77 @@ $$;
 ALTER FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text, p_result_key text, p_result_schema_version text, p_error_code text, p_error_message text, p_metrics jsonb) OWNER TO arm_owner;
 
 --
+-- Name: archive_files(timestamp with time zone, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.archive_files(p_finished_before timestamp with time zone, p_limit integer) RETURNS TABLE(files bigint, jobs bigint, retries bigint)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+BEGIN
+    IF p_finished_before IS NULL OR p_finished_before > now() - interval '1 day' THEN
+        RAISE EXCEPTION 'archive_files keeps at least the last day: p_finished_before (%) must be a day ago or earlier',
+            p_finished_before
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION 'archive_files moves at least one file a batch: p_limit is %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    RETURN QUERY
+    WITH picked AS (
+        -- Oldest first, through the file list's index on created_at.
+        SELECT f.id
+        FROM arm.stored_file f
+        JOIN arm.recognition_job j ON j.id = f.current_recognition_job_id
+        WHERE f.created_at < p_finished_before
+          AND f.updated_at < p_finished_before
+          AND arm.is_final(j.status)
+          AND j.finished_at < p_finished_before
+        ORDER BY f.created_at, f.id
+        LIMIT p_limit
+        FOR UPDATE OF f, j SKIP LOCKED
+    ),
+    -- One statement: the foreign keys between the three hot tables are checked at its end,
+    -- when the file, its jobs and its retries are all gone.
+    gone_retries AS (
+        DELETE FROM arm.retry_audit a USING picked p WHERE a.file_id = p.id RETURNING a.*
+    ),
+    gone_jobs AS (
+        DELETE FROM arm.recognition_job j USING picked p WHERE j.file_id = p.id RETURNING j.*
+    ),
+    gone_files AS (
+        DELETE FROM arm.stored_file f USING picked p WHERE f.id = p.id RETURNING f.*
+    ),
+    kept_retries AS (
+        INSERT INTO arm.archived_retry_audit
+            (id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at)
+        SELECT id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at
+        FROM gone_retries
+        RETURNING 1
+    ),
+    kept_jobs AS (
+        INSERT INTO arm.archived_job SELECT * FROM gone_jobs RETURNING 1
+    ),
+    kept_files AS (
+        INSERT INTO arm.archived_file
+            (id, consolidation_id, original_name, file_type, s3_object_id, status,
+             current_recognition_job_id, created_at, updated_at, archived_at)
+        SELECT id, consolidation_id, original_name, file_type, s3_object_id, status,
+               current_recognition_job_id, created_at, updated_at, now()
+        FROM gone_files
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM kept_files), (SELECT count(*) FROM kept_jobs),
+           (SELECT count(*) FROM kept_retries);
+END;
+$$;
+
+
+ALTER FUNCTION arm.archive_files(p_finished_before timestamp with time zone, p_limit integer) OWNER TO arm_owner;
+
+--
 -- Name: claim_queued_jobs(integer, interval, interval); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -868,38 +939,66 @@ ALTER FUNCTION arm.fold_name(p_name text) OWNER TO arm_owner;
 --
 
 CREATE FUNCTION arm.get_file(p_file_id uuid) RETURNS jsonb
-    LANGUAGE sql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
+BEGIN
+    RETURN (
+    WITH hot AS (
+        SELECT f, NULL::timestamptz AS archived_at FROM arm.stored_file f WHERE f.id = p_file_id
+    ),
+    one AS (
+        SELECT * FROM hot
+        UNION ALL
+        SELECT jsonb_populate_record(NULL::arm.stored_file, to_jsonb(a)), a.archived_at
+        FROM arm.archived_file a
+        WHERE a.id = p_file_id AND NOT EXISTS (SELECT FROM hot)
+    ),
+    jobs AS (
+        SELECT j FROM arm.recognition_job j WHERE j.file_id = p_file_id
+        UNION ALL
+        SELECT jsonb_populate_record(NULL::arm.recognition_job, to_jsonb(a))
+        FROM arm.archived_job a WHERE a.file_id = p_file_id
+    ),
+    -- The retry audit (arm.retry_audit, written by retry_file): who retried when, from
+    -- which job to which.
+    retries AS (
+        SELECT a.id, a.actor, a.retried_at, a.old_job_id, a.new_job_id, a.new_attempt
+        FROM arm.retry_audit a WHERE a.file_id = p_file_id
+        UNION ALL
+        SELECT a.id, a.actor, a.retried_at, a.old_job_id, a.new_job_id, a.new_attempt
+        FROM arm.archived_retry_audit a WHERE a.file_id = p_file_id
+    )
     SELECT jsonb_build_object(
         'file', jsonb_build_object(
-            'id', f.id,
-            'consolidation_id', f.consolidation_id,
-            'original_name', f.original_name,
-            'file_type', f.file_type,
-            'status', f.status,
+            'id', (one.f).id,
+            'consolidation_id', (one.f).consolidation_id,
+            'original_name', (one.f).original_name,
+            'file_type', (one.f).file_type,
+            'status', (one.f).status,
             's3', jsonb_build_object('bucket', o.bucket, 'key', o.key),
-            'current_job_id', f.current_recognition_job_id,
-            'created_at', f.created_at,
-            'updated_at', f.updated_at
+            'current_job_id', (one.f).current_recognition_job_id,
+            'created_at', (one.f).created_at,
+            'updated_at', (one.f).updated_at,
+            'archived_at', one.archived_at
         ),
-        'current_job', (SELECT arm.job_view(j) FROM arm.recognition_job j
-                        WHERE j.id = f.current_recognition_job_id),
-        'attempts', coalesce((SELECT jsonb_agg(arm.job_view(j) ORDER BY j.attempt)
-                              FROM arm.recognition_job j WHERE j.file_id = f.id), '[]'::jsonb),
-        -- The retry audit (arm.retry_audit, written by retry_file): who retried when, from
-        -- which job to which, oldest first.
+        'current_job', (SELECT arm.job_view(jobs.j) FROM jobs
+                        WHERE (jobs.j).id = (one.f).current_recognition_job_id),
+        'attempts', coalesce((SELECT jsonb_agg(arm.job_view(jobs.j) ORDER BY (jobs.j).attempt)
+                              FROM jobs), '[]'::jsonb),
+        -- Oldest first.
         'retries', coalesce((SELECT jsonb_agg(jsonb_build_object(
-                                 'actor', a.actor,
-                                 'retried_at', a.retried_at,
-                                 'old_job_id', a.old_job_id,
-                                 'new_job_id', a.new_job_id,
-                                 'new_attempt', a.new_attempt) ORDER BY a.retried_at, a.id)
-                             FROM arm.retry_audit a WHERE a.file_id = f.id), '[]'::jsonb)
+                                 'actor', r.actor,
+                                 'retried_at', r.retried_at,
+                                 'old_job_id', r.old_job_id,
+                                 'new_job_id', r.new_job_id,
+                                 'new_attempt', r.new_attempt) ORDER BY r.retried_at, r.id)
+                             FROM retries r), '[]'::jsonb)
     )
-    FROM arm.stored_file f
-    JOIN arm.s3_object o ON o.id = f.s3_object_id
-    WHERE f.id = p_file_id
+    FROM one
+    JOIN arm.s3_object o ON o.id = (one.f).s3_object_id
+    );
+END;
 $$;
 
 
@@ -1381,6 +1480,16 @@ BEGIN
 
     SELECT * INTO f FROM arm.stored_file WHERE id = p_file_id FOR UPDATE;
     IF NOT FOUND THEN
+        -- Moved to the archive (arm.archive_files), perhaps while this call waited for the
+        -- file's lock: its history is kept, read-only; a new upload is a new file.
+        RETURN QUERY SELECT p_file_id, 'not_retryable', 'archived',
+            NULL::uuid, NULL::integer, aj.id, aj.status, aj.attempt, aj.max_attempts
+        FROM arm.archived_file af
+        LEFT JOIN arm.archived_job aj ON aj.id = af.current_recognition_job_id
+        WHERE af.id = p_file_id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
         RETURN QUERY SELECT p_file_id, 'not_found', 'file_not_found',
             NULL::uuid, NULL::integer, NULL::uuid, NULL::arm.job_status, NULL::integer,
             NULL::integer;
@@ -2150,6 +2259,92 @@ $$;
 ALTER FUNCTION arm.wait_summary(counts bigint[]) OWNER TO arm_owner;
 
 --
+-- Name: archived_file; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.archived_file (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    consolidation_id uuid,
+    original_name text NOT NULL,
+    file_type arm.file_type NOT NULL,
+    s3_object_id uuid NOT NULL,
+    status arm.file_status DEFAULT 'UPLOADED'::arm.file_status NOT NULL,
+    current_recognition_job_id uuid,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    archived_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+ALTER TABLE arm.archived_file OWNER TO arm_owner;
+
+--
+-- Name: archived_job; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.archived_job (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    file_id uuid NOT NULL,
+    pipeline arm.pipeline NOT NULL,
+    attempt integer DEFAULT 1 NOT NULL,
+    max_attempts integer NOT NULL,
+    status arm.job_status DEFAULT 'queued'::arm.job_status NOT NULL,
+    requested_at timestamp with time zone DEFAULT now() NOT NULL,
+    published_at timestamp with time zone,
+    request_msg_id text,
+    request_subject text,
+    reply_deadline timestamp with time zone,
+    republish_count integer DEFAULT 0 NOT NULL,
+    last_published_at timestamp with time zone,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    service_name text,
+    service_version text,
+    metrics jsonb,
+    error_code text,
+    error_message text,
+    result_schema_version text,
+    result_s3_object_id uuid,
+    result_msg_id text,
+    group_schema jsonb,
+    CONSTRAINT recognition_job_attempt_check CHECK ((attempt >= 1)),
+    CONSTRAINT recognition_job_attempt_limit CHECK ((attempt <= max_attempts)),
+    CONSTRAINT recognition_job_error_code CHECK (((status = ANY (ARRAY['error'::arm.job_status, 'timeout'::arm.job_status, 'dlq'::arm.job_status])) = (error_code IS NOT NULL))),
+    CONSTRAINT recognition_job_error_message CHECK (((error_message IS NULL) OR (error_code IS NOT NULL))),
+    CONSTRAINT recognition_job_finished_at CHECK (((status = ANY (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status, 'error'::arm.job_status, 'timeout'::arm.job_status, 'dlq'::arm.job_status])) = (finished_at IS NOT NULL))),
+    CONSTRAINT recognition_job_group_schema CHECK (((group_schema IS NULL) OR (status = ANY (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status])))),
+    CONSTRAINT recognition_job_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT recognition_job_no_result_while_live CHECK (((status <> ALL (ARRAY['queued'::arm.job_status, 'published'::arm.job_status, 'processing'::arm.job_status])) OR ((result_s3_object_id IS NULL) AND (metrics IS NULL) AND (result_schema_version IS NULL)))),
+    CONSTRAINT recognition_job_not_started_yet CHECK (((status <> ALL (ARRAY['queued'::arm.job_status, 'published'::arm.job_status])) OR (started_at IS NULL))),
+    CONSTRAINT recognition_job_published_fields CHECK ((((published_at IS NULL) = (request_msg_id IS NULL)) AND ((published_at IS NULL) = (request_subject IS NULL)) AND ((published_at IS NULL) = (reply_deadline IS NULL)) AND ((published_at IS NULL) = (last_published_at IS NULL)) AND ((status <> 'queued'::arm.job_status) OR (published_at IS NULL)) AND ((status = ANY (ARRAY['queued'::arm.job_status, 'dlq'::arm.job_status])) OR (published_at IS NOT NULL)))),
+    CONSTRAINT recognition_job_republish_count_check CHECK ((republish_count >= 0)),
+    CONSTRAINT recognition_job_republish_only_when_published CHECK (((republish_count = 0) OR (published_at IS NOT NULL))),
+    CONSTRAINT recognition_job_result_msg_id CHECK (((status = ANY (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status, 'error'::arm.job_status])) = (result_msg_id IS NOT NULL))),
+    CONSTRAINT recognition_job_result_object CHECK (((status <> ALL (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status])) OR ((result_s3_object_id IS NOT NULL) AND (result_schema_version IS NOT NULL)))),
+    CONSTRAINT recognition_job_started_fields CHECK (((status <> 'processing'::arm.job_status) OR ((started_at IS NOT NULL) AND (service_name IS NOT NULL))))
+);
+
+
+ALTER TABLE arm.archived_job OWNER TO arm_owner;
+
+--
+-- Name: archived_retry_audit; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.archived_retry_audit (
+    id bigint NOT NULL,
+    file_id uuid NOT NULL,
+    old_job_id uuid NOT NULL,
+    new_job_id uuid NOT NULL,
+    new_attempt integer NOT NULL,
+    actor text NOT NULL,
+    retried_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+ALTER TABLE arm.archived_retry_audit OWNER TO arm_owner;
+
+--
 -- Name: file_count; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
@@ -2296,6 +2491,38 @@ CREATE TABLE arm.wait_sample (
 ALTER TABLE arm.wait_sample OWNER TO arm_owner;
 
 --
+-- Name: archived_file archived_file_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.archived_file
+    ADD CONSTRAINT archived_file_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: archived_job archived_job_file_attempt_key; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.archived_job
+    ADD CONSTRAINT archived_job_file_attempt_key UNIQUE (file_id, attempt);
+
+
+--
+-- Name: archived_job archived_job_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.archived_job
+    ADD CONSTRAINT archived_job_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: archived_retry_audit archived_retry_audit_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.archived_retry_audit
+    ADD CONSTRAINT archived_retry_audit_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: file_count file_count_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
@@ -2413,6 +2640,13 @@ ALTER TABLE arm.stored_file
 
 ALTER TABLE ONLY arm.stored_file
     ADD CONSTRAINT stored_file_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: archived_retry_audit_file_idx; Type: INDEX; Schema: arm; Owner: arm_owner
+--
+
+CREATE INDEX archived_retry_audit_file_idx ON arm.archived_retry_audit USING btree (file_id, retried_at);
 
 
 --
@@ -2842,6 +3076,13 @@ REVOKE ALL ON FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id 
 
 
 --
+-- Name: FUNCTION archive_files(p_finished_before timestamp with time zone, p_limit integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.archive_files(p_finished_before timestamp with time zone, p_limit integer) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
@@ -3109,6 +3350,27 @@ REVOKE ALL ON FUNCTION arm.tg_stored_file__touch() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION arm.unschedule_pg_cron() FROM PUBLIC;
+
+
+--
+-- Name: TABLE archived_file; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.archived_file TO arm_readonly;
+
+
+--
+-- Name: TABLE archived_job; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.archived_job TO arm_readonly;
+
+
+--
+-- Name: TABLE archived_retry_audit; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.archived_retry_audit TO arm_readonly;
 
 
 --

@@ -31,6 +31,8 @@ _WHY = {
     RetryReason.NO_JOB: "it has no recognition job",
     RetryReason.ATTEMPT_CHANGED: "its current job is no longer the one named (another "
     "retry came first); look at the file again",
+    RetryReason.ARCHIVED: "it was moved to the archive; its history is kept, read-only "
+    "(upload the document again to recognise it anew)",
 }
 
 

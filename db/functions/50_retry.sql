@@ -16,6 +16,8 @@
 --                       succeeded (done, needs_check)
 --   attempts_exhausted  the current job failed but attempt = max_attempts
 --   no_job              the file has no recognition job yet
+--   archived            the file was moved to the archive (arm.archive_files); its last
+--                       attempt is in previous_*
 --   attempt_changed     the caller named the job it saw (p_expected_job_id) and the
 --                       file's current job is another one now: a second click, or a
 --                       second operator, after the first retry's attempt already failed
@@ -56,6 +58,16 @@ BEGIN
 
     SELECT * INTO f FROM arm.stored_file WHERE id = p_file_id FOR UPDATE;
     IF NOT FOUND THEN
+        -- Moved to the archive (arm.archive_files), perhaps while this call waited for the
+        -- file's lock: its history is kept, read-only; a new upload is a new file.
+        RETURN QUERY SELECT p_file_id, 'not_retryable', 'archived',
+            NULL::uuid, NULL::integer, aj.id, aj.status, aj.attempt, aj.max_attempts
+        FROM arm.archived_file af
+        LEFT JOIN arm.archived_job aj ON aj.id = af.current_recognition_job_id
+        WHERE af.id = p_file_id;
+        IF FOUND THEN
+            RETURN;
+        END IF;
         RETURN QUERY SELECT p_file_id, 'not_found', 'file_not_found',
             NULL::uuid, NULL::integer, NULL::uuid, NULL::arm.job_status, NULL::integer,
             NULL::integer;

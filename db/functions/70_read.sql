@@ -34,40 +34,71 @@ AS $$
 $$;
 
 -- A file, its current job, every attempt in attempt order and every retry of it, as one
--- JSON document; NULL when there is no such file.
+-- JSON document; NULL when there is no such file. A file moved to the archive
+-- (arm.archive_files) is read from there, with when it was moved (`archived_at`; NULL for
+-- a file in the hot tables). PL/pgSQL, whose body names tables only when it runs: the
+-- function files also run on databases older than the archive's tables.
 CREATE OR REPLACE FUNCTION arm.get_file(p_file_id uuid)
 RETURNS jsonb
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
+BEGIN
+    RETURN (
+    WITH hot AS (
+        SELECT f, NULL::timestamptz AS archived_at FROM arm.stored_file f WHERE f.id = p_file_id
+    ),
+    one AS (
+        SELECT * FROM hot
+        UNION ALL
+        SELECT jsonb_populate_record(NULL::arm.stored_file, to_jsonb(a)), a.archived_at
+        FROM arm.archived_file a
+        WHERE a.id = p_file_id AND NOT EXISTS (SELECT FROM hot)
+    ),
+    jobs AS (
+        SELECT j FROM arm.recognition_job j WHERE j.file_id = p_file_id
+        UNION ALL
+        SELECT jsonb_populate_record(NULL::arm.recognition_job, to_jsonb(a))
+        FROM arm.archived_job a WHERE a.file_id = p_file_id
+    ),
+    -- The retry audit (arm.retry_audit, written by retry_file): who retried when, from
+    -- which job to which.
+    retries AS (
+        SELECT a.id, a.actor, a.retried_at, a.old_job_id, a.new_job_id, a.new_attempt
+        FROM arm.retry_audit a WHERE a.file_id = p_file_id
+        UNION ALL
+        SELECT a.id, a.actor, a.retried_at, a.old_job_id, a.new_job_id, a.new_attempt
+        FROM arm.archived_retry_audit a WHERE a.file_id = p_file_id
+    )
     SELECT jsonb_build_object(
         'file', jsonb_build_object(
-            'id', f.id,
-            'consolidation_id', f.consolidation_id,
-            'original_name', f.original_name,
-            'file_type', f.file_type,
-            'status', f.status,
+            'id', (one.f).id,
+            'consolidation_id', (one.f).consolidation_id,
+            'original_name', (one.f).original_name,
+            'file_type', (one.f).file_type,
+            'status', (one.f).status,
             's3', jsonb_build_object('bucket', o.bucket, 'key', o.key),
-            'current_job_id', f.current_recognition_job_id,
-            'created_at', f.created_at,
-            'updated_at', f.updated_at
+            'current_job_id', (one.f).current_recognition_job_id,
+            'created_at', (one.f).created_at,
+            'updated_at', (one.f).updated_at,
+            'archived_at', one.archived_at
         ),
-        'current_job', (SELECT arm.job_view(j) FROM arm.recognition_job j
-                        WHERE j.id = f.current_recognition_job_id),
-        'attempts', coalesce((SELECT jsonb_agg(arm.job_view(j) ORDER BY j.attempt)
-                              FROM arm.recognition_job j WHERE j.file_id = f.id), '[]'::jsonb),
-        -- The retry audit (arm.retry_audit, written by retry_file): who retried when, from
-        -- which job to which, oldest first.
+        'current_job', (SELECT arm.job_view(jobs.j) FROM jobs
+                        WHERE (jobs.j).id = (one.f).current_recognition_job_id),
+        'attempts', coalesce((SELECT jsonb_agg(arm.job_view(jobs.j) ORDER BY (jobs.j).attempt)
+                              FROM jobs), '[]'::jsonb),
+        -- Oldest first.
         'retries', coalesce((SELECT jsonb_agg(jsonb_build_object(
-                                 'actor', a.actor,
-                                 'retried_at', a.retried_at,
-                                 'old_job_id', a.old_job_id,
-                                 'new_job_id', a.new_job_id,
-                                 'new_attempt', a.new_attempt) ORDER BY a.retried_at, a.id)
-                             FROM arm.retry_audit a WHERE a.file_id = f.id), '[]'::jsonb)
+                                 'actor', r.actor,
+                                 'retried_at', r.retried_at,
+                                 'old_job_id', r.old_job_id,
+                                 'new_job_id', r.new_job_id,
+                                 'new_attempt', r.new_attempt) ORDER BY r.retried_at, r.id)
+                             FROM retries r), '[]'::jsonb)
     )
-    FROM arm.stored_file f
-    JOIN arm.s3_object o ON o.id = f.s3_object_id
-    WHERE f.id = p_file_id
+    FROM one
+    JOIN arm.s3_object o ON o.id = (one.f).s3_object_id
+    );
+END;
 $$;

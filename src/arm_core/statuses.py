@@ -96,6 +96,7 @@ class RetryReason(StrEnum):
     NOT_FAILED = "not_failed"
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     ATTEMPT_CHANGED = "attempt_changed"
+    ARCHIVED = "archived"
 
 
 # The database enum each Python enum mirrors.

@@ -46,6 +46,7 @@ LATER = [
     "0008_stored_file_hot_updates",
     "0009_count_deltas_heap_only",
     "0010_status_samples",
+    "0011_archived_history",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table

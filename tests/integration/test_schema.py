@@ -71,6 +71,7 @@ MIGRATIONS = [
     "0008_stored_file_hot_updates",
     "0009_count_deltas_heap_only",
     "0010_status_samples",
+    "0011_archived_history",
 ]
 
 

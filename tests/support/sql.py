@@ -382,3 +382,35 @@ def sample(conn: Conn, ago: float = 0.0) -> None:
         "WHERE sampled_at = (SELECT max(sampled_at) FROM arm.status_sample)",
         (ago,),
     )
+
+
+def age(conn: Conn, file_id: uuid.UUID, days: int) -> None:
+    """Moves a file's history `days` back, as time would (the touch and guard triggers
+    would stamp now() on the way)."""
+    conn.execute("ALTER TABLE arm.stored_file DISABLE TRIGGER USER")
+    conn.execute("ALTER TABLE arm.recognition_job DISABLE TRIGGER USER")
+    back = f"{days} days"
+    conn.execute(
+        "UPDATE arm.stored_file SET created_at = created_at - %s::interval, "
+        "updated_at = updated_at - %s::interval WHERE id = %s",
+        (back, back, file_id),
+    )
+    conn.execute(
+        "UPDATE arm.recognition_job SET requested_at = requested_at - %s::interval, "
+        "finished_at = finished_at - %s::interval WHERE file_id = %s",
+        (back, back, file_id),
+    )
+    conn.execute(
+        "UPDATE arm.retry_audit SET retried_at = retried_at - %s::interval WHERE file_id = %s",
+        (back, file_id),
+    )
+    conn.execute("ALTER TABLE arm.recognition_job ENABLE TRIGGER USER")
+    conn.execute("ALTER TABLE arm.stored_file ENABLE TRIGGER USER")
+
+
+def archive(conn: Conn, days: int = 30, limit: int = 1000) -> dict[str, Any]:
+    return one_row(
+        conn,
+        "SELECT * FROM arm.archive_files(now() - %s::interval, %s)",
+        (f"{days} days", limit),
+    )

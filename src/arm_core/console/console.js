@@ -793,6 +793,8 @@ function whySkipped(details) {
       return t("retry.no_job");
     case "attempt_changed":
       return t("retry.attempt_changed", { attempt: details.current_attempt, status: details.current_status });
+    case "archived":
+      return t("retry.archived");
     default:
       return t("retry.other", { reason: details.reason });
   }
@@ -971,12 +973,18 @@ function renderFile() {
   const doc = state.file;
   const f = doc.file;
   const current = doc.current_job;
+  // An archived file (arm.archive_files) keeps its history, read-only: never retryable.
+  const archived = Boolean(f.archived_at);
   const retryable =
-    current && ["error", "timeout", "dlq"].includes(current.status) && current.attempt < current.max_attempts;
+    !archived &&
+    current &&
+    ["error", "timeout", "dlq"].includes(current.status) &&
+    current.attempt < current.max_attempts;
   const retries = doc.retries || [];
   const byJob = new Map(doc.attempts.map((j) => [j.job_id, j.attempt]));
   $("file").replaceChildren(
     h("h2", { class: "name", text: f.original_name }),
+    archived ? h("p", { id: "file-archived", class: "archived", text: t("file.archived_note") }) : null,
     h(
       "div",
       { class: "actions" },
@@ -998,6 +1006,7 @@ function renderFile() {
       [t("file.object"), h("code", { text: `s3://${f.s3.bucket}/${f.s3.key}` })],
       [t("file.created"), when(f.created_at)],
       [t("file.updated"), when(f.updated_at)],
+      ...(archived ? [[t("file.archived"), when(f.archived_at)]] : []),
     ]),
     h("h3", { text: t("file.attempts", { n: num(doc.attempts.length) }) }),
     h("ol", { id: "attempts", class: "attempts" }, doc.attempts.map((j) => attemptCard(j, f.current_job_id))),
