@@ -290,7 +290,7 @@ def format_row(row: Row) -> str:
     )
 
 
-def markdown(soak: Soak, command: str) -> str:
+def markdown(soak: Soak, command: str, machine_lines: list[str]) -> str:
     lines = [
         "# Soak: an hour of flow and faults",
         "",
@@ -301,7 +301,7 @@ def markdown(soak: Soak, command: str) -> str:
         "",
         "## Machine",
         "",
-        *[f"- {line}" for line in machine()],
+        *[f"- {line}" for line in machine_lines],
         "",
         "## Flow",
         "",
@@ -338,12 +338,14 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--every", type=float, default=300.0, help="seconds between rows")
     parser.add_argument("--fault-every", type=float, default=180.0, help="seconds")
     args = parser.parse_args(argv)
+    machine_lines = machine()  # the commit measured: others may commit during the hour
     with tempfile.TemporaryDirectory(prefix="arm-soak-") as tmp:
         soak = await run(Path(tmp), args.minutes, args.every, args.fault_every)
     for problem in soak.problems:
         print(f"FAILED: {problem}", file=sys.stderr)
     if args.minutes >= 60:
-        DOC.write_text(markdown(soak, shlex.join(["python", "-m", "benchmarks.soak", *argv])))
+        command = shlex.join(["python", "-m", "benchmarks.soak", *argv])
+        DOC.write_text(markdown(soak, command, machine_lines))
         print(f"written to {DOC}")
     return 1 if soak.problems else 0
 
