@@ -191,7 +191,8 @@ CREATE TABLE arm.recognition_job (
     CONSTRAINT recognition_job_result_msg_id CHECK (((status = ANY (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status, 'error'::arm.job_status])) = (result_msg_id IS NOT NULL))),
     CONSTRAINT recognition_job_result_object CHECK (((status <> ALL (ARRAY['done'::arm.job_status, 'needs_check'::arm.job_status])) OR ((result_s3_object_id IS NOT NULL) AND (result_schema_version IS NOT NULL)))),
     CONSTRAINT recognition_job_started_fields CHECK (((status <> 'processing'::arm.job_status) OR ((started_at IS NOT NULL) AND (service_name IS NOT NULL))))
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='5000');
 
 
 ALTER TABLE arm.recognition_job OWNER TO arm_owner;

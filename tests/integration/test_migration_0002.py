@@ -47,6 +47,7 @@ LATER = [
     "0009_count_deltas_heap_only",
     "0010_status_samples",
     "0011_archived_history",
+    "0012_job_table_autovacuum",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table

@@ -72,6 +72,7 @@ MIGRATIONS = [
     "0009_count_deltas_heap_only",
     "0010_status_samples",
     "0011_archived_history",
+    "0012_job_table_autovacuum",
 ]
 
 
@@ -289,3 +290,17 @@ def test_a_file_s_updates_after_its_upload_write_no_index_entries(conn: Conn) ->
         row = conn.execute(FILE_UPDATES).fetchone()
         assert row is not None and (row["updated"], row["hot"]) == (3, 2)
     assert stored_file(conn, up.file_id)["failed"] is True
+
+
+def test_the_job_tables_vacuum_follows_the_churn_not_the_history(db_url: str) -> None:
+    """Autovacuum starts on the job table after a fixed number of dead rows, however many
+    rows the history holds: with the server's default (20 % of the table) the live queues'
+    partial indexes grow with the history between two vacuums."""
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = 'arm.recognition_job'::regclass"
+        ).fetchone()
+    assert row is not None
+    options = dict(option.split("=", 1) for option in row[0] or [])
+    assert float(options.get("autovacuum_vacuum_scale_factor", "0.2")) == 0
+    assert 0 < int(options.get("autovacuum_vacuum_threshold", "0")) <= 10_000
