@@ -69,6 +69,19 @@ def per_million(n: int, value: int) -> str:
     return f"{value * 1_000_000 / n / (1 << 20):,.0f} MiB"
 
 
+def size_table(title: str, n: int, measured: list[tuple[str, int, list[Any]]]) -> list[str]:
+    """A markdown section: each table's heap and indexes, per million of its `n` files."""
+    lines = [f"## {title}", "", "| table or index | per million files |", "| --- | ---: |"]
+    total = 0
+    for table, heap, indexes in measured:
+        lines.append(f"| `{table}` (heap) | {per_million(n, heap)} |")
+        total += heap
+        for name, size in indexes:
+            lines.append(f"| ↳ `{name}` | {per_million(n, size)} |")
+            total += size
+    return [*lines, f"| **all** | **{per_million(n, total)}** |", ""]
+
+
 def timed(conn: psycopg.Connection[Any]) -> dict[str, tuple[float, int]]:
     """The sweep, the claim and the file list's first page: median ms, rows read."""
     out: dict[str, tuple[float, int]] = {}
@@ -136,35 +149,12 @@ def main(argv: list[str]) -> int:
         "",
         *[f"- {line}" for line in machine_lines],
         "",
-        f"## Per million files in the hot tables ({n:,} loaded)",
-        "",
-        "| table or index | per million files |",
-        "| --- | ---: |",
-    ]
-    total = 0
-    for table, heap, indexes in hot:
-        lines.append(f"| `{table}` (heap) | {per_million(n, heap)} |")
-        total += heap
-        for name, size in indexes:
-            lines.append(f"| ↳ `{name}` | {per_million(n, size)} |")
-            total += size
-    lines += [f"| **all** | **{per_million(n, total)}** |", ""]
-    lines += [
-        f"## Per million files in the archive ({moved:,} moved in {archive_seconds:.0f} s)",
-        "",
-        "| table or index | per million files |",
-        "| --- | ---: |",
-    ]
-    total = 0
-    for table, heap, indexes in cold:
-        lines.append(f"| `{table}` (heap) | {per_million(n, heap)} |")
-        total += heap
-        for name, size in indexes:
-            lines.append(f"| ↳ `{name}` | {per_million(n, size)} |")
-            total += size
-    lines += [
-        f"| **all** | **{per_million(n, total)}** |",
-        "",
+        *size_table(f"Per million files in the hot tables ({n:,} loaded)", n, hot),
+        *size_table(
+            f"Per million files in the archive ({moved:,} moved in {archive_seconds:.0f} s)",
+            moved,
+            cold,
+        ),
         "The source and result objects (`arm.s3_object`) stay in the hot table: the archived "
         "rows name them.",
         "",
