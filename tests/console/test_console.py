@@ -36,6 +36,8 @@ from tests.support.processes import ArmProcess
 from tests.support.sql import (
     Upload,
     ack,
+    age,
+    archive,
     dict_conn,
     fail_by_no_ack,
     jobs_of,
@@ -663,3 +665,27 @@ def test_a_retry_names_the_attempt_the_page_shows(
     assert stale == 409
     with dict_conn(server.db_url) as conn:
         assert [j["attempt"] for j in jobs_of(conn, one.file_id)] == [1, 2]
+
+
+def test_an_archived_file_says_so_and_offers_no_retry(
+    serve: Callable[..., Served], page: WebDriver
+) -> None:
+    """A file moved to the archive (arm.archive_files) opens from its link with its whole
+    history, says it is archived, and its retry button is off."""
+    server = serve()
+    [old] = failed(server.db_url, "Баланс 2019.xlsx")
+    with dict_conn(server.db_url) as conn:
+        age(conn, old.file_id, 800)
+        assert archive(conn, days=730)["files"] == 1
+    page.get(f"{server.url}/#/files/{old.file_id}")
+    wait_for(
+        page,
+        "the archived file's page",
+        lambda d: d.find_element(By.CSS_SELECTOR, "#file h2").text == "Баланс 2019.xlsx",
+    )
+    note = page.find_element(By.ID, "file-archived").text
+    assert note.startswith("Archived:") and "cannot be retried" in note
+    assert "archived" in page.find_element(By.CSS_SELECTOR, "#file dl.facts").text
+    assert not page.find_element(By.ID, "file-retry").is_enabled()
+    cards = page.find_elements(By.CSS_SELECTOR, "#attempts .attempt-card")
+    assert len(cards) == 1 and "NO_ACK" in cards[0].text
