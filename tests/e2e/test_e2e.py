@@ -233,9 +233,9 @@ async def test_kill_9_of_the_bridge_mid_burst_then_restart(stack: Stack) -> None
                 job_id = line.split(" job_id=")[1].split()[0]
                 applied[job_id] = applied.get(job_id, 0) + 1
         # Never applied twice. A kill -9 may land between a batch's commit and its log
-        # lines, so the log can name fewer than the database holds; the database's own
-        # count of result objects above is the exact one.
-        assert set(applied.values()) == {1} and len(applied) <= counts["done"]
+        # lines, so the log can name fewer than the database holds (a loaded CI run once
+        # named none); the database's own count of result objects above is the exact one.
+        assert all(n == 1 for n in applied.values()) and len(applied) <= counts["done"], applied
         assert len(log_lines(ref.log(), action="ref_result")) == n  # each processed once
 
         timed_out = [u.file_id for u in ups if job(conn, u.job_id)["status"] == "timeout"]
