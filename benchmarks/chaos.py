@@ -85,6 +85,7 @@ from benchmarks.harness import progress, status_counts
 from benchmarks.report import machine
 from tests.support import nemesis
 from tests.support.cluster import stream_leader, stream_whole
+from tests.support.faults import iptables_missing
 from tests.support.processes import ArmProcess, log_lines
 from tests.support.replication import Replicated, start_pair
 from tests.support.sql import ensure_logins, upload_many
@@ -615,6 +616,9 @@ async def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     if args.nemesis:
+        if missing := iptables_missing():  # a fault drops packets: say so before seed 1
+            print(f"python -m benchmarks.chaos --nemesis: {missing}", file=sys.stderr)
+            return 2
         return await run_nemesis(args.first_seed, args.seeds, args.faults)
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="arm-chaos-") as tmp:

@@ -35,6 +35,7 @@ import psycopg
 
 from benchmarks.report import machine
 from tests.support import nemesis
+from tests.support.faults import iptables_missing
 from tests.support.processes import ArmProcess
 from tests.support.sql import upload_many
 
@@ -338,6 +339,9 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--every", type=float, default=300.0, help="seconds between rows")
     parser.add_argument("--fault-every", type=float, default=180.0, help="seconds")
     args = parser.parse_args(argv)
+    if missing := iptables_missing():  # a fault drops packets: say so now, not minutes in
+        print(f"python -m benchmarks.soak: {missing}", file=sys.stderr)
+        return 2
     machine_lines = machine()  # the commit measured: others may commit during the hour
     with tempfile.TemporaryDirectory(prefix="arm-soak-") as tmp:
         soak = await run(Path(tmp), args.minutes, args.every, args.fault_every)

@@ -16,7 +16,6 @@ result applied once, and no session of the bridges idles in a transaction."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ import pytest
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.bridge import TcpProxy, wait_for
-from tests.support.faults import black_hole, by_status, count
+from tests.support.faults import black_hole, by_status, count, iptables_missing
 from tests.support.flow import Flow, applied_results
 from tests.support.processes import log_lines
 from tests.support.sql import dict_conn, scalar
@@ -55,8 +54,8 @@ def js_stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
 async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_left_undone(
     js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres
 ) -> None:
-    if shutil.which("iptables") is None:
-        pytest.skip("iptables is not installed (Debian: apt-get install iptables)")
+    if missing := iptables_missing():
+        pytest.skip(missing)
     assert pg_server.port is not None
     proxy = await TcpProxy(pg_server.port).start()
     proxied = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")

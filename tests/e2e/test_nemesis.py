@@ -7,12 +7,12 @@ that schedule again, or `make chaos CHAOS_ARGS="--nemesis --seeds 20"` for many.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.support import nemesis
+from tests.support.faults import iptables_missing
 
 pytestmark = pytest.mark.e2e
 
@@ -22,8 +22,8 @@ FAULTS = int(os.environ.get("NEMESIS_FAULTS", "4"))
 
 @pytest.mark.parametrize("seed", SEEDS, ids=[f"seed{s}" for s in SEEDS])
 async def test_a_random_schedule_of_faults_breaks_no_promise(seed: int, tmp_path: Path) -> None:
-    if shutil.which("iptables") is None:
-        pytest.skip("iptables is not installed (Debian: apt-get install iptables)")
+    if missing := iptables_missing():
+        pytest.skip(missing)
     result = await nemesis.run(tmp_path, seed, FAULTS)
     print(f"\n{result.summary()}")
     for fault in result.faults:

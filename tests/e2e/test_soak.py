@@ -4,19 +4,19 @@ the history checked, no growth past its bounds after the warm-up (a third of the
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from benchmarks import soak
+from tests.support.faults import iptables_missing
 
 pytestmark = pytest.mark.e2e
 
 
 async def test_three_minutes_of_flow_and_faults_break_no_promise(tmp_path: Path) -> None:
-    if shutil.which("iptables") is None:
-        pytest.skip("iptables is not installed (Debian: apt-get install iptables)")
+    if missing := iptables_missing():
+        pytest.skip(missing)
     result = await soak.run(tmp_path, minutes=3, every=60, fault_every=30)
     for row in result.rows:
         print(soak.format_row(row))

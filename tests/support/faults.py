@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import urllib.error
 import urllib.request
@@ -45,6 +46,16 @@ def http_get(url: str) -> tuple[int, dict[str, Any]]:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+IPTABLES_MISSING = "iptables is not installed (Debian: apt-get install iptables)"
+
+
+def iptables_missing() -> str | None:
+    """Why black_hole cannot work here, or None: what a test skips with, and what a run
+    of the fault schedules refuses to start with (rather than fail at its first packet
+    drop, minutes in)."""
+    return IPTABLES_MISSING if shutil.which("iptables") is None else None
 
 
 def _iptables(action: str, port: int) -> None:
