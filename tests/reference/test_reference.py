@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from arm_core.bridge.contracts import CONTRACTS_DIR, RESULT_SCHEMA, validator
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
+from arm_core.devtools import reference
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.reference import (
     NATS_OPTIONS,
@@ -418,6 +419,34 @@ async def test_repeated_request_is_acked_again_and_processed_once(
     assert [f for f in files(results_dir) if job in f] == [
         f"results/{body['file_id']}/{job}/result.json"
     ]
+
+
+@pytest.mark.parametrize("bound", ["time", "count"])
+async def test_a_job_forgotten_is_answered_again_with_the_same_message_ids(
+    bound: str, client: Client, seen: Seen, start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service remembers a job for REMEMBER_SECONDS, and at most REMEMBERED_JOBS of
+    them (its memory stays flat under a steady flow); a repeat after that is processed
+    again, and its ack and result carry the same Nats-Msg-Ids, which the core calls
+    duplicates."""
+    if bound == "time":
+        monkeypatch.setattr(reference, "REMEMBER_SECONDS", 0.5)
+    else:
+        monkeypatch.setattr(reference, "REMEMBERED_JOBS", 1)
+    service = await start(TABULAR, delay_seconds=0)
+    body = request()
+    job = body["job_id"]
+    await send(client, body)
+    await answered(seen, job, 2)
+    if bound == "time":
+        await asyncio.sleep(0.6)  # the window's length, not a wait for a condition
+    await settle(client, seen)  # a newer job: the oldest is forgotten as it comes in
+    await send(client, body)
+    await answered(seen, job, 4)
+    pairs = seen.of(job)
+    assert statuses(pairs) == ["processing", "done"] * 2
+    assert [m for m, _ in pairs] == [f"ack:{job}:1", f"result:{job}:1"] * 2
+    assert (service.stats.reacked, service.stats.processed) == (0, 3)
 
 
 async def test_schema_invalid_repeat_of_a_known_job_publishes_nothing(

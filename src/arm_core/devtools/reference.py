@@ -40,9 +40,9 @@ import os
 import re
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,10 +71,14 @@ FAIL_ONCE = "[fail-once]"
 NOTE = "reference service: the file was not read or recognised"
 FAIL_MESSAGE = "reference service: failing on purpose (REFERENCE_MODE=fail or [fail] in the name)"
 MSG_ID = MSG_ID_HEADER
-# Job ids kept for duplicate detection, oldest forgotten first: a repeat of a request comes
-# within its ack timeout or the stream's redelivery, minutes; 20,000 jobs at a few hundred
-# a second cover them, in about 10 MiB (an hour's soak showed 100,000 still growing the
-# service's RSS after its warm-up).
+# Jobs kept for duplicate detection, oldest forgotten first: a repeat of a request comes
+# within its ack timeout's republishes (two minutes with the defaults), so a job is kept
+# REMEMBER_SECONDS, and at most REMEMBERED_JOBS of them. A job forgotten and asked for
+# again is answered again, with the same Nats-Msg-Ids: the core calls that a duplicate.
+# The time bound keeps the memory flat after a few minutes of a steady flow: an hour's
+# soak saw the count bound alone still filling (and the RSS growing) after its 10-minute
+# warm-up at 33 jobs a second per service.
+REMEMBER_SECONDS = 300.0
 REMEMBERED_JOBS = 20_000
 SEND_BATCH = 500  # answers published before one confirmation
 RETRY_SECONDS = 0.2  # while NATS is unreachable, how often the sender looks again
@@ -178,12 +182,13 @@ class ReferenceStats:
     pending_dropped: int = 0  # answers dropped from the full queue (REFERENCE_PENDING_MAX)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Job:
     job_id: str
     file_id: str
     attempt: int
     acked: bool
+    seen_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -222,7 +227,8 @@ class ReferenceService:
         self.nc = nc
         self.config = config
         self.stats = ReferenceStats()
-        self._jobs: dict[str, _Job] = {}  # by lower-case job_id, in work or answered
+        # By lower-case job_id, in work or answered, oldest first (popped in O(1)).
+        self._jobs: OrderedDict[str, _Job] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
         self._pending: deque[_Answer] = deque()  # made, waiting to be published; oldest first
@@ -388,8 +394,11 @@ class ReferenceService:
 
     def _remember(self, job: _Job) -> None:
         self._jobs[job.job_id.lower()] = job
-        while len(self._jobs) > REMEMBERED_JOBS:
-            del self._jobs[next(iter(self._jobs))]
+        forget_before = job.seen_at - REMEMBER_SECONDS
+        while len(self._jobs) > REMEMBERED_JOBS or (
+            next(iter(self._jobs.values())).seen_at < forget_before  # the oldest
+        ):
+            self._jobs.popitem(last=False)
 
     def _drop(
         self, reason: str, detail: str, job_id: str | None = None, attempt: int | None = None
