@@ -113,10 +113,11 @@ GRANT EXECUTE ON FUNCTION arm.status_series TO arm_api;
 -- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job.
 GRANT SELECT (status, requested_at) ON arm.recognition_job TO arm_bridge, arm_api;
 
--- 6. arm_uploader: the plain-SQL upload (docs/dbas.md) and nothing else — a file's object, the
--- file, its first job (the defaults trigger fills pipeline and max_attempts as the
--- owner), then the file's current job. The ids may be read back (RETURNING id, and the
--- WHERE of that UPDATE); status, timestamps and every later field are not theirs.
+-- 6. arm_uploader: the upload (docs/dbas.md) and nothing else. The one-call upload
+-- (db/functions/15_upload.sql, the recommended one), and the plain-SQL upload: a file's
+-- object, the file, its first job (the defaults trigger fills pipeline and max_attempts
+-- as the owner), then the file's current job. The ids may be read back (RETURNING id, and
+-- the WHERE of that UPDATE); status, timestamps and every later field are not theirs.
 GRANT INSERT (id, bucket, key, bucket_role, created_by) ON arm.s3_object TO arm_uploader;
 GRANT INSERT (id, consolidation_id, original_name, file_type, s3_object_id)
     ON arm.stored_file TO arm_uploader;
@@ -124,6 +125,7 @@ GRANT INSERT (id, file_id, pipeline, attempt, max_attempts)
     ON arm.recognition_job TO arm_uploader;
 GRANT UPDATE (current_recognition_job_id) ON arm.stored_file TO arm_uploader;
 GRANT SELECT (id) ON arm.s3_object, arm.stored_file, arm.recognition_job TO arm_uploader;
+GRANT EXECUTE ON FUNCTION arm.upload_file, arm.upload_files TO arm_uploader;
 
 -- 7. arm_readonly: every table, and the file view.
 GRANT SELECT ON ALL TABLES IN SCHEMA arm TO arm_readonly;

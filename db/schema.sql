@@ -2185,6 +2185,122 @@ $_$;
 ALTER FUNCTION arm.unschedule_pg_cron() OWNER TO arm_owner;
 
 --
+-- Name: upload_file(text, text, text, text, uuid, text, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.upload_file(p_bucket text, p_key text, p_original_name text, p_file_type text, p_consolidation_id uuid DEFAULT NULL::uuid, p_created_by text DEFAULT NULL::text, p_bucket_role text DEFAULT 'uploads'::text) RETURNS TABLE(file_id uuid, job_id uuid)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT u.file_id, u.job_id
+    FROM arm.upload_files(jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+        'bucket', p_bucket, 'key', p_key, 'original_name', p_original_name,
+        'file_type', p_file_type, 'consolidation_id', p_consolidation_id,
+        'created_by', p_created_by, 'bucket_role', p_bucket_role)))) AS u
+$$;
+
+
+ALTER FUNCTION arm.upload_file(p_bucket text, p_key text, p_original_name text, p_file_type text, p_consolidation_id uuid, p_created_by text, p_bucket_role text) OWNER TO arm_owner;
+
+--
+-- Name: upload_files(jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.upload_files(p_files jsonb) RETURNS TABLE(n integer, file_id uuid, job_id uuid)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $_$
+DECLARE
+    v_bad record;
+BEGIN
+    IF p_files IS NULL OR jsonb_typeof(p_files) <> 'array' THEN
+        RAISE EXCEPTION 'upload: files must be a JSON array of objects, not %',
+            coalesce(jsonb_typeof(p_files), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = 'files';
+    END IF;
+
+    SELECT e.i, p.field, p.problem INTO v_bad
+    FROM jsonb_array_elements(p_files) WITH ORDINALITY AS e(f, i)
+    CROSS JOIN LATERAL (
+        SELECT * FROM (VALUES
+            (1, 'file',
+             CASE WHEN jsonb_typeof(e.f) <> 'object' THEN 'is not a JSON object' END),
+            (2, (SELECT k FROM jsonb_object_keys(
+                     CASE WHEN jsonb_typeof(e.f) = 'object' THEN e.f ELSE '{}' END) k
+                 WHERE k NOT IN ('bucket', 'key', 'original_name', 'file_type',
+                                 'consolidation_id', 'created_by', 'bucket_role')
+                 ORDER BY k LIMIT 1),
+             'is not a field of an upload (bucket, key, original_name, file_type, '
+             'consolidation_id, created_by, bucket_role)'),
+            (3, 'bucket', CASE WHEN coalesce(e.f->>'bucket', '') = '' THEN 'must not be empty' END),
+            (4, 'key', CASE WHEN coalesce(e.f->>'key', '') = '' THEN 'must not be empty' END),
+            (5, 'original_name',
+             CASE WHEN coalesce(e.f->>'original_name', '') = '' THEN 'must not be empty' END),
+            (6, 'file_type',
+             CASE WHEN e.f->>'file_type' IS NULL THEN 'must be given'
+                  WHEN NOT (e.f->>'file_type' = ANY (enum_range(NULL::arm.file_type)::text[]))
+                  THEN format('%L is not a file type (%s)', e.f->>'file_type',
+                              array_to_string(enum_range(NULL::arm.file_type), ', '))
+             END),
+            (7, 'consolidation_id',
+             CASE WHEN e.f->>'consolidation_id' IS NOT NULL
+                   AND e.f->>'consolidation_id' !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                  THEN format('%L is not a uuid', e.f->>'consolidation_id') END),
+            (8, 'bucket_role',
+             CASE WHEN e.f->>'bucket_role' IS NOT NULL
+                   AND NOT (e.f->>'bucket_role' = ANY (enum_range(NULL::arm.bucket_role)::text[]))
+                  THEN format('%L is not a bucket role', e.f->>'bucket_role') END)
+        ) AS c(ord, field, problem)
+        WHERE c.problem IS NOT NULL AND c.field IS NOT NULL
+        ORDER BY c.ord LIMIT 1
+    ) p
+    ORDER BY e.i
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'upload: file % of %: % %', v_bad.i, jsonb_array_length(p_files),
+            v_bad.field, v_bad.problem
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = v_bad.field;
+    END IF;
+
+    RETURN QUERY
+    WITH input AS MATERIALIZED (
+        SELECT e.i::integer AS i, gen_random_uuid() AS obj_id, gen_random_uuid() AS f_id,
+               gen_random_uuid() AS j_id, r.*
+        FROM jsonb_array_elements(p_files) WITH ORDINALITY AS e(f, i)
+        CROSS JOIN LATERAL jsonb_to_record(e.f) AS r(
+            bucket text, key text, original_name text, file_type arm.file_type,
+            consolidation_id uuid, created_by text, bucket_role arm.bucket_role)
+    ), o AS (
+        INSERT INTO arm.s3_object (id, bucket, key, bucket_role, created_by)
+        SELECT obj_id, bucket, key, coalesce(bucket_role, 'uploads'), created_by
+        FROM input ORDER BY i
+        RETURNING id
+    ), f AS (
+        -- Each table's rows come from the previous one's RETURNING, so an object is in
+        -- before its file and a file before its job: the source-role and defaults
+        -- triggers read them (a trigger's query sees the statement's earlier rows).
+        INSERT INTO arm.stored_file (id, consolidation_id, original_name, file_type,
+                                     s3_object_id, current_recognition_job_id)
+        SELECT input.f_id, input.consolidation_id, input.original_name, input.file_type,
+               input.obj_id, input.j_id
+        FROM input JOIN o ON o.id = input.obj_id ORDER BY input.i
+        RETURNING id
+    ), j AS (
+        -- pipeline and max_attempts: the defaults trigger, as for the plain-SQL upload.
+        INSERT INTO arm.recognition_job (id, file_id, attempt)
+        SELECT input.j_id, input.f_id, 1
+        FROM input JOIN f ON f.id = input.f_id ORDER BY input.i
+        RETURNING id
+    )
+    SELECT input.i, input.f_id, input.j_id
+    FROM input JOIN j ON j.id = input.j_id ORDER BY input.i;
+END;
+$_$;
+
+
+ALTER FUNCTION arm.upload_files(p_files jsonb) OWNER TO arm_owner;
+
+--
 -- Name: wait_bucket_bounds(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -3351,6 +3467,22 @@ REVOKE ALL ON FUNCTION arm.tg_stored_file__touch() FROM PUBLIC;
 --
 
 REVOKE ALL ON FUNCTION arm.unschedule_pg_cron() FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION upload_file(p_bucket text, p_key text, p_original_name text, p_file_type text, p_consolidation_id uuid, p_created_by text, p_bucket_role text); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.upload_file(p_bucket text, p_key text, p_original_name text, p_file_type text, p_consolidation_id uuid, p_created_by text, p_bucket_role text) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.upload_file(p_bucket text, p_key text, p_original_name text, p_file_type text, p_consolidation_id uuid, p_created_by text, p_bucket_role text) TO arm_uploader;
+
+
+--
+-- Name: FUNCTION upload_files(p_files jsonb); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.upload_files(p_files jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.upload_files(p_files jsonb) TO arm_uploader;
 
 
 --

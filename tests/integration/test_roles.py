@@ -83,6 +83,9 @@ CALLERS: dict[str, set[str]] = {
     # the console's charts
     "record_waits": {"arm_bridge"},
     "status_series": {"arm_api", "arm_readonly"},
+    # the upload in one call
+    "upload_file": {"arm_uploader"},
+    "upload_files": {"arm_uploader"},
 }
 # Read-only helpers called per row inside the functions: PUBLIC, no SET clause (so the SQL
 # ones inline), the caller's rights.

@@ -88,6 +88,15 @@ class Upload:
     key: str
 
 
+@dataclass(frozen=True)
+class Uploaded:
+    """What arm.upload_file returns (the object's id is not the uploader's to read)."""
+
+    file_id: uuid.UUID
+    job_id: uuid.UUID
+    key: str
+
+
 def upload(
     conn: Conn,
     file_type: str = "XLSX",
@@ -124,6 +133,28 @@ def upload(
             (job_id, file_id),
         )
     return Upload(file_id=file_id, job_id=job_id, s3_object_id=obj, key=key)
+
+
+def upload_file(
+    conn: Conn,
+    file_type: str = "XLSX",
+    name: str | None = None,
+    bucket: str = "arm-ka",
+    consolidation_id: uuid.UUID | None = None,
+) -> Uploaded:
+    """The same upload as :func:`upload` in one call of arm.upload_file, the recommended
+    upload (docs/dbas.md): the same rows, the same triggers."""
+    name = name or f"ОСВ {uuid.uuid4().hex[:6]}.{file_type.lower()}"
+    key = f"uploads/{uuid.uuid4()}/{name}"
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(
+            "SELECT file_id, job_id FROM arm.upload_file(p_bucket => %s, p_key => %s, "
+            "p_original_name => %s, p_file_type => %s, p_consolidation_id => %s, "
+            "p_created_by => 'upload-service')",
+            (bucket, key, name, file_type, consolidation_id or uuid.uuid4()),
+        ).fetchone()
+        assert row is not None
+    return Uploaded(file_id=row[0], job_id=row[1], key=key)
 
 
 def upload_many(
