@@ -5,13 +5,17 @@ batch wakes the publisher once at most."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from arm_core.devtools.embedded_postgres import find_pg_bindir
 from tests.support.sql import (
     OWNER_LOGIN,
     UPLOADER_LOGIN,
@@ -25,6 +29,8 @@ from tests.support.sql import (
 )
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TABLES = ("s3_object", "stored_file", "recognition_job")
 
@@ -176,6 +182,12 @@ BAD = [
         "filetype is not a field of an upload",
     ),
     (
+        {"key": "uploads/" + "k" * 1100},
+        psycopg.errors.CheckViolation,
+        None,
+        "s3_object_key_length",
+    ),
+    (
         {"bucket_role": "results"},
         psycopg.errors.CheckViolation,
         None,
@@ -242,3 +254,39 @@ def test_a_batch_wakes_the_publisher_once_at_most(db_url: str) -> None:
             second = list(listener.notifies(timeout=1))
     assert [n.channel for n in first] == ["arm_recognition_job_queued"]
     assert second == []
+
+
+def docs_upload_sql() -> list[str]:
+    """The SQL of docs/dbas.md "Uploading a file" (each block) and the README's call."""
+    dbas = (ROOT / "docs" / "dbas.md").read_text()
+    section = dbas.split("### Uploading a file", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"```sql\n(.*?)```", section, flags=re.S)
+    readme = (ROOT / "README.md").read_text()
+    [call] = re.findall(r"`(SELECT \* FROM arm\.upload_file\(.*?\);)`", readme)
+    return [*blocks, call]
+
+
+def test_the_documented_uploads_run_in_psql_as_they_stand(db_url: str) -> None:
+    """Pasted into psql as the uploader's login, every upload of the docs works, and the
+    plain-SQL one writes the rows the function writes."""
+    blocks = docs_upload_sql()
+    assert len(blocks) == 4  # the function, the batch, the plain SQL; the README's call
+    psql = str(find_pg_bindir() / "psql")
+    for block in blocks:
+        done = subprocess.run(
+            [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", as_login(db_url, UPLOADER_LOGIN)],
+            input=block,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+    with dict_conn(db_url) as admin:
+        assert counts(admin) == [5, 5, 5]
+        files = admin.execute(
+            "SELECT f.id FROM arm.stored_file f JOIN arm.s3_object o ON o.id = f.s3_object_id "
+            "WHERE o.key LIKE 'uploads/3f8e2c1a-%%' ORDER BY f.created_at"
+        ).fetchall()
+        called, plain = (rows_of(admin, f["id"]) for f in files)
+        assert called == plain
