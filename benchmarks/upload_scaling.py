@@ -1,8 +1,10 @@
-"""Uploads from 1 and from 16 writers: docs/dbas.md's upload as upstream sends it — four
-statements in ONE transaction per file — as a pgbench custom script (UPLOAD_SCRIPT, the
-ids carried from statement to statement with `\\gset`), `-M extended` (bound parameters,
-as a driver sends them), beside `pgbench -N -M extended` from the same client counts, all
-on the same cluster in the same run.
+"""Uploads from 1 and from 16 writers, both ways docs/dbas.md documents: the plain-SQL
+upload as existing upstream code sends it — four statements in ONE transaction per file —
+as a pgbench custom script (UPLOAD_SCRIPT, the ids carried from statement to statement
+with `\\gset`), and the recommended one-call upload, `SELECT * FROM arm.upload_file(…)`
+(FUNCTION_SCRIPT: one statement, its own transaction), both `-M extended` (bound
+parameters, as a driver sends them), beside `pgbench -N -M extended` from the same client
+counts, all on the same cluster in the same run.
 
 The uploads run in a migrated database (`bench.fresh_database("uploads")`, nothing else
 running in it: no bridge, so the queued jobs pile up), logged in as the upload service's
@@ -10,13 +12,13 @@ role: the login `arm_test_uploader`, member of `arm_uploader` only (tests.suppor
 UPLOADER_LOGIN, created by ensure_logins), which may do exactly this upload and nothing
 else. Every file is an XLSX `ОСВ <n>.xlsx` with a fresh object key and consolidation id.
 The `-N` reference runs in its own database, initialised with `pgbench -i` at the same
-scale as section 1, as the superuser. Each pair (-N, then uploads, at one client count)
-runs twice, in the order 1, 16, 16, 1 clients, and each figure is the mean of its two
+scale as section 1, as the superuser. Each triple (-N, the plain-SQL uploads, the function's, at one
+client count) runs twice, in the order 1, 16, 16, 1 clients, and each figure is the mean of its two
 runs, so that a drift of the machine (its disk's flush time above all, with durability
 on) hits both sides and both client counts alike; the notes give every run. 1 client
 runs with `-j 1`, 16 with `-j 2` (2 cores).
 
-During the 16-client runs (both sides) benchmarks/waits.py samples pg_stat_activity and
+During the 16-client runs (every side) benchmarks/waits.py samples pg_stat_activity and
 reports where the backends were: running (CPU), waiting for the WAL flush of a commit
 (group commit), on a lock, or on the client.
 
@@ -41,9 +43,11 @@ from benchmarks.waits import SAMPLE_SECONDS, WaitSampler
 from tests.support.sql import UPLOADER_LOGIN, ensure_logins
 
 SECTION = "2 uploads"
+NAMES = {"N": "-N", "up": "uploads", "fn": "arm.upload_file"}
 CLIENTS = ((1, 1), (16, 2))  # (clients, pgbench threads)
 
-# docs/dbas.md "Database roles": the upload as arm_uploader, one file per transaction.
+# docs/dbas.md "Uploading a file": the plain-SQL upload as arm_uploader, one file per
+# transaction.
 UPLOAD_SCRIPT = """\
 -- docs/dbas.md's upload, as upstream sends it: four statements, one transaction.
 BEGIN;
@@ -60,11 +64,18 @@ UPDATE arm.stored_file SET current_recognition_job_id = :job WHERE id = :file;
 COMMIT;
 """
 
+# docs/dbas.md "Uploading a file": the same file in one call of arm.upload_file.
+FUNCTION_SCRIPT = """\
+-- docs/dbas.md's recommended upload: one call, one statement, its own transaction.
+SELECT * FROM arm.upload_file('arm-ka', 'uploads/' || gen_random_uuid() || '/ОСВ.xlsx',
+    'ОСВ ' || (random() * 1000000)::int || '.xlsx', 'XLSX', gen_random_uuid(), 'upload-service');
+"""
 
-def upload_script(bench: Bench) -> Path:
-    """UPLOAD_SCRIPT as a file pgbench can read (as root it runs as root: any place)."""
-    path = bench.workdir / "upload.sql"
-    path.write_text(UPLOAD_SCRIPT, encoding="utf-8")
+
+def upload_script(bench: Bench, name: str = "upload.sql", text: str = UPLOAD_SCRIPT) -> Path:
+    """A script as a file pgbench can read (as root it runs as root: any place)."""
+    path = bench.workdir / name
+    path.write_text(text, encoding="utf-8")
     return path
 
 
@@ -93,14 +104,18 @@ def run(bench: Bench, report: Report) -> None:
     bench.fresh_database("uploads_ref", migrated=False)
     superuser = pgbench_base(bench, bench.pg.user)
     uploader = pgbench_base(bench, UPLOADER_LOGIN.name)
-    script = upload_script(bench)
+    scripts = {"up": upload_script(bench), "fn": upload_script(bench, "fn.sql", FUNCTION_SCRIPT)}
     env = pgbench_env()
     run_pgbench([*superuser, "-i", "-q", "-s", str(s.pgbench_scale), "uploads_ref"], env)
     seconds = ["-T", str(s.pgbench_seconds), "-M", "extended"]
     runs: dict[tuple[str, int], list[float]] = {}
     (low, _), (high, _) = CLIENTS
     admin = bench.pg.url("postgres")
-    waits = {"N": WaitSampler(admin, "uploads_ref"), "up": WaitSampler(admin, "uploads")}
+    waits = {
+        "N": WaitSampler(admin, "uploads_ref"),
+        "up": WaitSampler(admin, "uploads"),
+        "fn": WaitSampler(admin, "uploads"),
+    }
     for clients, threads in [*CLIENTS, *reversed(CLIENTS)]:  # 1, 16, 16, 1
         load = ["-c", str(clients), "-j", str(threads), *seconds]
         sampled = clients == high
@@ -108,10 +123,11 @@ def run(bench: Bench, report: Report) -> None:
         with waits["N"] if sampled else contextlib.nullcontext():
             out = run_pgbench([*superuser, "-N", *load, "uploads_ref"], env)
         runs.setdefault(("N", clients), []).append(tps(out))
-        progress(f"uploads (pgbench -f upload.sql -M extended), {clients} client(s)")
-        with waits["up"] if sampled else contextlib.nullcontext():
-            out = run_pgbench([*uploader, "-n", "-f", str(script), *load, "uploads"], env)
-        runs.setdefault(("up", clients), []).append(tps(out))
+        for what, script in scripts.items():
+            progress(f"uploads (pgbench -f {script.name} -M extended), {clients} client(s)")
+            with waits[what] if sampled else contextlib.nullcontext():
+                out = run_pgbench([*uploader, "-n", "-f", str(script), *load, "uploads"], env)
+            runs.setdefault((what, clients), []).append(tps(out))
     measured = {key: sum(values) / len(values) for key, values in runs.items()}
     for clients, threads in CLIENTS:
         ref = f"uploads.N{clients}"
@@ -134,6 +150,16 @@ def run(bench: Bench, report: Report) -> None:
             "files/s",
             ref=ref,
         )
+        report.add(
+            f"uploads.fn{clients}",
+            SECTION,
+            f"upload: arm.upload_file, 1 statement (docs/dbas.md), -M extended, role "
+            f"arm_uploader, {clients} client{'s' * (clients > 1)}, -j {threads}, "
+            f"mean of 2 × {s.pgbench_seconds} s",
+            measured["fn", clients],
+            "files/s",
+            ref=ref,
+        )
     report.add(
         "uploads.N.scaling",
         SECTION,
@@ -153,21 +179,30 @@ def run(bench: Bench, report: Report) -> None:
         digits=2,
     )
     report.add(
+        "uploads.fn.scaling",
+        SECTION,
+        f"    arm.upload_file: files/s at {high} clients ÷ at {low} (ratio: ÷ the scaling of -N)",
+        measured["fn", high] / measured["fn", low],
+        "×",
+        ref="uploads.N.scaling",
+        digits=2,
+    )
+    report.add(
         "uploads.waits",
         SECTION,
         f"    where the {high} clients' backends were (pg_stat_activity every "
         f"{SAMPLE_SECONDS * 1000:g} ms; WAL flush = waiting for a commit's WAL to be written "
         "and fsynced)",
-        text=f"uploads: {waits['up'].describe()}; -N: {waits['N'].describe()}",
+        text=f"uploads: {waits['up'].describe()}; arm.upload_file: {waits['fn'].describe()}; "
+        f"-N: {waits['N'].describe()}",
     )
     files = int(scalar(uploads_url, "SELECT count(*) FROM arm.stored_file"))
     each = "; ".join(
-        f"{'-N' if what == 'N' else 'uploads'} at {clients}: "
-        + " and ".join(f"{v:,.0f}" for v in values)
+        f"{NAMES[what]} at {clients}: " + " and ".join(f"{v:,.0f}" for v in values)
         for (what, clients), values in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0]))
     )
     report.note(
-        f"Uploads: {files:,} files uploaded over the four upload runs (each an s3_object, a "
+        f"Uploads: {files:,} files uploaded over the eight upload runs (each an s3_object, a "
         "stored_file and a queued job), as arm_test_uploader (member of arm_uploader only). "
         f"Each run, tps in the order run (the table has their means): {each}."
     )
