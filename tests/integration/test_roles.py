@@ -53,6 +53,7 @@ from tests.support.sql import (
     scalar,
     stored_file,
     upload,
+    upload_file,
 )
 
 pytestmark = pytest.mark.integration
@@ -716,7 +717,7 @@ def test_a_hijacked_search_path_never_reaches_the_bridges_functions(db_url: str)
         assert job(admin, first.job_id)["status"] == "processing"
 
 
-def test_a_hijacked_search_path_never_reaches_the_api_or_the_uploads_defaults(
+def test_a_hijacked_search_path_never_reaches_the_api_or_the_uploads(
     db_url: str,
 ) -> None:
     for login in (API_LOGIN, UPLOADER_LOGIN):
@@ -734,6 +735,9 @@ def test_a_hijacked_search_path_never_reaches_the_api_or_the_uploads_defaults(
                 conn.execute("SELECT arm.get_file(%s)", (failed.file_id,))
             else:
                 upload(conn, "XLSB")  # the defaults trigger reads stored_file by id
+                upload_file(conn, "PDF")  # the one-call upload, and its batch form
+                files = [{"bucket": "b", "key": "k", "original_name": "n", "file_type": "XLS"}]
+                conn.execute("SELECT * FROM arm.upload_files(%s)", (Jsonb(files),))
             assert ran_as_someone_else(conn, login) == []
 
 
