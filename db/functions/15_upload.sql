@@ -13,11 +13,11 @@
 -- (a uuid), created_by, bucket_role (default uploads; the trigger refuses any other).
 --
 -- All or nothing: a bad file raises, naming the file (its 1-based position) and the field
--- (also in the error's COLUMN field), before anything is written. One INSERT statement
--- writes every table — the ids are drawn first, so the file can name its current job as it
--- is inserted, and the foreign keys are checked at the statement's end — so the wake-up
--- trigger fires once for the batch: one NOTIFY at most. Returns each file's position in the
--- array, its id and its job's id.
+-- (also in the error's COLUMN field), before anything is written. One statement, an
+-- INSERT per table in one WITH, writes every file — the ids are drawn first, so a file
+-- names its current job as it is inserted, and the foreign keys are checked at the
+-- statement's end — so the wake-up trigger fires once for the batch: one NOTIFY at most.
+-- Returns each file's position in the array, its id and its job's id.
 CREATE OR REPLACE FUNCTION arm.upload_files(p_files jsonb)
 RETURNS TABLE (n integer, file_id uuid, job_id uuid)
 LANGUAGE plpgsql
