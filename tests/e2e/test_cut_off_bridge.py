@@ -18,25 +18,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from arm_core.bridge.nats_client import STREAM_ACK_WAIT_SECONDS as ACK_WAIT
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.bridge import TcpProxy, wait_for
-from tests.support.faults import black_hole, by_status, count, iptables_missing
+from tests.support.faults import black_hole, by_status, count, iptables_missing, metric
 from tests.support.flow import Flow, applied_results
-from tests.support.processes import log_lines
+from tests.support.processes import ArmProcess, log_lines
 from tests.support.sql import dict_conn, scalar
 from tests.support.stack import Stack, listening, running_stack
 
 pytestmark = pytest.mark.e2e
 
 STREAM = "ARM_RESULTS"
-LIVE = (
-    "SELECT count(*) FROM arm.recognition_job WHERE status IN ('queued', 'published', 'processing')"
-)
+LIVE_STATUS = "status IN ('queued', 'published', 'processing')"
+LIVE = f"SELECT count(*) FROM arm.recognition_job WHERE {LIVE_STATUS}"
 RESULTS = "SELECT count(*) FROM arm.s3_object WHERE bucket_role = 'results'"
 # The sessions of the bridges' login idling in a transaction for longer than the
 # server's timeout (20 s) and a margin: none may, once it has ended them.
@@ -51,11 +53,18 @@ def js_stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
     yield from running_stack(db_url, tmp_path, ["-js", "-sd", str(tmp_path / "js")])
 
 
-async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_left_undone(
-    js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres
-) -> None:
-    if missing := iptables_missing():
-        pytest.skip(missing)
+@dataclass
+class Pair:
+    """Bridge A behind a proxy to PostgreSQL (health on `port`), bridge B direct, both on
+    the results stream, and the reference services answering through JetStream."""
+
+    proxy: TcpProxy
+    a: ArmProcess
+    b: ArmProcess
+    port: int
+
+
+async def pair(js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres) -> Pair:
     assert pg_server.port is not None
     proxy = await TcpProxy(pg_server.port).start()
     proxied = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
@@ -72,6 +81,16 @@ async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_lef
     )
     await asyncio.to_thread(a.wait_healthy, port)
     await listening(js_stack.reference(REFERENCE_DELAY_SECONDS="0.2"))
+    return Pair(proxy, a, b, port)
+
+
+async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_left_undone(
+    js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres
+) -> None:
+    if missing := iptables_missing():
+        pytest.skip(missing)
+    both = await pair(js_stack, db_url, pg_server)
+    proxy, a, b = both.proxy, both.a, both.b
     try:
         with Flow(db_url, per_step=5, pause=0.1) as flow, dict_conn(db_url) as conn:
             await wait_for(lambda: bool(applied_results([a.log()])), 60, "A applies its share")
@@ -112,3 +131,49 @@ async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_lef
     )
     for proc in (a, b):
         assert proc.proc.poll() is None, proc.log()[-2000:]  # both still running
+
+
+async def test_what_a_bridge_hands_back_reaches_the_other_at_once(
+    js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres
+) -> None:
+    """The hand-back is a NAK: what A held goes to B at once, not when the stream's
+    ack_wait (30 s) of A's delivery runs out. A DBA's lock on the live jobs makes the
+    answers wait, unacknowledged, in the bridges' buffers; A's database then refuses it
+    (the proxy closes and refuses connections) just after A took answers in, A hands
+    them back, the lock goes, and every job is done well inside that ack_wait."""
+    both = await pair(js_stack, db_url, pg_server)
+    a = both.a
+    try:
+        with Flow(db_url, per_step=5, pause=0.1) as flow, dict_conn(db_url) as conn:
+            await wait_for(lambda: bool(applied_results([a.log()])), 60, "A applies its share")
+            n = flow.stop()
+            with dict_conn(db_url) as dba:
+                dba.execute("BEGIN")
+                dba.execute(f"SELECT id FROM arm.recognition_job WHERE {LIVE_STATUS} FOR UPDATE")
+                # Off the event loop, which serves A's proxy: A's /metrics reads through it.
+                held = partial(metric, both.port, "arm_inbox_buffered")
+                await wait_for(
+                    lambda: asyncio.to_thread(lambda: held() > 0), 60, "A holding answers"
+                )
+                both.proxy.block()  # A took them in less than a second ago
+                refused = time.monotonic()
+                await wait_for(
+                    lambda: bool(log_lines(a.log(), action="stream_hand_back")),
+                    ACK_WAIT,
+                    lambda: f"A handing back: {a.log()[-3000:]}",
+                )
+                handed_back = time.monotonic() - refused
+                dba.execute("ROLLBACK")
+            await wait_for(
+                lambda: scalar(conn, LIVE) == 0,
+                max(1.0, ACK_WAIT - 5 - (time.monotonic() - refused)),
+                lambda: f"every job done before A's deliveries expire: {by_status(db_url)}",
+            )
+            done_in = time.monotonic() - refused
+    finally:
+        await both.proxy.close()
+    assert by_status(db_url) == {"done": n}
+    print(
+        f"\nFIGURE hand-back: A's database refused, A handed back {handed_back:.1f} s "
+        f"later, every job done {done_in:.1f} s after the refusal (ack_wait {ACK_WAIT:g} s)"
+    )

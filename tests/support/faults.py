@@ -58,6 +58,14 @@ def iptables_missing() -> str | None:
     return IPTABLES_MISSING if shutil.which("iptables") is None else None
 
 
+def metric(port: int, name: str) -> float:
+    """The sum of every series of `name` (a prefix: `name{…}` selects some) on the
+    /metrics of the process whose health port is `port`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
 def _iptables(action: str, port: int) -> None:
     for direction in ("--dport", "--sport"):
         subprocess.run(

@@ -91,6 +91,32 @@ async def test_past_the_limit_the_process_is_told_once_and_is_not_live(
     await service.stop(1)
 
 
+async def test_each_restart_waits_its_backoff_doubling_up_to_the_longest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A loop that crashes on every turn is not restarted in a hot loop: the first restart
+    comes backoff_seconds after the crash, each next one after twice the last, at most
+    backoff_max_seconds."""
+    caplog.set_level(logging.INFO)
+    name = f"backoff-{uuid.uuid4().hex[:6]}"
+    policy = RestartPolicy(
+        limit=10, window_seconds=60, backoff_seconds=0.1, backoff_max_seconds=0.25
+    )
+    supervisor = Supervisor(policy, FaultPoints({name: 3}), lambda fatal: None)
+    service = Crashy(name)
+    service.start(supervisor)
+    try:
+        await wait_for(lambda: service.turns > 0, 5, "running after three crashes")
+        crashed = logged(caplog.records, action="service_crashed", service=name)
+        started = logged(caplog.records, action="service_restarted", service=name)
+        waits = [r.created - c.created for c, r in zip(crashed, started, strict=True)]
+        assert len(waits) == 3
+        for waited, backoff in zip(waits, (0.1, 0.2, 0.25), strict=True):
+            assert backoff <= waited < backoff + 1.0, waits
+    finally:
+        await service.stop(1)
+
+
 async def test_a_loop_that_returns_without_being_asked_counts_as_a_crash() -> None:
     class Quitter(Service):
         name = f"quitter-{uuid.uuid4().hex[:6]}"
