@@ -23,6 +23,7 @@ from arm_core.config_error import ConfigError
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import (
+    TcpProxy,
     envelope,
     logged,
     nats_client,
@@ -401,6 +402,55 @@ async def test_answers_the_stream_missed_are_applied_when_it_elects_a_leader(
         assert bridge.recent is not None and len(bridge.recent) == 0
         # Replayed messages are not the stream's: nothing to acknowledge, nothing failed.
         assert bridge.inbox.counts["acked"] == 0
+
+
+async def test_answers_the_stream_missed_are_applied_when_the_bridge_reconnects(
+    js_server: EmbeddedNats, db_url: str, js_client: Client
+) -> None:
+    """bridge/replay.py, Replayer.reconnected. The stream misses acks that core NATS
+    brought the bridge (as in the test above); then the bridge's connection is cut and
+    comes back (a TcpProxy between it and nats-server), and no leader-elected advisory
+    is sent: the bridge applies the acks it kept once it is connected again (a leader's
+    advisory may have come while it was away)."""
+    n = 5
+    jobs = published_jobs(db_url, n)
+    assert js_server.port is not None
+    proxy = await TcpProxy(js_server.port).start()
+    # The window outlives a slow reconnect on a loaded machine.
+    settings = stream_settings(
+        db_url, f"nats://127.0.0.1:{proxy.port}", results_stream_replay_seconds=120.0
+    )
+    processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+    try:
+        async with running_bridge(settings) as bridge:
+            js = js_client.jetstream()
+            config = (await js.stream_info(STREAM)).config
+            await js.update_stream(dataclasses.replace(config, subjects=["elsewhere"]))
+            await ack_all(js_client, jobs)  # stored by no one
+            await wait_for(
+                lambda: bridge.recent is not None and len(bridge.recent) == n, 10, "kept"
+            )
+            await js.update_stream(config)
+            assert (await js.stream_info(STREAM)).state.messages == 0
+            with dict_conn(db_url) as conn:
+                assert scalar(conn, processing) == 0
+                reconnects = bridge.nats.stats["reconnects"]
+                proxy.block()
+                await wait_for(lambda: not bridge.nats.is_connected, 10, "the connection cut")
+                proxy.unblock()
+                await wait_for(
+                    lambda: bridge.nats.stats["reconnects"] > reconnects, 30, "reconnected"
+                )
+                await wait_for(
+                    lambda: scalar(conn, processing) == n,
+                    30,
+                    lambda: f"the kept acks applied: {bridge.inbox.counts}",
+                )
+            assert bridge.inbox.counts["replayed"] == n
+            assert bridge.recent is not None and len(bridge.recent) == 0
+            assert bridge.inbox.counts["acked"] == 0  # nothing came through the stream
+    finally:
+        await proxy.close()
 
 
 async def test_without_replay_the_answers_the_stream_missed_stay_lost(
