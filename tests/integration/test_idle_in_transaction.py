@@ -4,7 +4,7 @@ process's pool sets idle_in_transaction_session_timeout
 left idle inside a transaction — as a process whose network path went silent leaves
 it — and the pool replaces it. A DATABASE_URL that sets the timeout itself keeps it, its
 other options are kept beside ours, 0 leaves the server's setting, and the bridge's
-LISTEN connection (not from the pool) gets the setting too."""
+LISTEN connection (not from the pool) and migrate's own session get the setting too."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from arm_core import migrate
 from arm_core.config import Settings
 from arm_core.runtime import make_pool
 from arm_core.store import Store
@@ -120,3 +121,24 @@ async def test_the_listen_connection_of_a_bridge_gets_the_timeout_too(bridge_db_
     async with await psycopg.AsyncConnection.connect(bridge.listener.conninfo()) as conn:
         row = await (await conn.execute("SHOW idle_in_transaction_session_timeout")).fetchone()
         assert row is not None and row[0] == "45s"
+
+
+def test_migrates_own_session_gets_the_timeout(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """migrate holds its session (and the advisory lock) for the whole migration: the
+    server ends it, and frees the lock, if its client goes silent inside a transaction.
+    Read on that session while it migrates (when it writes the settings)."""
+    seen: list[str] = []
+    apply_settings = migrate.apply_settings
+
+    def reading(conn: psycopg.Connection, s: Settings) -> None:
+        row = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+        seen.append(row[0] if row else "")
+        apply_settings(conn, s)
+
+    monkeypatch.setattr(migrate, "apply_settings", reading)
+    migrate.migrate(
+        db_url, Settings(database_url=db_url, db_idle_in_transaction_timeout_seconds=45)
+    )
+    assert seen == ["45s"]
