@@ -81,7 +81,10 @@ async def test_rolling_restart_of_two_bridges_under_a_steady_flow(
                     a = again
                 else:
                     b = again
-                await done_reaches(conn, seen + 300, "flow goes on")
+                # Counted from the restart: with the first 150 done while the old bridge
+                # stopped and the new one started, the phase could end before the new
+                # one heard a single answer (an idle CI machine did that).
+                await done_reaches(conn, scalar(conn, done) + 150, "flow goes on")
             n = flow.stop()
         assert n >= 600
         with dict_conn(stack.db_url) as conn:
