@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.errors import InvalidParameterValue
 from psycopg.types.json import Jsonb
 
 from arm_core.devtools.embedded_postgres import find_pg_bindir
@@ -214,23 +215,29 @@ def test_a_bad_file_fails_the_whole_batch_naming_the_field(
 
 
 @pytest.mark.parametrize(
-    ("args", "error", "says"),
+    ("args", "error", "column", "says"),
     [
-        (("arm-ka", "", "a.xlsx", "XLSX", None), psycopg.errors.InvalidParameterValue, "key"),
-        (("arm-ka", "k", "a.docx", "DOCX", None), psycopg.errors.InvalidParameterValue, "'DOCX'"),
-        (("arm-ka", "k", "a.xlsx", "XLSX", "raw"), psycopg.errors.CheckViolation, "a raw object"),
+        (("", "k", "a.xlsx", "XLSX", None), InvalidParameterValue, "bucket", "bucket must not"),
+        (("arm-ka", "", "a.xlsx", "XLSX", None), InvalidParameterValue, "key", "key must not"),
+        (("arm-ka", "k", "", "XLSX", None), InvalidParameterValue, "original_name", "name must"),
+        (("arm-ka", "k", "a.xlsx", None, None), InvalidParameterValue, "file_type", "be given"),
+        (("arm-ka", "k", "a.docx", "DOCX", None), InvalidParameterValue, "file_type", "'DOCX'"),
+        (("arm-ka", "k", "a.xlsx", "XLSX", "s3"), InvalidParameterValue, "bucket_role", "'s3'"),
+        (("arm-ka", "k", "a.xlsx", "XLSX", "raw"), psycopg.errors.CheckViolation, None, "a raw"),
     ],
 )
 def test_upload_file_refuses_bad_input_and_writes_nothing(
-    db_url: str, args: tuple[Any, ...], error: type[Exception], says: str
+    db_url: str, args: tuple[Any, ...], error: type[Exception], column: str | None, says: str
 ) -> None:
     with dict_conn(db_url) as admin, connect(db_url, UPLOADER_LOGIN) as uploader:
-        with pytest.raises(error, match=says):
+        with pytest.raises(error, match=says) as refused:
             uploader.execute(
                 "SELECT * FROM arm.upload_file(%s, %s, %s, %s, p_bucket_role => "
                 "coalesce(%s, 'uploads'))",
                 args,
             )
+        if column is not None:
+            assert refused.value.diag.column_name == column  # type: ignore[attr-defined]
         assert counts(admin) == [0, 0, 0]
 
 
