@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import subprocess
+import threading
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -542,13 +543,17 @@ async def test_slow_jobs_run_side_by_side(
 ) -> None:
     """Five requests are worked on at once: when the first job's delay is over and it
     writes its result file, all five jobs are in work — jobs done one after another
-    (the subscription's callback waiting for each) would have one."""
+    (the subscription's callback waiting for each) would have one. The files are written
+    in the event loop's own thread: written through a worker thread, the service's RSS
+    crept up for as long as it ran (make soak)."""
     service = await start(TABULAR, delay_seconds=1.0)
     in_work: list[int] = []
+    threads: set[int] = set()
     write = service._write_files
 
     def counting_write(job: Any, body: dict[str, Any]) -> dict[str, Any]:
         in_work.append(len(service._tasks))
+        threads.add(threading.get_ident())
         return write(job, body)
 
     monkeypatch.setattr(service, "_write_files", counting_write)
@@ -558,6 +563,7 @@ async def test_slow_jobs_run_side_by_side(
     for body in bodies:
         await answered(seen, body["job_id"], 2, within=30)
     assert in_work[0] == 5 and service.stats.processed == 5
+    assert threads == {threading.get_ident()}
     assert statuses(seen.of(bodies[0]["job_id"])) == ["processing", "done"]
     assert seen.bodies()[0]["status"] == "processing" and seen.bodies()[4]["status"] == "processing"
 
