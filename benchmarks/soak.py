@@ -345,12 +345,15 @@ async def main(argv: list[str]) -> int:
     machine_lines = machine()  # the commit measured: others may commit during the hour
     with tempfile.TemporaryDirectory(prefix="arm-soak-") as tmp:
         soak = await run(Path(tmp), args.minutes, args.every, args.fault_every)
-    for problem in soak.problems:
-        print(f"FAILED: {problem}", file=sys.stderr)
-    if args.minutes >= 60:
-        command = shlex.join(["python", "-m", "benchmarks.soak", *argv])
-        DOC.write_text(markdown(soak, command, machine_lines))
-        print(f"written to {DOC}")
+        # The verdict and the report come before the clean-up: an hour leaves a
+        # result file per job, and removing them can take longer than the hour.
+        for problem in soak.problems:
+            print(f"FAILED: {problem}", file=sys.stderr)
+        if args.minutes >= 60:
+            command = shlex.join(["python", "-m", "benchmarks.soak", *argv])
+            DOC.write_text(markdown(soak, command, machine_lines))
+            print(f"written to {DOC}")
+        print("passed" if not soak.problems else "failed", "; removing", tmp, flush=True)
     return 1 if soak.problems else 0
 
 
