@@ -82,7 +82,8 @@ GRANT EXECUTE ON FUNCTION
     arm.is_final, arm.pipeline_for, arm.setting_int, arm._request_body, arm._request_text,
     arm.job_view,
     arm.fold_name, arm.name_pattern, arm.is_retryable, arm.nats_message_bytes,
-    arm.envelope_problem, arm.wait_bucket_bounds, arm.wait_quantile, arm.wait_summary
+    arm.envelope_problem, arm.upload_problem, arm.wait_bucket_bounds, arm.wait_quantile,
+    arm.wait_summary
 TO PUBLIC;
 
 -- 4. arm_bridge: exactly what the bridge calls (arm_core/queries.sql through its steps).

@@ -4,10 +4,11 @@
 -- writes, and every SECURITY DEFINER one, carries SET search_path = pg_catalog, arm,
 -- pg_temp, so a caller's own schemas, functions and operators never reach its body.
 -- The read-only helpers below but set_setting (is_final, pipeline_for, setting_int,
--- _request_body, _request_text, nats_message_bytes, envelope_problem) have no SET clause on purpose:
--- they are called once per row inside the hot functions, where a SET would stop the SQL
--- ones from being inlined; they write nothing, run with their caller's rights, stay
--- executable by PUBLIC, and resolve names under the path their (pinned) caller runs with.
+-- _request_body, _request_text, nats_message_bytes, envelope_problem, upload_problem) have
+-- no SET clause on purpose: they are called once per row inside the hot functions, where a
+-- SET would stop the SQL ones from being inlined; they write nothing, run with their
+-- caller's rights, stay executable by PUBLIC, and resolve names under the path their
+-- (pinned) caller runs with.
 
 -- Whether a job status is final: a final job's status, result and error never change.
 CREATE OR REPLACE FUNCTION arm.is_final(p_status arm.job_status)
@@ -137,6 +138,36 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT octet_length(p_payload)
            + octet_length(E'NATS/1.0\r\nNats-Msg-Id: ' || p_msg_id || E'\r\n\r\n')
+$$;
+
+-- What is wrong with one upload's fields (arm.upload_file's parameters, an element of
+-- arm.upload_files' array), as {field, problem} — the first found, in this order — or
+-- NULL: one set of rules in one set of words for both. The batch adds what only a JSON
+-- element can get wrong (not an object, an unknown field, a consolidation_id that is not
+-- a uuid). SQL and STABLE, so the CASE is inlined where it is called.
+CREATE OR REPLACE FUNCTION arm.upload_problem(
+    p_bucket text,
+    p_key text,
+    p_original_name text,
+    p_file_type text,
+    p_bucket_role text
+)
+RETURNS text[]
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN coalesce(p_bucket, '') = '' THEN ARRAY['bucket', 'must not be empty']
+        WHEN coalesce(p_key, '') = '' THEN ARRAY['key', 'must not be empty']
+        WHEN coalesce(p_original_name, '') = ''
+            THEN ARRAY['original_name', 'must not be empty']
+        WHEN p_file_type IS NULL THEN ARRAY['file_type', 'must be given']
+        WHEN NOT (p_file_type = ANY (enum_range(NULL::arm.file_type)::text[]))
+            THEN ARRAY['file_type', format('%L is not a file type (%s)', p_file_type,
+                                           array_to_string(enum_range(NULL::arm.file_type), ', '))]
+        WHEN p_bucket_role IS NOT NULL
+             AND NOT (p_bucket_role = ANY (enum_range(NULL::arm.bucket_role)::text[]))
+            THEN ARRAY['bucket_role', format('%L is not a bucket role', p_bucket_role)]
+    END
 $$;
 
 -- Why the inbox refuses an answer (an ack or a result, as the fields of its envelope), or

@@ -33,41 +33,28 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', COLUMN = 'files';
     END IF;
 
-    SELECT e.i, p.field, p.problem INTO v_bad
+    SELECT e.i, p.problem[1] AS field, p.problem[2] AS problem INTO v_bad
     FROM jsonb_array_elements(p_files) WITH ORDINALITY AS e(f, i)
     CROSS JOIN LATERAL (
-        SELECT * FROM (VALUES
-            (1, 'file',
-             CASE WHEN jsonb_typeof(e.f) <> 'object' THEN 'is not a JSON object' END),
-            (2, (SELECT k FROM jsonb_object_keys(
-                     CASE WHEN jsonb_typeof(e.f) = 'object' THEN e.f ELSE '{}' END) k
-                 WHERE k NOT IN ('bucket', 'key', 'original_name', 'file_type',
-                                 'consolidation_id', 'created_by', 'bucket_role')
-                 ORDER BY k LIMIT 1),
-             'is not a field of an upload (bucket, key, original_name, file_type, '
-             'consolidation_id, created_by, bucket_role)'),
-            (3, 'bucket', CASE WHEN coalesce(e.f->>'bucket', '') = '' THEN 'must not be empty' END),
-            (4, 'key', CASE WHEN coalesce(e.f->>'key', '') = '' THEN 'must not be empty' END),
-            (5, 'original_name',
-             CASE WHEN coalesce(e.f->>'original_name', '') = '' THEN 'must not be empty' END),
-            (6, 'file_type',
-             CASE WHEN e.f->>'file_type' IS NULL THEN 'must be given'
-                  WHEN NOT (e.f->>'file_type' = ANY (enum_range(NULL::arm.file_type)::text[]))
-                  THEN format('%L is not a file type (%s)', e.f->>'file_type',
-                              array_to_string(enum_range(NULL::arm.file_type), ', '))
-             END),
-            (7, 'consolidation_id',
-             CASE WHEN e.f->>'consolidation_id' IS NOT NULL
-                   AND e.f->>'consolidation_id' !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-                  THEN format('%L is not a uuid', e.f->>'consolidation_id') END),
-            (8, 'bucket_role',
-             CASE WHEN e.f->>'bucket_role' IS NOT NULL
-                   AND NOT (e.f->>'bucket_role' = ANY (enum_range(NULL::arm.bucket_role)::text[]))
-                  THEN format('%L is not a bucket role', e.f->>'bucket_role') END)
-        ) AS c(ord, field, problem)
-        WHERE c.problem IS NOT NULL AND c.field IS NOT NULL
-        ORDER BY c.ord LIMIT 1
+        SELECT CASE
+            WHEN jsonb_typeof(e.f) <> 'object' THEN ARRAY['file', 'is not a JSON object']
+            WHEN e.f - ARRAY['bucket', 'key', 'original_name', 'file_type',
+                             'consolidation_id', 'created_by', 'bucket_role'] <> '{}'
+                THEN ARRAY[
+                    (SELECT min(k) FROM jsonb_object_keys(
+                         e.f - ARRAY['bucket', 'key', 'original_name', 'file_type',
+                                     'consolidation_id', 'created_by', 'bucket_role']) k),
+                    'is not a field of an upload (bucket, key, original_name, file_type, '
+                    'consolidation_id, created_by, bucket_role)']
+            ELSE coalesce(
+                arm.upload_problem(e.f->>'bucket', e.f->>'key', e.f->>'original_name',
+                                   e.f->>'file_type', e.f->>'bucket_role'),
+                CASE WHEN e.f->>'consolidation_id' !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                     THEN ARRAY['consolidation_id',
+                                format('%L is not a uuid', e.f->>'consolidation_id')] END)
+        END AS problem
     ) p
+    WHERE p.problem IS NOT NULL
     ORDER BY e.i
     LIMIT 1;
     IF FOUND THEN
@@ -112,7 +99,7 @@ END;
 $$;
 
 -- One file: the same rows and the same statement shape as arm.upload_files (one INSERT
--- per table in one WITH, the ids drawn first), the same checks in the same words, but
+-- per table in one WITH, the ids drawn first), the same checks (arm.upload_problem), but
 -- from its parameters: no JSON to build and take apart, so the common case costs about
 -- what one INSERT does. Returns the file's id and its job's id.
 CREATE OR REPLACE FUNCTION arm.upload_file(
@@ -130,31 +117,15 @@ SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
 DECLARE
-    v_field text;
-    v_problem text;
+    v_problem text[];
     v_file uuid := gen_random_uuid();
     v_job uuid := gen_random_uuid();
 BEGIN
-    IF coalesce(p_bucket, '') = '' THEN
-        v_field := 'bucket'; v_problem := 'must not be empty';
-    ELSIF coalesce(p_key, '') = '' THEN
-        v_field := 'key'; v_problem := 'must not be empty';
-    ELSIF coalesce(p_original_name, '') = '' THEN
-        v_field := 'original_name'; v_problem := 'must not be empty';
-    ELSIF p_file_type IS NULL THEN
-        v_field := 'file_type'; v_problem := 'must be given';
-    ELSIF NOT (p_file_type = ANY (enum_range(NULL::arm.file_type)::text[])) THEN
-        v_field := 'file_type';
-        v_problem := format('%L is not a file type (%s)', p_file_type,
-                            array_to_string(enum_range(NULL::arm.file_type), ', '));
-    ELSIF p_bucket_role IS NOT NULL
-          AND NOT (p_bucket_role = ANY (enum_range(NULL::arm.bucket_role)::text[])) THEN
-        v_field := 'bucket_role';
-        v_problem := format('%L is not a bucket role', p_bucket_role);
-    END IF;
-    IF v_field IS NOT NULL THEN
-        RAISE EXCEPTION 'upload: % %', v_field, v_problem
-            USING ERRCODE = 'invalid_parameter_value', COLUMN = v_field;
+    v_problem := arm.upload_problem(p_bucket, p_key, p_original_name, p_file_type,
+                                    p_bucket_role);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'upload: % %', v_problem[1], v_problem[2]
+            USING ERRCODE = 'invalid_parameter_value', COLUMN = v_problem[1];
     END IF;
 
     WITH o AS (

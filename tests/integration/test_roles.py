@@ -102,6 +102,7 @@ PUBLIC_HELPERS = {
     "is_retryable",
     "nats_message_bytes",
     "envelope_problem",
+    "upload_problem",
     "wait_bucket_bounds",
     "wait_quantile",
     "wait_summary",
