@@ -131,7 +131,8 @@ def _row(
         key,
         SECTION,
         f"sweep_timeouts(), {s.sweep_due} due among {where}; "
-        f"it read {sweep.rows_read:,} job+file rows",
+        f"it read {sweep.rows_read:,} job+file rows ({sweep.blocks_read or 0:,.0f} blocks "
+        f"from outside the buffer cache), wrote {(sweep.wal_bytes or 0) / 1024:,.0f} KiB of WAL",
         sweep.ms,
         "ms",
         ref=ref,
@@ -269,6 +270,8 @@ def _time_out_newest(conn: psycopg.Connection[Any], n: int) -> None:
 class Sweep:
     ms: float  # median
     rows_read: int  # job and file rows its scans returned (pg_stat_xact_user_tables)
+    wal_bytes: float | None = None  # median WAL it wrote (full-page images included)
+    blocks_read: float | None = None  # median blocks of arm it read from outside the cache
 
 
 def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
@@ -280,7 +283,9 @@ def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
             "SELECT id FROM arm.recognition_job WHERE status IN ('published', 'processing')"
         ).fetchall()
     ]
-    timings = []
+    timings: list[float] = []
+    wal: list[float] = []
+    blocks: list[float] = []
     rows_read = 0
     for _ in range(repeats):
         chosen = random.sample(live, due)
@@ -293,16 +298,32 @@ def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
                     (chosen,),
                 )
                 before = _rows_read(conn)
+                io_before = _io(conn)
                 started = time.perf_counter()
                 row = conn.execute("SELECT arm.sweep_timeouts()").fetchone()
                 timings.append((time.perf_counter() - started) * 1000)
+                io_after = _io(conn)
                 rows_read = _rows_read(conn) - before
+                wal.append(io_after[0] - io_before[0])
+                blocks.append(io_after[1] - io_before[1])
                 if row is None or row[0] != due:
                     raise RuntimeError(f"the sweep timed out {row and row[0]} jobs, not {due}")
                 raise psycopg.Rollback
         except psycopg.Rollback:
             pass
-    return Sweep(median(timings), rows_read)
+    return Sweep(median(timings), rows_read, median(wal), median(blocks))
+
+
+def _io(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """WAL inserted so far (bytes) and the blocks of arm's tables and indexes this
+    transaction read from outside the buffer cache so far."""
+    row = conn.execute(
+        "SELECT pg_current_wal_insert_lsn() - '0/0', "
+        "(SELECT sum(pg_stat_get_xact_blocks_fetched(c.oid) - pg_stat_get_xact_blocks_hit(c.oid)) "
+        " FROM pg_class c WHERE c.relnamespace = 'arm'::regnamespace)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1] or 0)
 
 
 def _rows_read(conn: psycopg.Connection[Any]) -> int:
