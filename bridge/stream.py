@@ -39,12 +39,16 @@ class StreamConsumer(Service):
     def fetch_size(self) -> int:
         """How many messages a fetch may bring: batch_size, fewer when the inbox's
         buffers have less room — counted as if each were as large as a message may be
-        (INBOX_MAX_PAYLOAD_BYTES), so what a fetch brings always fits INBOX_BUFFER_BYTES;
-        0 when they are full."""
+        (INBOX_MAX_PAYLOAD_BYTES), so what a fetch brings always fits INBOX_BUFFER_BYTES —
+        and no more than makes what the inbox holds two batches per worker
+        (INBOX_BATCH_SIZE), what the workers apply next: the rest waits in the stream,
+        where another bridge takes it, not in this process's memory while its database
+        is slow or away. 0 when it holds that much."""
         count, free = self.inbox.room()
         # A message kept until acked costs the buffer twice its size (it and its row).
         largest = 2 * self.inbox.config.max_payload_bytes
-        return max(0, min(self.batch_size, count, free // largest))
+        ahead = 2 * self.inbox.config.batch_size * self.inbox.config.workers
+        return max(0, min(self.batch_size, count, free // largest, ahead - self.inbox.held()))
 
     async def run_once(self, wait: float = 1.0) -> list[Msg]:
         """One fetch of up to fetch_size() messages, waiting up to `wait` seconds for

@@ -5,6 +5,7 @@ garbage, an operator's stream, and a server without JetStream."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -215,6 +216,53 @@ async def test_busy_envelope_is_not_acked_until_applied_and_garbage_is_terminate
         await wait_for(lambda: bridge.inbox.counts["terminated"] == 1, 30, "garbage terminated")
         await wait_for(acked, 30, "nothing pending")
         assert bridge.inbox.counts["rejected"] == 1
+
+
+async def test_a_bridge_whose_database_stalls_leaves_the_rest_in_the_stream(
+    db_url: str, js_server: EmbeddedNats, js_client: Client
+) -> None:
+    """While the inbox's batches wait on the database, the bridge takes from the stream
+    no more than two batches per worker (INBOX_BATCH_SIZE × INBOX_WORKERS × 2, far below
+    INBOX_BUFFER_SIZE); the rest stays in the stream, where another bridge would take
+    it, and is applied once the database answers."""
+    n, batch, workers = 1000, 50, 2
+    cap = 2 * batch * workers
+    jobs = published_jobs(db_url, n)
+    settings = stream_settings(
+        db_url, js_server.url(), inbox_batch_size=batch, inbox_workers=workers
+    )
+    async with running_bridge(settings) as bridge:
+        js = js_client.jetstream()
+
+        async def delivered() -> int:
+            c = await js.consumer_info(STREAM, "arm-core")
+            return int(c.num_ack_pending)
+
+        with psycopg.connect(db_url) as dba:
+            # Every apply of an answer writes arm.stored_file: each worker's batch waits.
+            dba.execute("LOCK TABLE arm.stored_file IN ACCESS EXCLUSIVE MODE")
+            await ack_all(js_client, jobs)
+            await wait_for(lambda: bridge.inbox.held() >= cap, 30, "two batches per worker")
+            # The buffers take 10,000: before the cap the bridge fetched every answer at
+            # once. Watched for a second (fetches run every few milliseconds): it stays.
+            loop = asyncio.get_running_loop()
+            until = loop.time() + 1.0
+            while loop.time() < until:
+                assert bridge.inbox.held() <= cap
+                assert await delivered() <= cap + batch * workers  # and the batches in hand
+                await asyncio.sleep(0.05)
+            pending = (await js.consumer_info(STREAM, "arm-core")).num_pending
+            assert pending >= n - cap - batch * workers
+            dba.rollback()
+        with dict_conn(db_url) as conn:
+            processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+            await wait_for(lambda: scalar(conn, processing) == n, 60, "every ack applied")
+
+        async def settled() -> bool:
+            c = await js.consumer_info(STREAM, "arm-core")
+            return c.num_ack_pending == 0 and c.num_pending == 0
+
+        await wait_for(settled, 30, "every message acked")
 
 
 async def test_operator_stream_used_as_it_is_with_differences_logged(
