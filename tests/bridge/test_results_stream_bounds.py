@@ -134,7 +134,8 @@ async def test_a_full_stream_refuses_jetstream_publishes_and_loses_nothing(
             assert await stored(js) == len(accepted)
             with dict_conn(db_url) as conn:  # direct, not through the proxy
                 assert scalar(conn, PROCESSING) == 0
-            assert bridge.inbox.counts["db_retries"] >= 1
+            # Its batch waits for a connection the pool cannot make (up to its timeout).
+            await wait_for(lambda: bridge.inbox.counts["db_retries"] >= 1, 30, "a retry")
             proxy.unblock()
             with dict_conn(db_url) as conn:
                 await wait_for(
