@@ -156,8 +156,9 @@ async def test_kill_9_of_one_of_two_bridges_loses_nothing_with_the_results_strea
     env = {
         "RESULTS_STREAM": "ARM_RESULTS",
         "DEBUG": "true",  # a log line per envelope applied
-        # Small batches behind a large buffer: answers wait inside a bridge.
-        "INBOX_BATCH_SIZE": 4,
+        # Small batches behind a large buffer: answers wait inside a bridge (with the
+        # stream, up to two batches per worker are fetched ahead: 40 here).
+        "INBOX_BATCH_SIZE": 10,
         "INBOX_BUFFER_SIZE": 200,
         # Beyond the redelivery (30 s): a job waiting for its ack is not republished.
         "ACK_TIMEOUT_SECONDS": 120,
