@@ -35,15 +35,19 @@ BEGIN
 
     SELECT e.i, p.problem[1] AS field, p.problem[2] AS problem INTO v_bad
     FROM jsonb_array_elements(p_files) WITH ORDINALITY AS e(f, i)
+    -- What an object has beside an upload's fields (a scalar takes no `-`).
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN jsonb_typeof(e.f) = 'object'
+                    THEN e.f - ARRAY['bucket', 'key', 'original_name', 'file_type',
+                                     'consolidation_id', 'created_by', 'bucket_role']
+                    ELSE '{}' END AS unknown
+    ) x
     CROSS JOIN LATERAL (
         SELECT CASE
             WHEN jsonb_typeof(e.f) <> 'object' THEN ARRAY['file', 'is not a JSON object']
-            WHEN e.f - ARRAY['bucket', 'key', 'original_name', 'file_type',
-                             'consolidation_id', 'created_by', 'bucket_role'] <> '{}'
+            WHEN x.unknown <> '{}'
                 THEN ARRAY[
-                    (SELECT min(k) FROM jsonb_object_keys(
-                         e.f - ARRAY['bucket', 'key', 'original_name', 'file_type',
-                                     'consolidation_id', 'created_by', 'bucket_role']) k),
+                    (SELECT min(k) FROM jsonb_object_keys(x.unknown) k),
                     'is not a field of an upload (bucket, key, original_name, file_type, '
                     'consolidation_id, created_by, bucket_role)']
             ELSE coalesce(
