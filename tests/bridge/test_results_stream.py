@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 
 from arm_core.bridge.service import Fatal
@@ -50,6 +51,20 @@ async def ack_all(client: Client, jobs: list[dict[str, Any]]) -> None:
             SUBJECT, json.dumps(body).encode(), headers={"Nats-Msg-Id": f"ack:{row['job_id']}:1"}
         )
     await client.flush()
+
+
+async def applied_and_acked(db_url: str, js: JetStreamContext, n: int, within: float) -> None:
+    """Waits for n acks applied (n jobs processing), then for the durable consumer to
+    have nothing left to deliver or to be acked."""
+    processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
+    with dict_conn(db_url) as conn:
+        await wait_for(lambda: scalar(conn, processing) == n, within, f"{n} acks applied")
+
+    async def settled() -> bool:
+        c = await js.consumer_info(STREAM, "arm-core")
+        return c.num_ack_pending == 0 and c.num_pending == 0
+
+    await wait_for(settled, 30, "every message acked")
 
 
 @pytest.mark.parametrize(
@@ -173,15 +188,7 @@ async def test_stream_and_durable_consumer_made_and_every_message_acked_after_co
         assert consumer.config.ack_policy == "explicit"
         assert consumer.config.max_ack_pending == 20_000
         await ack_all(js_client, jobs)  # core NATS publishes, as services send them
-        with dict_conn(db_url) as conn:
-            processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
-            await wait_for(lambda: scalar(conn, processing) == n, 30, "acks applied")
-
-        async def settled() -> bool:
-            c = await js.consumer_info(STREAM, "arm-core")
-            return c.num_ack_pending == 0 and c.num_pending == 0
-
-        await wait_for(settled, 30, "every message acked")
+        await applied_and_acked(db_url, js, n, within=30)
         assert bridge.inbox.counts["acked"] == n
         assert bridge.nats_state() == "ok"
         # Acked, so gone (interest retention); the same answer again within the window is
@@ -254,15 +261,7 @@ async def test_a_bridge_whose_database_stalls_leaves_the_rest_in_the_stream(
             pending = (await js.consumer_info(STREAM, "arm-core")).num_pending
             assert pending >= n - cap - batch * workers
             dba.rollback()
-        with dict_conn(db_url) as conn:
-            processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
-            await wait_for(lambda: scalar(conn, processing) == n, 60, "every ack applied")
-
-        async def settled() -> bool:
-            c = await js.consumer_info(STREAM, "arm-core")
-            return c.num_ack_pending == 0 and c.num_pending == 0
-
-        await wait_for(settled, 30, "every message acked")
+        await applied_and_acked(db_url, js, n, within=60)
 
 
 async def test_operator_stream_used_as_it_is_with_differences_logged(
