@@ -2017,25 +2017,14 @@ CREATE FUNCTION arm.tg_recognition_job__defaults() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
-DECLARE
-    v_file_type arm.file_type;
 BEGIN
-    SELECT file_type INTO v_file_type FROM arm.stored_file WHERE id = NEW.file_id;
-    IF FOUND THEN
-        IF NEW.pipeline IS NULL THEN
-            NEW.pipeline := arm.pipeline_for(v_file_type);
-        ELSIF NEW.pipeline <> arm.pipeline_for(v_file_type) THEN
-            RAISE EXCEPTION 'pipeline % does not match file type % of file %',
-                NEW.pipeline, v_file_type, NEW.file_id
-                USING ERRCODE = 'check_violation';
-        END IF;
-    END IF;  -- an unknown file_id is left to the foreign key to report
+    IF NEW.pipeline IS NULL THEN
+        -- An unknown file_id leaves it NULL: the foreign key reports it.
+        SELECT arm.pipeline_for(f.file_type) INTO NEW.pipeline
+        FROM arm.stored_file f WHERE f.id = NEW.file_id;
+    END IF;
     IF NEW.max_attempts IS NULL THEN
         NEW.max_attempts := arm.setting_int('default_max_attempts');
-    END IF;
-    IF NEW.status <> 'queued' THEN
-        RAISE EXCEPTION 'a new recognition job starts queued, not %', NEW.status
-            USING ERRCODE = 'check_violation';
     END IF;
     RETURN NEW;
 END;
@@ -2087,16 +2076,32 @@ $$;
 ALTER FUNCTION arm.tg_recognition_job__guard() OWNER TO arm_owner;
 
 --
--- Name: tg_recognition_job__notify_queued(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+-- Name: tg_recognition_job__inserted(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
-CREATE FUNCTION arm.tg_recognition_job__notify_queued() RETURNS trigger
+CREATE FUNCTION arm.tg_recognition_job__inserted() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 DECLARE
+    v_bad record;
     v_mine bigint;
 BEGIN
+    SELECT i.status, i.pipeline, i.file_id, f.file_type,
+           i.pipeline <> arm.pipeline_for(f.file_type) AS wrong_pipeline
+    INTO v_bad
+    FROM inserted i JOIN arm.stored_file f ON f.id = i.file_id
+    WHERE i.pipeline <> arm.pipeline_for(f.file_type) OR i.status <> 'queued'
+    LIMIT 1;
+    IF FOUND AND v_bad.wrong_pipeline THEN
+        RAISE EXCEPTION 'pipeline % does not match file type % of file %',
+            v_bad.pipeline, v_bad.file_type, v_bad.file_id
+            USING ERRCODE = 'check_violation';
+    ELSIF FOUND THEN
+        RAISE EXCEPTION 'a new recognition job starts queued, not %', v_bad.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+
     SELECT count(*) INTO v_mine FROM inserted WHERE status = 'queued';
     IF v_mine > 0 AND (SELECT count(*) FROM (SELECT 1 FROM arm.recognition_job j
                                              WHERE j.status = 'queued'
@@ -2108,7 +2113,7 @@ END;
 $$;
 
 
-ALTER FUNCTION arm.tg_recognition_job__notify_queued() OWNER TO arm_owner;
+ALTER FUNCTION arm.tg_recognition_job__inserted() OWNER TO arm_owner;
 
 --
 -- Name: tg_stored_file__source_role(); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -2119,16 +2124,25 @@ CREATE FUNCTION arm.tg_stored_file__source_role() RETURNS trigger
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
 DECLARE
-    v_role arm.bucket_role;
+    v_bad record;
 BEGIN
-    SELECT o.bucket_role INTO v_role FROM arm.s3_object o WHERE o.id = NEW.s3_object_id;
-    IF FOUND AND v_role <> 'uploads' THEN
+    IF TG_LEVEL = 'STATEMENT' THEN
+        SELECT n.id, n.s3_object_id, o.bucket_role INTO v_bad
+        FROM inserted n JOIN arm.s3_object o ON o.id = n.s3_object_id
+        WHERE o.bucket_role <> 'uploads'
+        LIMIT 1;
+    ELSE
+        SELECT NEW.id, NEW.s3_object_id, o.bucket_role INTO v_bad
+        FROM arm.s3_object o
+        WHERE o.id = NEW.s3_object_id AND o.bucket_role <> 'uploads';
+    END IF;
+    IF FOUND THEN
         RAISE EXCEPTION 'stored_file %: its source object % is a % object; a file''s source must be an uploads object',
-            NEW.id, NEW.s3_object_id, v_role
+            v_bad.id, v_bad.s3_object_id, v_bad.bucket_role
             USING ERRCODE = 'check_violation',
                   HINT = 'insert the uploaded file as arm.s3_object with bucket_role uploads';
-    END IF;  -- an unknown object is left to the foreign key to report
-    RETURN NEW;
+    END IF;
+    RETURN CASE WHEN TG_LEVEL = 'ROW' THEN NEW END;
 END;
 $$;
 
@@ -2217,8 +2231,10 @@ BEGIN
         FROM o
         RETURNING id
     )
-    INSERT INTO arm.recognition_job (id, file_id, attempt)
-    SELECT v_job, f.id, 1 FROM f;
+    INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts)
+    SELECT v_job, f.id, 1, arm.pipeline_for(p_file_type::arm.file_type),
+           arm.setting_int('default_max_attempts')
+    FROM f;
     RETURN QUERY SELECT v_file, v_job;
 END;
 $$;
@@ -2236,6 +2252,7 @@ CREATE FUNCTION arm.upload_files(p_files jsonb) RETURNS TABLE(n integer, file_id
     AS $_$
 DECLARE
     v_bad record;
+    v_max_attempts integer := arm.setting_int('default_max_attempts');
 BEGIN
     IF p_files IS NULL OR jsonb_typeof(p_files) <> 'array' THEN
         RAISE EXCEPTION 'upload: files must be a JSON array of objects, not %',
@@ -2301,9 +2318,10 @@ BEGIN
         FROM input JOIN o ON o.id = input.obj_id ORDER BY input.i
         RETURNING id
     ), j AS (
-        -- pipeline and max_attempts: the defaults trigger, as for the plain-SQL upload.
-        INSERT INTO arm.recognition_job (id, file_id, attempt)
-        SELECT input.j_id, input.f_id, 1
+        -- pipeline and max_attempts given, as the defaults trigger would fill them: it
+        -- then fires for none of the rows.
+        INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts)
+        SELECT input.j_id, input.f_id, 1, arm.pipeline_for(input.file_type), v_max_attempts
         FROM input JOIN f ON f.id = input.f_id ORDER BY input.i
         RETURNING id
     )
@@ -2922,7 +2940,7 @@ CREATE TRIGGER tg_recognition_job__count_update_row AFTER UPDATE ON arm.recognit
 -- Name: recognition_job tg_recognition_job__defaults; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_recognition_job__defaults BEFORE INSERT ON arm.recognition_job FOR EACH ROW EXECUTE FUNCTION arm.tg_recognition_job__defaults();
+CREATE TRIGGER tg_recognition_job__defaults BEFORE INSERT ON arm.recognition_job FOR EACH ROW WHEN (((new.pipeline IS NULL) OR (new.max_attempts IS NULL))) EXECUTE FUNCTION arm.tg_recognition_job__defaults();
 
 
 --
@@ -2933,10 +2951,10 @@ CREATE TRIGGER tg_recognition_job__guard BEFORE UPDATE ON arm.recognition_job FO
 
 
 --
--- Name: recognition_job tg_recognition_job__notify_queued; Type: TRIGGER; Schema: arm; Owner: arm_owner
+-- Name: recognition_job tg_recognition_job__inserted; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_recognition_job__notify_queued AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_recognition_job__notify_queued();
+CREATE TRIGGER tg_recognition_job__inserted AFTER INSERT ON arm.recognition_job REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_recognition_job__inserted();
 
 
 --
@@ -2978,7 +2996,14 @@ CREATE TRIGGER tg_stored_file__count_update_row AFTER UPDATE ON arm.stored_file 
 -- Name: stored_file tg_stored_file__source_role; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_stored_file__source_role BEFORE INSERT OR UPDATE OF s3_object_id ON arm.stored_file FOR EACH ROW EXECUTE FUNCTION arm.tg_stored_file__source_role();
+CREATE TRIGGER tg_stored_file__source_role BEFORE UPDATE OF s3_object_id ON arm.stored_file FOR EACH ROW EXECUTE FUNCTION arm.tg_stored_file__source_role();
+
+
+--
+-- Name: stored_file tg_stored_file__source_role_insert; Type: TRIGGER; Schema: arm; Owner: arm_owner
+--
+
+CREATE TRIGGER tg_stored_file__source_role_insert AFTER INSERT ON arm.stored_file REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION arm.tg_stored_file__source_role();
 
 
 --
@@ -3482,10 +3507,10 @@ REVOKE ALL ON FUNCTION arm.tg_recognition_job__guard() FROM PUBLIC;
 
 
 --
--- Name: FUNCTION tg_recognition_job__notify_queued(); Type: ACL; Schema: arm; Owner: arm_owner
+-- Name: FUNCTION tg_recognition_job__inserted(); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
-REVOKE ALL ON FUNCTION arm.tg_recognition_job__notify_queued() FROM PUBLIC;
+REVOKE ALL ON FUNCTION arm.tg_recognition_job__inserted() FROM PUBLIC;
 
 
 --

@@ -31,7 +31,7 @@ $$;
 -- An integer setting from arm.setting; raises, naming the setting, when it is missing
 -- or not an integer. The value is checked before the cast, not caught after it: an
 -- EXCEPTION block starts a subtransaction on every call, and this runs in every upload
--- (the defaults trigger reads default_max_attempts), where it cost about 50 µs of ~0.9 ms.
+-- (every upload reads default_max_attempts), where it cost about 50 µs of ~0.9 ms.
 CREATE OR REPLACE FUNCTION arm.setting_int(p_name text)
 RETURNS integer
 LANGUAGE plpgsql STABLE

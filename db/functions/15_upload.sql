@@ -1,8 +1,9 @@
 -- The upload as one call: arm.upload_files for many files, arm.upload_file for one.
 -- Each writes what the plain-SQL upload of docs/dbas.md writes — an arm.s3_object of role
 -- uploads, an arm.stored_file, its queued attempt 1, the file's current job — through the
--- same tables, so the same triggers (10_triggers.sql: the defaults, the source-must-be-
--- an-uploads-object check, the wake-up NOTIFY) and constraints hold. The four-statement
+-- same tables, so the same triggers (10_triggers.sql: the new job's and the source
+-- object's checks, the wake-up NOTIFY) and constraints hold; they give the pipeline and
+-- max_attempts the defaults trigger would fill, so it does not fire. The four-statement
 -- plain-SQL upload stays supported beside them.
 --
 -- The input is a JSON array of objects, not parallel arrays: each file's fields are named
@@ -26,6 +27,7 @@ SET search_path = pg_catalog, arm, pg_temp
 AS $$
 DECLARE
     v_bad record;
+    v_max_attempts integer := arm.setting_int('default_max_attempts');
 BEGIN
     IF p_files IS NULL OR jsonb_typeof(p_files) <> 'array' THEN
         RAISE EXCEPTION 'upload: files must be a JSON array of objects, not %',
@@ -91,9 +93,10 @@ BEGIN
         FROM input JOIN o ON o.id = input.obj_id ORDER BY input.i
         RETURNING id
     ), j AS (
-        -- pipeline and max_attempts: the defaults trigger, as for the plain-SQL upload.
-        INSERT INTO arm.recognition_job (id, file_id, attempt)
-        SELECT input.j_id, input.f_id, 1
+        -- pipeline and max_attempts given, as the defaults trigger would fill them: it
+        -- then fires for none of the rows.
+        INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts)
+        SELECT input.j_id, input.f_id, 1, arm.pipeline_for(input.file_type), v_max_attempts
         FROM input JOIN f ON f.id = input.f_id ORDER BY input.i
         RETURNING id
     )
@@ -145,8 +148,10 @@ BEGIN
         FROM o
         RETURNING id
     )
-    INSERT INTO arm.recognition_job (id, file_id, attempt)
-    SELECT v_job, f.id, 1 FROM f;
+    INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts)
+    SELECT v_job, f.id, 1, arm.pipeline_for(p_file_type::arm.file_type),
+           arm.setting_int('default_max_attempts')
+    FROM f;
     RETURN QUERY SELECT v_file, v_job;
 END;
 $$;

@@ -137,7 +137,7 @@ async def test_notify_wakes_the_publisher_long_before_the_poll(
     requests.assert_valid_requests()
 
 
-NO_NOTIFY = "ALTER TABLE arm.recognition_job DISABLE TRIGGER tg_recognition_job__notify_queued"
+NO_NOTIFY = "ALTER TABLE arm.recognition_job DISABLE TRIGGER tg_recognition_job__inserted"
 
 
 def disable_notify(db_url: str) -> None:

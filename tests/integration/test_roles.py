@@ -735,12 +735,23 @@ def test_a_hijacked_search_path_never_reaches_the_api_or_the_uploads(
                 conn.execute("SELECT * FROM arm.retry_files(%s, 'ops')", ([failed.file_id],))
                 conn.execute("SELECT arm.get_file(%s)", (failed.file_id,))
             else:
-                upload(conn, "XLSB")  # the defaults trigger reads stored_file by id
+                upload(conn, "XLSB")  # the new jobs' check reads stored_file by id
+                conn.execute(UPLOAD_WITHOUT_PIPELINE)  # so does the defaults trigger
                 upload_file(conn, "PDF")  # the one-call upload, and its batch form
                 files = [{"bucket": "b", "key": "k", "original_name": "n", "file_type": "XLS"}]
                 conn.execute("SELECT * FROM arm.upload_files(%s)", (Jsonb(files),))
             assert ran_as_someone_else(conn, login) == []
 
+
+# A plain-SQL upload that leaves the pipeline to the defaults trigger (it then reads the
+# file's type by the file's id).
+UPLOAD_WITHOUT_PIPELINE = (
+    "WITH o AS (INSERT INTO arm.s3_object (bucket, key, bucket_role) "
+    "VALUES ('arm-ka', 'uploads/no-pipeline.pdf', 'uploads') RETURNING id), "
+    "f AS (INSERT INTO arm.stored_file (original_name, file_type, s3_object_id) "
+    "SELECT 'no-pipeline.pdf', 'PDF', o.id FROM o RETURNING id) "
+    "INSERT INTO arm.recognition_job (file_id, attempt) SELECT f.id, 1 FROM f"
+)
 
 # What a DBA might do by hand: mark queued jobs published (the guard checks the move).
 PUBLISH_BY_HAND = (
@@ -759,7 +770,7 @@ def ran_in_a_trigger(conn: Conn) -> list[tuple[str, str]]:
 
 
 def test_a_hijacked_search_path_never_reaches_the_trigger_functions(db_url: str) -> None:
-    """Issue 20: the triggers run under the search_path of whoever fires them. The
+    """The triggers run under the search_path of whoever fires them. The
     uploader's plain-SQL upload (its UPDATE of current_recognition_job_id fires the
     stored_file trigger) and a DBA's UPDATE of a job's status (the guard) with their own
     schema first in the path: no look-alike runs inside a trigger."""
@@ -813,9 +824,10 @@ def test_without_its_pinned_path_a_trigger_runs_the_callers_look_alikes(
             "arm.publish_queued_jobs_v2(integer, interval, interval, text, text, integer)",
             "SELECT * FROM arm.publish_queued_jobs_v2(10, '600 s', '1 s', 't', 'i', 1048576)",
         ),
-        (UPLOADER_LOGIN, "arm.tg_recognition_job__defaults()", None),
+        (UPLOADER_LOGIN, "arm.tg_recognition_job__defaults()", UPLOAD_WITHOUT_PIPELINE),
+        (UPLOADER_LOGIN, "arm.tg_recognition_job__inserted()", None),
     ],
-    ids=["publish_queued_jobs_v2", "defaults_trigger"],
+    ids=["publish_queued_jobs_v2", "defaults_trigger", "new_jobs_trigger"],
 )
 def test_without_its_pinned_path_the_same_call_runs_the_callers_code_as_the_owner(
     db_url: str, login: Login, function: str, call: str | None

@@ -178,13 +178,27 @@ def test_a_setting_that_is_not_an_integer_is_named_in_the_error(conn: Conn, valu
 def test_pipeline_may_be_left_out_but_not_contradict_the_file_type(
     conn: Conn,
 ) -> None:
-    up = upload(conn, "XLSB")
-    conn.execute("DELETE FROM arm.stored_file WHERE false")  # keep conn usable
-    with pytest.raises(psycopg.errors.CheckViolation, match="does not match file type"):
+    # A file with no job yet: its first job names the wrong pipeline (checked once the
+    # statement's rows are in, so for a file with a live job the unique index speaks first).
+    file_id = scalar(
+        conn,
+        "WITH o AS (INSERT INTO arm.s3_object (bucket, key, bucket_role) "
+        "VALUES ('arm-ka', 'uploads/t.xlsb', 'uploads') RETURNING id) "
+        "INSERT INTO arm.stored_file (original_name, file_type, s3_object_id) "
+        "SELECT 't.xlsb', 'XLSB', o.id FROM o RETURNING id",
+    )
+    with pytest.raises(psycopg.errors.CheckViolation, match="does not match file type XLSB"):
         conn.execute(
-            "INSERT INTO arm.recognition_job (file_id, pipeline, attempt) VALUES (%s, 'image', 2)",
-            (up.file_id,),
+            "INSERT INTO arm.recognition_job (file_id, pipeline, attempt) VALUES (%s, 'image', 1)",
+            (file_id,),
         )
+    # Left out, it follows the file's type.
+    job_id = scalar(
+        conn,
+        "INSERT INTO arm.recognition_job (file_id, attempt) VALUES (%s, 1) RETURNING id",
+        (file_id,),
+    )
+    assert job(conn, job_id)["pipeline"] == "tabular"
 
 
 def test_attempt_is_unique_per_file_and_one_live_job_per_file(conn: Conn) -> None:
@@ -304,3 +318,45 @@ def test_the_job_tables_vacuum_follows_the_churn_not_the_history(db_url: str) ->
     options = dict(option.split("=", 1) for option in row[0] or [])
     assert float(options.get("autovacuum_vacuum_scale_factor", "0.2")) == 0
     assert 0 < int(options.get("autovacuum_vacuum_threshold", "0")) <= 10_000
+
+
+def test_every_row_of_a_many_row_insert_is_checked(conn: Conn) -> None:
+    """The new jobs' and the sources' checks run once per statement over all its rows:
+    the one bad row among many is refused, naming it, and the statement writes nothing."""
+    objects = [
+        scalar(
+            conn,
+            "INSERT INTO arm.s3_object (bucket, key, bucket_role) "
+            "VALUES ('arm-ka', %s, %s) RETURNING id",
+            (f"{role}/{i}.pdf", role),
+        )
+        for i, role in enumerate(["uploads", "uploads", "results"])
+    ]
+    files = "SELECT count(*) FROM arm.stored_file"
+    with pytest.raises(psycopg.errors.CheckViolation) as refused:
+        conn.execute(
+            "INSERT INTO arm.stored_file (original_name, file_type, s3_object_id) "
+            "SELECT 'f.pdf', 'PDF', o FROM unnest(%s::uuid[]) o",
+            (objects,),
+        )
+    assert f"its source object {objects[2]} is a results object" in str(refused.value)
+    assert scalar(conn, files) == 0
+    file_ids = [
+        scalar(
+            conn,
+            "INSERT INTO arm.stored_file (original_name, file_type, s3_object_id) "
+            "VALUES ('f.pdf', 'PDF', %s) RETURNING id",
+            (o,),
+        )
+        for o in objects[:2]
+    ]
+    jobs = "SELECT count(*) FROM arm.recognition_job"
+    wrong = f"pipeline tabular does not match file type PDF of file {file_ids[0]}"
+    with pytest.raises(psycopg.errors.CheckViolation, match=wrong):
+        conn.execute(
+            "INSERT INTO arm.recognition_job (file_id, attempt, pipeline) "
+            "SELECT f, 1, CASE WHEN f = %s THEN 'tabular' ELSE 'image' END::arm.pipeline "
+            "FROM unnest(%s::uuid[]) f",
+            (file_ids[0], file_ids),
+        )
+    assert scalar(conn, jobs) == 0
