@@ -1,7 +1,7 @@
 -- Triggers: defaults for plain-SQL uploads, the state machine guard, and the NOTIFY
 -- that wakes the publisher. They hold for every write path, functions and DBAs alike.
 
--- Fills what a plain-SQL upload may leave out (docs/behaviour.md#public-interfaces): the
+-- Fills what a plain-SQL upload may leave out (docs/behaviour.md#interfaces): the
 -- pipeline follows the file's type, max_attempts comes from arm.setting 'default_max_attempts'. It fires
 -- only for a row that leaves one of them out (its WHEN clause, checked without calling
 -- the function): the upload functions and a retry give both, so a bulk upload of 30,000
@@ -38,7 +38,7 @@ CREATE OR REPLACE TRIGGER tg_recognition_job__defaults
     FOR EACH ROW WHEN (NEW.pipeline IS NULL OR NEW.max_attempts IS NULL)
     EXECUTE FUNCTION arm.tg_recognition_job__defaults();
 
--- The state machine (docs/behaviour.md#job-state-machine), enforced for every write path:
+-- The state machine (docs/behaviour.md#state-machine), enforced for every write path:
 --   queued → published → processing → done | needs_check | error
 --   published | processing → timeout,
 --   published → dlq (no ack after every republish, arm.dead_letter_unacked),

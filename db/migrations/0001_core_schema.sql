@@ -1,4 +1,4 @@
--- The core schema of the recognition job exchange (SPEC §3, §4).
+-- The core schema of the recognition job exchange (docs/behaviour.md#data-model, #state-machine).
 -- Tables, types and indexes change only through numbered migrations; the functions and
 -- triggers that act on them live in db/functions and are re-applied on every migrate.
 -- depends:

@@ -1,4 +1,4 @@
--- Issue 8, the schema side:
+-- The throughput rework, the schema side:
 --   * a queued job whose request cannot be published may go to dlq (arm.dead_letter_unpublishable),
 --     so the publish fields are "all or nothing", required for every status but queued and dlq;
 --   * plain-SQL uploads are bounded as the request contract bounds them;

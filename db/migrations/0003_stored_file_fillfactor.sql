@@ -1,4 +1,4 @@
--- Room on every stored_file page for the row's next version (issue 8).
+-- Room on every stored_file page for the row's next version (the throughput rework).
 -- A file's status changes after its upload (PROCESSING on the ack, ERROR or PROCESSING on
 -- the result, ERROR on a timeout) and none of its indexes covers `status` or
 -- `updated_at`: with free space on the page these updates are HOT — no new entry in the

@@ -1,4 +1,4 @@
--- Indexes of the file list, GET /api/v1/files (issue 11; arm.list_files in
+-- Indexes of the file list, GET /api/v1/files (arm.list_files in
 -- db/functions/75_list_files.sql): a page newest first, (created_at DESC, id DESC) after a
 -- keyset, costs one index walk of p_limit entries at any table size — with no filter, and
 -- with a file status filter (one walk per status). benchmarks/files.py measures both at

@@ -1,4 +1,4 @@
--- The trigram index of the file list's q (issue 11; arm.list_files in
+-- The trigram index of the file list's q (arm.list_files in
 -- db/functions/75_list_files.sql): a q that matches few names is found through this index
 -- instead of walking the whole list, so a page costs about the same at 10,000 and at
 -- 1,000,000 files (benchmarks/files.py, "q matching one name a batch").

@@ -1,5 +1,6 @@
-"""The HTTP API against a real PostgreSQL (SPEC §9, §13): every status code, retry
-races through HTTP, authentication, and JSON errors for whatever a client sends."""
+"""The HTTP API against a real PostgreSQL (docs/behaviour.md#retry, #interfaces): every
+status code, retry races through HTTP, authentication, and JSON errors for whatever a client
+sends."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The inbox over a real nats-server (SPEC §6, §7, §9): acks, results, duplicates, late
-answers, garbage of every kind, and a database outage while envelopes arrive.
+"""The inbox over a real nats-server (docs/behaviour.md#ack, #inbox, #retry): acks, results,
+duplicates, late answers, garbage of every kind, and a database outage while envelopes
+arrive.
 
 Each envelope goes through a real nats-server into the bridge's subscription callback
 (`Inbox.on_message`), and one inbox step (`Inbox.run_once`) applies what it buffered:

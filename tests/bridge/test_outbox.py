@@ -1,6 +1,6 @@
-"""The outbox over a real nats-server (SPEC §5, §6): publish, NOTIFY wake-up, NATS
-outages — among them the connection cut, or dropped and back, in the middle of a batch —
-ack timeouts with republish and dead-lettering, a publish burst.
+"""The outbox over a real nats-server (docs/behaviour.md#outbox, #ack): publish, NOTIFY
+wake-up, NATS outages — among them the connection cut, or dropped and back, in the middle of
+a batch — ack timeouts with republish and dead-lettering, a publish burst.
 
 Most tests drive one publisher step (`Publisher.run_once`) and assert on the cycle it
 returned, on what a real subscriber received and on the database. Two run the whole

@@ -1,4 +1,4 @@
-"""The operator console in Russian and English (issue 20, item 6).
+"""The operator console in Russian and English.
 
 One catalogue, src/arm_core/console/messages.json ({"en": {...}, "ru": {...}}), holds every
 text the page shows; console.js takes the language from the header's switch (remembered

@@ -1,5 +1,5 @@
 """The alert rules against a real Prometheus (Debian package `prometheus`) scraping a
-real `arm-core serve` and `arm-core bridge` (issue 20).
+real `arm-core serve` and `arm-core bridge`.
 
 Prometheus runs as the test's own process on a free loopback port, scraping every second
 and evaluating the shipped rules (deploy/prometheus/arm-core-rules.yml) with their `for:`

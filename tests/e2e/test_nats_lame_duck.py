@@ -1,4 +1,4 @@
-"""A planned rolling restart of all three NATS nodes under a steady flow (issue 19):
+"""A planned rolling restart of all three NATS nodes under a steady flow:
 each node in turn is put in lame-duck mode (`nats-server --signal ldm=<pid>`, as an
 operator does before an upgrade), waited for until it has exited, started again on its
 ports and given time to catch up on RESULTS_STREAM before the next one. Two bridges

@@ -1,4 +1,4 @@
-"""Issue 12, part 1: two bridges are the production shape, and a rolling restart of them
+"""Two bridges are the production shape, and a rolling restart of them
 under a steady flow of uploads loses nothing. SIGTERM bridge A, start it again, then the
 same for bridge B: every job ends `done`, every result applied exactly once, each
 stopped bridge exits 0 having dropped no envelope at shutdown."""
@@ -56,7 +56,7 @@ async def test_rolling_restart_of_two_bridges_under_a_steady_flow(
     either_stack: tuple[Stack, bool],
 ) -> None:
     """Both ways of receiving answers: a core NATS queue group (the stopping bridge
-    drains its subscription), and RESULTS_STREAM (issue 19: what a stopping bridge has
+    drains its subscription), and RESULTS_STREAM (what a stopping bridge has
     not acknowledged, the stream gives to the other)."""
     stack, js = either_stack
     env = {**BRIDGE_ENV, **({"RESULTS_STREAM": "ARM_RESULTS"} if js else {})}

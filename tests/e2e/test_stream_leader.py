@@ -1,4 +1,4 @@
-"""kill -9 of the NATS node that leads RESULTS_STREAM, mid-flow (issue 19).
+"""kill -9 of the NATS node that leads RESULTS_STREAM, mid-flow.
 
 Three nodes with JetStream, the stream with 3 replicas (the bridges create it), two
 `arm-core bridge`s with NATS_URL listing every node, a steady flow of uploads; the

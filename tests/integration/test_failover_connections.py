@@ -1,4 +1,4 @@
-"""What a failover asks of the connections (issue 19), on the suite's PostgreSQL: a pooled
+"""What a failover asks of the connections, on the suite's PostgreSQL: a pooled
 connection whose server turned read-only is not handed out again, one that met a
 read-only error is closed (so the pool connects anew, which a multi-host URL with
 target_session_attrs=read-write sends to the writable host), and `arm-core migrate`

@@ -1,6 +1,7 @@
-"""Manual retry as a DBA calls it (SPEC §9): arm.retry_file / arm.retry_files create a
-new attempt atomically; races between real connections create exactly one, and a retry
-racing the inbox or the timeout sweep on the same job never deadlocks."""
+"""Manual retry as a DBA calls it (docs/behaviour.md#retry): arm.retry_file /
+arm.retry_files create a new attempt atomically; races between real connections create
+exactly one, and a retry racing the inbox or the timeout sweep on the same job never
+deadlocks."""
 
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def test_python_pipeline_rule_equals_the_database_one(conn: Conn) -> None:
 
 
 def test_plain_sql_upload_gets_defaults(conn: Conn) -> None:
-    """SPEC §13: columns the upload does not name have defaults."""
+    """docs/behaviour.md#interfaces: columns the upload does not name have defaults."""
     up = upload(conn, "PDF")
     row = job(conn, up.job_id)
     assert row["pipeline"] == "image"

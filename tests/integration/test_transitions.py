@@ -1,5 +1,6 @@
 """Every job transition through the SQL functions, as the bridge and a DBA call them
-(SPEC §5–§8): claim/mark published, republish and dead-letter, ack, result, sweep."""
+(docs/behaviour.md#outbox to #timeouts): claim/mark published, republish and dead-letter,
+ack, result, sweep."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The reference recognition service against a real nats-server (SPEC §11, service side).
+"""The reference recognition service against a real nats-server
+(docs/behaviour.md#contracts, service side).
 
 Every envelope a test sees is checked against the result schema when the test ends. A
 "nothing was published" claim is settled by a sentinel: a normal request sent afterwards

@@ -1,5 +1,6 @@
-"""Test helpers that act as upstream and as a DBA would: plain-SQL uploads (SPEC §13)
-and calls of the arm.* functions. They write nothing the functions would not write.
+"""Test helpers that act as upstream and as a DBA would: plain-SQL uploads
+(docs/behaviour.md#interfaces) and calls of the arm.* functions. They write nothing the
+functions would not write.
 
 And the logins the tests connect as (docs/dbas.md "Database roles"): one login member of each
 group role of db/roles.sql, created once per cluster (:func:`ensure_logins`, by the

@@ -1,4 +1,5 @@
-"""Configuration parsing (SPEC §12): defaults, and a start-up error naming the variable."""
+"""Configuration parsing (docs/behaviour.md#configuration): defaults, and a start-up error
+naming the variable."""
 
 from __future__ import annotations
 

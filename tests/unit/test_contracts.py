@@ -1,4 +1,5 @@
-"""Message contracts of SPEC §11: the JSON Schemas and their examples in docs/contracts."""
+"""Message contracts (docs/behaviour.md#contracts): the JSON Schemas and their examples in
+docs/contracts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An outage of the database is one event in the log (issue 19): started once with its
+"""An outage of the database is one event in the log: started once with its
 cause, repeated at most every Outage.report_every seconds while it lasts, ended once
 with its length — however many queries, pool connection attempts and LISTEN reconnects
 meet it. And the connection options every process adds to DATABASE_URL."""

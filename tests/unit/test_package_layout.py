@@ -1,7 +1,7 @@
 """The one package arm_core, assembled without symlinks (pyproject.toml
 [tool.setuptools.package-dir]): src/arm_core, bridge/ as arm_core.bridge, http/ as
 arm_core.http, db/ as arm_core.sql, docs/contracts/ as arm_core.contracts. bridge/ and
-http/ are loaded once, as arm_core.bridge and arm_core.http (issue 9)."""
+http/ are loaded once, as arm_core.bridge and arm_core.http."""
 
 import subprocess
 import sys
