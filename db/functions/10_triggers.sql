@@ -2,10 +2,10 @@
 -- that wakes the publisher. They hold for every write path, functions and DBAs alike.
 
 -- Fills what a plain-SQL upload may leave out (docs/behaviour.md#interfaces): the
--- pipeline follows the file's type, max_attempts comes from arm.setting 'default_max_attempts'. It fires
--- only for a row that leaves one of them out (its WHEN clause, checked without calling
--- the function): the upload functions and a retry give both, so a bulk upload of 30,000
--- files calls no function per row. What every new job must be — queued, its pipeline its
+-- pipeline follows the file's type, max_attempts comes from arm.setting
+-- 'default_max_attempts'. It fires only for a row that leaves one of them out (its WHEN
+-- clause, checked without calling the function): the upload functions and a retry give
+-- both, so a bulk upload of 30,000 files calls no function per row. What every new job must be — queued, its pipeline its
 -- file's — is checked once per statement for all of them (tg_recognition_job__inserted).
 -- SECURITY DEFINER with a pinned search_path: it reads arm.stored_file and arm.setting,
 -- which the uploader role (INSERT only, docs/dbas.md "Database roles") may not read (so
