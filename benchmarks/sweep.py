@@ -340,8 +340,8 @@ def _rows_read(conn: psycopg.Connection[Any]) -> int:
 _BULK = """
 CREATE TEMP TABLE bulk ON COMMIT DROP AS
 SELECT g,
-       gen_random_uuid() AS obj_id, gen_random_uuid() AS file_id,
-       gen_random_uuid() AS job_id, gen_random_uuid() AS res_id,
+       arm.uuid_v7() AS obj_id, arm.uuid_v7() AS file_id,
+       arm.uuid_v7() AS job_id, arm.uuid_v7() AS res_id,
        CASE WHEN g %% 10 = 0 THEN 'timeout' WHEN g %% 10 = 1 THEN 'error' ELSE 'done' END
            ::arm.job_status AS status,
        date_trunc('milliseconds', clock_timestamp() - interval '60 days' * random()) AS t

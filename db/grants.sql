@@ -83,7 +83,8 @@ GRANT EXECUTE ON FUNCTION
     arm.job_view,
     arm.fold_name, arm.name_pattern, arm.is_retryable, arm.nats_message_bytes,
     arm.envelope_problem, arm.upload_problem, arm.wait_bucket_bounds, arm.wait_quantile,
-    arm.wait_summary
+    arm.wait_summary,
+    arm.uuid_v7 -- the tables' default id: the plain-SQL upload's inserts call it
 TO PUBLIC;
 
 -- 4. arm_bridge: exactly what the bridge calls (arm_core/queries.sql through its steps).

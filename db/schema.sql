@@ -146,13 +146,35 @@ $$;
 
 ALTER FUNCTION arm._dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) OWNER TO arm_owner;
 
+--
+-- Name: uuid_v7(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.uuid_v7() RETURNS uuid
+    LANGUAGE sql PARALLEL SAFE
+    AS $$
+    SELECT pg_catalog.encode(
+        pg_catalog.set_bit(pg_catalog.set_bit(
+            pg_catalog.overlay(
+                pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
+                pg_catalog.substr(pg_catalog.int8send(pg_catalog.floor(
+                    pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000
+                )::pg_catalog.int8), 3),
+                1, 6),
+            52, 1), 53, 1),
+        'hex')::pg_catalog.uuid
+$$;
+
+
+ALTER FUNCTION arm.uuid_v7() OWNER TO arm_owner;
+
 
 --
 -- Name: recognition_job; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
 CREATE TABLE arm.recognition_job (
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    id uuid DEFAULT arm.uuid_v7() NOT NULL,
     file_id uuid NOT NULL,
     pipeline arm.pipeline NOT NULL,
     attempt integer DEFAULT 1 NOT NULL,
@@ -202,7 +224,7 @@ ALTER TABLE arm.recognition_job OWNER TO arm_owner;
 --
 
 CREATE TABLE arm.s3_object (
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    id uuid DEFAULT arm.uuid_v7() NOT NULL,
     bucket text NOT NULL,
     key text NOT NULL,
     bucket_role arm.bucket_role NOT NULL,
@@ -220,7 +242,7 @@ ALTER TABLE arm.s3_object OWNER TO arm_owner;
 --
 
 CREATE TABLE arm.stored_file (
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    id uuid DEFAULT arm.uuid_v7() NOT NULL,
     consolidation_id uuid,
     original_name text NOT NULL,
     file_type arm.file_type NOT NULL,
@@ -403,14 +425,14 @@ BEGIN
                AND e.s0 <> 'queued' AS acts
         FROM e
     ), first_result AS (
-        -- The result that finishes a live job; gen_random_uuid() (volatile) keeps this
-        -- CTE evaluated once, so its object id is the same wherever it is read.
+        -- The result that finishes a live job; arm.uuid_v7() (volatile) keeps this CTE
+        -- evaluated once, so its object id is the same wherever it is read.
         SELECT DISTINCT ON (c.job_id)
                c.job_id, c.n AS r_n, c.env AS r_env, c.msg_id AS r_msg,
                (c.env ->> 'status')::arm.job_status AS r_status,
                CASE WHEN c.env ->> 'result_bucket' IS NOT NULL
                          AND c.env ->> 'result_key' IS NOT NULL
-                    THEN gen_random_uuid() END AS object_id
+                    THEN arm.uuid_v7() END AS object_id
         FROM c
         WHERE c.acts AND NOT c.is_ack AND c.s0 IN ('published', 'processing')
         ORDER BY c.job_id, c.n
@@ -2208,8 +2230,8 @@ CREATE FUNCTION arm.upload_file(p_bucket text, p_key text, p_original_name text,
     AS $$
 DECLARE
     v_problem text[];
-    v_file uuid := gen_random_uuid();
-    v_job uuid := gen_random_uuid();
+    v_file uuid := arm.uuid_v7();
+    v_job uuid := arm.uuid_v7();
 BEGIN
     v_problem := arm.upload_problem(p_bucket, p_key, p_original_name, p_file_type,
                                     p_bucket_role);
@@ -2220,7 +2242,7 @@ BEGIN
 
     WITH o AS (
         INSERT INTO arm.s3_object (id, bucket, key, bucket_role, created_by)
-        VALUES (gen_random_uuid(), p_bucket, p_key,
+        VALUES (arm.uuid_v7(), p_bucket, p_key,
                 coalesce(p_bucket_role, 'uploads')::arm.bucket_role, p_created_by)
         RETURNING id
     ), f AS (
@@ -2296,8 +2318,8 @@ BEGIN
 
     RETURN QUERY
     WITH input AS MATERIALIZED (
-        SELECT e.i::integer AS i, gen_random_uuid() AS obj_id, gen_random_uuid() AS f_id,
-               gen_random_uuid() AS j_id, r.*
+        SELECT e.i::integer AS i, arm.uuid_v7() AS obj_id, arm.uuid_v7() AS f_id,
+               arm.uuid_v7() AS j_id, r.*
         FROM jsonb_array_elements(p_files) WITH ORDINALITY AS e(f, i)
         CROSS JOIN LATERAL jsonb_to_record(e.f) AS r(
             bucket text, key text, original_name text, file_type arm.file_type,

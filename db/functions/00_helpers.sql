@@ -10,6 +10,27 @@
 -- caller's rights, stay executable by PUBLIC, and resolve names under the path their
 -- (pinned) caller runs with.
 
+-- A new time-ordered id (UUID version 7, RFC 9562): Unix milliseconds in the first 48
+-- bits, then version 7, the variant and random bits. The default id of a new object, file
+-- and job (migration 0013 says why: index locality), and what the upload and inbox
+-- functions draw. Ids drawn in the same millisecond are ordered at random among
+-- themselves; nothing orders by id alone.
+CREATE OR REPLACE FUNCTION arm.uuid_v7()
+RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.encode(
+        pg_catalog.set_bit(pg_catalog.set_bit(
+            pg_catalog.overlay(
+                pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
+                pg_catalog.substr(pg_catalog.int8send(pg_catalog.floor(
+                    pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000
+                )::pg_catalog.int8), 3),
+                1, 6),
+            52, 1), 53, 1),
+        'hex')::pg_catalog.uuid
+$$;
+
 -- Whether a job status is final: a final job's status, result and error never change.
 CREATE OR REPLACE FUNCTION arm.is_final(p_status arm.job_status)
 RETURNS boolean

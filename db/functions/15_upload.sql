@@ -71,8 +71,8 @@ BEGIN
 
     RETURN QUERY
     WITH input AS MATERIALIZED (
-        SELECT e.i::integer AS i, gen_random_uuid() AS obj_id, gen_random_uuid() AS f_id,
-               gen_random_uuid() AS j_id, r.*
+        SELECT e.i::integer AS i, arm.uuid_v7() AS obj_id, arm.uuid_v7() AS f_id,
+               arm.uuid_v7() AS j_id, r.*
         FROM jsonb_array_elements(p_files) WITH ORDINALITY AS e(f, i)
         CROSS JOIN LATERAL jsonb_to_record(e.f) AS r(
             bucket text, key text, original_name text, file_type arm.file_type,
@@ -125,8 +125,8 @@ SET search_path = pg_catalog, arm, pg_temp
 AS $$
 DECLARE
     v_problem text[];
-    v_file uuid := gen_random_uuid();
-    v_job uuid := gen_random_uuid();
+    v_file uuid := arm.uuid_v7();
+    v_job uuid := arm.uuid_v7();
 BEGIN
     v_problem := arm.upload_problem(p_bucket, p_key, p_original_name, p_file_type,
                                     p_bucket_role);
@@ -137,7 +137,7 @@ BEGIN
 
     WITH o AS (
         INSERT INTO arm.s3_object (id, bucket, key, bucket_role, created_by)
-        VALUES (gen_random_uuid(), p_bucket, p_key,
+        VALUES (arm.uuid_v7(), p_bucket, p_key,
                 coalesce(p_bucket_role, 'uploads')::arm.bucket_role, p_created_by)
         RETURNING id
     ), f AS (

@@ -286,14 +286,14 @@ BEGIN
                AND e.s0 <> 'queued' AS acts
         FROM e
     ), first_result AS (
-        -- The result that finishes a live job; gen_random_uuid() (volatile) keeps this
-        -- CTE evaluated once, so its object id is the same wherever it is read.
+        -- The result that finishes a live job; arm.uuid_v7() (volatile) keeps this CTE
+        -- evaluated once, so its object id is the same wherever it is read.
         SELECT DISTINCT ON (c.job_id)
                c.job_id, c.n AS r_n, c.env AS r_env, c.msg_id AS r_msg,
                (c.env ->> 'status')::arm.job_status AS r_status,
                CASE WHEN c.env ->> 'result_bucket' IS NOT NULL
                          AND c.env ->> 'result_key' IS NOT NULL
-                    THEN gen_random_uuid() END AS object_id
+                    THEN arm.uuid_v7() END AS object_id
         FROM c
         WHERE c.acts AND NOT c.is_ack AND c.s0 IN ('published', 'processing')
         ORDER BY c.job_id, c.n

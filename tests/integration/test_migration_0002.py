@@ -48,6 +48,7 @@ LATER = [
     "0010_status_samples",
     "0011_archived_history",
     "0012_job_table_autovacuum",
+    "0013_time_ordered_ids",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table

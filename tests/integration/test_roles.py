@@ -107,6 +107,9 @@ PUBLIC_HELPERS = {
     "wait_quantile",
     "wait_summary",
 }
+# The tables' default id: anyone's (every inserter evaluates it), no SET clause, the
+# caller's rights; VOLATILE (a new id each call) but reads and writes no table.
+ID_GENERATORS = {"uuid_v7"}
 # Pinned but with the caller's rights: pg_cron's scheduling and unscheduling, which need
 # the caller's rights on schema cron (a DBA's).
 INVOKER = {"schedule_with_pg_cron", "unschedule_pg_cron"}
@@ -175,12 +178,17 @@ def assert_functions_owned_pinned_and_granted(conn: Conn) -> None:
     pinned, not PUBLIC's, SECURITY DEFINER unless listed in INVOKER, and callable by
     exactly the roles CALLERS names."""
     found = functions(conn)
-    assert set(CALLERS) | PUBLIC_HELPERS | INVOKER | ROW_TRIGGERS <= set(found)
+    assert set(CALLERS) | PUBLIC_HELPERS | ID_GENERATORS | INVOKER | ROW_TRIGGERS <= set(found)
     for name, f in found.items():
         assert f["owner"] == "arm_owner", name
         if name in ROW_TRIGGERS:
             assert f["is_trigger"] and (f["definer"], f["config"]) == (False, PINNED), name
             assert not f["public_execute"] and f["callers"] == [], name
+            continue
+        if name in ID_GENERATORS:
+            assert (f["volatility"], f["definer"], f["config"]) == ("v", False, None), name
+            assert f["public_execute"], name
+            assert f["callers"] == sorted(RUNTIME_ROLES), name
             continue
         if name in PUBLIC_HELPERS:
             # Read-only (IMMUTABLE or STABLE), no SET, the caller's rights, anyone's.
@@ -336,7 +344,11 @@ def denied(conn: Conn, statement: str, params: Any = None) -> bool:
 def test_a_login_may_call_exactly_the_functions_of_its_roles(db_url: str, login: Login) -> None:
     with dict_conn(db_url) as admin:
         calls = {name: f["call"] for name, f in functions(admin).items() if not f["is_trigger"]}
-    may = PUBLIC_HELPERS | {name for name, roles in CALLERS.items() if roles & set(login.roles)}
+    may = (
+        PUBLIC_HELPERS
+        | ID_GENERATORS
+        | {name for name, roles in CALLERS.items() if roles & set(login.roles)}
+    )
     if login is OWNER_LOGIN:
         may = set(calls)  # a DBA, member of arm_owner: every function
     with connect(db_url, login) as conn:

@@ -5,6 +5,9 @@ constraints and triggers state the invariants for every write path, plain SQL in
 from __future__ import annotations
 
 import concurrent.futures
+import re
+import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -73,6 +76,7 @@ MIGRATIONS = [
     "0010_status_samples",
     "0011_archived_history",
     "0012_job_table_autovacuum",
+    "0013_time_ordered_ids",
 ]
 
 
@@ -144,6 +148,55 @@ def test_plain_sql_upload_gets_defaults(conn: Conn) -> None:
     assert row["status"] == "queued"
     assert row["requested_at"] is not None
     assert row["published_at"] is None and row["finished_at"] is None
+
+
+def test_new_ids_are_time_ordered_uuids(conn: Conn) -> None:
+    """A new object, file and job get a version 7 uuid (RFC 9562), whether the plain-SQL
+    upload leaves the id to the column default or a function draws it: the variant bits,
+    version 7, and the Unix milliseconds of now in the first 48 bits, so a later id sorts
+    after an earlier one (the live jobs' index entries stay on the newest pages)."""
+    before_ms = int(scalar(conn, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)"))
+    plain = upload(conn, "PDF")
+    conn.execute("SELECT pg_sleep(0.002)")
+    one = conn.execute(
+        "SELECT file_id, job_id FROM arm.upload_file('arm-ka', 'uploads/v7/a.pdf', 'a.pdf', 'PDF')"
+    ).fetchone()
+    conn.execute("SELECT pg_sleep(0.002)")
+    many = conn.execute(
+        "SELECT file_id, job_id FROM arm.upload_files(%s::jsonb)",
+        (
+            '[{"bucket": "arm-ka", "key": "uploads/v7/b.pdf", "original_name": "b.pdf",'
+            ' "file_type": "PDF"}]',
+        ),
+    ).fetchone()
+    assert one is not None and many is not None
+    after_ms = int(scalar(conn, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)"))
+    files = [plain.file_id, one["file_id"], many["file_id"]]
+    jobs = [plain.job_id, one["job_id"], many["job_id"]]
+    objects = [
+        r["s3_object_id"]
+        for r in conn.execute(
+            "SELECT s3_object_id FROM arm.stored_file WHERE id = ANY(%s)", (files,)
+        ).fetchall()
+    ]
+    assert len(objects) == 3
+    for made in [*files, *jobs, *objects]:
+        assert made.version == 7, made
+        assert made.variant == uuid.RFC_4122, made
+        assert before_ms <= made.int >> 80 <= after_ms, made
+    # In the order they were made, a millisecond apart at least.
+    assert files == sorted(files) and jobs == sorted(jobs)
+
+
+def test_migration_0013_defines_uuid_v7_with_the_function_file_s_body() -> None:
+    """The column defaults set by 0013 call the uuid_v7 that the functions draw ids with:
+    0013 and db/functions/00_helpers.sql hold the same definition."""
+    db = Path(__file__).resolve().parents[2] / "db"
+    pattern = r"CREATE OR REPLACE FUNCTION arm\.uuid_v7\(\).*?\n\$\$;\n"
+    migration = db / "migrations" / "0013_time_ordered_ids.sql"
+    [in_migration] = re.findall(pattern, migration.read_text(), re.S)
+    [in_functions] = re.findall(pattern, (db / "functions" / "00_helpers.sql").read_text(), re.S)
+    assert in_migration == in_functions
 
 
 def test_max_attempts_default_follows_the_setting(conn: Conn) -> None:
