@@ -151,9 +151,10 @@ ALTER FUNCTION arm._dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_
 --
 
 CREATE FUNCTION arm.uuid_v7() RETURNS uuid
-    LANGUAGE sql PARALLEL SAFE
+    LANGUAGE plpgsql PARALLEL SAFE
     AS $$
-    SELECT pg_catalog.encode(
+BEGIN
+    RETURN pg_catalog.encode(
         pg_catalog.set_bit(pg_catalog.set_bit(
             pg_catalog.overlay(
                 pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
@@ -162,7 +163,8 @@ CREATE FUNCTION arm.uuid_v7() RETURNS uuid
                 )::pg_catalog.int8), 3),
                 1, 6),
             52, 1), 53, 1),
-        'hex')::pg_catalog.uuid
+        'hex')::pg_catalog.uuid;
+END
 $$;
 
 

@@ -11,14 +11,15 @@
 --
 -- The functions' files run after the migrations, so uuid_v7 is defined here too, with the
 -- body of db/functions/00_helpers.sql (tests/integration/test_schema.py holds the two
--- equal).
+-- equal), which also says why it is PL/pgSQL.
 -- depends: 0012_job_table_autovacuum
 
 CREATE OR REPLACE FUNCTION arm.uuid_v7()
 RETURNS uuid
-LANGUAGE sql VOLATILE PARALLEL SAFE
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
 AS $$
-    SELECT pg_catalog.encode(
+BEGIN
+    RETURN pg_catalog.encode(
         pg_catalog.set_bit(pg_catalog.set_bit(
             pg_catalog.overlay(
                 pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
@@ -27,7 +28,8 @@ AS $$
                 )::pg_catalog.int8), 3),
                 1, 6),
             52, 1), 53, 1),
-        'hex')::pg_catalog.uuid
+        'hex')::pg_catalog.uuid;
+END
 $$;
 
 ALTER TABLE arm.s3_object ALTER COLUMN id SET DEFAULT arm.uuid_v7();
