@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,6 +83,20 @@ async def pair(js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres) -> Pai
     await asyncio.to_thread(a.wait_healthy, port)
     await listening(js_stack.reference(REFERENCE_DELAY_SECONDS="0.2"))
     return Pair(proxy, a, b, port)
+
+
+def story(conn: Any, both: Pair) -> str:
+    """What the bridges' logs say about the jobs still live, and A's stepping aside."""
+    live = [
+        str(r["id"])
+        for r in conn.execute(f"SELECT id FROM arm.recognition_job WHERE {LIVE_STATUS}")
+    ]
+    told = []
+    for name, proc in (("A", both.a), ("B", both.b)):
+        for line in proc.log().splitlines():
+            if any(job in line for job in live) or "stream_" in line or "db_outage" in line:
+                told.append(f"{name}: {line[:400]}")
+    return "\n".join(told[-80:])
 
 
 async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_left_undone(
@@ -167,7 +182,10 @@ async def test_what_a_bridge_hands_back_reaches_the_other_at_once(
             await wait_for(
                 lambda: scalar(conn, LIVE) == 0,
                 max(1.0, ACK_WAIT - 5 - (time.monotonic() - refused)),
-                lambda: f"every job done before A's deliveries expire: {by_status(db_url)}",
+                lambda: (
+                    f"every job done before A's deliveries expire: {by_status(db_url)}\n"
+                    + story(conn, both)
+                ),
             )
             done_in = time.monotonic() - refused
     finally:
