@@ -66,8 +66,9 @@ soak: $(LINKS) ## an hour of flow and faults, measured every 5 minutes (SOAK_ARG
 schema: $(LINKS) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
 	$(BIN)/python -m arm_core.devtools.schema_snapshot --write
 
-docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/configuration.md
+docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/configuration.md and the role table of docs/dbas.md
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 	$(BIN)/python -m arm_core.devtools.config_doc --write
+	$(BIN)/python -m arm_core.devtools.roles_doc --write
 
 .PHONY: help install run lint test bench chaos nemesis soak schema docs

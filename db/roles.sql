@@ -15,8 +15,8 @@ BEGIN
         SELECT * FROM (VALUES
             ('arm_owner', 'arm-core: owns schema arm, its tables and functions; migrations only'),
             ('arm_bridge', 'arm-core: the functions the bridge calls (arm-core bridge, serve)'),
-            ('arm_api', 'arm-core: retry, the file view and the health check of the HTTP API'),
-            ('arm_uploader', 'arm-core: the plain-SQL upload of a file and its first job'),
+            ('arm_api', 'arm-core: what the HTTP API calls: retry, the file view and list, the status, the health check'),
+            ('arm_uploader', 'arm-core: the upload of a file and its first job (a function or plain SQL)'),
             ('arm_readonly', 'arm-core: SELECT on the tables of schema arm (DBAs, dashboards)')
         ) AS v(name, description)
     LOOP
