@@ -203,7 +203,7 @@ def parse_envelope(
         # An ack needs no id: nothing in the state machine reads it (a repeated ack is
         # told by the job's status). It is named as the contract names it, less the
         # attempt its body does not carry. A result does: its id is how a repeated
-        # result is told from another one (seed 004, result_msg_id), so without it the
+        # result is told from another one (result_msg_id), so without it the
         # result is dropped, and says why.
         if body.get("status") != "processing" or job_id is None:
             return Rejected("missing_msg_id", f"no {MSG_ID_HEADER} header", job_id=job_id)

@@ -231,7 +231,7 @@ class Publisher(Service):
         """Republishes one batch of overdue unacked jobs in one transaction; returns what
         went out and whether the batch failed. A request that no longer fits the server's
         max_payload (it was lowered) is dead-lettered at once, REQUEST_TOO_LARGE, in the
-        same transaction, and logged once (seed 003: every overdue job ends)."""
+        same transaction, and logged once: every overdue job ends."""
         c, limit = self.config, self.nats.max_payload
 
         async def send(fits: list[UnackedJob]) -> list[UnackedJob]:

@@ -65,7 +65,8 @@ def _job_id(raw: object, where: str) -> uuid.UUID:
 
 def _expected_job(request: web.Request, body: object) -> uuid.UUID | None:
     """The job the caller saw as the file's current one: {"job_id": …} in the body or
-    `If-Match: "<job_id>"` (seed 000: a retry names the failed attempt it retries).
+    `If-Match: "<job_id>"` (a retry names the failed attempt it retries, so two requests
+    against the same failed attempt never make two new jobs).
     Neither: whichever job is current (documented)."""
     from_body: uuid.UUID | None = None
     if body is not NO_BODY and body != {}:

@@ -270,8 +270,8 @@ AS $$
 $$;
 
 -- Dead-letters published jobs whose overdue request can no longer go out again — larger
--- than the server's max_payload now (it was lowered) — at once, as seed 003 wants every
--- overdue job to end (at most OUTBOX_MAX_REPUBLISH republishes, then dlq): status dlq
+-- than the server's max_payload now (it was lowered) — at once, so that every overdue
+-- job ends (at most OUTBOX_MAX_REPUBLISH republishes, then dlq): status dlq
 -- with the given code and message, finished_at now, the file ERROR where the job is the
 -- current one. The publisher calls it in the transaction that claimed them for a
 -- republish (arm.claim_unacked_jobs: they are locked, so still published). Only

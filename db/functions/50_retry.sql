@@ -21,8 +21,8 @@
 --   attempt_changed     the caller named the job it saw (p_expected_job_id) and the
 --                       file's current job is another one now: a second click, or a
 --                       second operator, after the first retry's attempt already failed
---                       (seed 000: two requests against the same failed attempt never
---                       create two new jobs). The current job is in previous_*.
+--                       (two requests against the same failed attempt never create
+--                       two new jobs). The current job is in previous_*.
 
 -- Retries one file on behalf of p_actor, when its current job is still p_expected_job_id
 -- (the attempt the caller saw; NULL: whichever it is now). Same guarantees as the HTTP

@@ -251,7 +251,7 @@ $$;
 -- counts above — nothing here grows with final jobs or with files:
 --   jobs, files                 job_counts(), file_counts() as JSON objects (a file whose
 --                               job is done or needs_check stays PROCESSING: it waits
---                               for the mapping step, seed 004, not this service's)
+--                               for the mapping step, another service's)
 --   oldest_queued_age_seconds   recognition_job_queued_idx (0 when nothing is queued)
 --   unacked_overdue             published, last published more than p_ack_timeout ago
 --                               (recognition_job_unacked_idx): what the ack-timeout step

@@ -8,7 +8,7 @@ CREATE SCHEMA IF NOT EXISTS arm;
 CREATE TYPE arm.bucket_role AS ENUM ('uploads', 'results', 'raw');
 CREATE TYPE arm.file_type AS ENUM ('XLS', 'XLSX', 'XLSB', 'PDF', 'PNG', 'JPG');
 CREATE TYPE arm.pipeline AS ENUM ('tabular', 'image');
--- This slice uses UPLOADED, PROCESSING and ERROR; the mapping step adds its own later.
+-- The exchange uses UPLOADED, PROCESSING and ERROR; the mapping step adds its own later.
 CREATE TYPE arm.file_status AS ENUM ('UPLOADED', 'PROCESSING', 'ERROR');
 CREATE TYPE arm.job_status AS ENUM (
     'queued', 'published', 'processing', 'done', 'needs_check', 'error', 'timeout', 'dlq'

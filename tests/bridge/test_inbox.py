@@ -195,10 +195,10 @@ async def test_an_ack_without_nats_msg_id_is_taken_and_a_result_without_it_is_no
     pool: AsyncConnectionPool[Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The seeds set no header precondition on an ack (seed 003): one without Nats-Msg-Id
-    moves its job to processing, named ack:<job_id>, logged once for the service's team.
-    A result needs its id — how a repeated result is told from another (seed 004) — so
-    one without it is dropped, saying so (the contract rule, docs/contracts)."""
+    """The contract sets no header precondition on an ack: one without Nats-Msg-Id moves
+    its job to processing, named ack:<job_id>, logged once for the service's team. A
+    result needs its id — how a repeated result is told from another — so one without
+    it is dropped, saying so (the contract rule, docs/contracts)."""
     caplog.set_level(logging.INFO)
     up = published_job(db_url)
     feed = await inbox_feed(client, db_url, pool)

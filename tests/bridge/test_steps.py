@@ -388,7 +388,7 @@ async def test_an_overdue_request_too_large_to_republish_is_dead_lettered_once(
     pool: AsyncConnectionPool[Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Seed 003: at most OUTBOX_MAX_REPUBLISH republishes, then dlq. A job published
+    """Every overdue job ends: at most OUTBOX_MAX_REPUBLISH republishes, then dlq. A job published
     before the server's max_payload was lowered cannot go out again: it is dead-lettered
     at its first overdue check (REQUEST_TOO_LARGE, file ERROR), logged once, while an
     overdue job that fits is republished in the same batch."""

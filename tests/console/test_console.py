@@ -634,7 +634,7 @@ window.fetch = (url, options = {}) => {
 def test_a_retry_names_the_attempt_the_page_shows(
     serve: Callable[..., Served], page: WebDriver
 ) -> None:
-    """Seed 000: the console always says which attempt it retries (the job it shows as
+    """The console always says which attempt it retries (the job it shows as
     the file's current one), single and batch, so a late second click after that
     attempt's retry already failed is refused, not a third attempt."""
     server = serve()

@@ -264,8 +264,8 @@ def test_retry_files_reports_each_file_once_and_goes_on(conn: Conn) -> None:
     assert [j["attempt"] for j in jobs_of(conn, failed.file_id)] == [1, 2]
 
 
-# --- seed 000: "two requests against the same failed attempt MUST NOT create two new
-# jobs", also when the first request's attempt has already failed ----------------------
+# --- Two requests against the same failed attempt never create two new jobs, also when
+# the first request's attempt has already failed ----------------------------------------
 
 
 def fail_fast(conn: Conn) -> None:
@@ -274,7 +274,7 @@ def fail_fast(conn: Conn) -> None:
     fail_by_no_ack(conn)
 
 
-def test_seed_000_a_second_click_after_attempt_2_failed_fast_makes_no_attempt_3(
+def test_a_second_click_after_attempt_2_failed_fast_makes_no_attempt_3(
     conn: Conn,
 ) -> None:
     up = failed_upload(conn)

@@ -467,7 +467,7 @@ def test_the_api_role_retries_reads_and_checks_health(db_url: str) -> None:
 def test_the_plain_sql_upload_refuses_a_source_that_is_not_an_uploads_object(
     db_url: str, role: str
 ) -> None:
-    """Seed 003: a file's source is the uploaded object (role uploads). The uploader's
+    """A file's source is the uploaded object (role uploads). The uploader's
     plain-SQL upload of a file whose object is a result (or raw) is refused, saying so;
     nothing of it stays. A row stored before the check came is left as it is."""
     with connect(db_url, UPLOADER_LOGIN) as uploader:

@@ -341,14 +341,14 @@ async def test_schema_invalid_request_gets_schema_mismatch_without_ack(
 @pytest.mark.parametrize(
     ("service_name", "body_attempt", "header", "expected"),
     [
-        (TABULAR, None, "{job}:3", "result:{job}:3"),  # OQ-71: from the request's header
+        (TABULAR, None, "{job}:3", "result:{job}:3"),  # open in the contract: the header's
         (TABULAR, "2", "{job}:4", "result:{job}:4"),  # not a positive int in the body
         (TABULAR, 0, "{job}:5", "result:{job}:5"),
         (TABULAR, None, None, None),  # no header: no answer
         (TABULAR, None, "{job}:x", None),
         (TABULAR, None, "{job}:²", None),
         (TABULAR, None, f"{uuid.uuid4()}:3", None),  # another job's id
-        (SCAN, None, None, "result:{job}:1"),  # OQ-71: scan-gateway assumes 1
+        (SCAN, None, None, "result:{job}:1"),  # open in the contract: scan-gateway takes 1
         (SCAN, None, "{job}:3", "result:{job}:1"),
         (SCAN, 7, "{job}:3", "result:{job}:7"),  # the body wins when it has one
     ],

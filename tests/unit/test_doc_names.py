@@ -104,3 +104,34 @@ def test_every_upper_case_name_in_backticks_is_in_the_code() -> None:
         if name not in known
     ]
     assert not unknown, "pages name what no code has:\n" + "\n".join(unknown)
+
+
+# Documents the repository does not hold, by the names they had where it was made.
+OUTSIDE = re.compile(
+    r"\bseed \d{3}\b|\bseeds? \d{3}(?:/\d{3})+|(?-i:\bSPEC\b)|\bOQ-\d+|\bissues? \d+\b|"
+    r"\bdesign card\b|\bthis slice\b",
+    re.IGNORECASE,
+)
+# The previous release is kept verbatim for the upgrade test.
+VERBATIM = ROOT / "tests" / "fixtures" / "previous_release"
+
+
+def test_nothing_names_a_document_the_repository_does_not_hold() -> None:
+    files = pages() + [ROOT / f for f in CODE_FILES]
+    for top in CODE:
+        files += [
+            p
+            for p in (ROOT / top).rglob("*")
+            if p.is_file()
+            and p.suffix in CODE_SUFFIXES | {".md"}
+            and "__pycache__" not in p.parts
+            and VERBATIM not in p.parents
+            and p != Path(__file__).resolve()
+        ]
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {m.group(0)}"
+        for p in files
+        for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+        for m in OUTSIDE.finditer(line)
+    ]
+    assert not found, "names of documents the repository does not hold:\n" + "\n".join(found)

@@ -566,7 +566,7 @@ class ReferenceService:
         if file_id is None:
             return self._drop("file_id_unreadable", problem, job_id)
         attempt = _positive_int(body.get("attempt"))
-        if attempt is None:  # OQ-71: implementations differ
+        if attempt is None:  # the contract leaves it open (docs/contracts/README.md)
             attempt = 1 if self.config.service == SCAN else _header_attempt(msg, job_id)
         if attempt is None:
             return self._drop("attempt_unreadable", problem, job_id)
