@@ -88,8 +88,8 @@ MEANINGS: dict[str, str] = {
     "SCHEDULE_TICK_SECONDS": "how often a bridge asks the database what is due",
     "TABULAR_REPLY_TIMEOUT_SECONDS": "a tabular job's `reply_deadline = publish time + this`",
     "IMAGE_REPLY_TIMEOUT_SECONDS": "an image job's `reply_deadline = publish time + this`",
-    "DEFAULT_MAX_ATTEMPTS": "`max_attempts` of new uploads; `arm-core migrate` writes it to "
-    "`arm.setting`",
+    "DEFAULT_MAX_ATTEMPTS": "`max_attempts` of new uploads; when set, `arm-core migrate` "
+    "writes it to `arm.setting` (otherwise the stored value, 3 at first, stands)",
     "HTTP_HOST": "API listen address (and of the bridge's health port); off loopback, "
     "`serve` needs `AUTH_MODE` `token` or `header`, or `AUTH_ALLOW_ANONYMOUS=true`",
     "HTTP_PORT": "API port of `arm-core serve`",
