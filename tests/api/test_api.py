@@ -100,9 +100,9 @@ async def test_not_retryable_says_why(http: TestClient, db_url: str) -> None:
 async def test_a_late_second_click_names_attempt_1_and_is_refused(
     http: TestClient, db_url: str
 ) -> None:
-    """A retry names its attempt, through HTTP: two operators on the same page (attempt 1 failed); the
-    first click creates attempt 2, which fails at once; the second click names attempt 1
-    (body or If-Match) and gets 409 attempt_changed — no attempt 3."""
+    """A retry names its attempt, through HTTP: two operators on the same page (attempt 1
+    failed); the first click creates attempt 2, which fails at once; the second click
+    names attempt 1 (body or If-Match) and gets 409 attempt_changed — no attempt 3."""
     [up] = failed(db_url)
     first = await http.post(f"/api/v1/files/{up.file_id}/retry", json={"job_id": str(up.job_id)})
     assert first.status == 201, await first.text()

@@ -328,9 +328,9 @@ def garbage_for(up: Any) -> list[tuple[str, bytes | dict[str, Any], str | None]]
         ("schema", {**good, "job_id": 42}, "g2"),  # wrong type
         ("schema", {**good, "service": "tabular-parser"}, "g3"),
         ("schema", {k: v for k, v in good.items() if k != "result_s3"}, "g4"),
-        ("schema", {**good, "group_schema": {"a": 1}}, "g5"),
         ("schema", {**good, "status": "error"}, "g6"),  # error without error{}
-        ("schema", {**good, "schema_version": "2.0"}, "g7"),
+        ("schema_version_unsupported", {**good, "schema_version": "2.0"}, "g7"),
+        ("schema", {**good, "schema_version": "1.x"}, "g5"),
         ("schema", {**good, "metrics": "fast"}, "g8"),
     ]
 
@@ -370,6 +370,28 @@ async def test_garbage_is_logged_and_dropped_and_the_next_good_message_applies(
     assert outcomes(good) == [(APPLIED, DONE)]
     with dict_conn(db_url) as conn:
         assert job(conn, up.job_id)["status"] == "done"
+
+
+async def test_a_later_minor_applies_with_its_new_fields_ignored(
+    db_url: str, client: Client, pool: AsyncConnectionPool[Any]
+) -> None:
+    """The contract's version rule: every MINOR of MAJOR 1 is read, the fields this core
+    does not know ignored (not stored); another MAJOR is refused (the garbage test)."""
+    up = published_job(db_url)
+    feed = await inbox_feed(client, db_url, pool)
+    later = {
+        **envelope(up.job_id, up.file_id, "done"),
+        "schema_version": "1.7",
+        "confidence": 0.93,
+        "group_schema": {"a": 1},
+        "service": {"name": "tabular-parser", "version": "3.1", "host": "p-1"},
+    }
+    await feed.put(later, f"result:{up.job_id}:1")
+    assert outcomes(await feed.step()) == [(APPLIED, DONE)]
+    with dict_conn(db_url) as conn:
+        row = job(conn, up.job_id)
+    assert row["status"] == "done"
+    assert "confidence" not in str(row) and "p-1" not in str(row)
 
 
 async def test_envelopes_are_held_while_the_database_is_unreachable(

@@ -308,8 +308,7 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = [
     ("no s3.key", without_s3_key, "'key' is a required property"),
     ("unknown file_type", lambda b: {**b, "file_type": "DOCX"}, "DOCX"),
     ("MAJOR version 2", lambda b: {**b, "schema_version": "2.0"}, "MAJOR version 1"),
-    ("minor 1.1", lambda b: {**b, "schema_version": "1.1"}, "schema_version"),
-    ("extra field", lambda b: {**b, "extra": {"a": [[[[[1]]]]]}}, "extra"),
+    ("no MINOR", lambda b: {**b, "schema_version": "1"}, "schema_version"),
     ("wrong pipeline", lambda b: {**b, "pipeline": "image", "file_type": "PDF"}, "pipeline"),
     ("bad deadline", lambda b: {**b, "reply_deadline": "tomorrow"}, "reply_deadline"),
     ("huge name", lambda b: {**b, "original_name": "я" * 100_000}, "original_name"),
@@ -353,7 +352,7 @@ async def test_schema_invalid_request_gets_schema_mismatch_without_ack(
         (SCAN, 7, "{job}:3", "result:{job}:7"),  # the body wins when it has one
     ],
 )
-async def test_schema_mismatch_attempt_comes_from_body_then_oq71(
+async def test_schema_mismatch_attempt_comes_from_body_then_the_header(
     client: Client,
     seen: Seen,
     start: Start,
@@ -381,6 +380,30 @@ async def test_schema_mismatch_attempt_comes_from_body_then_oq71(
         [(msg_id, error)] = seen.of(job)
         assert msg_id == expected.format(job=job)
         assert error["error"]["code"] == "SCHEMA_MISMATCH"
+
+
+async def test_a_later_minor_is_served_and_another_major_refused_saying_so(
+    client: Client, seen: Seen, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The contract's version rule, on the service's side: a request of a later MINOR is
+    acked and answered, the fields this version does not know ignored; one of another
+    MAJOR gets SCHEMA_MISMATCH and a log line with reason schema_version_unsupported."""
+    caplog.set_level(logging.INFO, logger="arm_core.devtools.reference")
+    await start(TABULAR)
+    later = {**request(attempt=1), "schema_version": "1.3", "priority": "high"}
+    later["s3"] = {**later["s3"], "region": "ru"}
+    await send(client, later, SUBJECTS[TABULAR])
+    (_, ack), (_, done) = await answered(seen, later["job_id"], 2)
+    assert (ack["status"], done["status"]) == ("processing", "done")
+
+    other = {**request(attempt=1), "schema_version": "2.0"}
+    await send(client, other, SUBJECTS[TABULAR])
+    [(_, error)] = await answered(seen, other["job_id"], 1)
+    assert error["error"]["code"] == "SCHEMA_MISMATCH"
+    assert "MAJOR version 1 expected" in error["error"]["message"]
+    [refused] = logged(caplog.records, action="ref_refuse", job_id=other["job_id"])
+    assert refused.reason == "schema_version_unsupported"
+    assert not logged(caplog.records, action="ref_refuse", job_id=later["job_id"])
 
 
 async def test_schema_invalid_request_with_unreadable_file_id_gets_no_answer(

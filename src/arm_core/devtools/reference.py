@@ -352,7 +352,8 @@ class ReferenceService:
         if known is not None:
             if problem is not None or not known.acked:
                 # A SCHEMA_MISMATCH now would carry the real result's Nats-Msg-Id.
-                return self._drop("duplicate_invalid", problem or "answered already", job_id)
+                said = problem[1] if problem else "answered already"
+                return self._drop("duplicate_invalid", said, job_id)
             self.stats.reacked += 1
             return await self._send(known, "processing", "repeated for a job already taken")
         if problem is not None:
@@ -373,17 +374,21 @@ class ReferenceService:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _problem(self, body: dict[str, Any]) -> str | None:
-        """Why the request breaks the contract, or None."""
+    def _problem(self, body: dict[str, Any]) -> tuple[str, str] | None:
+        """Why the request breaks the contract — the reason logged and what the answer
+        says — or None. Every MINOR of MAJOR 1 is read, its new fields ignored."""
         version = body.get("schema_version")
-        if isinstance(version, str) and version.split(".")[0] != "1":
-            return f"schema_version {_clip(version, 40)!r}: MAJOR version 1 expected"
+        if isinstance(version, str) and re.fullmatch(r"[0-9]{1,9}\.[0-9]{1,9}", version):
+            if version.split(".")[0] != "1":
+                said = f"schema_version {_clip(version, 40)!r}: MAJOR version 1 expected"
+                return "schema_version_unsupported", said
         error = best_match(validator(REQUEST_SCHEMA).iter_errors(body))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-            return f"{where}: {_clip(error.message, 500)}"
+            return "schema_mismatch", f"{where}: {_clip(error.message, 500)}"
         if body["pipeline"] != PIPELINES[self.config.service]:
-            return f"pipeline {body['pipeline']!r} is not served by {self.config.service}"
+            said = f"pipeline {body['pipeline']!r} is not served by {self.config.service}"
+            return "schema_mismatch", said
         return None
 
     def _mode(self, original_name: str, attempt: int = 1) -> str:
@@ -560,20 +565,29 @@ class ReferenceService:
         return len(batch)
 
     async def _schema_mismatch(
-        self, msg: Msg, body: dict[str, Any], job_id: str, problem: str
+        self, msg: Msg, body: dict[str, Any], job_id: str, problem: tuple[str, str]
     ) -> None:
+        """A request against the contract, its ids readable: an error SCHEMA_MISMATCH, no
+        ack; the log line says why (`schema_mismatch`, `schema_version_unsupported`)."""
+        reason, problem_text = problem
         file_id = _uuid(body.get("file_id"))
         if file_id is None:
-            return self._drop("file_id_unreadable", problem, job_id)
+            return self._drop("file_id_unreadable", problem_text, job_id)
         attempt = _positive_int(body.get("attempt"))
         if attempt is None:  # the contract leaves it open (docs/contracts/README.md)
             attempt = 1 if self.config.service == SCAN else _header_attempt(msg, job_id)
         if attempt is None:
-            return self._drop("attempt_unreadable", problem, job_id)
+            return self._drop("attempt_unreadable", problem_text, job_id)
         job = _Job(job_id, file_id, attempt, acked=False)
         self._remember(job)
         self.stats.schema_mismatch += 1
-        message = f"request does not match {REQUEST_SCHEMA} v1.0: {problem}"
+        message = f"request does not match {REQUEST_SCHEMA} v1: {problem_text}"
+        log.warning(
+            "%s: request against the contract, answered SCHEMA_MISMATCH: %s",
+            self.config.service,
+            problem_text,
+            extra={"action": "ref_refuse", "reason": reason, "job_id": job_id, "attempt": attempt},
+        )
         await self._send(job, "error", "schema mismatch", error=_error("SCHEMA_MISMATCH", message))
 
     async def _work(self, job: _Job, body: dict[str, Any], mode: str, started: float) -> None:
