@@ -272,6 +272,11 @@ def test_filter_open_retry_and_see_attempt_2(serve: Callable[..., Served], page:
     server = serve()
     one, two = failed(server.db_url, "ОСВ РБ Январь.xlsx", "Оборотно-сальдовая ведомость.xlsx")
     running = live(server.db_url, "Живой файл.xlsx")
+    with dict_conn(server.db_url) as conn:  # the sweep runs once: nothing was overdue
+        conn.execute(
+            "UPDATE arm.periodic_task SET next_run_at = now() WHERE name = 'sweep_timeouts'"
+        )
+        conn.execute("SELECT * FROM arm.run_due_tasks()")
     page.get(server.url + "/")
     wait_for(page, "three files listed", lambda d: len(rows(d)) == 3)
     assert "authentication off" in page.find_element(By.ID, "who").text
@@ -289,6 +294,7 @@ def test_filter_open_retry_and_see_attempt_2(serve: Callable[..., Served], page:
     )
     figures = page.find_element(By.ID, "status").text
     assert "OLDEST QUEUED" in figures and "not in this process" in figures
+    assert "· 0 timed out" in figures  # the last sweep: its time, then what the 0 counts
     # The live file cannot be retried; a failed one shows attempt n / max and its code.
     assert not row(page, running.file_id).find_element(By.CSS_SELECTOR, "button.retry").is_enabled()
     first = row(page, one.file_id)

@@ -392,7 +392,11 @@ async function loadStatus() {
       figure(
         t("status.last_sweep"),
         sweep.at
-          ? `${when(sweep.at)} ${sweep.result ?? ""}${sweep.error ? ` — ${sweep.error}` : ""}`
+          ? [
+              when(sweep.at),
+              sweep.result != null ? t("status.sweep_result", { n: sweep.result }) : "",
+              sweep.error ?? "",
+            ].filter(Boolean).join(" · ")
           : t("status.never"),
         Boolean(sweep.error),
       ),
