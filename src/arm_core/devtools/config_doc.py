@@ -37,7 +37,8 @@ REGENERATE = "python -m arm_core.devtools.config_doc --write"
 MEANINGS: dict[str, str] = {
     # Settings
     "DATABASE_URL": "`postgresql://user:pass@host:port/db` (required by `migrate`, "
-    "`serve` and `bridge`; `dev` runs its own, `reference` and `healthcheck` read none); over the network add `?sslmode=verify-full&sslrootcert=/path/ca.crt` (and "
+    "`serve` and `bridge`; `dev` runs its own, `reference` and `healthcheck` read none); "
+    "over the network add `?sslmode=verify-full&sslrootcert=/path/ca.crt` (and "
     "`sslcert`, `sslkey` where the server asks for client certificates): "
     "[Encryption in transit](security.md#encryption-in-transit)",
     "DATABASE_POOL_TIMEOUT_SECONDS": "how long a request waits for a database connection "
