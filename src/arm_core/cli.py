@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -26,6 +27,21 @@ def cmd_migrate(settings: Settings) -> int:
         return 1
     applied = ", ".join(report.applied_migrations) or "none pending"
     print(f"migrations: {applied}; functions: {len(report.function_files)} files applied")
+    return 0
+
+
+def cmd_rollback(settings: Settings, migration: str) -> int:
+    from arm_core.migrate import UnknownMigration, rollback_to
+
+    try:
+        done = rollback_to(settings.require_database_url(), migration)
+    except UnknownMigration as exc:
+        print(f"arm-core: {escape(exc)}", file=sys.stderr)
+        return 2
+    print(
+        f"rolled back: {', '.join(done) or 'nothing (none of them was applied)'}; now run "
+        "the previous version's `arm-core migrate`, which applies its functions"
+    )
     return 0
 
 
@@ -154,12 +170,19 @@ COMMANDS: dict[str, tuple[str, Callable[[Settings], int]]] = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's; the CHANGELOG says what
+    each one may change)."""
+    return importlib.metadata.version("arm-core")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="arm-core",
         description="arm-core recognition job exchange. Configuration is read from the "
         "environment (see docs/configuration.md).",
     )
+    parser.add_argument("--version", action="version", version=f"arm-core {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, _) in COMMANDS.items():
         sub.add_parser(name, help=help_text, description=help_text)
@@ -172,6 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "PID 1 (the container's arm-core).",
     )
     check.add_argument("target", nargs="?", choices=["serve", "bridge"])
+    back = sub.add_parser(
+        "rollback",
+        help="roll DATABASE_URL's schema back to before MIGRATION (docs/upgrading.md)",
+        description="Roll back migration MIGRATION (an id of db/migrations, e.g. "
+        "0013_time_ordered_ids) and every later one, each with its .rollback.sql, under "
+        "migrate's lock; then run the previous version's `arm-core migrate`.",
+    )
+    back.add_argument("migration")
     check.add_argument(
         "--ready",
         action="store_true",
@@ -191,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_healthcheck(settings, args.target, args.ready)
     setup_logging(settings.debug, redact, settings.log_format)  # LOG_FORMAT=text|json
     try:
+        if args.command == "rollback":
+            return cmd_rollback(settings, args.migration)
         return COMMANDS[args.command][1](settings)
     except ConfigError as exc:
         print(f"arm-core: configuration error: {escape(redact(str(exc)))}", file=sys.stderr)

@@ -230,6 +230,41 @@ def migrate(database_url: str, settings: Settings | None = None) -> MigrateRepor
     return MigrateReport(applied_migrations=applied, function_files=files)
 
 
+class UnknownMigration(ValueError):
+    """`arm-core rollback` named a migration db/migrations does not have."""
+
+
+def rollback_to(database_url: str, migration_id: str) -> list[str]:
+    """Rolls back migration `migration_id` and every later one that is applied, newest
+    first, each with its .rollback.sql, under migrate's lock. Returns their ids. The
+    function files stay as they are: the previous version's `arm-core migrate` (run next)
+    applies its own."""
+    options = connection_options(
+        database_url, idle_in_transaction=IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
+    )
+    with (
+        wrap_db_errors("rollback"),
+        psycopg.connect(make_conninfo(database_url, **options), autocommit=True) as conn,
+    ):
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
+        try:
+            with _yoyo(database_url) as (backend, migrations):
+                ids = [m.id for m in migrations]
+                if migration_id not in ids:
+                    raise UnknownMigration(
+                        f"rollback: no migration {migration_id!r} in this version "
+                        f"(it has {ids[0]} to {ids[-1]})"
+                    )
+                later = set(ids[ids.index(migration_id) :])
+                todo = backend.to_rollback(migrations.filter(lambda m: m.id in later))
+                backend.rollback_migrations(todo)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK_KEY,))
+    for migration in todo:
+        log.info("rolled back migration %s", migration.id, extra={"action": "migrate"})
+    return [m.id for m in todo]
+
+
 def rollback_all(database_url: str) -> list[str]:
     """Rolls every applied migration back (for tests and a DBA's clean-up)."""
     with _yoyo(database_url) as (backend, migrations):

@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from arm_core import cli
 from arm_core.migrate import migrate, rollback_all
 from arm_core.statuses import DB_ENUMS, FileType, pipeline_for
 from tests.support.sql import (
@@ -98,6 +99,35 @@ def test_migrate_empty_then_rollback_then_reapply(empty_db_url: str) -> None:
 
     again = migrate(empty_db_url)
     assert again.applied_migrations == MIGRATIONS
+    assert snapshot(empty_db_url) == applied
+
+
+def test_arm_core_rollback_takes_the_schema_back_to_before_a_migration(
+    empty_db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/upgrading.md's schema rollback: `arm-core rollback <id>` undoes that
+    migration and every later one, newest first; migrate then brings it all back. An id
+    this version does not have is exit 2, naming it, with nothing changed."""
+    migrate(empty_db_url)
+    applied = snapshot(empty_db_url)
+    monkeypatch.setenv("DATABASE_URL", empty_db_url)
+    assert cli.main(["rollback", "0099_no_such_migration"]) == 2
+    assert "0099_no_such_migration" in capsys.readouterr().err
+    assert snapshot(empty_db_url) == applied
+
+    assert cli.main(["rollback", MIGRATIONS[-2]]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"rolled back: {MIGRATIONS[-1]}, {MIGRATIONS[-2]};"), said
+    with dict_conn(empty_db_url) as conn:
+        left = [r["id"] for r in conn.execute("SELECT migration_id AS id FROM _yoyo_migration")]
+        assert sorted(left) == MIGRATIONS[:-2]
+        assert scalar(conn, "SELECT to_regprocedure('arm.uuid_v7()')") is None  # 0013's
+        assert "gen_random_uuid" in scalar(
+            conn,
+            "SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef "
+            "WHERE adrelid = 'arm.recognition_job'::regclass AND adnum = 1",
+        )
+    migrate(empty_db_url)
     assert snapshot(empty_db_url) == applied
 
 
