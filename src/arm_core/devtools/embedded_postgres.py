@@ -283,10 +283,19 @@ class EmbeddedPostgres(Server):
             errors_seen.append(f"--locale={locale}: {result.stdout}{result.stderr}")
         raise RuntimeError("initdb failed:\n" + "\n".join(errors_seen))
 
-    def _basebackup(self, primary: EmbeddedPostgres) -> None:
+    def restore_base_backup_of(self, primary: EmbeddedPostgres) -> EmbeddedPostgres:
+        """Makes this cluster's data directory a base backup of the running `primary`,
+        taken now (pg_basebackup with its WAL, no standby settings), and returns self,
+        not started: start() is then a restore — the primary as it was when the backup
+        ended, taking writes."""
+        self._basebackup(primary, standby=False)
+        return self
+
+    def _basebackup(self, primary: EmbeddedPostgres, standby: bool = True) -> None:
         """The data directory as a streaming standby of `primary` (pg_basebackup -R
-        writes primary_conninfo and standby.signal); initdb's pg_hba.conf lets
-        replication connections in from 127.0.0.1 (--auth=trust)."""
+        writes primary_conninfo and standby.signal), or with `standby` False a plain
+        base backup; initdb's pg_hba.conf lets replication connections in from 127.0.0.1
+        (--auth=trust)."""
         if primary.port is None:
             raise RuntimeError("the primary must be running before its standby starts")
         if self.data_dir.exists():
@@ -301,7 +310,7 @@ class EmbeddedPostgres(Server):
             primary.user,
             "-D",
             str(self.data_dir),
-            "-R",
+            *(["-R"] if standby else []),
             "-X",
             "stream",
             "--checkpoint=fast",
