@@ -269,6 +269,23 @@ def test_the_stack_comes_up_under_podman_compose_and_an_upload_reaches_done(
             "bridge_login": 2,
         }
 
+        # The try-out of docs/containers.md: deploy/demo-upload.sql as upload_login, four
+        # files, three recognised and the one marked [fail] failed.
+        demo = (Path(__file__).resolve().parents[2] / "deploy" / "demo-upload.sql").read_text(
+            encoding="utf-8"
+        )
+        with dict_conn(f"postgresql://upload_login:{uploader}@{db}") as conn:
+            rows = conn.execute(demo).fetchall()
+        assert [r["n"] for r in rows] == [1, 2, 3, 4]
+        demo_jobs = [r["job_id"] for r in rows]
+        outcomes = "SELECT status::text FROM arm.recognition_job WHERE id = %s"
+        with dict_conn(admin_url) as conn:
+            poll(
+                lambda: [scalar(conn, outcomes, (j,)) for j in demo_jobs]
+                == ["done", "done", "done", "error"],
+                60, project.all_logs,
+            )  # fmt: skip
+
         # The API on the published loopback port: the token required, the file done.
         files = f"http://127.0.0.1:{http_port}/api/v1/files/{up.file_id}"
         assert _get(files, None)[0] == 401
