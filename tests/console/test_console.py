@@ -259,8 +259,16 @@ def row(driver: WebDriver, file_id: uuid.UUID) -> WebElement:
 
 
 def answer_of(driver: WebDriver, file_id: uuid.UUID) -> str:
-    text: str = row(driver, file_id).find_element(By.CSS_SELECTOR, ".answer-cell").text
-    return text
+    """The answer next to a file. The list re-renders live (new attempts, the status
+    poll), so the row found may be replaced before its text is read: then it is found
+    again; the answers themselves outlive a re-render."""
+    for _ in range(50):
+        try:
+            text: str = row(driver, file_id).find_element(By.CSS_SELECTOR, ".answer-cell").text
+        except StaleElementReferenceException:
+            continue
+        return text
+    raise AssertionError(f"the row of {file_id} was replaced 50 times in a row")
 
 
 def visible_text(driver: WebDriver) -> str:
