@@ -55,25 +55,33 @@ def schema_names() -> set[str]:
     return set(ARM_NAME.findall((ROOT / "db" / "schema.sql").read_text(encoding="utf-8")))
 
 
-def code_text() -> str:
+def code_files(suffixes: set[str] = CODE_SUFFIXES) -> list[Path]:
     files = [ROOT / f for f in CODE_FILES]
     for top in CODE:
         files += [
             p
             for p in (ROOT / top).rglob("*")
-            if p.is_file() and p.suffix in CODE_SUFFIXES and "__pycache__" not in p.parts
+            if p.is_file() and p.suffix in suffixes and "__pycache__" not in p.parts
         ]
-    return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+    return files
+
+
+def code_text() -> str:
+    return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in code_files())
+
+
+def unknown_in_pages(pattern: re.Pattern[str], known: set[str], prefix: str = "") -> list[str]:
+    """Each `pattern` match of a page line that is not in `known`, as page:line: name."""
+    return [
+        f"{page}:{n}: {prefix}{name}"
+        for page, n, line in page_lines()
+        for name in pattern.findall(line)
+        if name not in known
+    ]
 
 
 def test_every_arm_name_in_the_pages_is_in_the_schema() -> None:
-    known = schema_names() | PLACEHOLDERS
-    unknown = [
-        f"{page}:{n}: arm.{name}"
-        for page, n, line in page_lines()
-        for name in ARM_NAME.findall(line)
-        if name not in known
-    ]
+    unknown = unknown_in_pages(ARM_NAME, schema_names() | PLACEHOLDERS, "arm.")
     assert not unknown, "pages name what db/schema.sql does not have:\n" + "\n".join(unknown)
 
 
@@ -96,13 +104,7 @@ def test_no_page_names_a_function_a_migration_dropped() -> None:
 
 
 def test_every_upper_case_name_in_backticks_is_in_the_code() -> None:
-    known = set(UPPER_WORD.findall(code_text()))
-    unknown = [
-        f"{page}:{n}: {name}"
-        for page, n, line in page_lines()
-        for name in UPPER.findall(line)
-        if name not in known
-    ]
+    unknown = unknown_in_pages(UPPER, set(UPPER_WORD.findall(code_text())))
     assert not unknown, "pages name what no code has:\n" + "\n".join(unknown)
 
 
@@ -117,17 +119,11 @@ VERBATIM = ROOT / "tests" / "fixtures" / "previous_release"
 
 
 def test_nothing_names_a_document_the_repository_does_not_hold() -> None:
-    files = pages() + [ROOT / f for f in CODE_FILES]
-    for top in CODE:
-        files += [
-            p
-            for p in (ROOT / top).rglob("*")
-            if p.is_file()
-            and p.suffix in CODE_SUFFIXES | {".md"}
-            and "__pycache__" not in p.parts
-            and VERBATIM not in p.parents
-            and p != Path(__file__).resolve()
-        ]
+    files = pages() + [
+        p
+        for p in code_files(CODE_SUFFIXES | {".md"})
+        if VERBATIM not in p.parents and p != Path(__file__).resolve()
+    ]
     found = [
         f"{p.relative_to(ROOT)}:{n}: {m.group(0)}"
         for p in files
