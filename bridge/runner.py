@@ -31,10 +31,9 @@ from arm_core.bridge.nats_client import (
 from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.replay import Recent, Replayer
 from arm_core.bridge.scheduler import Scheduler
-from arm_core.bridge.service import Fatal, FaultPoints, Supervisor
+from arm_core.bridge.service import Fatal, FaultPoints, Supervisor, cancel_all
 from arm_core.bridge.stream import StreamConsumer
 from arm_core.config import Settings, mask_url
-from arm_core.db import DatabaseError
 from arm_core.metrics import BridgeState
 from arm_core.store import Store
 
@@ -109,11 +108,8 @@ class Bridge:
             self.on_fatal(fatal)
 
     async def start(self) -> None:
-        """Starts every service; returns at once (NATS may still be connecting)."""
-        try:
-            await self.scheduler.apply_settings()
-        except DatabaseError as exc:
-            log.warning("could not apply TIMEOUT_SWEEP_SECONDS yet: %s", exc)
+        """Starts every service; returns at once, waiting for neither the database nor
+        NATS (the connection goes on in the background)."""
         self._connecting = self.supervisor.supervise(
             "nats-connect", self._connect, self.stopping, once=True
         )
@@ -339,8 +335,8 @@ class Bridge:
         self.stopping.set()
         connecting = self._connecting
         if connecting is not None and not connecting.done():
-            connecting.cancel()  # still waiting for a server or the stream: nothing to finish
-            await asyncio.gather(connecting, return_exceptions=True)
+            # Still waiting for a server or the stream: nothing to finish.
+            await cancel_all([connecting])
         feeders = [s for s in (self.stream, self.replayer) if s is not None]
         await asyncio.gather(
             *(s.stop(left()) for s in (self.publisher, self.listener, self.scheduler, *feeders))

@@ -32,17 +32,24 @@ class Scheduler(Service):
     name = "schedule"
     _compacted_at: float = float("-inf")
     _waits_recorded_at: float = float("-inf")
+    _settings_applied: bool = False
 
     async def apply_settings(self) -> None:
         """TIMEOUT_SWEEP_SECONDS, when given, sets the sweep's period in arm.periodic_task;
         otherwise the period a DBA set there stands."""
         if self.config.sweep_interval_seconds is not None:
             await self.store.set_sweep_interval(self.config.sweep_interval_seconds)
+        self._settings_applied = True
 
     async def run_once(self) -> list[TaskRun]:
         """One tick: runs every task that is due now, records each, returns them (none
-        when nothing was due or another caller holds them). Raises DatabaseError."""
+        when nothing was due or another caller holds them). Raises DatabaseError.
+
+        The first tick that reaches the database applies the settings first, so start-up
+        never waits for a database that is down, and the period is set once it is up."""
         self.fault("schedule")
+        if not self._settings_applied:
+            await self.apply_settings()
         ran = await self.store.run_due_tasks()
         for task in ran:
             events.task_ran(self.counts, task)

@@ -40,6 +40,40 @@ log = logging.getLogger(__name__)
 
 Loop = Callable[[asyncio.Event], Awaitable[None]]
 
+# How often cancel_all() cancels a task again that is still running.
+CANCEL_AGAIN_SECONDS = 0.1
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[None]], within: float = 5.0) -> int:
+    """Cancels `tasks` and waits until each has ended, cancelling again every
+    CANCEL_AGAIN_SECONDS: one cancellation can be lost. On Python 3.11
+    asyncio.wait_for drops a cancellation that arrives as the awaited call completes —
+    nats-py's connect timeout is such a wait_for, and a bridge retrying an absent
+    server then went on connecting after SIGTERM, never stopping. Returns how many
+    were still running after `within` seconds (logged, and left to the event loop)."""
+    tasks = list(tasks)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        _, pending = await asyncio.wait(pending, timeout=min(CANCEL_AGAIN_SECONDS, left))
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the supervisor has logged what it means
+    if pending:
+        log.warning(
+            "still running %.0f s after being cancelled: %s",
+            within,
+            ", ".join(sorted(task.get_name() for task in pending)),
+            extra={"action": "cancel_late"},
+        )
+    return len(pending)
+
 
 class InjectedFault(RuntimeError):
     """Raised at an armed fault point (tests only), with the time it was (time.time())."""
@@ -275,7 +309,4 @@ class Service:
             return
         self._stop_asked.set()
         await asyncio.wait(self.tasks, timeout=grace)
-        late = [t for t in self.tasks if not t.done()]
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        await cancel_all(self.tasks)

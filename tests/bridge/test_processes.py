@@ -213,3 +213,26 @@ async def test_a_loop_that_keeps_crashing_stops_the_process_draining_exit_1(
     assert len(log_lines(log, action="service_crashed", service="schedule")) == 3
     assert "arm-core: stopped: schedule crashed 4 times within 300 s" in log
     assert log_lines(log, action="bridge_stopped", count="0")
+
+
+@pytest.mark.parametrize("moment", ["first log line", "retrying NATS"])
+async def test_sigterm_during_start_up_with_nothing_reachable_stops_it(
+    moment: str, tmp_path: Path
+) -> None:
+    """Neither the database nor NATS answers (free ports nobody listens on), and SIGTERM
+    comes while the bridge starts: as soon as it logs, or once it is retrying NATS. It
+    stops, saying so, and exits 0 — start-up waits for neither, and a cancellation the
+    NATS client's connect loop loses is sent again."""
+    env = bridge_env(
+        f"postgresql://arm@127.0.0.1:{free_port()}/arm",
+        f"nats://127.0.0.1:{free_port()}",
+        free_port(),
+        DEBUG="true",
+    )
+    proc = ArmProcess("bridge", env, tmp_path / "bridge.log")
+    try:
+        wanted = "bridge health on" if moment == "first log line" else "action=nats_error"
+        await wait_for(lambda: wanted in proc.log(), within=30, what=proc.log)
+    finally:
+        assert proc.stop() == 0, proc.log()
+    assert log_lines(proc.log(), action="bridge_stopped"), proc.log()

@@ -84,8 +84,8 @@ MEANINGS: dict[str, str] = {
     "another waits for its confirmation)",
     "ACK_TIMEOUT_SECONDS": "republish after this long without an ack",
     "OUTBOX_MAX_REPUBLISH": "republishes before `dlq`",
-    "TIMEOUT_SWEEP_SECONDS": "sweep period; when set, written to `arm.periodic_task` at "
-    "start (otherwise a DBA's value stands)",
+    "TIMEOUT_SWEEP_SECONDS": "sweep period; when set, written to `arm.periodic_task` once "
+    "the bridge reaches the database (otherwise a DBA's value stands)",
     "SCHEDULE_TICK_SECONDS": "how often a bridge asks the database what is due",
     "TABULAR_REPLY_TIMEOUT_SECONDS": "a tabular job's `reply_deadline = publish time + this`",
     "IMAGE_REPLY_TIMEOUT_SECONDS": "an image job's `reply_deadline = publish time + this`",
