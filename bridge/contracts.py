@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,20 @@ CONTRACTS_DIR = Path(arm_core.__file__).parent / "contracts"
 
 REQUEST_SCHEMA = "recognition-request.schema.json"
 RESULT_SCHEMA = "recognition-result-message.schema.json"
+
+# The MAJOR of `schema_version` both sides read. Any MINOR of it is read, its new fields
+# ignored; another MAJOR may mean anything and is refused (schema_version_unsupported).
+CONTRACT_MAJOR = 1
+_VERSION = re.compile(r"([0-9]{1,9})\.[0-9]{1,9}")
+
+
+def other_major(version: object) -> int | None:
+    """The MAJOR of a well-formed schema_version that is not CONTRACT_MAJOR, else None
+    (a malformed one is the schema's to refuse)."""
+    if isinstance(version, str) and (m := _VERSION.fullmatch(version)):
+        major = int(m.group(1))
+        return major if major != CONTRACT_MAJOR else None
+    return None
 
 
 @cache

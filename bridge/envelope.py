@@ -17,7 +17,13 @@ from typing import Any
 from jsonschema.exceptions import best_match
 from nats.aio.msg import Msg
 
-from arm_core.bridge.contracts import RESULT_SCHEMA, fast_validator, validator
+from arm_core.bridge.contracts import (
+    CONTRACT_MAJOR,
+    RESULT_SCHEMA,
+    fast_validator,
+    other_major,
+    validator,
+)
 from arm_core.bridge.nats_client import MSG_ID_HEADER
 from arm_core.statuses import JobStatus
 
@@ -184,20 +190,6 @@ def _readable_job_id(body: Any) -> str | None:
     return None
 
 
-# The contract's MAJOR version this core reads: every MINOR of it, unknown fields ignored.
-CONTRACT_MAJOR = 1
-_VERSION = re.compile(r"([0-9]{1,9})\.[0-9]{1,9}")
-
-
-def _other_major(version: object) -> int | None:
-    """The MAJOR of a well-formed schema_version that is not CONTRACT_MAJOR, else None
-    (a malformed one is the schema's to refuse)."""
-    if isinstance(version, str) and (m := _VERSION.fullmatch(version)):
-        major = int(m.group(1))
-        return major if major != CONTRACT_MAJOR else None
-    return None
-
-
 def parse_envelope(
     data: bytes, headers: dict[str, str] | None, max_bytes: int
 ) -> Envelope | Rejected:
@@ -212,7 +204,7 @@ def parse_envelope(
     if not isinstance(body, dict):
         return Rejected("not_object", f"JSON {type(body).__name__}", msg_id=msg_id)
     job_id = _readable_job_id(body)
-    if (major := _other_major(body.get("schema_version"))) is not None:
+    if (major := other_major(body.get("schema_version"))) is not None:
         # A later MINOR is read (its new fields ignored); another MAJOR may mean anything.
         said = f"schema_version MAJOR {major}: this core reads MAJOR {CONTRACT_MAJOR}"
         return Rejected("schema_version_unsupported", said, job_id, msg_id)

@@ -53,7 +53,14 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.errors import NotFoundError
 
-from arm_core.bridge.contracts import REQUEST_SCHEMA, RESULT_SCHEMA, schema, validator
+from arm_core.bridge.contracts import (
+    CONTRACT_MAJOR,
+    REQUEST_SCHEMA,
+    RESULT_SCHEMA,
+    other_major,
+    schema,
+    validator,
+)
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm, connect
 from arm_core.config import Settings, env_var, number, one_of, read_env
 from arm_core.config_error import ConfigError
@@ -377,11 +384,9 @@ class ReferenceService:
     def _problem(self, body: dict[str, Any]) -> tuple[str, str] | None:
         """Why the request breaks the contract — the reason logged and what the answer
         says — or None. Every MINOR of MAJOR 1 is read, its new fields ignored."""
-        version = body.get("schema_version")
-        if isinstance(version, str) and re.fullmatch(r"[0-9]{1,9}\.[0-9]{1,9}", version):
-            if version.split(".")[0] != "1":
-                said = f"schema_version {_clip(version, 40)!r}: MAJOR version 1 expected"
-                return "schema_version_unsupported", said
+        if (major := other_major(body.get("schema_version"))) is not None:
+            said = f"schema_version MAJOR {major}: MAJOR version {CONTRACT_MAJOR} expected"
+            return "schema_version_unsupported", said
         error = best_match(validator(REQUEST_SCHEMA).iter_errors(body))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(root)"
