@@ -63,6 +63,9 @@ nemesis: $(LINKS) ## SEEDS seeded random fault schedules, each checked against i
 soak: $(LINKS) ## an hour of flow and faults, measured every 5 minutes (SOAK_ARGS=--minutes 60)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
 
+container-figures: $(LINKS) ## the container tests (podman, as root); their FIGURE lines to docs/container-figures.md
+	$(BIN)/python -m benchmarks.containers
+
 schema: $(LINKS) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
 	$(BIN)/python -m arm_core.devtools.schema_snapshot --write
 
@@ -71,4 +74,4 @@ docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/conf
 	$(BIN)/python -m arm_core.devtools.config_doc --write
 	$(BIN)/python -m arm_core.devtools.roles_doc --write
 
-.PHONY: help install run lint test bench chaos nemesis soak schema docs
+.PHONY: help install run lint test bench chaos nemesis soak container-figures schema docs
