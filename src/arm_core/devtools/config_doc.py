@@ -101,14 +101,12 @@ MEANINGS: dict[str, str] = {
     "NATS_QUEUE_GROUP": "inbox queue group (and, with `RESULTS_STREAM`, the durable "
     "consumer's name)",
     "INBOX_MAX_PAYLOAD_BYTES": "larger envelopes are dropped (logged)",
-    "INBOX_BUFFER_SIZE": "envelopes held while the database is unreachable (see "
-    "[What the inbox keeps](architecture.md#what-the-inbox-keeps))",
+    "INBOX_BUFFER_SIZE": "envelopes the inbox's buffers hold, at most, while a worker is "
+    "behind or the database is away; at least `INBOX_WORKERS` "
+    "([The inbox buffer](behaviour.md#the-inbox-buffer))",
     "INBOX_BUFFER_BYTES": "the bytes those envelopes came as, at most: the bound on what "
-    "answers take in memory while the database is away (about twice it with "
-    "`RESULTS_STREAM`, which keeps each message until it is acked; nats-py's queue of the "
-    "subscription is bounded by it too); at least `INBOX_WORKERS` × "
-    "`INBOX_MAX_PAYLOAD_BYTES`. Without `RESULTS_STREAM` what does not fit during an "
-    "outage is dropped (counted, logged once per burst); with it, it is not fetched",
+    "answers take in memory; at least `INBOX_WORKERS` × `INBOX_MAX_PAYLOAD_BYTES` "
+    "([The inbox buffer](behaviour.md#the-inbox-buffer))",
     "INBOX_WORKERS": "inbox workers, each applying its own batches on its own connection; "
     "a job's envelopes always go to the same worker (order per job holds) and each has its "
     "share of `INBOX_BUFFER_SIZE` and `INBOX_BUFFER_BYTES`",
@@ -133,17 +131,16 @@ MEANINGS: dict[str, str] = {
     "(only behind such a proxy: anyone reaching the port directly can claim any identity)",
     "RESULTS_STREAM": "the name of a JetStream stream that captures `RESULT_SUBJECT`; the "
     "core consumes it through one durable consumer named `NATS_QUEUE_GROUP` (see "
-    "[Not losing answers](not-losing-answers.md)). Needs a server with JetStream: without "
-    "it the process exits 2 naming `RESULTS_STREAM`. Empty: off",
+    "[The results stream](not-losing-answers.md#the-results-stream)). Needs a server with "
+    "JetStream: without it the process exits 2 naming `RESULTS_STREAM`. Empty: off",
     "RESULTS_STREAM_REPLICAS": "replicas (1–5) of the stream the core creates",
     "RESULTS_STREAM_MAX_AGE_SECONDS": "the stream removes a message older than this, "
     "applied or not (the default is 7 days; by then its job has long reached its reply "
     "deadline)",
     "RESULTS_STREAM_MAX_BYTES": "the stream's byte limit, per replica on each node (at "
-    "least 1 MiB; the default is 1 GiB). It holds only answers not yet applied (interest "
-    "retention) and, when full, refuses new ones (discard new): JetStream publishers are "
-    "told and try again, core NATS publishes are lost. The server reserves it from its "
-    "`max_file_store` ([Capacity](capacity.md#the-results-stream))",
+    "least 1 MiB; the default is 1 GiB); when full, the stream refuses new answers "
+    "([the stream's bounds](not-losing-answers.md#the-streams-bounds)). The server "
+    "reserves it from its `max_file_store` ([Capacity](capacity.md#the-results-stream))",
     "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "the stream drops a message whose "
     "`Nats-Msg-Id` it stored within this (0.1 s or more, at most the maximum age); must be "
     "shorter than `ACK_TIMEOUT_SECONDS` (else exit 2), so that a service's ack to a "
