@@ -117,8 +117,12 @@ class SchedulerConfig:
     # The waits observed (arm_core.metrics.WAITS) go to arm.record_waits at most this
     # often: the console's wait chart (db/functions/82_samples.sql).
     wait_sample_seconds: float = 15.0
+    # The bridge's row of arm.bridge_instance (it is alive, and its state) is written at
+    # most this often: what a console without a bridge of its own shows.
+    heartbeat_seconds: float = 5.0
     # TIMEOUT_SWEEP_SECONDS when it was given: the sweep's period, written to
-    # arm.periodic_task at start. None: the period a DBA set there stands.
+    # arm.periodic_task by the first tick that reaches the database. None: the period a
+    # DBA set there stands.
     sweep_interval_seconds: float | None = None
 
     def __post_init__(self) -> None:

@@ -7,6 +7,8 @@ decision is a call to a SQL function."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import importlib.metadata
 import logging
 import os
 import socket
@@ -31,13 +33,17 @@ from arm_core.bridge.nats_client import (
 from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.replay import Recent, Replayer
 from arm_core.bridge.scheduler import Scheduler
-from arm_core.bridge.service import Fatal, FaultPoints, Supervisor, cancel_all
+from arm_core.bridge.service import Fatal, FaultPoints, LoopState, Supervisor, cancel_all
 from arm_core.bridge.stream import StreamConsumer
 from arm_core.config import Settings, mask_url
+from arm_core.db import DatabaseError
 from arm_core.metrics import BridgeState
+from arm_core.rows import BridgeInstance
 from arm_core.store import Store
 
 log = logging.getLogger(__name__)
+
+_VERSION = importlib.metadata.version("arm-core")
 
 
 class NatsState(StrEnum):
@@ -64,6 +70,7 @@ class Bridge:
     on_fatal: Callable[[Fatal], None] = lambda fatal: None
     name: str = field(default_factory=lambda: f"arm-core@{socket.gethostname()}:{os.getpid()}")
     nats: Client = field(default_factory=Client)
+    started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     publisher: Publisher = field(init=False)
     inbox: Inbox = field(init=False)
@@ -95,7 +102,7 @@ class Bridge:
         )
         self.publisher = Publisher(self.config.publisher, self.store, self.nats)
         self.inbox = Inbox(self.config.inbox, self.store)
-        self.scheduler = Scheduler(self.config.scheduler, self.store)
+        self.scheduler = Scheduler(self.config.scheduler, self.store, report=self.instance)
         self.listener = Listener(
             self.settings.require_database_url(),
             self.publisher.wake,
@@ -298,6 +305,24 @@ class Bridge:
         """The LISTEN connection's state; `stopped` when its loop has ended."""
         return self.listener.status()
 
+    def instance(self) -> BridgeInstance:
+        """This bridge as its row of arm.bridge_instance has it (the schedule writes it):
+        what a console without a bridge of its own shows. `loops`: the loops that are
+        restarting, stalled or failed, with their state (as GET /livez says it)."""
+        _, said = self.supervisor.live()
+        troubled = (LoopState.RESTARTING, LoopState.STALLED, LoopState.FAILED)
+        states = self.supervisor.states()
+        return BridgeInstance(
+            name=self.name,
+            version=_VERSION,
+            started_at=self.started_at,
+            seen_seconds_ago=0.0,
+            nats=self.nats_state(),
+            listener=self.listener_status(),
+            loops={name: said[name] for name, state in states.items() if state in troubled},
+            held=self.inbox.held(),
+        )
+
     def metrics_state(self) -> BridgeState:
         """arm_nats_connected (connected and subscribed) and arm_inbox_buffered."""
         return BridgeState(self.nats_state() is NatsState.OK, self.inbox.held())
@@ -355,10 +380,24 @@ class Bridge:
         await self.inbox.stop(left())
         if self._connected and not self.nats.is_closed:
             await self.nats.close()
+        await self._forget(min(2.0, max(0.5, left())))
         log.info(
             "bridge stopped",
             extra={"action": "bridge_stopped", "count": self.inbox.dropped()},
         )
+
+    async def _forget(self, within: float) -> None:
+        """Deletes this bridge's row of arm.bridge_instance: a bridge that stopped cleanly
+        is not one that stopped saying it is alive. When the database cannot be reached
+        the row stays, and grows old like a dead bridge's."""
+        try:
+            await self.store.forget_bridge(self.name, within)
+        except (DatabaseError, TimeoutError) as exc:
+            log.warning(
+                "could not remove this bridge from arm.bridge_instance: %s",
+                exc,
+                extra={"action": "bridge_forget_failed"},
+            )
 
     async def _drain_subscription(self, sub: Subscription) -> None:
         """Leaves the queue group through nats-py's public drain(): UNSUB, a PING round

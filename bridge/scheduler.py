@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from arm_core import metrics
@@ -18,7 +19,7 @@ from arm_core.bridge import events
 from arm_core.bridge.config import SchedulerConfig
 from arm_core.bridge.service import Service
 from arm_core.db import DatabaseError, DatabaseUnavailable
-from arm_core.rows import TaskRun
+from arm_core.rows import BridgeInstance, TaskRun
 from arm_core.store import Store
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,10 @@ class Scheduler(Service):
     counts: events.Counts = field(default_factory=events.Counts)
     name = "schedule"
     _compacted_at: float = float("-inf")
+    # The bridge's state for its row of arm.bridge_instance (None: no row is written).
+    report: Callable[[], BridgeInstance] | None = None
     _waits_recorded_at: float = float("-inf")
+    _beat_at: float = float("-inf")
     _settings_applied: bool = False
 
     async def apply_settings(self) -> None:
@@ -55,6 +59,7 @@ class Scheduler(Service):
             events.task_ran(self.counts, task)
         await self.compact_counts()
         await self.record_waits()
+        await self.record_bridge()
         return ran
 
     async def compact_counts(self, force: bool = False) -> int | None:
@@ -93,6 +98,25 @@ class Scheduler(Service):
             log.log(level, "record_waits failed: %s", exc, extra={"action": "schedule"})
             return None
         return taken
+
+    async def record_bridge(self, force: bool = False) -> BridgeInstance | None:
+        """Writes the bridge's row of arm.bridge_instance when the last write is
+        heartbeat_seconds old, or `force`; returns what it wrote (None when not due or
+        there is no report). A failure is logged like a failed fold."""
+        now = time.monotonic()
+        if self.report is None or (
+            not force and now - self._beat_at < self.config.heartbeat_seconds
+        ):
+            return None
+        self._beat_at = now
+        state = self.report()
+        try:
+            await self.store.record_bridge(state)
+        except DatabaseError as exc:
+            level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+            log.log(level, "record_bridge failed: %s", exc, extra={"action": "schedule"})
+            return None
+        return state
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Ticks every SCHEDULE_TICK_SECONDS until `stopping` is set."""

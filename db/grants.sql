@@ -100,7 +100,9 @@ GRANT EXECUTE ON FUNCTION
     arm.compact_counts,        -- scheduler tick: folds the per-status count deltas
     arm.status_view,           -- GET /metrics on the health port: arm_jobs{status}, the
                                -- outbox's age, the overdue jobs, the last sweep (alerts)
-    arm.record_waits           -- scheduler tick: the waits it observed, for the charts
+    arm.record_waits,          -- scheduler tick: the waits it observed, for the charts
+    arm.record_bridge,         -- scheduler tick: this bridge is alive, and its state
+    arm.forget_bridge          -- a clean stop: its row goes
 TO arm_bridge;
 
 -- 5. arm_api: retry, the file view and the file list (http/handlers.py).
@@ -111,6 +113,8 @@ GRANT EXECUTE ON FUNCTION arm.list_files TO arm_api;
 GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view TO arm_api;
 -- GET /api/v1/status/series: the console's charts of the last hour.
 GRANT EXECUTE ON FUNCTION arm.status_series TO arm_api;
+-- GET /api/v1/status: the bridges that say they are alive (a serve that runs none).
+GRANT EXECUTE ON FUNCTION arm.bridge_instances TO arm_api;
 
 -- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job.
 GRANT SELECT (status, requested_at) ON arm.recognition_job TO arm_bridge, arm_api;
@@ -133,7 +137,8 @@ GRANT EXECUTE ON FUNCTION arm.upload_file, arm.upload_files TO arm_uploader;
 GRANT SELECT ON ALL TABLES IN SCHEMA arm TO arm_readonly;
 GRANT EXECUTE ON FUNCTION arm.get_file, arm.job_counts, arm.file_counts, arm.status_view
     TO arm_readonly;
-GRANT EXECUTE ON FUNCTION arm.list_files, arm.status_series TO arm_readonly;
+GRANT EXECUTE ON FUNCTION arm.list_files, arm.status_series, arm.bridge_instances
+    TO arm_readonly;
 
 -- Everything else — set_setting, set_periodic_task, sweep_timeouts, sample_status, claim_queued_jobs,
 -- mark_published, dead_letter_unpublishable, apply_ack, apply_result,

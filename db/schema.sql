@@ -674,6 +674,25 @@ $$;
 ALTER FUNCTION arm.archive_files(p_finished_before timestamp with time zone, p_limit integer) OWNER TO arm_owner;
 
 --
+-- Name: bridge_instances(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.bridge_instances() RETURNS TABLE(name text, version text, started_at timestamp with time zone, seen_seconds_ago double precision, nats text, listener text, loops jsonb, held integer)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT b.name, b.version, b.started_at,
+           extract(epoch FROM clock_timestamp() - b.seen_at)::double precision,
+           b.nats, b.listener, b.loops, b.held
+    FROM arm.bridge_instance b
+    WHERE b.seen_at >= clock_timestamp() - interval '1 day'
+    ORDER BY b.seen_at DESC, b.name;
+$$;
+
+
+ALTER FUNCTION arm.bridge_instances() OWNER TO arm_owner;
+
+--
 -- Name: claim_queued_jobs(integer, interval, interval); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -958,6 +977,21 @@ $$;
 
 
 ALTER FUNCTION arm.fold_name(p_name text) OWNER TO arm_owner;
+
+--
+-- Name: forget_bridge(text); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.forget_bridge(p_name text) RETURNS boolean
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    WITH gone AS (DELETE FROM arm.bridge_instance WHERE name = p_name RETURNING 1)
+    SELECT EXISTS (SELECT FROM gone);
+$$;
+
+
+ALTER FUNCTION arm.forget_bridge(p_name text) OWNER TO arm_owner;
 
 --
 -- Name: get_file(uuid); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1440,6 +1474,32 @@ $$;
 
 
 ALTER FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) OWNER TO arm_owner;
+
+--
+-- Name: record_bridge(text, text, timestamp with time zone, text, text, jsonb, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.record_bridge(p_name text, p_version text, p_started_at timestamp with time zone, p_nats text, p_listener text, p_loops jsonb, p_held integer) RETURNS void
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    INSERT INTO arm.bridge_instance AS b
+        (name, version, started_at, seen_at, nats, listener, loops, held)
+    VALUES (p_name, p_version, p_started_at, clock_timestamp(), p_nats, p_listener,
+            coalesce(p_loops, '{}'), p_held)
+    ON CONFLICT (name) DO UPDATE
+    SET version = EXCLUDED.version,
+        started_at = EXCLUDED.started_at,
+        seen_at = EXCLUDED.seen_at,
+        nats = EXCLUDED.nats,
+        listener = EXCLUDED.listener,
+        loops = EXCLUDED.loops,
+        held = EXCLUDED.held;
+    DELETE FROM arm.bridge_instance WHERE seen_at < clock_timestamp() - interval '1 day';
+$$;
+
+
+ALTER FUNCTION arm.record_bridge(p_name text, p_version text, p_started_at timestamp with time zone, p_nats text, p_listener text, p_loops jsonb, p_held integer) OWNER TO arm_owner;
 
 --
 -- Name: record_waits(text, bigint[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -2544,6 +2604,31 @@ CREATE TABLE arm.archived_retry_audit (
 ALTER TABLE arm.archived_retry_audit OWNER TO arm_owner;
 
 --
+-- Name: bridge_instance; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.bridge_instance (
+    name text NOT NULL,
+    version text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    seen_at timestamp with time zone NOT NULL,
+    nats text NOT NULL,
+    listener text NOT NULL,
+    loops jsonb DEFAULT '{}'::jsonb NOT NULL,
+    held integer NOT NULL,
+    CONSTRAINT bridge_instance_held_check CHECK ((held >= 0)),
+    CONSTRAINT bridge_instance_listener_check CHECK ((length(listener) <= 40)),
+    CONSTRAINT bridge_instance_loops_check CHECK ((jsonb_typeof(loops) = 'object'::text)),
+    CONSTRAINT bridge_instance_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT bridge_instance_nats_check CHECK ((length(nats) <= 40)),
+    CONSTRAINT bridge_instance_version_check CHECK ((length(version) <= 100))
+)
+WITH (fillfactor='50');
+
+
+ALTER TABLE arm.bridge_instance OWNER TO arm_owner;
+
+--
 -- Name: file_count; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
@@ -2719,6 +2804,14 @@ ALTER TABLE ONLY arm.archived_job
 
 ALTER TABLE ONLY arm.archived_retry_audit
     ADD CONSTRAINT archived_retry_audit_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: bridge_instance bridge_instance_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.bridge_instance
+    ADD CONSTRAINT bridge_instance_pkey PRIMARY KEY (name);
 
 
 --
@@ -3289,6 +3382,15 @@ REVOKE ALL ON FUNCTION arm.archive_files(p_finished_before timestamp with time z
 
 
 --
+-- Name: FUNCTION bridge_instances(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.bridge_instances() FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.bridge_instances() TO arm_api;
+GRANT ALL ON FUNCTION arm.bridge_instances() TO arm_readonly;
+
+
+--
 -- Name: FUNCTION claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
@@ -3343,6 +3445,14 @@ GRANT ALL ON FUNCTION arm.file_counts() TO arm_readonly;
 
 
 --
+-- Name: FUNCTION forget_bridge(p_name text); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.forget_bridge(p_name text) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.forget_bridge(p_name text) TO arm_bridge;
+
+
+--
 -- Name: FUNCTION get_file(p_file_id uuid); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
@@ -3390,6 +3500,14 @@ GRANT ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) TO arm_bridge;
 
 REVOKE ALL ON FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION record_bridge(p_name text, p_version text, p_started_at timestamp with time zone, p_nats text, p_listener text, p_loops jsonb, p_held integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.record_bridge(p_name text, p_version text, p_started_at timestamp with time zone, p_nats text, p_listener text, p_loops jsonb, p_held integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.record_bridge(p_name text, p_version text, p_started_at timestamp with time zone, p_nats text, p_listener text, p_loops jsonb, p_held integer) TO arm_bridge;
 
 
 --
@@ -3593,6 +3711,13 @@ GRANT SELECT ON TABLE arm.archived_job TO arm_readonly;
 --
 
 GRANT SELECT ON TABLE arm.archived_retry_audit TO arm_readonly;
+
+
+--
+-- Name: TABLE bridge_instance; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.bridge_instance TO arm_readonly;
 
 
 --

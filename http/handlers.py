@@ -222,16 +222,23 @@ async def whoami(request: web.Request) -> web.Response:
     return web.json_response({"actor": actor, "auth_mode": settings.auth_mode})
 
 
+# A bridge writes its row every few seconds (SchedulerConfig.heartbeat_seconds, 5): one
+# silent for three of those has died, hangs, or cannot reach the database.
+BRIDGE_SILENT_SECONDS = 15.0
+
+
 async def status(request: web.Request) -> web.Response:
     """GET /api/v1/status → one glance: jobs and files per status, the outbox's age, what
-    is overdue, the last sweep, and this process's bridge (null when it runs none). One
-    bounded read of arm.status_view, shared by the polls of STATUS_CACHE_SECONDS."""
+    is overdue, the last sweep, this process's bridge (null when it runs none) and every
+    bridge that says it is alive (arm.bridge_instances: what a console whose process runs
+    no bridge shows). Bounded reads, shared by the polls of STATUS_CACHE_SECONDS."""
     app = request.app
     settings = app[SETTINGS]
-    view = await app[metrics.METRICS].status_view(settings.ack_timeout_seconds)
+    view, bridges = await app[metrics.METRICS].status_view(settings.ack_timeout_seconds)
     bridge: dict[str, str] | None = None
     if BRIDGE in app:
-        bridge = {"nats": app[BRIDGE].nats_state(), "listener": app[BRIDGE].listener_status()}
+        own = app[BRIDGE]
+        bridge = {"name": own.name, "nats": own.nats_state(), "listener": own.listener_status()}
     elif settings.nats_enabled:
         bridge = {"nats": "starting", "listener": "starting"}
     at = view.last_sweep_at
@@ -248,6 +255,20 @@ async def status(request: web.Request) -> web.Response:
                 "error": view.last_sweep_error,
             },
             "bridge": bridge,
+            "bridges": [
+                {
+                    "name": b.name,
+                    "version": b.version,
+                    "started_at": b.started_at.isoformat(),
+                    "seen_seconds_ago": round(max(0.0, b.seen_seconds_ago), 1),
+                    "silent": b.seen_seconds_ago > BRIDGE_SILENT_SECONDS,
+                    "nats": b.nats,
+                    "listener": b.listener,
+                    "loops": b.loops,
+                    "held": b.held,
+                }
+                for b in bridges
+            ],
         }
     )
 

@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from arm_core.db import POOL_EXHAUSTION, DatabaseError, DatabasePoolExhausted, DatabaseUnavailable
-from arm_core.rows import SeriesPoint, StatusView
+from arm_core.rows import BridgeInstance, SeriesPoint, StatusView
 from arm_core.statuses import ApplyOutcome, JobStatus
 from arm_core.store import Store
 
@@ -221,25 +221,27 @@ class AppMetrics(Collector):
     _figures: _DbFigures | None = None
     _read_at: float = float("-inf")
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _status: tuple[float, StatusView] | None = None
+    _status: tuple[float, StatusView, list[BridgeInstance]] | None = None
     _status_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _series: dict[int, tuple[float, list[SeriesPoint]]] = field(default_factory=dict)
     _series_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def status_view(self, ack_timeout: float) -> StatusView:
-        """arm.status_view, read within `timeout` and reused for status_cache_seconds
-        (polls of many consoles cost one read). Raises DatabaseUnavailable (a 503)."""
+    async def status_view(self, ack_timeout: float) -> tuple[StatusView, list[BridgeInstance]]:
+        """arm.status_view and arm.bridge_instances, read within `timeout` each and reused
+        for status_cache_seconds (polls of many consoles cost one read). Raises
+        DatabaseUnavailable (a 503)."""
         async with self._status_lock:
             if self._status is not None:
-                read_at, view = self._status
+                read_at, view, bridges = self._status
                 if time.monotonic() - read_at < self.status_cache_seconds:
-                    return view
+                    return view, bridges
             store = self.store()
             if store is None:
                 raise DatabaseUnavailable("status_view: no connection pool yet")
             view = await store.status_view(ack_timeout, within=self.timeout)
-            self._status = (time.monotonic(), view)
-            return view
+            bridges = await store.bridge_instances(within=self.timeout)
+            self._status = (time.monotonic(), view, bridges)
+            return view, bridges
 
     async def status_series(self, minutes: int) -> list[SeriesPoint]:
         """arm.status_series(minutes), read within `timeout` and reused for

@@ -31,6 +31,17 @@ SELECT task, result, error FROM arm.run_due_tasks();
 -- name: set_sweep_interval
 SELECT arm.set_sweep_interval(make_interval(secs => %(seconds)s));
 
+-- name: record_bridge
+SELECT arm.record_bridge(%(name)s, %(version)s, %(started_at)s, %(nats)s, %(listener)s,
+                         %(loops)s, %(held)s);
+
+-- name: forget_bridge
+SELECT arm.forget_bridge(%(name)s) AS forgotten;
+
+-- name: bridge_instances
+SELECT name, version, started_at, seen_seconds_ago, nats, listener, loops, held
+FROM arm.bridge_instances();
+
 -- name: set_setting
 SELECT arm.set_setting(%(name)s, %(value)s);
 

@@ -125,6 +125,21 @@ class SeriesPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class BridgeInstance:
+    """bridge_instances: a bridge that says it is alive, and how long since it last did
+    (db/functions/84_bridges.sql)."""
+
+    name: str
+    version: str
+    started_at: dt.datetime
+    seen_seconds_ago: float
+    nats: str
+    listener: str
+    loops: dict[str, str]
+    held: int
+
+
+@dataclass(frozen=True, slots=True)
 class TaskRun:
     """run_due_tasks: a periodic task that ran, with its result or its error."""
 

@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import scalar_row
+from psycopg.types.json import Jsonb
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -47,6 +48,7 @@ from arm_core.db import (
 )
 from arm_core.rows import (
     AppliedEnvelope,
+    BridgeInstance,
     DeadLetteredJob,
     FileListFilter,
     FileListItem,
@@ -332,6 +334,29 @@ class Store:
     async def set_setting(self, name: str, value: str) -> None:
         """Writes one of arm.setting's values."""
         await self._pooled_scalar("set_setting", {"name": name, "value": value})
+
+    async def record_bridge(self, bridge: BridgeInstance) -> None:
+        """Writes the bridge's row: it is alive, in this state (its seen_seconds_ago is
+        the database's clock, not the caller's)."""
+        params = {
+            "name": bridge.name,
+            "version": bridge.version,
+            "started_at": bridge.started_at,
+            "nats": bridge.nats,
+            "listener": bridge.listener,
+            "loops": Jsonb(bridge.loops),
+            "held": bridge.held,
+        }
+        await self._pooled_scalar("record_bridge", params)
+
+    async def forget_bridge(self, name: str, within: float) -> bool:
+        """Deletes the bridge's row (a clean stop), within `within` seconds."""
+        forgotten = self._pooled_scalar("forget_bridge", {"name": name}, pool_timeout=within)
+        return bool(await asyncio.wait_for(forgotten, within))
+
+    async def bridge_instances(self, within: float) -> list[BridgeInstance]:
+        """Every bridge seen in the last day, the most recently seen first."""
+        return await self._bounded_rows("bridge_instances", BridgeInstance, None, within)
 
     async def retry_file(
         self, file_id: uuid.UUID, actor: str, expected_job_id: uuid.UUID | None = None

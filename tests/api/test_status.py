@@ -5,10 +5,13 @@ without a bridge and the states of a running one; 401 without credentials."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.metrics import METRICS
+from arm_core.runtime import BRIDGE
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import fast_settings, wait_for
 from tests.support.sql import ack, dict_conn, publish, result, sample, upload
@@ -84,18 +87,28 @@ async def test_the_status_names_the_bridge_of_a_serve_that_runs_one(
         assert http.app is not None
         http.app[METRICS].status_cache_seconds = 0
 
-        async def bridge_ok() -> bool:
-            body = await (await http.get("/api/v1/status")).json()
-            return bool(body["bridge"] == {"nats": "ok", "listener": "ok"})
+        name = http.app[BRIDGE].name
 
-        await wait_for(bridge_ok, 10, "bridge nats ok, listener ok")
+        async def status() -> Any:
+            return await (await http.get("/api/v1/status")).json()
+
+        async def bridge_ok() -> bool:
+            body = await status()
+            # its own, as it is now; and its row, as it wrote it (every bridge's)
+            own = body["bridge"] == {"name": name, "nats": "ok", "listener": "ok"}
+            rows = [b for b in body["bridges"] if b["name"] == name]
+            return own and len(rows) == 1 and rows[0]["nats"] == "ok" and not rows[0]["silent"]
+
+        await wait_for(bridge_ok, 10, "bridge nats ok, listener ok, its row written")
         nats_server.stop()
 
         async def reconnecting() -> bool:
-            body = await (await http.get("/api/v1/status")).json()
-            return bool(body["bridge"]["nats"] == "reconnecting")
+            body = await status()
+            [row] = [b for b in body["bridges"] if b["name"] == name]
+            return bool(body["bridge"]["nats"] == "reconnecting" == row["nats"])
 
-        await wait_for(reconnecting, 10, "bridge nats reconnecting")
+        # Its row says so at its next write (every 5 s).
+        await wait_for(reconnecting, 20, "bridge nats reconnecting, and its row")
 
 
 async def test_the_status_needs_credentials_when_auth_is_on(db_url: str) -> None:

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import ssl
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,7 +32,9 @@ from cryptography.hazmat.primitives import serialization
 from psycopg.types.json import Jsonb
 
 from arm_core import metrics
+from arm_core.cli import version
 from arm_core.devtools.embedded import free_port
+from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.processes import ArmProcess
 from tests.support.sql import (
     Upload,
@@ -301,7 +304,7 @@ def test_filter_open_retry_and_see_attempt_2(serve: Callable[..., Served], page:
         ),
     )
     figures = page.find_element(By.ID, "status").text
-    assert "OLDEST QUEUED" in figures and "not in this process" in figures
+    assert "OLDEST QUEUED" in figures and "no bridge has reported in the last day" in figures
     assert "· 0 timed out" in figures  # the last sweep: its time, then what the 0 counts
     # The live file cannot be retried; a failed one shows attempt n / max and its code.
     assert not row(page, running.file_id).find_element(By.CSS_SELECTOR, "button.retry").is_enabled()
@@ -706,3 +709,53 @@ def test_an_archived_file_says_so_and_offers_no_retry(
     assert not page.find_element(By.ID, "file-retry").is_enabled()
     cards = page.find_elements(By.CSS_SELECTOR, "#attempts .attempt-card")
     assert len(cards) == 1 and "NO_ACK" in cards[0].text
+
+
+def test_a_console_without_a_bridge_shows_each_bridge_and_one_gone_silent(
+    serve: Callable[..., Served], page: WebDriver, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """The deployment's shape: `serve` runs no bridge (NATS_ENABLED=false) and a bridge
+    runs apart. The console shows that bridge from the row it writes every few seconds
+    (arm.bridge_instances); paused (SIGSTOP), it shows it silent; stopped cleanly, the
+    bridge removes its row and the console says no bridge has reported."""
+    server = serve()
+    env = {
+        "DATABASE_URL": server.db_url,
+        "NATS_URL": nats_server.url(),
+        "NATS_ENABLED": "true",
+        "BRIDGE_HEALTH_PORT": str(health := free_port()),
+    }
+    bridge = ArmProcess("bridge", env, tmp_path / "bridge.log")
+    try:
+        bridge.wait_healthy(health)
+        page.get(server.url + "/")
+        shown = '#status [data-bridge^="arm-core@"]'
+
+        def figure(d: WebDriver) -> tuple[str, str]:
+            """The bridge's figure, its text and its classes, read at once (the page
+            re-renders the status on every poll)."""
+            found = d.execute_script(
+                "const e = document.querySelector(arguments[0]);"
+                "return e ? [e.innerText, e.className] : ['', ''];",
+                shown,
+            )
+            return str(found[0]), str(found[1])
+
+        wait_for(page, "the bridge, alive", lambda d: "seen" in figure(d)[0])
+        text, classes = figure(page)
+        assert "nats ok · listener ok" in text and f"({version()})" in text, text
+        assert "warn" not in classes, (text, classes)
+        os.kill(bridge.proc.pid, signal.SIGSTOP)
+        try:
+            SlowWait(page).until(lambda d: "silent for" in figure(d)[0], "the bridge, silent")
+            assert "warn" in figure(page)[1]
+        finally:
+            os.kill(bridge.proc.pid, signal.SIGCONT)
+    finally:
+        assert bridge.stop() == 0, bridge.log()
+    wait_for(
+        page,
+        "no bridge left",
+        lambda d: "no bridge has reported in the last day" in d.find_element(By.ID, "status").text,
+    )
+    assert not page.find_elements(By.CSS_SELECTOR, shown)

@@ -84,6 +84,10 @@ CALLERS: dict[str, set[str]] = {
     # the console's charts
     "record_waits": {"arm_bridge"},
     "status_series": {"arm_api", "arm_readonly"},
+    # the bridges that say they are alive
+    "record_bridge": {"arm_bridge"},
+    "forget_bridge": {"arm_bridge"},
+    "bridge_instances": {"arm_api", "arm_readonly"},
     # the upload in one call
     "upload_file": {"arm_uploader"},
     "upload_files": {"arm_uploader"},
@@ -133,6 +137,7 @@ TABLES = (
     "periodic_task",
     "status_sample",
     "wait_sample",
+    "bridge_instance",
 )
 
 

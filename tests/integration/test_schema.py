@@ -78,6 +78,7 @@ MIGRATIONS = [
     "0011_archived_history",
     "0012_job_table_autovacuum",
     "0013_time_ordered_ids",
+    "0014_bridge_instances",
 ]
 
 

@@ -30,6 +30,7 @@ from arm_core.bridge.envelope import Envelope, parse_envelope
 from arm_core.db import queries
 from arm_core.rows import (
     AppliedEnvelope,
+    BridgeInstance,
     FileListFilter,
     MovedJob,
     PublishedJob,
@@ -168,6 +169,17 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "apply_envelopes_v2": {"envelopes": Jsonb([])},
     "compact_counts": {},
     "status_view": {"ack_timeout": 30},
+    "record_bridge": {
+        "name": "arm-core@test:1",
+        "version": "1.0.0",
+        "started_at": dt.datetime.now(dt.UTC),
+        "nats": "ok",
+        "listener": "ok",
+        "loops": Jsonb({}),
+        "held": 0,
+    },
+    "forget_bridge": {"name": "arm-core@test:1"},
+    "bridge_instances": {},
 }
 
 
@@ -379,6 +391,20 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     assert await store.compact_counts() > 0
     view = await store.status_view(ack_timeout=30, within=5)
     assert (view.jobs["dlq"], view.files["ERROR"], view.oldest_queued_age_seconds) == (2, 2, 0)
+    started = dt.datetime.now(dt.UTC)
+    alive = BridgeInstance("arm-core@a:1", "1.0.0", started, 0.0, "ok", "ok", {}, 3)
+    await store.record_bridge(alive)
+    await store.record_bridge(
+        dataclasses.replace(alive, nats="reconnecting", loops={"inbox": "failed"})
+    )
+    [seen] = await store.bridge_instances(within=5)
+    assert dataclasses.replace(seen, seen_seconds_ago=0.0) == dataclasses.replace(
+        alive, nats="reconnecting", loops={"inbox": "failed"}
+    )
+    assert seen.started_at == started and 0 <= seen.seen_seconds_ago < 60
+    assert await store.forget_bridge("arm-core@a:1", within=5) is True
+    assert await store.forget_bridge("arm-core@a:1", within=5) is False
+    assert await store.bridge_instances(within=5) == []
 
     with dict_conn(db_url) as conn:
         assert job(conn, c.job_id)["status"] == "dlq"

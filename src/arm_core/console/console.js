@@ -400,13 +400,41 @@ async function loadStatus() {
           : t("status.never"),
         Boolean(sweep.error),
       ),
-      figure(
-        t("status.bridge"),
-        bridge ? t("status.bridge_state", { nats: bridge.nats, listener: bridge.listener }) : t("status.no_bridge"),
-        Boolean(bridge && (bridge.nats !== "ok" || bridge.listener !== "ok")),
-      ),
+      bridge
+        ? figure(
+            t("status.bridge"),
+            t("status.bridge_state", { nats: bridge.nats, listener: bridge.listener }),
+            bridge.nats !== "ok" || bridge.listener !== "ok",
+          )
+        : null,
     ),
+    bridges(s.bridges || [], bridge),
   );
+}
+
+// Every bridge that says it is alive (arm.bridge_instances), but this process's own,
+// shown above as it is now: what a console whose process runs no bridge has to go by.
+function bridges(rows, own) {
+  const others = rows.filter((b) => !own || b.name !== own.name);
+  const figures = others.map((b) => {
+    const loops = Object.entries(b.loops || {})
+      .map(([name, state]) => `${name} ${state}`)
+      .join(", ");
+    const seen = age(b.seen_seconds_ago);
+    const parts = [
+      t("status.bridge_state", { nats: b.nats, listener: b.listener }),
+      b.silent ? t("status.bridge_silent", { age: seen }) : t("status.bridge_seen", { age: seen }),
+      loops ? t("status.bridge_loops", { loops }) : "",
+    ];
+    const warn = b.silent || b.nats !== "ok" || b.listener !== "ok" || Boolean(loops);
+    const el = figure(`${b.name} (${b.version})`, parts.filter(Boolean).join(" · "), warn);
+    el.dataset.bridge = b.name;
+    return el;
+  });
+  if (!own && figures.length === 0) {
+    figures.push(figure(t("status.bridges"), t("status.no_bridges"), true));
+  }
+  return h("div", { class: "figures bridges" }, figures);
 }
 
 // --- charts of the last hour (GET /api/v1/status/series) ----------------------------
