@@ -9,8 +9,9 @@
   compose or make variable, an error code, a constant — is written somewhere in the code
   (everything but the pages): a renamed or removed one does not stay documented.
 
-The pages: the README, docs/ (Markdown and the picture's source), db/README.md and
-http/README.md. tests/fixtures/previous_release/ describes an older schema on purpose."""
+The pages: the README, SECURITY.md, CONTRIBUTING.md, docs/ (Markdown and the picture's
+source), db/README.md, http/README.md and the READMEs of deploy/.
+tests/fixtures/previous_release/ describes an older schema on purpose."""
 
 from __future__ import annotations
 
@@ -37,10 +38,13 @@ def pages() -> list[Path]:
     docs = ROOT / "docs"
     return [
         ROOT / "README.md",
+        ROOT / "SECURITY.md",
+        ROOT / "CONTRIBUTING.md",
         *sorted(docs.rglob("*.md")),
         *sorted(docs.glob("*.dot")),
         ROOT / "db" / "README.md",
         ROOT / "http" / "README.md",
+        *sorted((ROOT / "deploy").glob("*/README.md")),
     ]
 
 
