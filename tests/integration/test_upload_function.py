@@ -297,3 +297,20 @@ def test_the_documented_uploads_run_in_psql_as_they_stand(db_url: str) -> None:
         ).fetchall()
         called, plain = (rows_of(admin, f["id"]) for f in files)
         assert called == plain
+
+
+def test_the_dbas_first_block_runs_in_psql_as_it_stands(db_url: str) -> None:
+    """docs/dbas.md's first SQL block (the SQL interface at a glance), pasted into psql
+    as a DBA (a member of arm_owner): every statement runs; the example ids name no file,
+    so each call answers not_found or changes nothing."""
+    dbas = (ROOT / "docs" / "dbas.md").read_text()
+    section = dbas.split("## The SQL interface", 1)[1].split("\n### ", 1)[0]
+    [block] = re.findall(r"```sql\n(.*?)```", section, flags=re.S)
+    assert "arm.retry_files(" in block and "arm.get_file(" in block
+    done = subprocess.run(
+        [str(find_pg_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+         as_login(db_url, OWNER_LOGIN)],
+        input=block, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "not_found" in done.stdout, done.stdout
