@@ -120,10 +120,13 @@ def test_dev_runs_the_demo_and_stops_cleanly_twice(tmp_path: Path) -> None:
 
 
 def test_dev_second_run_sees_the_first_runs_files(tmp_path: Path) -> None:
-    """The second run with DEBUG and LOG_FORMAT=json: its logs stay on stderr."""
+    """The second run with DEBUG and LOG_FORMAT=json: its logs stay on stderr. It runs
+    the scan reference alone (a team tests its tabular service in its place): the
+    banner promises nothing for the tabular files."""
     dev_dir = tmp_path / "dev"
     seen = []
-    for run, env in ((1, {}), (2, {"DEBUG": "true", "LOG_FORMAT": "json"})):
+    second = {"DEBUG": "true", "LOG_FORMAT": "json", "REFERENCE_SERVICES": "scan-gateway"}
+    for run, env in ((1, {}), (2, second)):
         log = tmp_path / f"dev{run}.log"
         proc, _ = run_dev(dev_dir, log, **env)
         try:
@@ -146,3 +149,6 @@ def test_dev_second_run_sees_the_first_runs_files(tmp_path: Path) -> None:
     assert any(d.get("action") == "nats_connected" for d in logged)
     assert any(d["level"] == "debug" for d in logged)
     assert "stderr (DEBUG is set)" in text
+    promised = dict(re.findall(r"^  \S+  (.+?)\s+→ (.+)$", text, flags=re.M))
+    assert promised["ОСВ 60 сентябрь 2026.xlsx"] == "whatever your tabular-parser answers"
+    assert promised["Акт сверки (скан).pdf"] == "done"

@@ -696,6 +696,9 @@ def test_configs_from_env_take_services_and_subjects() -> None:
     assert [c.service for c in configs_from_env(settings, {"REFERENCE_SERVICES": SCAN})] == [SCAN]
     with pytest.raises(ConfigError, match=r"^REFERENCE_SERVICES: "):
         configs_from_env(settings, {"REFERENCE_SERVICES": "ocr"})
+    # Commas naming nothing are a mistake, not "none": empty (or unset) is both.
+    with pytest.raises(ConfigError, match=r"^REFERENCE_SERVICES: .*got ','"):
+        configs_from_env(settings, {"REFERENCE_SERVICES": " , "})
 
 
 @pytest.mark.parametrize(

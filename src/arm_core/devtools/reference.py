@@ -691,6 +691,10 @@ def configs_from_env(
     env = os.environ if environ is None else environ
     raw = env.get("REFERENCE_SERVICES", "").strip() or f"{TABULAR},{SCAN}"
     names = list(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))
+    if not names:
+        raise ConfigError(
+            f"REFERENCE_SERVICES: expected {TABULAR}, {SCAN} or both (comma-separated), got {raw!r}"
+        )
     configs = []
     for name in names:
         config = ReferenceConfig.from_env(name, env)

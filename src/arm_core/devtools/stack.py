@@ -22,7 +22,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from arm_core.config import Settings
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.reference import PIPELINES, SCAN, TABULAR
 from arm_core.logs import Redactor, setup_logging
 from arm_core.migrate import migrate
 from arm_core.statuses import pipeline_for
@@ -85,9 +86,13 @@ def dev_settings(
     return dev
 
 
-def seed_demo(database_url: str) -> list[dict[str, Any]]:
+def seed_demo(
+    database_url: str, services: Collection[str] = (TABULAR, SCAN)
+) -> list[dict[str, Any]]:
     """Uploads the demo files as upstream does: s3_object, stored_file, queued job, then
-    the file's current job — plain SQL, one transaction per file."""
+    the file's current job — plain SQL, one transaction per file. `services`: the
+    reference services running (REFERENCE_SERVICES); what becomes of a file whose
+    service is not among them is up to the service that takes its place."""
     seeded = []
     batch = time.strftime("%H%M%S")
     with psycopg.connect(database_url, row_factory=dict_row) as conn:
@@ -116,6 +121,9 @@ def seed_demo(database_url: str) -> list[dict[str, Any]]:
                     "UPDATE arm.stored_file SET current_recognition_job_id = %s WHERE id = %s",
                     (j["id"], f["id"]),
                 )
+            service = next(s for s, p in PIPELINES.items() if p == pipeline)
+            if service not in services:
+                expect = f"whatever your {service} answers"
             seeded.append({"file_id": f["id"], "name": name, "expect": expect})
     return seeded
 
@@ -202,7 +210,7 @@ async def serve_dev(settings: Settings, root: Path) -> None:
     configs = configs_from_env(settings, {**env, **os.environ})
     reference = asyncio.create_task(run_reference(settings, configs, stopping))
     try:
-        files = seed_demo(settings.require_database_url())
+        files = seed_demo(settings.require_database_url(), [c.service for c in configs])
         base = f"http://{settings.http_host}:{settings.http_port}"
         print(banner(settings, base, root, files), flush=True)
         await watch(settings.require_database_url(), files, stopping)
