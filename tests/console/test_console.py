@@ -759,3 +759,28 @@ def test_a_console_without_a_bridge_shows_each_bridge_and_one_gone_silent(
         lambda d: "no bridge has reported in the last day" in d.find_element(By.ID, "status").text,
     )
     assert not page.find_elements(By.CSS_SELECTOR, shown)
+
+
+def test_a_timeout_says_whose_it_was(serve: Callable[..., Served], page: WebDriver) -> None:
+    """TIMEOUT is the core's code for a job past its reply deadline (status timeout) and
+    may also be a service's own (status error): the code's title tells them apart."""
+    server = serve()
+    with dict_conn(server.db_url) as conn:
+        swept = upload(conn, "XLSX", name="Без ответа.xlsx")
+        gave_up = upload(conn, "XLSX", name="Сервис сдался.xlsx")
+        publish(conn, tabular_timeout=0, image_timeout=0)
+        ack(conn, gave_up.job_id, gave_up.file_id)
+        result(conn, gave_up.job_id, gave_up.file_id, "error", error=("TIMEOUT", "30 s limit"))
+        assert scalar(conn, "SELECT arm.sweep_timeouts()") == 1
+    page.get(server.url + "/")
+    wait_for(page, "two files listed", lambda d: len(rows(d)) == 2)
+
+    def code(upload_: Upload) -> tuple[str, str]:
+        cell = row(page, upload_.file_id).find_element(By.CSS_SELECTOR, "td.code")
+        return cell.text, cell.get_attribute("title") or ""
+
+    assert code(swept) == ("TIMEOUT", "the service did not answer before the reply deadline")
+    assert code(gave_up) == (
+        "TIMEOUT",
+        "the service gave up on the file: its own time limit ran out",
+    )

@@ -47,6 +47,12 @@ function explain(key) {
   return key in i18n.messages[i18n.lang] ? t(key) : null;
 }
 
+// What an error code means for this job: TIMEOUT is the core's word when the job timed
+// out (status timeout), and a service's own when it answered error with it.
+function explainCode(code, status) {
+  return explain(code === "TIMEOUT" && status === "error" ? "code.TIMEOUT.sent" : `code.${code}`);
+}
+
 function locale() {
   return LOCALES[i18n.lang];
 }
@@ -762,7 +768,7 @@ function renderList() {
       h("td", {}, badge(item.status, "file"), awaitingMapping(item.status, job.status)),
       h("td", {}, badge(job.status, "job")),
       h("td", { class: "attempt", text: job.attempt ? `${job.attempt} / ${job.max_attempts}` : "—" }),
-      h("td", { class: "code", text: job.error_code || "", title: explain(`code.${job.error_code}`) }),
+      h("td", { class: "code", text: job.error_code || "", title: explainCode(job.error_code, job.status) }),
       h("td", { class: "when", text: when(item.updated_at), title: item.updated_at }),
       h(
         "td",
@@ -989,7 +995,7 @@ function attemptCard(job, currentId) {
         job.error
           ? h(
               "span",
-              { class: "code", title: explain(`code.${job.error.code}`) },
+              { class: "code", title: explainCode(job.error.code, job.status) },
               job.error.code,
               job.error.message ? ` — ${job.error.message}` : "",
             )
