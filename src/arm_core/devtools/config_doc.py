@@ -17,7 +17,6 @@ is an error: the page never misses a variable nor lists one that is gone.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
@@ -361,20 +360,16 @@ def diff(expected: str, actual: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    return generated.main(
+        argv,
         prog="python -m arm_core.devtools.config_doc",
         description="docs/configuration.md from the settings: every variable, its default "
         "and its meaning.",
+        path=DOC_PATH,
+        render=render,
+        source="the settings",
+        regenerate=REGENERATE,
     )
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"rewrite {DOC_PATH.name}")
-    mode.add_argument("--check", action="store_true", help="exit 1 with a diff when stale")
-    args = parser.parse_args(argv)
-    stale = generated.write_or_check(
-        DOC_PATH, render(), write=args.write, check=args.check,
-        source="the settings", regenerate=REGENERATE,
-    )  # fmt: skip
-    return 1 if stale else 0
 
 
 if __name__ == "__main__":

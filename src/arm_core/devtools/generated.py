@@ -3,8 +3,10 @@ one way to write them, check them against their source, or print them."""
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # The source checkout, whose files these are: this module is src/arm_core/devtools/ of it.
@@ -50,3 +52,35 @@ def write_or_check(
     else:
         sys.stdout.write(actual)
     return False
+
+
+def replace_between(page: str, begin: str, end: str, content: str, name: str) -> str:
+    """`page` with what lies between its lines `begin` and `end` replaced by `content`
+    (a blank line either side): a generated part of a page written by hand."""
+    before, found_begin, rest = page.partition(begin + "\n")
+    _, found_end, after = rest.partition(end)
+    if not found_begin or not found_end:
+        raise SystemExit(f"{name}: no generated part between the lines {begin!r} and {end!r}")
+    return before + begin + "\n\n" + content + "\n" + end + after
+
+
+def main(
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    description: str,
+    path: Path,
+    render: Callable[[], str],
+    source: str,
+    regenerate: str,
+) -> int:
+    """The command line of a generator: --write, --check (exit 1 when stale) or print."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help=f"rewrite {path.name}")
+    mode.add_argument("--check", action="store_true", help="exit 1 with a diff when stale")
+    args = parser.parse_args(argv)
+    stale = write_or_check(
+        path, render(), write=args.write, check=args.check, source=source, regenerate=regenerate
+    )
+    return 1 if stale else 0

@@ -11,7 +11,6 @@ db/grants.sql does not grant. Who each role is for is written here, in ROLES.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections import defaultdict
@@ -103,29 +102,21 @@ def render_table(schema: str) -> str:
 
 def render(page: str, schema: str) -> str:
     """`page` with the table between its markers replaced by the one `schema` grants."""
-    before, sep, rest = page.partition(BEGIN + "\n")
-    _, sep2, after = rest.partition(END)
-    if not sep or not sep2:
-        raise SystemExit(f"docs/dbas.md: no table between the lines {BEGIN!r} and {END!r}")
-    return before + BEGIN + "\n\n" + render_table(schema) + "\n" + END + after
+    return generated.replace_between(page, BEGIN, END, render_table(schema), "docs/dbas.md")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    return generated.main(
+        argv,
         prog="python -m arm_core.devtools.roles_doc",
         description="docs/dbas.md's role table from db/schema.sql's grants.",
+        path=DOC_PATH,
+        render=lambda: render(
+            DOC_PATH.read_text(encoding="utf-8"), SCHEMA_PATH.read_text(encoding="utf-8")
+        ),
+        source="db/schema.sql's grants",
+        regenerate=REGENERATE,
     )
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"rewrite the table in {DOC_PATH.name}")
-    mode.add_argument("--check", action="store_true", help="exit 1 with a diff when stale")
-    args = parser.parse_args(argv)
-    page = DOC_PATH.read_text(encoding="utf-8")
-    actual = render(page, SCHEMA_PATH.read_text(encoding="utf-8"))
-    stale = generated.write_or_check(
-        DOC_PATH, actual, write=args.write, check=args.check,
-        source="db/schema.sql's grants", regenerate=REGENERATE,
-    )  # fmt: skip
-    return 1 if stale else 0
 
 
 if __name__ == "__main__":
