@@ -69,9 +69,10 @@ container-figures: $(LINKS) ## the container tests (podman, as root); their FIGU
 schema: $(LINKS) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
 	$(BIN)/python -m arm_core.devtools.schema_snapshot --write
 
-docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/configuration.md and the role table of docs/dbas.md
+docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/configuration.md, the role table of docs/dbas.md and the action table of docs/logs-and-metrics.md
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 	$(BIN)/python -m arm_core.devtools.config_doc --write
 	$(BIN)/python -m arm_core.devtools.roles_doc --write
+	$(BIN)/python -m arm_core.devtools.actions_doc --write
 
 .PHONY: help install run lint test bench chaos nemesis soak container-figures schema docs
