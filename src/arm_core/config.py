@@ -487,6 +487,23 @@ class Settings:
             return None
         return nats_client_context(*files)
 
+    def certificate_files(self) -> dict[str, str]:
+        """Every certificate file this process reads, by the variable that names it:
+        NATS_TLS_CA_FILE, NATS_TLS_CERT_FILE, HTTP_TLS_CERT_FILE, and DATABASE_URL's
+        sslrootcert and sslcert (as `DATABASE_URL sslcert`)."""
+        files = {
+            "NATS_TLS_CA_FILE": self.nats_tls_ca_file,
+            "NATS_TLS_CERT_FILE": self.nats_tls_cert_file,
+            "HTTP_TLS_CERT_FILE": self.http_tls_cert_file,
+        }
+        if self.database_url:
+            params = conninfo_to_dict(self.database_url)
+            for name in ("sslrootcert", "sslcert"):
+                value = str(params.get(name) or "")
+                if value and value != "system":  # libpq's "the system's CAs"
+                    files[f"DATABASE_URL {name}"] = value
+        return {var: path for var, path in files.items() if path}
+
     def https_context(self) -> ssl.SSLContext | None:
         """The server context of `serve` and the bridge's health port (HTTP_TLS_CERT_FILE,
         HTTP_TLS_KEY_FILE); None: plain HTTP."""

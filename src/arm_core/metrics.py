@@ -225,6 +225,9 @@ class AppMetrics(Collector):
     _status_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _series: dict[int, tuple[float, list[SeriesPoint]]] = field(default_factory=dict)
     _series_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # When each certificate file this process read at start expires first, by the
+    # variable naming it (Unix time): files are read once, so this is what it serves.
+    certificates: dict[str, float] = field(default_factory=dict)
 
     async def status_view(self, ack_timeout: float) -> tuple[StatusView, list[BridgeInstance]]:
         """arm.status_view and arm.bridge_instances, read within `timeout` each and reused
@@ -361,6 +364,16 @@ class AppMetrics(Collector):
                 "Requests waiting for a connection of this process's pool",
                 value=pool.waiting,
             )
+        if self.certificates:
+            expiry = GaugeMetricFamily(
+                "arm_tls_certificate_expiry_timestamp_seconds",
+                "When the first certificate of a file this process read at start expires "
+                "(Unix time), by the variable naming the file; a new file takes a restart",
+                labels=["variable"],
+            )
+            for variable, at in sorted(self.certificates.items()):
+                expiry.add_metric([variable], at)
+            yield expiry
         state = self.bridge()
         if state is not None:
             yield GaugeMetricFamily(

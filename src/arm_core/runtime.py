@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from arm_core.bridge.config import bridge_config
 from arm_core.bridge.runner import Bridge, NatsState
 from arm_core.config import Settings
+from arm_core.config_error import ConfigError
 from arm_core.db import (
     OUTAGE,
     DatabaseError,
@@ -27,6 +28,7 @@ from arm_core.db import (
 )
 from arm_core.metrics import METRICS, AppMetrics, BridgeState, metrics_handler
 from arm_core.store import Store
+from arm_core.tls import expires_at
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +219,20 @@ def install_probes(app: web.Application) -> None:
     app.router.add_get("/readyz", readyz)
 
 
+def certificate_expiries(settings: Settings) -> dict[str, float]:
+    """arm_tls_certificate_expiry_timestamp_seconds: when each certificate file expires
+    first. The NATS and HTTPS files were checked at start (a bad one stops it); a file
+    DATABASE_URL names is libpq's to judge, so one that cannot be read is left out, and
+    logged."""
+    found: dict[str, float] = {}
+    for variable, path in settings.certificate_files().items():
+        try:
+            found[variable] = expires_at(variable, path).timestamp()
+        except ConfigError as exc:
+            log.warning("no expiry metric for %s", exc, extra={"action": "metrics"})
+    return found
+
+
 def install_metrics(app: web.Application) -> None:
     """GET /metrics on `app`: this process's counters, the bridge's state when it runs
     one, and the database's gauges (bounded and cached: src/arm_core/metrics.py)."""
@@ -224,10 +240,12 @@ def install_metrics(app: web.Application) -> None:
     def bridge_state() -> BridgeState | None:
         return app[BRIDGE].metrics_state() if BRIDGE in app else None
 
+    settings = app[SETTINGS]
     app[METRICS] = AppMetrics(
         store=lambda: app.get(STORE),
         bridge=bridge_state,
-        ack_timeout=app[SETTINGS].ack_timeout_seconds,
+        ack_timeout=settings.ack_timeout_seconds,
+        certificates=certificate_expiries(settings),
     )
     app.router.add_get("/metrics", metrics_handler)
 

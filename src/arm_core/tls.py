@@ -59,6 +59,13 @@ def check_certificates(
     return certs
 
 
+def expires_at(var: str, path: str) -> dt.datetime:
+    """When the first certificate in `path` to expire does (a certificate with its
+    chain, or a CA bundle): what arm_tls_certificate_expiry_timestamp_seconds says.
+    Raises ConfigError naming `var` for a file that is not checked ones."""
+    return min(cert.not_valid_after_utc for cert in check_certificates(var, path))
+
+
 def _no_passphrase(var: str) -> Callable[[], bytes]:
     def refuse() -> bytes:
         raise ConfigError(

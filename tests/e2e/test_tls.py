@@ -7,6 +7,7 @@ a clear error rather than hang; and no log line of any process shows key materia
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import shutil
@@ -266,9 +267,13 @@ async def test_postgresql_with_verify_full_and_a_server_that_wants_ssl(
 
 
 def test_serve_and_the_bridge_answer_over_https_only(db_url: str, tmp_path: Path, pki: Pki) -> None:
-    site = pki.issue("arm-core-site", "127.0.0.1", "localhost")
+    # Ten days left: /metrics says when, for the expiry alert.
+    expires = (dt.datetime.now(dt.UTC) + dt.timedelta(days=10)).replace(microsecond=0)
+    site = pki.issue("arm-core-site", "127.0.0.1", "localhost", not_after=expires)
     https_env = {"HTTP_TLS_CERT_FILE": str(site.cert), "HTTP_TLS_KEY_FILE": str(site.key)}
     trusted = ssl.create_default_context(cafile=str(pki.ca_file))
+    gauge = 'arm_tls_certificate_expiry_timestamp_seconds{variable="HTTP_TLS_CERT_FILE"} '
+
     with stack_of(db_url, tmp_path) as stack:
         port, bridge_port = free_port(), free_port()
         serve = stack.start("serve", HTTP_PORT=port, **https_env)
@@ -299,6 +304,11 @@ def test_serve_and_the_bridge_answer_over_https_only(db_url: str, tmp_path: Path
             )
             assert check.returncode == 0, check.stdout + check.stderr
             assert check.stdout.startswith(f"https://127.0.0.1:{p}/livez: ")
+            metrics = urllib.request.urlopen(
+                f"https://127.0.0.1:{p}/metrics", timeout=10, context=trusted
+            ).read()
+            [line] = [x for x in metrics.decode().splitlines() if x.startswith(gauge)]
+            assert float(line.removeprefix(gauge)) == expires.timestamp(), line
         assert log_lines(serve.log(), action="serve")[-1].count("serving on https://") == 1
         assert_no_key_material(logs(stack), pki)
 

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
 from arm_core.redaction import mask_url
+from arm_core.runtime import certificate_expiries
 from tests.support.tls import Pki, assert_no_key_material
 
 NOW = dt.datetime.now(dt.UTC)
@@ -156,3 +157,33 @@ def test_a_database_urls_tls_parameters_show_masked_and_its_sslpassword_does_not
     settings = Settings.from_env({"DATABASE_URL": url})
     assert "key-secret" in settings.secrets() and "pw-secret" in settings.secrets()
     assert "key-secret" not in repr(settings) and "sslmode=verify-full" in repr(settings)
+
+
+def test_the_expiry_metric_names_every_certificate_file_and_skips_what_libpq_judges(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """arm_tls_certificate_expiry_timestamp_seconds: the first expiry of each certificate
+    file, by its variable; DATABASE_URL's files too (`system` is libpq's word for the
+    system's CAs, not a file), one that cannot be read left out."""
+    soon = (dt.datetime.now(dt.UTC) + dt.timedelta(days=3)).replace(microsecond=0)
+    site = pki.issue("site", "localhost", not_after=soon)
+    client = pki.issue("client", "arm-core")
+    settings = Settings(
+        http_tls_cert_file=str(site.cert),
+        http_tls_key_file=str(site.key),
+        nats_tls_ca_file=str(pki.ca_file),
+        database_url=(
+            f"postgresql://arm@db/arm?sslmode=verify-full&sslrootcert=system"
+            f"&sslcert={client.cert}&sslkey={client.key}"
+        ),
+    )
+    assert settings.certificate_files() == {
+        "HTTP_TLS_CERT_FILE": str(site.cert),
+        "NATS_TLS_CA_FILE": str(pki.ca_file),
+        "DATABASE_URL sslcert": str(client.cert),
+    }
+    found = certificate_expiries(settings)
+    assert found["HTTP_TLS_CERT_FILE"] == soon.timestamp()
+    assert set(found) == {"HTTP_TLS_CERT_FILE", "NATS_TLS_CA_FILE", "DATABASE_URL sslcert"}
+    missing = Settings(database_url=f"postgresql://arm@db/arm?sslrootcert={tmp_path / 'no.crt'}")
+    assert certificate_expiries(missing) == {}

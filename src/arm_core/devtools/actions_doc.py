@@ -103,7 +103,8 @@ ACTIONS: dict[str, str] = {
     "http": "a request answered 503: the database unavailable or the pool exhausted (DEBUG)",
     "http_timeout": "a request body not received within `HTTP_BODY_TIMEOUT_SECONDS`: 408",
     "http_bad_request": "a request aiohttp could not parse: 400",
-    "metrics": "`/metrics` without the database's gauges (it could not read them)",
+    "metrics": "`/metrics` without the database's gauges (it could not read them), or "
+    "without the expiry of a certificate file `DATABASE_URL` names (unreadable at start)",
     "migrate": "`arm-core migrate` or `rollback`: a migration applied or rolled back, "
     "roles made, function files applied",
     "db_outage": "the database unreachable: `state` started, ongoing (every 30 s), ended",
