@@ -324,8 +324,10 @@ class Bridge:
         )
 
     def metrics_state(self) -> BridgeState:
-        """arm_nats_connected (connected and subscribed) and arm_inbox_buffered."""
-        return BridgeState(self.nats_state() is NatsState.OK, self.inbox.held())
+        """arm_nats_connected (connected and subscribed), arm_inbox_buffered and, with
+        RESULTS_STREAM, arm_results_stream_pending."""
+        pending = self.stream.pending if self.stream is not None else None
+        return BridgeState(self.nats_state() is NatsState.OK, self.inbox.held(), pending)
 
     async def stop(self, grace: float | None = None) -> None:
         """Leaves the exchange without losing what it holds, in this order (up to `grace`

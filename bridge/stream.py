@@ -34,6 +34,9 @@ class StreamConsumer(Service):
     fetch_pause_max_seconds: float = 2.0
     # While the inbox cannot reach the database: how often it is asked again.
     probe_seconds: float = 1.0
+    # Answers waiting in the stream for the durable consumer, as the last fetch saw them
+    # (the last message's num_pending; 0 when a fetch found none); None before the first.
+    pending: int | None = None
     name = "stream"
 
     def fetch_size(self) -> int:
@@ -66,7 +69,13 @@ class StreamConsumer(Service):
         if n == 0:
             await asyncio.sleep(min(wait, 0.05))  # the inbox's workers make room
             return []
-        msgs: list[Msg] = await self.consumer.fetch(n, timeout=wait)
+        try:
+            msgs: list[Msg] = await self.consumer.fetch(n, timeout=wait)
+        except TimeoutError:  # nats.errors.TimeoutError is one: nothing waits
+            self.pending = 0
+            raise
+        if msgs:
+            self.pending = msgs[-1].metadata.num_pending
         again = sum(1 for msg in msgs if msg.metadata.num_delivered > 1)
         if again:
             events.redelivered(self.inbox.counts, again)

@@ -194,6 +194,9 @@ class BridgeState:
 
     nats_connected: bool
     inbox_buffered: int
+    # RESULTS_STREAM: answers waiting in the stream as its last fetch saw them (None:
+    # no stream, or no fetch yet).
+    stream_pending: int | None = None
 
 
 @dataclass
@@ -387,6 +390,14 @@ class AppMetrics(Collector):
                 "in a worker's batch held while the database is away",
                 value=state.inbox_buffered,
             )
+            if state.stream_pending is not None:
+                yield GaugeMetricFamily(
+                    "arm_results_stream_pending",
+                    "With RESULTS_STREAM: answers waiting in the stream for the bridges' "
+                    "durable consumer, as this bridge's last fetch saw them (0 when a "
+                    "fetch found none)",
+                    value=state.stream_pending,
+                )
 
     async def exposition(self) -> bytes:
         """The whole text of GET /metrics: this process's counters, then these gauges."""

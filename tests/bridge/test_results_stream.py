@@ -260,8 +260,12 @@ async def test_a_bridge_whose_database_stalls_leaves_the_rest_in_the_stream(
                 await asyncio.sleep(0.05)
             pending = (await js.consumer_info(STREAM, "arm-core")).num_pending
             assert pending >= n - cap - batch * workers
+            # arm_results_stream_pending: what the last fetch saw still waiting.
+            seen = bridge.metrics_state().stream_pending
+            assert seen is not None and seen >= pending, (seen, pending)
             dba.rollback()
         await applied_and_acked(db_url, js, n, within=60)
+        await wait_for(lambda: bridge.metrics_state().stream_pending == 0, 10, "none left")
 
 
 async def test_operator_stream_used_as_it_is_with_differences_logged(

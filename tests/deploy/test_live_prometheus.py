@@ -36,7 +36,7 @@ import yaml
 from arm_core.devtools.embedded import free_port
 from tests.support.bridge import wait_for
 from tests.support.sql import upload_many
-from tests.support.stack import Stack
+from tests.support.stack import Stack, running_stack
 from tests.support.tls import Pki
 
 pytestmark = pytest.mark.e2e
@@ -127,15 +127,22 @@ def prometheus_needed() -> None:
 
 
 @pytest.fixture
+def stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
+    """The suite's stack with JetStream, so the bridge runs on the results stream and
+    exports what the stream's alert reads."""
+    yield from running_stack(db_url, tmp_path, ["-js", "-sd", str(tmp_path / "js")])
+
+
+@pytest.fixture
 def watched(prometheus_needed: None, stack: Stack, tmp_path: Path) -> Iterator[Prometheus]:
     bridge_port = free_port()
     # A CA bundle in DATABASE_URL (libpq's sslrootcert; sslmode=prefer falls back to the
     # suite's plain server) gives the bridge a certificate expiry to export.
     ca = Pki(tmp_path / "pki").ca_file
     url = f"{stack.db_url}?sslmode=prefer&sslrootcert={ca}"
-    stack.start("bridge", BRIDGE_HEALTH_PORT=bridge_port, DATABASE_URL=url).wait_healthy(
-        bridge_port
-    )
+    stack.start(
+        "bridge", BRIDGE_HEALTH_PORT=bridge_port, DATABASE_URL=url, RESULTS_STREAM="ARM_RESULTS"
+    ).wait_healthy(bridge_port)
     _, serve_url = stack.serve(NATS_ENABLED="false")
     prometheus = Prometheus(
         tmp_path,
