@@ -204,26 +204,38 @@ def apply_settings(conn: psycopg.Connection, settings: Settings) -> None:
         store.set_sweep_interval(settings.timeout_sweep_seconds)
 
 
+@contextlib.contextmanager
+def _locked(
+    database_url: str, action: str, idle_in_transaction: float
+) -> Iterator[psycopg.Connection[Any]]:
+    """A connection holding migrate's advisory lock for the block: concurrent
+    `arm-core migrate` and `rollback` runs wait their turn. Errors name `action`."""
+    options = connection_options(database_url, idle_in_transaction=idle_in_transaction)
+    with (
+        wrap_db_errors(action),
+        psycopg.connect(make_conninfo(database_url, **options), autocommit=True) as conn,
+    ):
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
+        try:
+            yield conn
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK_KEY,))
+
+
 def migrate(database_url: str, settings: Settings | None = None) -> MigrateReport:
     """Brings the database at database_url up to date. Idempotent and safe to run
     concurrently: runs queue on an advisory lock held for the whole migration."""
     settings = settings or Settings()
     idle = settings.db_idle_in_transaction_timeout_seconds
-    options = connection_options(database_url, idle_in_transaction=idle)
-    conninfo = make_conninfo(database_url, **options)
-    with wrap_db_errors("migrate"), psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
-        try:
-            ensure_roles(conn)
-            with _yoyo(database_url, idle) as (backend, migrations):
-                pending = backend.to_apply(migrations)
-                backend.apply_migrations(pending)
-            applied = [m.id for m in pending]
-            files = apply_functions(conn, SQL_DIR)
-            with conn.transaction():
-                apply_settings(conn, settings)
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK_KEY,))
+    with _locked(database_url, "migrate", idle) as conn:
+        ensure_roles(conn)
+        with _yoyo(database_url, idle) as (backend, migrations):
+            pending = backend.to_apply(migrations)
+            backend.apply_migrations(pending)
+        applied = [m.id for m in pending]
+        files = apply_functions(conn, SQL_DIR)
+        with conn.transaction():
+            apply_settings(conn, settings)
     for migration_id in applied:
         log.info("applied migration %s", migration_id, extra={"action": "migrate"})
     log.info("applied %d function files", len(files), extra={"action": "migrate"})
@@ -239,27 +251,19 @@ def rollback_to(database_url: str, migration_id: str) -> list[str]:
     first, each with its .rollback.sql, under migrate's lock. Returns their ids. The
     function files stay as they are: the previous version's `arm-core migrate` (run next)
     applies its own."""
-    options = connection_options(
-        database_url, idle_in_transaction=IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
-    )
     with (
-        wrap_db_errors("rollback"),
-        psycopg.connect(make_conninfo(database_url, **options), autocommit=True) as conn,
+        _locked(database_url, "rollback", IDLE_IN_TRANSACTION_TIMEOUT_SECONDS),
+        _yoyo(database_url) as (backend, migrations),
     ):
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
-        try:
-            with _yoyo(database_url) as (backend, migrations):
-                ids = [m.id for m in migrations]
-                if migration_id not in ids:
-                    raise UnknownMigration(
-                        f"rollback: no migration {migration_id!r} in this version "
-                        f"(it has {ids[0]} to {ids[-1]})"
-                    )
-                later = set(ids[ids.index(migration_id) :])
-                todo = backend.to_rollback(migrations.filter(lambda m: m.id in later))
-                backend.rollback_migrations(todo)
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK_KEY,))
+        ids = [m.id for m in migrations]
+        if migration_id not in ids:
+            raise UnknownMigration(
+                f"rollback: no migration {migration_id!r} in this version "
+                f"(it has {ids[0]} to {ids[-1]})"
+            )
+        later = set(ids[ids.index(migration_id) :])
+        todo = backend.to_rollback(migrations.filter(lambda m: m.id in later))
+        backend.rollback_migrations(todo)
     for migration in todo:
         log.info("rolled back migration %s", migration.id, extra={"action": "migrate"})
     return [m.id for m in todo]
