@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from benchmarks.report import _run, machine
+from benchmarks.report import command_output, machine
 from tests.support.compose import POSTGRES_PACKAGES
 from tests.support.containers import BASE_PACKAGES, BASE_SUITE, PODMAN, REPO
 
@@ -151,7 +151,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.containers", description=__doc__)
     parser.parse_args(argv)
     machine_lines = machine()  # before: others may commit while the tests run
-    machine_lines.append(f"podman: {_run([*PODMAN, '--version']).removeprefix('podman version ')}")
+    podman = command_output([*PODMAN, "--version"]).removeprefix("podman version ")
+    machine_lines.append(f"podman: {podman}")
     machine_lines.append(f"podman-compose: {compose_version()}")
     began = time.monotonic()
     code, out = run_pytest()

@@ -104,7 +104,8 @@ def _figure(row: Row) -> str:
     return f"{row.value:,.{row.digits}f} {row.unit}".rstrip()
 
 
-def _run(cmd: list[str]) -> str:
+def command_output(cmd: list[str]) -> str:
+    """The first line a command prints (stdout, else stderr), for a report's Machine."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
     except OSError as exc:
@@ -153,13 +154,13 @@ def machine(settings: str = FAST_SETTINGS) -> list[str]:
     except OSError:
         pass
     nats_binary = shutil.which("nats-server") or str(Path(sys.executable).with_name("nats-server"))
-    postgres = _run([str(find_pg_bindir() / "postgres"), "--version"])
+    postgres = command_output([str(find_pg_bindir() / "postgres"), "--version"])
     return [
         f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"cpus (nproc): {os.cpu_count()}; cpu: {cpu}; memory: {mem_kb / 1024 / 1024:.1f} GiB",
         f"os: {platform.platform()}; python {platform.python_version()}",
         f"PostgreSQL: {postgres} (embedded: {settings})",
-        f"nats-server: {_run([nats_binary, '--version']).removeprefix('nats-server: ')}",
+        f"nats-server: {command_output([nats_binary, '--version']).removeprefix('nats-server: ')}",
         f"arm-core: {_tree()}",
     ]
 
@@ -167,7 +168,7 @@ def machine(settings: str = FAST_SETTINGS) -> list[str]:
 def _tree() -> str:
     """The commit measured, and any uncommitted changes to the code under test."""
     root = str(Path(__file__).resolve().parents[1])
-    head = _run(["git", "-C", root, "log", "-1", "--format=%h %s"])
+    head = command_output(["git", "-C", root, "log", "-1", "--format=%h %s"])
     out = subprocess.run(
         ["git", "-C", root, "status", "--porcelain", "--", "src", "bridge", "http", "db"],
         capture_output=True,
