@@ -678,15 +678,18 @@ ALTER FUNCTION arm.archive_files(p_finished_before timestamp with time zone, p_l
 --
 
 CREATE FUNCTION arm.bridge_instances() RETURNS TABLE(name text, version text, started_at timestamp with time zone, seen_seconds_ago double precision, nats text, listener text, loops jsonb, held integer)
-    LANGUAGE sql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
+BEGIN
+    RETURN QUERY
     SELECT b.name, b.version, b.started_at,
            extract(epoch FROM clock_timestamp() - b.seen_at)::double precision,
            b.nats, b.listener, b.loops, b.held
     FROM arm.bridge_instance b
     WHERE b.seen_at >= clock_timestamp() - interval '1 day'
     ORDER BY b.seen_at DESC, b.name;
+END
 $$;
 
 
@@ -983,11 +986,13 @@ ALTER FUNCTION arm.fold_name(p_name text) OWNER TO arm_owner;
 --
 
 CREATE FUNCTION arm.forget_bridge(p_name text) RETURNS boolean
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
-    WITH gone AS (DELETE FROM arm.bridge_instance WHERE name = p_name RETURNING 1)
-    SELECT EXISTS (SELECT FROM gone);
+BEGIN
+    DELETE FROM arm.bridge_instance WHERE name = p_name;
+    RETURN FOUND;
+END
 $$;
 
 
@@ -1480,9 +1485,10 @@ ALTER FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeo
 --
 
 CREATE FUNCTION arm.record_bridge(p_name text, p_version text, p_started_at timestamp with time zone, p_nats text, p_listener text, p_loops jsonb, p_held integer) RETURNS void
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
+BEGIN
     INSERT INTO arm.bridge_instance AS b
         (name, version, started_at, seen_at, nats, listener, loops, held)
     VALUES (p_name, p_version, p_started_at, clock_timestamp(), p_nats, p_listener,
@@ -1496,6 +1502,7 @@ CREATE FUNCTION arm.record_bridge(p_name text, p_version text, p_started_at time
         loops = EXCLUDED.loops,
         held = EXCLUDED.held;
     DELETE FROM arm.bridge_instance WHERE seen_at < clock_timestamp() - interval '1 day';
+END
 $$;
 
 

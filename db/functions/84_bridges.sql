@@ -3,7 +3,9 @@
 --   SELECT name, version, nats, listener, loops, held, seen_seconds_ago
 --   FROM arm.bridge_instances();
 -- A row whose seen_seconds_ago grows is a bridge that stopped saying so: it died, or it
--- cannot reach the database.
+-- cannot reach the database. PL/pgSQL, as the other files' functions of later tables:
+-- their bodies are checked when called, so every file applies to a database migrated
+-- only part of the way (as the migrations' own tests do).
 
 -- Writes the bridge's row (its schedule tick, every few seconds): what it runs, its NATS
 -- and LISTEN state, its loops in trouble and the answers it holds. Deletes
@@ -18,10 +20,11 @@ CREATE OR REPLACE FUNCTION arm.record_bridge(
     p_held integer
 )
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
+BEGIN
     INSERT INTO arm.bridge_instance AS b
         (name, version, started_at, seen_at, nats, listener, loops, held)
     VALUES (p_name, p_version, p_started_at, clock_timestamp(), p_nats, p_listener,
@@ -35,17 +38,20 @@ AS $$
         loops = EXCLUDED.loops,
         held = EXCLUDED.held;
     DELETE FROM arm.bridge_instance WHERE seen_at < clock_timestamp() - interval '1 day';
+END
 $$;
 
 -- Deletes the bridge's row: it is stopping cleanly, and its absence is not an alarm.
 CREATE OR REPLACE FUNCTION arm.forget_bridge(p_name text)
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
-    WITH gone AS (DELETE FROM arm.bridge_instance WHERE name = p_name RETURNING 1)
-    SELECT EXISTS (SELECT FROM gone);
+BEGIN
+    DELETE FROM arm.bridge_instance WHERE name = p_name;
+    RETURN FOUND;
+END
 $$;
 
 -- Every bridge seen in the last day, the most recently seen first, with how long ago.
@@ -60,15 +66,18 @@ RETURNS TABLE (
     loops jsonb,
     held integer
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT b.name, b.version, b.started_at,
            extract(epoch FROM clock_timestamp() - b.seen_at)::double precision,
            b.nats, b.listener, b.loops, b.held
     FROM arm.bridge_instance b
     WHERE b.seen_at >= clock_timestamp() - interval '1 day'
     ORDER BY b.seen_at DESC, b.name;
+END
 $$;

@@ -49,6 +49,7 @@ LATER = [
     "0011_archived_history",
     "0012_job_table_autovacuum",
     "0013_time_ordered_ids",
+    "0014_bridge_instances",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table
