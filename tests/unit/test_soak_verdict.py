@@ -56,12 +56,12 @@ def test_a_process_restarted_late_is_judged_from_its_own_warm_up() -> None:
 def test_the_reference_is_judged_only_once_its_job_memory_can_be_full() -> None:
     # It remembers REMEMBER_SECONDS of jobs: a 3-minute run's 1-minute warm-up cannot
     # judge it; an hour's 10-minute warm-up does.
-    grows = [(m * 60.0, 78 + m, "reference:7", m * 60.0) for m in (1, 2, 3)]
+    grows = [(m * 60.0, 78.0 + m, "reference:7", m * 60.0) for m in (1, 2, 3)]
     short = soak.Soak(minutes=3)
     short.rows = [_row(1), _row(2), _row(3)]
     short.rss_by_pid = {7: grows}
     assert soak.judge(short, warmup=1) == []
-    hour = [(m * 60.0, 78 + m, "reference:7", m * 60.0) for m in (10, 35, 60)]
+    hour = [(m * 60.0, 78.0 + m, "reference:7", m * 60.0) for m in (10, 35, 60)]
     assert soak.judge(_hour({7: hour}), warmup=10) == [
         "reference:7: RSS grew 88 → 138 MiB after the warm-up"
     ]
