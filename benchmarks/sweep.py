@@ -10,9 +10,13 @@ final rows (done, error, timeout) that satisfy every CHECK and foreign key, inse
 with the table's user triggers disabled (the guard and the upload defaults), then
 enabled again. After each build the table is VACUUM ANALYZEd, as autovacuum would.
 
-Each measurement: in a transaction, move the deadline of `due` random live jobs into
-the past (allowed while they are live), time the sweep statement (client side, loopback),
-roll back; the median of several runs.
+Each measurement: CHECKPOINT, then in a transaction move the deadline of `due` random
+live jobs into the past (allowed while they are live), time the sweep statement (client
+side, loopback), roll back; the median of several runs. The checkpoint first makes every
+run alike: the first change of a page after a checkpoint writes the whole page to the
+WAL (full_page_writes), and without it whether the sweep's pages were last changed
+before or after the server's own latest checkpoint (the bulk load of the large history
+sets one off) decided the figure.
 
 With the smallest and the largest history, the two batch functions of the bridge are
 timed the same way: the inbox's arm.apply_envelopes_v2 with acks for BATCH (10) random
@@ -289,6 +293,7 @@ def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
     rows_read = 0
     for _ in range(repeats):
         chosen = random.sample(live, due)
+        conn.execute("CHECKPOINT")
         try:
             with conn.transaction():
                 conn.execute(
