@@ -11,7 +11,7 @@ from aiohttp import web
 import arm_core
 from arm_core.config import Settings
 from arm_core.http import file_list, handlers
-from arm_core.http.auth import auth_middleware
+from arm_core.http.auth import auth_middleware, warn_unlevelled_tokens
 from arm_core.http.errors import error_middleware
 from arm_core.runtime import bridge_ctx, install_metrics, install_probes, new_app, pool_ctx
 
@@ -71,10 +71,15 @@ async def console_file(request: web.Request) -> web.Response:
     return _console_response(request, request.match_info["name"])
 
 
+# What a request needs beyond the viewer's "read" (arm_core.access), by its handler.
+PERMISSIONS = {handlers.retry_file: "retry", handlers.retry_files: "retry"}
+
+
 def create_app(settings: Settings) -> web.Application:
+    warn_unlevelled_tokens(settings)
     app = new_app(
         settings,
-        middlewares=[error_middleware, auth_middleware(settings)],
+        middlewares=[error_middleware, auth_middleware(settings, PERMISSIONS)],
         client_max_size=settings.http_max_body_bytes,
     )
     app[handlers.OPENAPI] = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))

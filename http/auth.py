@@ -1,18 +1,49 @@
-"""Who is calling: the actor recorded in the retry audit (AUTH_MODE)."""
+"""Who is calling and what they may do: the actor recorded in the retry audit
+(AUTH_MODE) and the access levels of arm_core.access (a token's level, or the groups an
+authenticating proxy names). 401 without valid credentials, 403 with valid ones of a
+level that does not grant the request; either way the request changes nothing."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from arm_core.access import EVERY_LEVEL, NEEDED, ApiToken, Level, may, shown_level
 from arm_core.config import Settings
 from arm_core.http.errors import ApiError, Handler
 
-ACTOR = web.RequestKey("actor", str)
+
+@dataclass(frozen=True)
+class Caller:
+    """Who the credentials say, and the levels they hold."""
+
+    actor: str
+    levels: frozenset[Level]
+
+    @property
+    def level(self) -> str | None:
+        """The level to show (arm_core.access.shown_level)."""
+        return shown_level(self.levels)
+
+    @property
+    def audit_level(self) -> str:
+        """What the retry audit records beside the actor: the credential's level, or
+        `all` for one that holds every level (a token without a level, AUTH_MODE=none,
+        AUTH_MODE=header without a groups header)."""
+        if self.levels == EVERY_LEVEL:
+            return "all"
+        return self.level or ""
+
+
+log = logging.getLogger(__name__)
+
+CALLER = web.RequestKey("caller", Caller)
 # The console's shell ("/", "/console/…") holds no data; /api/v1/whoami answers
 # {"actor": null} without credentials, so the console knows to show its sign-in form.
 PUBLIC_PATHS = (
@@ -24,6 +55,9 @@ PUBLIC_PATHS = (
     "/api/v1/whoami",
 )
 PUBLIC_PREFIXES = ("/console/",)
+METRICS_PATH = "/metrics"
+
+_WHAT = {"read": "reading", "retry": "retrying files", "metrics": "GET /metrics"}
 
 
 def _digest(token: str) -> bytes:
@@ -31,17 +65,26 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
+def _token_digests(tokens: Sequence[ApiToken | tuple[str, str]]) -> list[tuple[ApiToken, bytes]]:
+    """(entry, sha256 of its token) for each entry; a plain (actor, token) pair is an
+    entry without a level."""
+    entries = [t if isinstance(t, ApiToken) else ApiToken(*t) for t in tokens]
+    return [(t, _digest(t.token)) for t in entries]
+
+
 def authenticate(
-    request: web.Request, settings: Settings, tokens: Sequence[tuple[str, bytes]] = ()
-) -> str:
-    """The caller's identity, or ApiError 401. `tokens` are (actor, sha256 of token)."""
+    request: web.Request,
+    settings: Settings,
+    tokens: Sequence[tuple[ApiToken, bytes]] | None = None,
+) -> Caller:
+    """The caller, or ApiError 401. `tokens` are (entry, sha256 of its token)."""
     if settings.auth_mode == "none":
-        return "anonymous"
+        return Caller("anonymous", EVERY_LEVEL)
     if settings.auth_mode == "header":
         actor = request.headers.get(settings.auth_header, "").strip()
         if not actor:
             raise ApiError(401, "UNAUTHORIZED", f"missing {settings.auth_header} header")
-        return actor[:200]
+        return Caller(actor[:200], _group_levels(request, settings))
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "UNAUTHORIZED", "missing Authorization: Bearer <token>")
@@ -50,25 +93,92 @@ def authenticate(
     # other; and every entry is compared, so how long it takes says nothing about
     # which entry matched or whether one did.
     given = _digest(token.strip())
-    actor_found = None
-    for actor, expected in tokens or [(a, _digest(t)) for a, t in settings.api_tokens]:
+    found = None
+    for entry, expected in _token_digests(settings.api_tokens) if tokens is None else tokens:
         if hmac.compare_digest(given, expected):
-            actor_found = actor
-    if actor_found is None:
+            found = entry
+    if found is None:
         raise ApiError(401, "UNAUTHORIZED", "invalid token")
-    return actor_found
+    return Caller(found.actor, found.levels)
 
 
-def auth_middleware(settings: Settings) -> Middleware:
-    """Sets request[ACTOR] for every non-public path; 401 (changing nothing) without
-    valid credentials."""
+def _group_levels(request: web.Request, settings: Settings) -> frozenset[Level]:
+    """AUTH_MODE=header: without AUTH_GROUPS_HEADER every level; with it, the levels the
+    caller's groups (comma-separated in that header) are given."""
+    if not settings.auth_groups_header:
+        return EVERY_LEVEL
+    raw = request.headers.get(settings.auth_groups_header, "")
+    groups = {g.strip() for g in raw.split(",") if g.strip()}
+    levels = set()
+    if groups & settings.auth_operator_groups:
+        levels.add(Level.OPERATOR)
+    if groups & settings.auth_viewer_groups:
+        levels.add(Level.VIEWER)
+    if groups & settings.auth_metrics_groups:
+        levels.add(Level.METRICS)
+    return frozenset(levels)
 
-    tokens = [(actor, _digest(token)) for actor, token in settings.api_tokens]
+
+def require(caller: Caller, permission: str) -> None:
+    """ApiError 403 FORBIDDEN, naming the level needed, unless `caller` may."""
+    if may(caller.levels, permission):
+        return
+    needed = NEEDED[permission].value
+    held = sorted(level.value for level in caller.levels)
+    raise ApiError(
+        403,
+        "FORBIDDEN",
+        f"{_WHAT[permission]} needs the {needed} level; {caller.actor} holds "
+        + (", ".join(held) if held else "no level (in none of the configured groups)"),
+        {"needed": needed, "levels": held},
+    )
+
+
+def warn_unlevelled_tokens(settings: Settings) -> None:
+    """Logs once, at start, the API_TOKENS entries that name no level: each still holds
+    every level, as before levels existed, for this release only (CHANGELOG)."""
+    unlevelled = settings.unlevelled_tokens()
+    if not unlevelled:
+        return
+    actors = ", ".join(t.actor for t in unlevelled)
+    log.warning(
+        "API_TOKENS: %d of %d entries name no access level (actors: %s); each holds every "
+        "level (viewer, operator, metrics) for this release only. Name one per entry: "
+        "actor:viewer=…, actor:operator=… or actor:metrics=… (docs/security.md)",
+        len(unlevelled),
+        len(settings.api_tokens),
+        actors,
+        extra={"action": "deprecated"},
+    )
+
+
+def auth_middleware(
+    settings: Settings, permissions: Mapping[Callable[..., object], str]
+) -> Middleware:
+    """Sets request[CALLER] for every non-public path after checking its level; 401 or
+    403 (changing nothing) otherwise. What a request needs comes from its route's
+    handler: `permissions[handler]` ("retry"), else "read". GET /metrics asks what
+    METRICS_AUTH says."""
+
+    tokens = _token_digests(settings.api_tokens)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in PUBLIC_PATHS and not request.path.startswith(PUBLIC_PREFIXES):
-            request[ACTOR] = authenticate(request, settings, tokens)
+        path = request.path
+        if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+            return await handler(request)
+        if path == METRICS_PATH:
+            if settings.metrics_auth != "none":
+                caller = authenticate(request, settings, tokens)
+                if settings.metrics_auth == "level":
+                    require(caller, "metrics")
+                elif not caller.levels:
+                    require(caller, "read")  # in no group: no access at all
+            return await handler(request)
+        caller = authenticate(request, settings, tokens)
+        route_handler = request.match_info.handler
+        require(caller, permissions.get(route_handler, "read"))
+        request[CALLER] = caller
         return await handler(request)
 
     return middleware

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from arm_core import metrics
-from arm_core.http.auth import ACTOR, authenticate
+from arm_core.http.auth import CALLER, Caller, authenticate
 from arm_core.http.errors import ApiError, RequestTimeout
 from arm_core.rows import RetryResult
 from arm_core.runtime import BRIDGE, SETTINGS, STORE
@@ -90,7 +90,10 @@ async def retry_file(request: web.Request) -> web.Response:
     if request.can_read_body:  # an empty body, {} or {"job_id": …}
         body = await _json_body(request, required=False)
     expected = _expected_job(request, body)
-    row = await request.app[STORE].retry_file(file_id, request[ACTOR], expected)
+    caller = request[CALLER]
+    row = await request.app[STORE].retry_file(
+        file_id, caller.actor, expected, actor_level=caller.audit_level
+    )
     metrics.RETRIES.labels(outcome=row.outcome.value).inc()
     if row.outcome is RetryOutcome.NOT_FOUND:
         raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
@@ -153,7 +156,10 @@ async def retry_files(request: web.Request) -> web.Response:
             {"invalid_indexes": bad[:50]},
         )
     distinct = list(dict.fromkeys(ids))  # request order, duplicates once
-    rows = await request.app[STORE].retry_files(ids, request[ACTOR], expected)
+    caller = request[CALLER]
+    rows = await request.app[STORE].retry_files(
+        ids, caller.actor, expected, actor_level=caller.audit_level
+    )
     for row in rows:
         metrics.RETRIES.labels(outcome=row.outcome.value).inc()
     by_id = {row.file_id: row for row in rows}
@@ -213,13 +219,22 @@ async def get_file(request: web.Request) -> web.Response:
 
 async def whoami(request: web.Request) -> web.Response:
     """GET /api/v1/whoami → {"actor": who the credentials say (null without valid ones),
-    "auth_mode"}. Public: the console asks it to know whether to show its sign-in form."""
+    "level": the level to show (viewer, operator, metrics; null without one), "levels":
+    every level held, "auth_mode"}. Public: the console asks it to know whether to show
+    its sign-in form, and whether to offer retries."""
     settings = request.app[SETTINGS]
     try:
-        actor: str | None = authenticate(request, settings)
+        caller: Caller | None = authenticate(request, settings)
     except ApiError:
-        actor = None
-    return web.json_response({"actor": actor, "auth_mode": settings.auth_mode})
+        caller = None
+    return web.json_response(
+        {
+            "actor": caller.actor if caller else None,
+            "level": caller.level if caller else None,
+            "levels": sorted(level.value for level in caller.levels) if caller else [],
+            "auth_mode": settings.auth_mode,
+        }
+    )
 
 
 # A bridge writes its row every few seconds (SchedulerConfig.heartbeat_seconds, 5): one

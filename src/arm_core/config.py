@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from arm_core.access import LEVELS, METRICS_AUTH_MODES, ApiToken, Level
 from arm_core.config_error import ConfigError
 from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair, parse_jwt, parse_seed
 from arm_core.redaction import mask_url, mask_urls_in, url_secrets
@@ -180,28 +181,51 @@ def _subject(name: str, raw: str) -> str:
 AUTH_MODES = ("none", "token", "header")
 
 
-def _tokens(name: str, raw: str) -> tuple[tuple[str, str], ...]:
-    """`actor=token,actor2=token2` → ((actor, token), …). A bad entry is named by its
-    position: any part of it may be a token."""
+def _tokens(name: str, raw: str) -> tuple[ApiToken, ...]:
+    """`actor:level=token,actor2=token2` → (ApiToken, …): `:level` (viewer, operator or
+    metrics) is optional; an entry without one has every level, as before levels
+    existed. A bad entry is named by its position: any part of it may be a token."""
     entries = [part.strip() for part in raw.split(",") if part.strip()]
-    pairs: list[tuple[str, str]] = []
+    parsed: list[ApiToken] = []
     for n, entry in enumerate(entries, 1):
-        actor, sep, token = entry.partition("=")
-        actor, token = actor.strip(), token.strip()
+        who, sep, token = entry.partition("=")
+        who, token = who.strip(), token.strip()
         where = f"{name}: entry {n} of {len(entries)}"
         if not sep:
-            raise ConfigError(f"{where}: expected actor=token (no = in it)")
+            raise ConfigError(f"{where}: expected actor:level=token (no = in it)")
+        actor, colon, level = who.rpartition(":") if ":" in who else (who, "", "")
+        actor, level = actor.strip(), level.strip()
         if not actor:
-            raise ConfigError(f"{where}: expected actor=token (the actor is empty)")
+            raise ConfigError(f"{where}: expected actor:level=token (the actor is empty)")
+        if colon and level not in LEVELS:
+            # Not quoted: whatever stands there may be part of a token put in the wrong place.
+            raise ConfigError(
+                f"{where}: the access level after ':' is not one of {', '.join(LEVELS)}"
+            )
         if len(token) < 16:
             raise ConfigError(f"{where}: the token is shorter than 16 characters")
-        for m, (_, earlier) in enumerate(pairs, 1):
-            if earlier == token:
+        for m, earlier in enumerate(parsed, 1):
+            if earlier.token == token:
+                levels = {earlier.level or "every level", level or "every level"}
                 raise ConfigError(
-                    f"{where}: the same token as entry {m}; the audit could not tell who"
+                    f"{where}: the same token as entry {m}"
+                    + (
+                        f", with another level ({' and '.join(sorted(levels))})"
+                        if len(levels) > 1
+                        else ""
+                    )
+                    + "; the audit could not tell who"
                 )
-        pairs.append((actor, token))
-    return tuple(pairs)
+        parsed.append(ApiToken(actor, token, Level(level) if colon else None))
+    return tuple(parsed)
+
+
+def _groups(name: str, raw: str) -> frozenset[str]:
+    """`group,group2` → the set of group names (as the groups header lists them)."""
+    groups = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    if raw.strip() and not groups:
+        raise ConfigError(f"{name}: expected comma-separated group names")
+    return groups
 
 
 def is_loopback(host: str) -> bool:
@@ -384,8 +408,22 @@ class Settings:
     # API_TOKENS entry matches `Authorization: Bearer …`; header → the identity an
     # authenticating proxy puts in AUTH_HEADER (e.g. oauth2-proxy's X-Forwarded-User).
     auth_mode: str = env_var("AUTH_MODE", one_of(AUTH_MODES), "none")
-    api_tokens: tuple[tuple[str, str], ...] = env_var("API_TOKENS", _tokens, ())
+    api_tokens: tuple[ApiToken, ...] = env_var("API_TOKENS", _tokens, ())
     auth_header: str = env_var("AUTH_HEADER", _header, "X-Forwarded-User")
+    # AUTH_MODE=header: the header in which the proxy lists the caller's groups (e.g.
+    # oauth2-proxy's X-Forwarded-Groups, comma-separated). Unset, every identified caller
+    # holds every level; set, a caller's groups decide: one of AUTH_OPERATOR_GROUPS makes
+    # an operator, one of AUTH_VIEWER_GROUPS a viewer, one of AUTH_METRICS_GROUPS may read
+    # /metrics; a caller in none of them is refused (403).
+    auth_groups_header: str = env_var("AUTH_GROUPS_HEADER", _header, "")
+    auth_operator_groups: frozenset[str] = env_var("AUTH_OPERATOR_GROUPS", _groups, frozenset())
+    auth_viewer_groups: frozenset[str] = env_var("AUTH_VIEWER_GROUPS", _groups, frozenset())
+    auth_metrics_groups: frozenset[str] = env_var("AUTH_METRICS_GROUPS", _groups, frozenset())
+    # GET /metrics: level → a caller of level metrics (a token `actor:metrics=…`, a
+    # token without a level, a caller in AUTH_METRICS_GROUPS; anyone with AUTH_MODE=none);
+    # any → any caller the API accepts; none → no credentials (a scrape on a private
+    # network). /healthcheck, /livez and /readyz never ask for any.
+    metrics_auth: str = env_var("METRICS_AUTH", one_of(METRICS_AUTH_MODES), "level")
     # Names of the variables that were given explicitly (not defaulted).
     # JetStream capture of answers (docs/not-losing-answers.md): off when empty.
     results_stream: str = env_var("RESULTS_STREAM", _stream_name, "")
@@ -441,6 +479,7 @@ class Settings:
         settings = cls(**values, explicit=given)
         if settings.auth_mode == "token" and not settings.api_tokens:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
+        settings.check_groups()
         nats_keypair(settings.nats_seed, settings.nats_jwt)
         settings.check_inbox()
         settings.check_liveness()
@@ -581,7 +620,7 @@ class Settings:
         shown["nats_urls"] = tuple(mask_url(u, bare_user_is_secret=True) for u in self.nats_urls)
         for name in ("nats_seed", "nats_jwt"):
             shown[name] = "***" if shown[name] else ""
-        shown["api_tokens"] = tuple((actor, "***") for actor, _ in self.api_tokens)
+        shown["api_tokens"] = tuple(t._replace(token="***") for t in self.api_tokens)
         return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def secrets(self) -> tuple[str, ...]:
@@ -597,8 +636,45 @@ class Settings:
         for url in self.nats_urls:
             found += url_secrets(url, bare_user_is_secret=True)
         found += [s for s in (self.nats_seed, self.nats_jwt) if s]
-        found += [token for _, token in self.api_tokens]
+        found += [t.token for t in self.api_tokens]
         return tuple(dict.fromkeys(found))
+
+    def check_groups(self) -> None:
+        """Group settings only with AUTH_MODE=header and its groups header, and a groups
+        header only with a group that lets someone in; ConfigError naming the variable."""
+        lists = {
+            "AUTH_OPERATOR_GROUPS": self.auth_operator_groups,
+            "AUTH_VIEWER_GROUPS": self.auth_viewer_groups,
+            "AUTH_METRICS_GROUPS": self.auth_metrics_groups,
+        }
+        given = [name for name, groups in lists.items() if groups]
+        if self.auth_groups_header and self.auth_mode != "header":
+            raise ConfigError(
+                f"AUTH_GROUPS_HEADER: only for AUTH_MODE=header (AUTH_MODE={self.auth_mode})"
+            )
+        if given and not self.auth_groups_header:
+            raise ConfigError(
+                f"{given[0]}: needs AUTH_GROUPS_HEADER, the header in which the "
+                "authenticating proxy lists the caller's groups (e.g. X-Forwarded-Groups), "
+                "and AUTH_MODE=header"
+            )
+        if self.auth_groups_header and not (
+            self.auth_operator_groups or self.auth_viewer_groups or self.auth_metrics_groups
+        ):
+            raise ConfigError(
+                "AUTH_GROUPS_HEADER: set, but AUTH_OPERATOR_GROUPS, AUTH_VIEWER_GROUPS and "
+                "AUTH_METRICS_GROUPS are all empty: every caller would be refused"
+            )
+        if self.auth_groups_header and self.auth_groups_header.lower() == self.auth_header.lower():
+            raise ConfigError(
+                f"AUTH_GROUPS_HEADER: the same header as AUTH_HEADER ({self.auth_header})"
+            )
+
+    def unlevelled_tokens(self) -> tuple[ApiToken, ...]:
+        """API_TOKENS entries that name no level (each holds every level, for now)."""
+        if self.auth_mode != "token":
+            return ()
+        return tuple(t for t in self.api_tokens if t.level is None)
 
     def require_safe_exposure(self) -> None:
         """`arm-core serve` with AUTH_MODE=none on an address other machines can reach

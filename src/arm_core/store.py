@@ -359,11 +359,22 @@ class Store:
         return await self._bounded_rows("bridge_instances", BridgeInstance, None, within)
 
     async def retry_file(
-        self, file_id: uuid.UUID, actor: str, expected_job_id: uuid.UUID | None = None
+        self,
+        file_id: uuid.UUID,
+        actor: str,
+        expected_job_id: uuid.UUID | None = None,
+        *,
+        actor_level: str | None = None,
     ) -> RetryResult:
-        """A new attempt of a failed file on behalf of `actor` — when its current job is
-        still `expected_job_id` (None: whichever) — or why not."""
-        params = {"file_id": file_id, "actor": actor, "expected_job_id": expected_job_id}
+        """A new attempt of a failed file on behalf of `actor` (who retried with
+        `actor_level`, for the audit) — when its current job is still `expected_job_id`
+        (None: whichever) — or why not."""
+        params = {
+            "file_id": file_id,
+            "actor": actor,
+            "expected_job_id": expected_job_id,
+            "actor_level": actor_level,
+        }
         [row] = await self._pooled_rows("retry_file", RetryResult, params)
         return row
 
@@ -372,11 +383,18 @@ class Store:
         file_ids: Sequence[uuid.UUID],
         actor: str,
         expected_job_ids: Sequence[uuid.UUID | None] | None = None,
+        *,
+        actor_level: str | None = None,
     ) -> list[RetryResult]:
         """retry_file for many files in one transaction: one result per distinct file;
         expected_job_ids[i], when given, is the job the caller saw for file_ids[i]."""
         expected = list(expected_job_ids) if expected_job_ids is not None else None
-        params = {"file_ids": list(file_ids), "actor": actor, "expected_job_ids": expected}
+        params = {
+            "file_ids": list(file_ids),
+            "actor": actor,
+            "expected_job_ids": expected,
+            "actor_level": actor_level,
+        }
         return await self._pooled_rows("retry_files", RetryResult, params)
 
     async def get_file(self, file_id: uuid.UUID) -> JsonObject | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import nkeys
 import pytest
 
+from arm_core.access import ApiToken, Level
 from arm_core.config import POOL_RESERVE, Settings
 from arm_core.config_error import ConfigError
 from arm_core.redaction import mask_url, mask_urls_in
@@ -121,7 +122,11 @@ def test_auth_settings() -> None:
     s = Settings.from_env(
         {"AUTH_MODE": "token", "API_TOKENS": "ivanova=0123456789abcdef, ops=fedcba9876543210"}
     )
-    assert s.api_tokens == (("ivanova", "0123456789abcdef"), ("ops", "fedcba9876543210"))
+    assert s.api_tokens == (
+        ApiToken("ivanova", "0123456789abcdef", None),
+        ApiToken("ops", "fedcba9876543210", None),
+    )
+    assert s.unlevelled_tokens() == s.api_tokens
     with pytest.raises(ConfigError, match=r"^API_TOKENS: required when AUTH_MODE=token"):
         Settings.from_env({"AUTH_MODE": "token"})
     with pytest.raises(ConfigError, match=r"^API_TOKENS: entry 1 of 1: the token is shorter"):
@@ -164,7 +169,7 @@ def error_of(env: dict[str, str]) -> str:
         (
             "API_TOKENS",
             "ops=abcdefghijklmnop0,Pw9xQ2vL7kZZZZZZZZ",
-            "entry 2 of 2: expected actor=token",
+            "entry 2 of 2: expected actor:level=token",
         ),
         ("API_TOKENS", "=Pw9xQ2vL7kZZZZZZZZ", "the actor is empty"),
     ],
@@ -173,6 +178,96 @@ def test_a_secret_in_a_bad_value_is_never_shown(name: str, value: str, shown: st
     message = error_of({name: value})
     assert message.startswith(f"{name}: ") and shown in message, message
     assert no_part_of("Pw9xQ2vL7k", message), message
+
+
+def test_each_token_names_its_level() -> None:
+    s = Settings.from_env(
+        {
+            "AUTH_MODE": "token",
+            "API_TOKENS": "ivanova:viewer=0123456789abcdef, ops : operator = fedcba9876543210,"
+            "prometheus:metrics=abcdefabcdef0123,old=0000000000000000",
+        }
+    )
+    assert s.api_tokens == (
+        ApiToken("ivanova", "0123456789abcdef", Level.VIEWER),
+        ApiToken("ops", "fedcba9876543210", Level.OPERATOR),
+        ApiToken("prometheus", "abcdefabcdef0123", Level.METRICS),
+        ApiToken("old", "0000000000000000", None),
+    )
+    assert s.unlevelled_tokens() == (ApiToken("old", "0000000000000000", None),)
+    assert "0123456789abcdef" in s.secrets() and "0123456789abcdef" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"API_TOKENS": "ivanova:admin=Pw9xQ2vL7kZZZZZZZZ"},
+            "API_TOKENS: entry 1 of 1: the access level after ':' is not one of viewer, "
+            "operator, metrics",
+        ),
+        (
+            {"API_TOKENS": "ivanova:Pw9xQ2vL7k=0123456789abcdef"},
+            "API_TOKENS: entry 1 of 1: the access level after ':' is not one of",
+        ),
+        (
+            {"API_TOKENS": "a:viewer=Pw9xQ2vL7kZZZZZZZZ,b:operator=Pw9xQ2vL7kZZZZZZZZ"},
+            "API_TOKENS: entry 2 of 2: the same token as entry 1, with another level "
+            "(operator and viewer); the audit could not tell who",
+        ),
+        (
+            {"AUTH_MODE": "header", "AUTH_OPERATOR_GROUPS": "arm-operators"},
+            "AUTH_OPERATOR_GROUPS: needs AUTH_GROUPS_HEADER",
+        ),
+        (
+            {"AUTH_MODE": "header", "AUTH_VIEWER_GROUPS": "support"},
+            "AUTH_VIEWER_GROUPS: needs AUTH_GROUPS_HEADER",
+        ),
+        (
+            {"AUTH_MODE": "header", "AUTH_GROUPS_HEADER": "X-Forwarded-Groups"},
+            "AUTH_GROUPS_HEADER: set, but AUTH_OPERATOR_GROUPS, AUTH_VIEWER_GROUPS and "
+            "AUTH_METRICS_GROUPS are all empty",
+        ),
+        (
+            {
+                "AUTH_MODE": "token",
+                "API_TOKENS": "a=0123456789abcdef",
+                "AUTH_GROUPS_HEADER": "X-Forwarded-Groups",
+                "AUTH_VIEWER_GROUPS": "x",
+            },
+            "AUTH_GROUPS_HEADER: only for AUTH_MODE=header (AUTH_MODE=token)",
+        ),
+        (
+            {
+                "AUTH_MODE": "header",
+                "AUTH_GROUPS_HEADER": "X-Forwarded-User",
+                "AUTH_VIEWER_GROUPS": "x",
+            },
+            "AUTH_GROUPS_HEADER: the same header as AUTH_HEADER",
+        ),
+        ({"AUTH_GROUPS_HEADER": "X Groups"}, "AUTH_GROUPS_HEADER: not an HTTP header name"),
+        ({"METRICS_AUTH": "open"}, "METRICS_AUTH: expected one of"),
+    ],
+)
+def test_a_bad_access_setting_names_its_variable_and_no_token(
+    env: dict[str, str], message: str
+) -> None:
+    shown = error_of(env)
+    assert shown.startswith(message), shown
+    assert no_part_of("Pw9xQ2vL7k", shown), shown
+
+
+def test_header_mode_with_groups() -> None:
+    s = Settings.from_env(
+        {
+            "AUTH_MODE": "header",
+            "AUTH_GROUPS_HEADER": "X-Forwarded-Groups",
+            "AUTH_OPERATOR_GROUPS": "arm-operators",
+            "AUTH_VIEWER_GROUPS": " support , auditors ,",
+        }
+    )
+    assert s.auth_viewer_groups == {"support", "auditors"}
+    assert s.auth_metrics_groups == frozenset() and s.metrics_auth == "level"
 
 
 def test_two_actors_with_one_token_are_refused_without_showing_it() -> None:
@@ -302,7 +397,7 @@ def test_repr_and_secrets_hide_and_list_every_secret() -> None:
     assert all(no_part_of(secret, shown, 6) for secret in secrets), shown
     assert "postgresql://admin:***@db/arm?sslpassword=***" in shown
     assert "nats://arm:***@a:4222" in shown and "nats://***@b:4222" in shown
-    assert "api_tokens=(('ivanova', '***'),)" in shown and "nats_seed='***'" in shown
+    assert "api_tokens=(ApiToken(actor='ivanova', token='***', level=None),)" in shown and "nats_seed='***'" in shown
     assert "auth_mode='none'" in shown  # the rest as a dataclass shows it
     assert Settings().secrets() == ()
 

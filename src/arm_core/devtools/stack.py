@@ -30,6 +30,7 @@ import psycopg
 from aiohttp import web
 from psycopg.rows import dict_row
 
+from arm_core.access import ApiToken, Level
 from arm_core.config import Settings
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
@@ -47,6 +48,15 @@ DEV_DEFAULTS = {
     "IMAGE_REPLY_TIMEOUT_SECONDS": ("image_reply_timeout_seconds", 60.0),
     "TIMEOUT_SWEEP_SECONDS": ("timeout_sweep_seconds", 5.0),
 }
+
+# Unless AUTH_MODE is given: the API and the console ask for a token, and these two are
+# configured — one that may only look, one that may also retry. Printed in the banner and
+# named in the README: they are for trying it on this machine (HTTP_HOST is loopback
+# unless set otherwise), never for a server others reach.
+DEV_TOKENS = (
+    ApiToken("viewer", "viewer-token-for-trying-it", Level.VIEWER),
+    ApiToken("operator", "operator-token-for-trying-it", Level.OPERATOR),
+)
 
 # (original name, file type, what the reference services will do with it)
 DEMO_FILES = [
@@ -77,6 +87,8 @@ def dev_settings(
     }
     if embedded_nats and "RESULTS_STREAM" not in settings.explicit:
         changes["results_stream"] = DEV_RESULTS_STREAM
+    if "AUTH_MODE" not in settings.explicit:
+        changes.update(auth_mode="token", api_tokens=DEV_TOKENS)
     explicit = set(settings.explicit) | {"TIMEOUT_SWEEP_SECONDS"}
     for env, (name, value) in DEV_DEFAULTS.items():
         if env not in settings.explicit:
@@ -246,11 +258,20 @@ def banner(settings: Settings, base: str, root: Path, files: list[dict[str, Any]
     ]
     lines += [f"  {f['file_id']}  {f['name']:<32} → {f['expect']}" for f in files]
     first = files[3]["file_id"] if len(files) > 3 else files[0]["file_id"]
+    viewer = operator = ""
+    if settings.api_tokens == DEV_TOKENS and settings.auth_mode == "token":
+        viewer, operator = (f" -H 'Authorization: Bearer {t.token}'" for t in DEV_TOKENS)
+        lines += [
+            "",
+            "Sign in to the console (and call the API) with a token:",
+            *(f"  {t.level:<12} {t.token}" for t in DEV_TOKENS if t.level),
+            "  (a viewer may look; an operator may also retry)",
+        ]
     lines += [
         "",
         "Try:",
-        f"  curl -s {base}/api/v1/files/{first}",
-        f"  curl -s -X POST {base}/api/v1/files/{first}/retry     # after it fails",
+        f"  curl -s{viewer} {base}/api/v1/files/{first}",
+        f"  curl -s -X POST{operator} {base}/api/v1/files/{first}/retry     # after it fails",
         f"  psql '{settings.database_url}' -c 'SELECT name, run_every, last_result "
         "FROM arm.periodic_task'",
         "",
