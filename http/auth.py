@@ -65,11 +65,9 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
-def _token_digests(tokens: Sequence[ApiToken | tuple[str, str]]) -> list[tuple[ApiToken, bytes]]:
-    """(entry, sha256 of its token) for each entry; a plain (actor, token) pair is an
-    entry without a level."""
-    entries = [t if isinstance(t, ApiToken) else ApiToken(*t) for t in tokens]
-    return [(t, _digest(t.token)) for t in entries]
+def _token_digests(tokens: Sequence[ApiToken]) -> list[tuple[ApiToken, bytes]]:
+    """(entry, sha256 of its token) for each entry."""
+    return [(t, _digest(t.token)) for t in tokens]
 
 
 def authenticate(

@@ -472,6 +472,11 @@ class Settings:
     test_faults: tuple[tuple[str, int], ...] = env_var("TEST_FAULTS", _faults, ())
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
+    def __post_init__(self) -> None:
+        # An (actor, token) pair given in code (tests, tools) is an entry without a level.
+        tokens = tuple(t if isinstance(t, ApiToken) else ApiToken(*t) for t in self.api_tokens)
+        object.__setattr__(self, "api_tokens", tokens)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Reads every variable; raises ConfigError naming the first bad one."""
