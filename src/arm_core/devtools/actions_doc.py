@@ -100,6 +100,8 @@ ACTIONS: dict[str, str] = {
     "bridge_forget_failed": "at a stop, the bridge's row of `arm.bridge_instance` could "
     "not be removed (it stays, and shows silent)",
     "serve": "`arm-core serve` started, or warns of plain HTTP or anonymous access off loopback",
+    "deprecated": "at start (WARNING, once): a setting this release still takes and the "
+    "next refuses — `API_TOKENS` entries without a level, naming their actors, never a token",
     "http": "a request answered 503: the database unavailable or the pool exhausted (DEBUG)",
     "http_timeout": "a request body not received within `HTTP_BODY_TIMEOUT_SECONDS`: 408",
     "http_bad_request": "a request aiohttp could not parse: 400",

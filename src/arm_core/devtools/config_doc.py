@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import arm_core
+from arm_core.access import LEVELS
 from arm_core.config import FAULT_POINTS, POOL_RESERVE, PUBLISH_CONFIRM_SECONDS, Settings
 from arm_core.devtools import generated
 from arm_core.devtools.reference import FAIL_ONCE, MARKERS, MODES, SCAN, TABULAR, ReferenceConfig
-from arm_core.devtools.stack import DEV_DEFAULTS
+from arm_core.devtools.stack import DEV_DEFAULTS, DEV_TOKENS
 
 DOC_PATH = generated.CHECKOUT / "docs" / "configuration.md"
 REGENERATE = "python -m arm_core.devtools.config_doc --write"
@@ -123,11 +124,31 @@ MEANINGS: dict[str, str] = {
     "after the answer for at most this long (aiohttp's `lingering_time`)",
     "AUTH_ALLOW_ANONYMOUS": "`true`: `serve` may run `AUTH_MODE=none` on a non-loopback "
     "`HTTP_HOST` (anyone who reaches it may retry, audited as `anonymous`)",
-    "AUTH_MODE": "`none`, `token` (`API_TOKENS`) or `header` (`AUTH_HEADER`): who the retry "
-    "audit names",
-    "API_TOKENS": "`actor=token,actor2=token2` (tokens of 16+ characters) for `AUTH_MODE=token`",
+    "AUTH_MODE": "`none`, `token` (`API_TOKENS`) or `header` (`AUTH_HEADER`): who a caller "
+    "is (the retry audit names it) and which [access levels](security.md#access-levels) it "
+    "holds; `none`: everyone holds every level",
+    "API_TOKENS": "`actor:level=token,actor2:level=token2` for `AUTH_MODE=token`: level "
+    f"{', '.join(f'`{level}`' for level in LEVELS)}, tokens of 16+ characters, no token "
+    "twice. An entry without `:level` holds every level for this release only (logged at "
+    "start, `action=deprecated`); the next refuses it "
+    "([Access levels](security.md#access-levels))",
     "AUTH_HEADER": "identity header set by an authenticating proxy, for `AUTH_MODE=header` "
     "(only behind such a proxy: anyone reaching the port directly can claim any identity)",
+    "AUTH_GROUPS_HEADER": "`AUTH_MODE=header` only: the header in which the proxy lists the "
+    "caller's groups, comma-separated (oauth2-proxy: `X-Forwarded-Groups`); set, a caller's "
+    "groups give its levels and a caller in none of the groups below gets 403; empty: every "
+    "identified caller holds every level. Needs at least one of the group lists, and must "
+    "differ from `AUTH_HEADER` ([Access levels](security.md#access-levels))",
+    "AUTH_OPERATOR_GROUPS": "groups (comma-separated) whose members hold `operator`: read "
+    "and retry; needs `AUTH_GROUPS_HEADER`",
+    "AUTH_VIEWER_GROUPS": "groups (comma-separated) whose members hold `viewer`: read only; "
+    "needs `AUTH_GROUPS_HEADER`",
+    "AUTH_METRICS_GROUPS": "groups (comma-separated) whose members hold `metrics`: `GET "
+    "/metrics` only; needs `AUTH_GROUPS_HEADER`",
+    "METRICS_AUTH": "what `GET /metrics` of `serve` asks: `level`, a caller of level "
+    "`metrics` (anyone with `AUTH_MODE=none`); `any`, any caller the API accepts; `none`, "
+    "no credentials (a scrape on a private network). The probes never ask, nor does the "
+    "bridge's health port",
     "RESULTS_STREAM": "the name of a JetStream stream that captures `RESULT_SUBJECT`; the "
     "core consumes it through one durable consumer named `NATS_QUEUE_GROUP` (see "
     "[The results stream](not-losing-answers.md#the-results-stream)). Needs a server with "
@@ -270,6 +291,8 @@ def default_text(value: Any) -> str:
         return str(value)
     if isinstance(value, tuple):
         return ", ".join(default_text(v) for v in value) if value else "empty"
+    if isinstance(value, frozenset):
+        return ", ".join(default_text(v) for v in sorted(value)) if value else "empty"
     text = str(value)
     return f"`{text}`" if text else "empty"
 
@@ -338,12 +361,15 @@ def render() -> str:
     dev = ", ".join(
         f"`{env}` {default_text(value)}" for env, (_field, value) in DEV_DEFAULTS.items()
     )
+    tokens = " and ".join(f"`{t.token}` (level `{t.level}`)" for t in DEV_TOKENS)
     parts = [
         HEADER,
         "## Every command (`arm_core.config.Settings`)\n",
         _table(_rows(settings)),
         "`arm-core dev` (`make run`) uses shorter periods unless the environment sets them, "
-        f"so the demo shows `dlq` and `timeout` within a minute or two: {dev}.\n",
+        f"so the demo shows `dlq` and `timeout` within a minute or two: {dev}. Unless "
+        f"`AUTH_MODE` is set it runs `AUTH_MODE=token` with the tokens {tokens}, printed in its "
+        "banner: for trying it on this machine only.\n",
         "## The reference services (`arm_core.devtools.reference.ReferenceConfig`)\n",
         "`arm-core reference` (and `arm-core dev`), the stand-in recognition services of "
         "demos and tests ([For service teams](service-teams.md#for-service-teams)); their "
