@@ -4,6 +4,7 @@ when NATS_ENABLED=true. Routes, middlewares and lifecycle in one place."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -72,7 +73,10 @@ async def console_file(request: web.Request) -> web.Response:
 
 
 # What a request needs beyond the viewer's "read" (arm_core.access), by its handler.
-PERMISSIONS = {handlers.retry_file: "retry", handlers.retry_files: "retry"}
+PERMISSIONS: dict[Callable[..., object], str] = {
+    handlers.retry_file: "retry",
+    handlers.retry_files: "retry",
+}
 
 
 def create_app(settings: Settings) -> web.Application:

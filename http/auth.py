@@ -102,11 +102,12 @@ def authenticate(
 
 def _group_levels(request: web.Request, settings: Settings) -> frozenset[Level]:
     """AUTH_MODE=header: without AUTH_GROUPS_HEADER every level; with it, the levels the
-    caller's groups (comma-separated in that header) are given."""
+    caller's groups (that header's lines, each comma-separated) are given."""
     if not settings.auth_groups_header:
         return EVERY_LEVEL
-    raw = request.headers.get(settings.auth_groups_header, "")
-    groups = {g.strip() for g in raw.split(",") if g.strip()}
+    # A proxy may send one line per group (oauth2-proxy does) or one comma-separated line.
+    lines = request.headers.getall(settings.auth_groups_header, [])
+    groups = {g.strip() for line in lines for g in line.split(",") if g.strip()}
     levels = set()
     if groups & settings.auth_operator_groups:
         levels.add(Level.OPERATOR)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from multidict import CIMultiDict
 
 from arm_core.access import ApiToken, Level
 from arm_core.devtools.embedded import free_port
@@ -90,9 +91,7 @@ def served(db_url: str, tmp_path: Path) -> Iterator[Served]:
             proc.kill()
 
 
-def call(
-    base: str, method: str, path: str, caller: str, body: Any = None
-) -> tuple[int, dict[str, Any] | str]:
+def call(base: str, method: str, path: str, caller: str, body: Any = None) -> tuple[int, Any]:
     headers = {"Content-Type": "application/json"} if body is not None else {}
     if caller == "wrong":
         headers["Authorization"] = "Bearer not-a-configured-token-000"
@@ -143,8 +142,7 @@ def check_refusal(status: int, body: Any, caller: str, permission: str) -> None:
         return
     assert error["code"] == "FORBIDDEN", body
     assert error["details"]["needed"] == NEEDED[permission], body
-    held = ["metrics"] if caller == "metrics" else ["viewer"]
-    assert error["details"]["levels"] == held, body
+    assert error["details"]["levels"] == [caller], body  # the one level its token names
     assert f"needs the {NEEDED[permission]} level" in error["message"], body
     assert ACTORS[caller] in error["message"] and TOKENS[caller] not in error["message"], body
 
@@ -269,15 +267,21 @@ GROUPS = {
         ("other", 403, 403, 403, []),
         ("", 403, 403, 403, []),
         (None, 403, 403, 403, []),  # no groups header at all
+        (["staff", "arm-operators"], 200, 201, 403, ["operator"]),  # a line per group
     ],
 )
 async def test_header_mode_grants_by_the_proxys_groups(
-    db_url: str, groups: str | None, read: int, retry: int, metrics: int, levels: list[str]
+    db_url: str,
+    groups: str | list[str] | None,
+    read: int,
+    retry: int,
+    metrics: int,
+    levels: list[str],
 ) -> None:
     file_id = failed_file(db_url)
-    headers = {"X-Forwarded-User": "sidorova@corp"}
-    if groups is not None:
-        headers["X-Forwarded-Groups"] = groups
+    headers = CIMultiDict({"X-Forwarded-User": "sidorova@corp"})
+    for line in [groups] if isinstance(groups, str) else groups or []:
+        headers.add("X-Forwarded-Groups", line)
     async with running_api(api_settings(db_url, **GROUPS)) as http:
         resp = await http.get(f"/api/v1/files/{file_id}", headers=headers)
         assert resp.status == read, await resp.text()

@@ -13,6 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from jsonschema import Draft202012Validator
 
+from arm_core.access import ApiToken, Level
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.http.app import OPENAPI_PATH, create_app
 from tests.support.api import api_settings, running_api
@@ -22,12 +23,15 @@ from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 pytestmark = pytest.mark.integration
 
 TOKEN = "t0ken-for-the-contract-test"
+VIEWER = "v1ewer-t0ken-for-the-contract-test"
+METRICS = "metr1cs-t0ken-for-the-contract-test"
 
 
 @dataclass
 class Apps:
     up: TestClient  # database up, no auth
     auth: TestClient  # AUTH_MODE=token
+    levels: TestClient  # AUTH_MODE=token with a viewer's and a metrics token (403s)
     down: TestClient  # database unreachable
     dead: TestClient  # a bridge whose connecting loop crashed past its restart limit
     failed_file: uuid.UUID
@@ -50,6 +54,14 @@ async def apps(db_url: str, pg_server: EmbeddedPostgres) -> AsyncIterator[Apps]:
     down_url = db_url.replace(f":{pg_server.port}/", f":{proxy.port}/")
     proxy.block()
     auth = api_settings(db_url, auth_mode="token", api_tokens=(("contract", TOKEN),))
+    levels = api_settings(
+        db_url,
+        auth_mode="token",
+        api_tokens=(
+            ApiToken("ivanova", VIEWER, Level.VIEWER),
+            ApiToken("prometheus", METRICS, Level.METRICS),
+        ),
+    )
     dead_settings = api_settings(
         db_url,
         nats_enabled=True,
@@ -61,10 +73,11 @@ async def apps(db_url: str, pg_server: EmbeddedPostgres) -> AsyncIterator[Apps]:
         async with (
             running_api(api_settings(db_url)) as up,
             running_api(auth) as auth_app,
+            running_api(levels) as levels_app,
             running_api(api_settings(down_url, db_pool_timeout_seconds=0.5)) as down,
             running_api(dead_settings) as dead,
         ):
-            yield Apps(up, auth_app, down, dead, failed.file_id, live.file_id)
+            yield Apps(up, auth_app, levels_app, down, dead, failed.file_id, live.file_id)
     finally:
         await proxy.close()
 
@@ -75,6 +88,10 @@ R = "/api/v1/files/{file_id}/retry"
 B = "/api/v1/files/retry"
 L = "/api/v1/files"
 S = "/api/v1/status/series"
+
+# A viewer may read but not retry; a metrics token may read /metrics only.
+AS_VIEWER = {"Authorization": f"Bearer {VIEWER}"}
+AS_METRICS = {"Authorization": f"Bearer {METRICS}"}
 
 RECIPES: dict[tuple[str, str, str], Recipe] = {
     ("/healthcheck", "get", "200"): lambda a: a.up.get("/healthcheck"),
@@ -113,6 +130,16 @@ RECIPES: dict[tuple[str, str, str], Recipe] = {
     (L, "get", "400"): lambda a: a.up.get(L, params={"cursor": "not-ours"}),
     (L, "get", "401"): lambda a: a.auth.get(L),
     (L, "get", "503"): lambda a: a.down.get(L),
+    ("/api/v1/status", "get", "403"): lambda a: a.levels.get("/api/v1/status", headers=AS_METRICS),
+    (S, "get", "403"): lambda a: a.levels.get(S, headers=AS_METRICS),
+    (F, "get", "403"): lambda a: a.levels.get(f"/api/v1/files/{a.failed_file}", headers=AS_METRICS),
+    (L, "get", "403"): lambda a: a.levels.get(L, headers=AS_METRICS),
+    (R, "post", "403"): lambda a: a.levels.post(
+        f"/api/v1/files/{a.failed_file}/retry", headers=AS_VIEWER
+    ),
+    (B, "post", "403"): lambda a: a.levels.post(
+        B, json={"file_ids": [str(a.failed_file)]}, headers=AS_VIEWER
+    ),
 }
 
 

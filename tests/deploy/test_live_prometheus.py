@@ -1,5 +1,6 @@
 """The alert rules against a real Prometheus (Debian package `prometheus`) scraping a
-real `arm-core serve` and `arm-core bridge`.
+real `arm-core serve` (with a token of level metrics, as a deployment scrapes it) and
+`arm-core bridge`.
 
 Prometheus runs as the test's own process on a free loopback port, scraping every second
 and evaluating the shipped rules (deploy/prometheus/arm-core-rules.yml) with their `for:`
@@ -44,6 +45,8 @@ pytestmark = pytest.mark.e2e
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = DEPLOY / "prometheus" / "arm-core-rules.yml"
 DASHBOARD = DEPLOY / "grafana" / "arm-core.json"
+METRICS_TOKEN = "prometheus-scrape-t0ken-0123"
+VIEWER_TOKEN = "ivanova-viewer-t0ken-0123"
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -68,14 +71,26 @@ def shortened_rules(directory: Path) -> Path:
 
 
 class Prometheus:
-    def __init__(self, directory: Path, targets: dict[str, str]) -> None:
+    def __init__(
+        self, directory: Path, targets: dict[str, str], tokens: dict[str, Path] | None = None
+    ) -> None:
+        """Scrapes each job's target, with `Authorization: Bearer` and the token in the
+        file `tokens[job]` where given (as a deployment keeps it: a file, not the config)."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(shortened_rules(directory))],
             "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [target]}]}
+                {
+                    "job_name": job,
+                    "static_configs": [{"targets": [target]}],
+                    **(
+                        {"authorization": {"type": "Bearer", "credentials_file": str(tokens[job])}}
+                        if tokens and job in tokens
+                        else {}
+                    ),
+                }
                 for job, target in targets.items()
             ],
         }
@@ -143,18 +158,40 @@ def watched(prometheus_needed: None, stack: Stack, tmp_path: Path) -> Iterator[P
     stack.start(
         "bridge", BRIDGE_HEALTH_PORT=bridge_port, DATABASE_URL=url, RESULTS_STREAM="ARM_RESULTS"
     ).wait_healthy(bridge_port)
-    _, serve_url = stack.serve(NATS_ENABLED="false")
+    # The API asks for a token; Prometheus holds one of level metrics, which may read
+    # /metrics and nothing else (a viewer's token may not scrape).
+    _, serve_url = stack.serve(
+        NATS_ENABLED="false",
+        AUTH_MODE="token",
+        API_TOKENS=f"prometheus:metrics={METRICS_TOKEN},ivanova:viewer={VIEWER_TOKEN}",
+    )
+    assert scrape_status(serve_url, VIEWER_TOKEN) == 403
+    assert scrape_status(serve_url, None) == 401
+    token_file = tmp_path / "arm-core-metrics-token"
+    token_file.write_text(METRICS_TOKEN)
     prometheus = Prometheus(
         tmp_path,
         {
             "arm-core-bridge": f"127.0.0.1:{bridge_port}",
             "arm-core-serve": serve_url.removeprefix("http://"),
         },
+        tokens={"arm-core-serve": token_file},
     )
     try:
         yield prometheus
     finally:
         prometheus.stop()
+
+
+def scrape_status(base: str, token: str | None) -> int:
+    """The status of GET /metrics with this bearer token (None: no credentials)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"{base}/metrics", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def selectors(expr: str) -> list[str]:

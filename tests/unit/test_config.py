@@ -397,7 +397,10 @@ def test_repr_and_secrets_hide_and_list_every_secret() -> None:
     assert all(no_part_of(secret, shown, 6) for secret in secrets), shown
     assert "postgresql://admin:***@db/arm?sslpassword=***" in shown
     assert "nats://arm:***@a:4222" in shown and "nats://***@b:4222" in shown
-    assert "api_tokens=(ApiToken(actor='ivanova', token='***', level=None),)" in shown and "nats_seed='***'" in shown
+    assert (
+        "api_tokens=(ApiToken(actor='ivanova', token='***', level=None),)" in shown
+        and "nats_seed='***'" in shown
+    )
     assert "auth_mode='none'" in shown  # the rest as a dataclass shows it
     assert Settings().secrets() == ()
 
