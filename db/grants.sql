@@ -108,6 +108,7 @@ TO arm_bridge;
 -- 5. arm_api: retry, the file view and the file list (http/handlers.py).
 GRANT EXECUTE ON FUNCTION arm.retry_file, arm.retry_files, arm.get_file TO arm_api;
 GRANT EXECUTE ON FUNCTION arm.retry_file_v2, arm.retry_files_v2 TO arm_api;
+GRANT EXECUTE ON FUNCTION arm.retry_file_v3, arm.retry_files_v3 TO arm_api;
 GRANT EXECUTE ON FUNCTION arm.list_files TO arm_api;
 -- GET /metrics (arm_jobs{status}) and GET /api/v1/status.
 GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view TO arm_api;

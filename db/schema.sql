@@ -648,8 +648,10 @@ BEGIN
     ),
     kept_retries AS (
         INSERT INTO arm.archived_retry_audit
-            (id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at)
-        SELECT id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at
+            (id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at,
+             actor_level)
+        SELECT id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at,
+               actor_level
         FROM gone_retries
         RETURNING 1
     ),
@@ -1024,13 +1026,16 @@ BEGIN
         SELECT jsonb_populate_record(NULL::arm.recognition_job, to_jsonb(a))
         FROM arm.archived_job a WHERE a.file_id = p_file_id
     ),
-    -- The retry audit (arm.retry_audit, written by retry_file): who retried when, from
+    -- The retry audit (arm.retry_audit, written by retry_file_v3): who retried, with
+    -- which access level (NULL: none recorded, a DBA's SQL or an older retry), when, from
     -- which job to which.
     retries AS (
-        SELECT a.id, a.actor, a.retried_at, a.old_job_id, a.new_job_id, a.new_attempt
+        SELECT a.id, a.actor, a.actor_level, a.retried_at, a.old_job_id, a.new_job_id,
+               a.new_attempt
         FROM arm.retry_audit a WHERE a.file_id = p_file_id
         UNION ALL
-        SELECT a.id, a.actor, a.retried_at, a.old_job_id, a.new_job_id, a.new_attempt
+        SELECT a.id, a.actor, a.actor_level, a.retried_at, a.old_job_id, a.new_job_id,
+               a.new_attempt
         FROM arm.archived_retry_audit a WHERE a.file_id = p_file_id
     )
     SELECT jsonb_build_object(
@@ -1053,6 +1058,7 @@ BEGIN
         -- Oldest first.
         'retries', coalesce((SELECT jsonb_agg(jsonb_build_object(
                                  'actor', r.actor,
+                                 'actor_level', r.actor_level,
                                  'retried_at', r.retried_at,
                                  'old_job_id', r.old_job_id,
                                  'new_job_id', r.new_job_id,
@@ -1545,7 +1551,7 @@ CREATE FUNCTION arm.retry_file(p_file_id uuid, p_actor text) RETURNS TABLE(file_
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
-    SELECT * FROM arm.retry_file_v2(p_file_id, p_actor, NULL)
+    SELECT * FROM arm.retry_file_v3(p_file_id, p_actor, NULL, NULL)
 $$;
 
 
@@ -1556,6 +1562,20 @@ ALTER FUNCTION arm.retry_file(p_file_id uuid, p_actor text) OWNER TO arm_owner;
 --
 
 CREATE FUNCTION arm.retry_file_v2(p_file_id uuid, p_actor text, p_expected_job_id uuid) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT * FROM arm.retry_file_v3(p_file_id, p_actor, p_expected_job_id, NULL)
+$$;
+
+
+ALTER FUNCTION arm.retry_file_v2(p_file_id uuid, p_actor text, p_expected_job_id uuid) OWNER TO arm_owner;
+
+--
+-- Name: retry_file_v3(uuid, text, uuid, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.retry_file_v3(p_file_id uuid, p_actor text, p_expected_job_id uuid, p_actor_level text) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
@@ -1567,6 +1587,11 @@ DECLARE
 BEGIN
     IF p_actor IS NULL OR btrim(p_actor) = '' THEN
         RAISE EXCEPTION 'retry_file needs an actor (who retries)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_actor_level NOT IN ('operator', 'all') THEN
+        RAISE EXCEPTION 'retry_file: p_actor_level must be operator, all or NULL (the level the actor retried with), not %',
+            quote_literal(p_actor_level)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -1621,8 +1646,9 @@ BEGIN
         status = 'UPLOADED'
     WHERE id = f.id;
 
-    INSERT INTO arm.retry_audit (file_id, old_job_id, new_job_id, new_attempt, actor)
-    VALUES (f.id, j.id, v_new_id, j.attempt + 1, p_actor);
+    INSERT INTO arm.retry_audit
+        (file_id, old_job_id, new_job_id, new_attempt, actor, actor_level)
+    VALUES (f.id, j.id, v_new_id, j.attempt + 1, p_actor, p_actor_level);
 
     RETURN QUERY SELECT f.id, 'retried', NULL::text,
         v_new_id, j.attempt + 1, j.id, j.status, j.attempt, j.max_attempts;
@@ -1630,7 +1656,7 @@ END;
 $$;
 
 
-ALTER FUNCTION arm.retry_file_v2(p_file_id uuid, p_actor text, p_expected_job_id uuid) OWNER TO arm_owner;
+ALTER FUNCTION arm.retry_file_v3(p_file_id uuid, p_actor text, p_expected_job_id uuid, p_actor_level text) OWNER TO arm_owner;
 
 --
 -- Name: retry_files(uuid[], text); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1640,7 +1666,7 @@ CREATE FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) RETURNS TABLE(f
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
-    SELECT * FROM arm.retry_files_v2(p_file_ids, p_actor, NULL)
+    SELECT * FROM arm.retry_files_v3(p_file_ids, p_actor, NULL, NULL)
 $$;
 
 
@@ -1651,6 +1677,20 @@ ALTER FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) OWNER TO arm_own
 --
 
 CREATE FUNCTION arm.retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+    SELECT * FROM arm.retry_files_v3(p_file_ids, p_actor, p_expected_job_ids, NULL)
+$$;
+
+
+ALTER FUNCTION arm.retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]) OWNER TO arm_owner;
+
+--
+-- Name: retry_files_v3(uuid[], text, uuid[], text); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.retry_files_v3(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[], p_actor_level text) RETURNS TABLE(file_id uuid, outcome text, reason text, job_id uuid, attempt integer, previous_job_id uuid, previous_status arm.job_status, previous_attempt integer, max_attempts integer)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
     AS $$
@@ -1666,13 +1706,13 @@ BEGIN
         WHERE u.id IS NOT NULL
         ORDER BY u.id, u.n
     LOOP
-        RETURN QUERY SELECT * FROM arm.retry_file_v2(v_id, p_actor, v_expected);
+        RETURN QUERY SELECT * FROM arm.retry_file_v3(v_id, p_actor, v_expected, p_actor_level);
     END LOOP;
 END;
 $$;
 
 
-ALTER FUNCTION arm.retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]) OWNER TO arm_owner;
+ALTER FUNCTION arm.retry_files_v3(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[], p_actor_level text) OWNER TO arm_owner;
 
 --
 -- Name: run_due_tasks(); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -2604,7 +2644,8 @@ CREATE TABLE arm.archived_retry_audit (
     new_job_id uuid NOT NULL,
     new_attempt integer NOT NULL,
     actor text NOT NULL,
-    retried_at timestamp with time zone DEFAULT now() NOT NULL
+    retried_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor_level text
 );
 
 
@@ -2716,6 +2757,7 @@ CREATE TABLE arm.retry_audit (
     new_attempt integer NOT NULL,
     actor text NOT NULL,
     retried_at timestamp with time zone DEFAULT now() NOT NULL,
+    actor_level text,
     CONSTRAINT retry_audit_actor_check CHECK ((actor <> ''::text))
 );
 
@@ -2806,6 +2848,14 @@ ALTER TABLE ONLY arm.archived_job
 
 
 --
+-- Name: archived_retry_audit archived_retry_audit_actor_level; Type: CHECK CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE arm.archived_retry_audit
+    ADD CONSTRAINT archived_retry_audit_actor_level CHECK ((actor_level = ANY (ARRAY['operator'::text, 'all'::text]))) NOT VALID;
+
+
+--
 -- Name: archived_retry_audit archived_retry_audit_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
@@ -2867,6 +2917,14 @@ ALTER TABLE ONLY arm.recognition_job
 
 ALTER TABLE ONLY arm.recognition_job
     ADD CONSTRAINT recognition_job_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: retry_audit retry_audit_actor_level; Type: CHECK CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE arm.retry_audit
+    ADD CONSTRAINT retry_audit_actor_level CHECK ((actor_level = ANY (ARRAY['operator'::text, 'all'::text]))) NOT VALID;
 
 
 --
@@ -3542,6 +3600,14 @@ GRANT ALL ON FUNCTION arm.retry_file_v2(p_file_id uuid, p_actor text, p_expected
 
 
 --
+-- Name: FUNCTION retry_file_v3(p_file_id uuid, p_actor text, p_expected_job_id uuid, p_actor_level text); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.retry_file_v3(p_file_id uuid, p_actor text, p_expected_job_id uuid, p_actor_level text) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.retry_file_v3(p_file_id uuid, p_actor text, p_expected_job_id uuid, p_actor_level text) TO arm_api;
+
+
+--
 -- Name: FUNCTION retry_files(p_file_ids uuid[], p_actor text); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
@@ -3555,6 +3621,14 @@ GRANT ALL ON FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text) TO arm_ap
 
 REVOKE ALL ON FUNCTION arm.retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.retry_files_v2(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]) TO arm_api;
+
+
+--
+-- Name: FUNCTION retry_files_v3(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[], p_actor_level text); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.retry_files_v3(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[], p_actor_level text) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.retry_files_v3(p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[], p_actor_level text) TO arm_api;
 
 
 --

@@ -24,11 +24,15 @@
 --                       (two requests against the same failed attempt never create
 --                       two new jobs). The current job is in previous_*.
 
--- Retries one file on behalf of p_actor, when its current job is still p_expected_job_id
--- (the attempt the caller saw; NULL: whichever it is now). Same guarantees as the HTTP
--- API, which always names the job when the caller does.
-CREATE OR REPLACE FUNCTION arm.retry_file_v2(
-    p_file_id uuid, p_actor text, p_expected_job_id uuid
+-- Retries one file on behalf of p_actor, who retried with the access level p_actor_level,
+-- when its current job is still p_expected_job_id (the attempt the caller saw; NULL:
+-- whichever it is now). Same guarantees as the HTTP API, which always names the job when
+-- the caller does, and always gives the level of its credential: `operator`, or `all`
+-- for one that holds every level (src/arm_core/access.py). The audit record keeps both;
+-- NULL (a DBA's SQL, the older names below) records no level. Any other level is refused
+-- before anything is read or written.
+CREATE OR REPLACE FUNCTION arm.retry_file_v3(
+    p_file_id uuid, p_actor text, p_expected_job_id uuid, p_actor_level text
 )
 RETURNS TABLE (
     file_id uuid,
@@ -53,6 +57,11 @@ DECLARE
 BEGIN
     IF p_actor IS NULL OR btrim(p_actor) = '' THEN
         RAISE EXCEPTION 'retry_file needs an actor (who retries)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_actor_level NOT IN ('operator', 'all') THEN
+        RAISE EXCEPTION 'retry_file: p_actor_level must be operator, all or NULL (the level the actor retried with), not %',
+            quote_literal(p_actor_level)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -107,16 +116,40 @@ BEGIN
         status = 'UPLOADED'
     WHERE id = f.id;
 
-    INSERT INTO arm.retry_audit (file_id, old_job_id, new_job_id, new_attempt, actor)
-    VALUES (f.id, j.id, v_new_id, j.attempt + 1, p_actor);
+    INSERT INTO arm.retry_audit
+        (file_id, old_job_id, new_job_id, new_attempt, actor, actor_level)
+    VALUES (f.id, j.id, v_new_id, j.attempt + 1, p_actor, p_actor_level);
 
     RETURN QUERY SELECT f.id, 'retried', NULL::text,
         v_new_id, j.attempt + 1, j.id, j.status, j.attempt, j.max_attempts;
 END;
 $$;
 
--- Retries one file whatever its current job is: retry_file_v2 without an expectation
--- (the previous release's API calls it; a DBA may).
+-- retry_file_v3 without a level: the audit records none (the previous release's API
+-- calls it; a DBA may).
+CREATE OR REPLACE FUNCTION arm.retry_file_v2(
+    p_file_id uuid, p_actor text, p_expected_job_id uuid
+)
+RETURNS TABLE (
+    file_id uuid,
+    outcome text,
+    reason text,
+    job_id uuid,
+    attempt integer,
+    previous_job_id uuid,
+    previous_status arm.job_status,
+    previous_attempt integer,
+    max_attempts integer
+)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+    SELECT * FROM arm.retry_file_v3(p_file_id, p_actor, p_expected_job_id, NULL)
+$$;
+
+-- Retries one file whatever its current job is: retry_file_v3 without an expectation or
+-- a level (an older release's API calls it; a DBA may).
 CREATE OR REPLACE FUNCTION arm.retry_file(p_file_id uuid, p_actor text)
 RETURNS TABLE (
     file_id uuid,
@@ -133,16 +166,18 @@ LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
-    SELECT * FROM arm.retry_file_v2(p_file_id, p_actor, NULL)
+    SELECT * FROM arm.retry_file_v3(p_file_id, p_actor, NULL, NULL)
 $$;
 
 -- Retries many files in one transaction, one result row per distinct file id (NULLs
 -- ignored); p_expected_job_ids[i] is the job the caller saw for p_file_ids[i] (NULL, or
 -- a shorter or NULL array: whichever; a file named twice keeps its first). A file that
 -- cannot be retried is reported, the rest go on. Files are locked in id order, so
--- concurrent batches with overlapping files cannot deadlock.
-CREATE OR REPLACE FUNCTION arm.retry_files_v2(
-    p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]
+-- concurrent batches with overlapping files cannot deadlock. p_actor_level is recorded
+-- for every file retried; retry_file_v3 checks it first thing, so a bad one fails the
+-- whole batch at its first file, having written nothing.
+CREATE OR REPLACE FUNCTION arm.retry_files_v3(
+    p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[], p_actor_level text
 )
 RETURNS TABLE (
     file_id uuid,
@@ -171,12 +206,35 @@ BEGIN
         WHERE u.id IS NOT NULL
         ORDER BY u.id, u.n
     LOOP
-        RETURN QUERY SELECT * FROM arm.retry_file_v2(v_id, p_actor, v_expected);
+        RETURN QUERY SELECT * FROM arm.retry_file_v3(v_id, p_actor, v_expected, p_actor_level);
     END LOOP;
 END;
 $$;
 
--- retry_files_v2 without expectations (the previous release's API).
+-- retry_files_v3 without a level: the audit records none (the previous release's API
+-- calls it; a DBA may).
+CREATE OR REPLACE FUNCTION arm.retry_files_v2(
+    p_file_ids uuid[], p_actor text, p_expected_job_ids uuid[]
+)
+RETURNS TABLE (
+    file_id uuid,
+    outcome text,
+    reason text,
+    job_id uuid,
+    attempt integer,
+    previous_job_id uuid,
+    previous_status arm.job_status,
+    previous_attempt integer,
+    max_attempts integer
+)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+    SELECT * FROM arm.retry_files_v3(p_file_ids, p_actor, p_expected_job_ids, NULL)
+$$;
+
+-- retry_files_v3 without expectations or a level (an older release's API; a DBA).
 CREATE OR REPLACE FUNCTION arm.retry_files(p_file_ids uuid[], p_actor text)
 RETURNS TABLE (
     file_id uuid,
@@ -193,5 +251,5 @@ LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, arm, pg_temp
 AS $$
-    SELECT * FROM arm.retry_files_v2(p_file_ids, p_actor, NULL)
+    SELECT * FROM arm.retry_files_v3(p_file_ids, p_actor, NULL, NULL)
 $$;

@@ -62,13 +62,16 @@ BEGIN
         SELECT jsonb_populate_record(NULL::arm.recognition_job, to_jsonb(a))
         FROM arm.archived_job a WHERE a.file_id = p_file_id
     ),
-    -- The retry audit (arm.retry_audit, written by retry_file): who retried when, from
+    -- The retry audit (arm.retry_audit, written by retry_file_v3): who retried, with
+    -- which access level (NULL: none recorded, a DBA's SQL or an older retry), when, from
     -- which job to which.
     retries AS (
-        SELECT a.id, a.actor, a.retried_at, a.old_job_id, a.new_job_id, a.new_attempt
+        SELECT a.id, a.actor, a.actor_level, a.retried_at, a.old_job_id, a.new_job_id,
+               a.new_attempt
         FROM arm.retry_audit a WHERE a.file_id = p_file_id
         UNION ALL
-        SELECT a.id, a.actor, a.retried_at, a.old_job_id, a.new_job_id, a.new_attempt
+        SELECT a.id, a.actor, a.actor_level, a.retried_at, a.old_job_id, a.new_job_id,
+               a.new_attempt
         FROM arm.archived_retry_audit a WHERE a.file_id = p_file_id
     )
     SELECT jsonb_build_object(
@@ -91,6 +94,7 @@ BEGIN
         -- Oldest first.
         'retries', coalesce((SELECT jsonb_agg(jsonb_build_object(
                                  'actor', r.actor,
+                                 'actor_level', r.actor_level,
                                  'retried_at', r.retried_at,
                                  'old_job_id', r.old_job_id,
                                  'new_job_id', r.new_job_id,

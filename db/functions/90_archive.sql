@@ -13,7 +13,7 @@
 -- Locks: the files and their current jobs, FOR UPDATE SKIP LOCKED, so a file a retry or
 -- the inbox holds is left for the next batch and nobody waits for the archive. A retry that
 -- waited for a moved file's lock then finds it gone, looks in the archive and refuses
--- (reason `archived`, arm.retry_file_v2); a late answer for a moved job is `unknown_job`,
+-- (reason `archived`, arm.retry_file_v3); a late answer for a moved job is `unknown_job`,
 -- as one for a job that never existed (a final job ignored it anyway).
 --
 -- The counts (arm.job_counts, arm.file_counts, the metrics' arm_jobs) describe the hot
@@ -63,8 +63,10 @@ BEGIN
     ),
     kept_retries AS (
         INSERT INTO arm.archived_retry_audit
-            (id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at)
-        SELECT id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at
+            (id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at,
+             actor_level)
+        SELECT id, file_id, old_job_id, new_job_id, new_attempt, actor, retried_at,
+               actor_level
         FROM gone_retries
         RETURNING 1
     ),

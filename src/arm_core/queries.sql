@@ -48,12 +48,13 @@ SELECT arm.set_setting(%(name)s, %(value)s);
 -- name: retry_file
 SELECT file_id, outcome, reason, job_id, attempt, previous_job_id,
        previous_status::text AS previous_status, previous_attempt, max_attempts
-FROM arm.retry_file_v2(%(file_id)s, %(actor)s, %(expected_job_id)s);
+FROM arm.retry_file_v3(%(file_id)s, %(actor)s, %(expected_job_id)s, %(actor_level)s);
 
 -- name: retry_files
 SELECT file_id, outcome, reason, job_id, attempt, previous_job_id,
        previous_status::text AS previous_status, previous_attempt, max_attempts
-FROM arm.retry_files_v2(%(file_ids)s::uuid[], %(actor)s, %(expected_job_ids)s::uuid[]);
+FROM arm.retry_files_v3(%(file_ids)s::uuid[], %(actor)s, %(expected_job_ids)s::uuid[],
+                        %(actor_level)s);
 
 -- name: get_file
 SELECT arm.get_file(%(file_id)s) AS file;

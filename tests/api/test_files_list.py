@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from jsonschema import Draft202012Validator
 
+from arm_core.http.app import OPENAPI_PATH
 from arm_core.http.file_list import decode_cursor, encode_cursor
 from tests.support.api import api_settings, running_api
 from tests.support.sql import Upload, dict_conn, fail_by_no_ack, publish, upload, upload_many
@@ -254,9 +257,14 @@ async def test_the_file_page_has_the_retry_audit(db_url: str) -> None:
     [entry] = after["retries"]
     assert entry == {
         "actor": "alice",
+        "actor_level": "all",  # a token without a level holds every level
         "retried_at": entry["retried_at"],
         "old_job_id": str(up.job_id),
         "new_job_id": new["job_id"],
         "new_attempt": 2,
     }
     assert [a["attempt"] for a in after["attempts"]] == [1, 2]
+    doc = json.loads(OPENAPI_PATH.read_text())
+    file_view = {"components": doc["components"], "$ref": "#/components/schemas/FileView"}
+    validator = Draft202012Validator(file_view, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    assert sorted(e.message for e in validator.iter_errors(after)) == []

@@ -26,7 +26,6 @@ from tests.support.sql import (
     job,
     publish,
     result,
-    retry,
     scalar,
     stored_file,
     upload,
@@ -50,6 +49,7 @@ LATER = [
     "0012_job_table_autovacuum",
     "0013_time_ordered_ids",
     "0014_bridge_instances",
+    "0015_retry_actor_level",
 ]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table
@@ -80,10 +80,41 @@ def _yoyo(url: str, ids: Iterable[str], rollback: bool = False) -> list[str]:
         backend.connection.close()
 
 
+def _retry_as_0001_did(conn: Conn, file_id: uuid.UUID) -> None:
+    """What a retry wrote at 0001: a new queued attempt, the file switched to it, and its
+    audit record. (Today's retry functions also write the audit's actor_level, which
+    0015 adds, so they cannot run on this database.)"""
+    with conn.transaction():
+        old = conn.execute(
+            "SELECT j.* FROM arm.recognition_job j JOIN arm.stored_file f "
+            "ON j.id = f.current_recognition_job_id WHERE f.id = %s FOR UPDATE OF f",
+            (file_id,),
+        ).fetchone()
+        assert old is not None
+        new_id = scalar(
+            conn,
+            "INSERT INTO arm.recognition_job "
+            "(file_id, pipeline, attempt, max_attempts, status, requested_at) "
+            "VALUES (%s, %s, %s, %s, 'queued', clock_timestamp()) RETURNING id",
+            (file_id, old["pipeline"], old["attempt"] + 1, old["max_attempts"]),
+        )
+        conn.execute(
+            "UPDATE arm.stored_file SET current_recognition_job_id = %s, status = 'UPLOADED' "
+            "WHERE id = %s",
+            (new_id, file_id),
+        )
+        conn.execute(
+            "INSERT INTO arm.retry_audit (file_id, old_job_id, new_job_id, new_attempt, actor) "
+            "VALUES (%s, %s, %s, %s, 'operator')",
+            (file_id, old["id"], new_id, old["attempt"] + 1),
+        )
+
+
 def _old_release_with_data(url: str) -> dict[str, Upload]:
     """A database at 0001 with uploads in every state. The functions applied are today's
     (they need nothing of 0002, and every write they make here is one the previous
-    release made too); the data also holds an upload over the bounds 0002 adds."""
+    release made too), but for the retry, written as 0001's retry wrote it; the data also
+    holds an upload over the bounds 0002 adds."""
     assert _yoyo(url, [M1]) == [M1]
     with psycopg.connect(url, autocommit=True) as plain:
         ensure_roles(plain)  # as migrate does first (on a fresh server there are none)
@@ -102,7 +133,7 @@ def _old_release_with_data(url: str) -> dict[str, Upload]:
         ack(conn, ups["done"].job_id, ups["done"].file_id)
         result(conn, ups["done"].job_id, ups["done"].file_id, "done", metrics={"rows": 3})
         result(conn, ups["error"].job_id, ups["error"].file_id, "error", error=("UNREADABLE", "?"))
-        assert retry(conn, ups["timeout"].file_id)["outcome"] == "retried"
+        _retry_as_0001_did(conn, ups["timeout"].file_id)
         ups["queued"] = upload(conn, "PDF")
         ups["too_long"] = upload(conn, name=TOO_LONG_NAME, bucket="b" * 70)
     return ups
@@ -110,12 +141,20 @@ def _old_release_with_data(url: str) -> dict[str, Upload]:
 
 def _data(url: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row, as stored (stored_file.failed, which migration 0008 adds, is derived
-    from status: not data of its own)."""
+    from status: not data of its own; retry_audit.actor_level, which 0015 adds, is NULL
+    in every row written before it, as _no_levels_recorded checks)."""
     with psycopg.connect(url) as conn:
         return {
-            t: conn.execute(f"SELECT to_jsonb(x) - 'failed' FROM arm.{t} x ORDER BY id").fetchall()
+            t: conn.execute(
+                f"SELECT to_jsonb(x) - 'failed' - 'actor_level' FROM arm.{t} x ORDER BY id"
+            ).fetchall()
             for t in TABLES
         }
+
+
+def _no_levels_recorded(conn: Conn) -> bool:
+    """The audit of retries made before 0015 records no level: nobody knows it."""
+    return scalar(conn, "SELECT count(*) FROM arm.retry_audit WHERE actor_level IS NOT NULL") == 0
 
 
 def _constraints(conn: Conn) -> dict[str, bool]:
@@ -141,6 +180,7 @@ def test_0002_applies_to_a_database_with_data_and_its_constraints_hold(
     assert _data(empty_db_url) == before  # not a row changed
 
     with dict_conn(empty_db_url) as conn:
+        assert _no_levels_recorded(conn)
         constraints = _constraints(conn)
         assert constraints["recognition_job_published_fields"] is True
         assert constraints["recognition_job_republish_only_when_published"] is True

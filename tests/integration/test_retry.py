@@ -43,6 +43,11 @@ from tests.support.sql import (
 
 pytestmark = pytest.mark.integration
 
+# The parameters of queries.sql's retry_file and retry_files as the API sends them, for
+# the races below (each call adds its file or files).
+SOLE: dict[str, Any] = {"actor": "x", "expected_job_id": None, "actor_level": "operator"}
+MANY: dict[str, Any] = {"actor": "x", "expected_job_ids": None, "actor_level": "operator"}
+
 
 def failed_upload(conn: Conn, file_type: str = "XLSX") -> Upload:
     """A tabular ОСВ РБ upload whose attempt 1 ended dlq / NO_ACK."""
@@ -250,6 +255,7 @@ def test_retry_files_reports_each_file_once_and_goes_on(conn: Conn) -> None:
             "file_ids": [live.file_id, failed.file_id, missing, failed.file_id, None],
             "actor": "ops",
             "expected_job_ids": None,
+            "actor_level": "operator",
         },
     ).fetchall()
     by_file = {r["file_id"]: r for r in rows}
@@ -334,6 +340,7 @@ def test_a_batch_names_the_attempt_of_each_file(conn: Conn) -> None:
             "file_ids": [moved.file_id, same.file_id, moved.file_id],
             "actor": "ops",
             "expected_job_ids": [old, same.job_id, None],  # a file named twice: its first
+            "actor_level": "operator",
         },
     ).fetchall()
     by_file = {r["file_id"]: r for r in rows}
@@ -357,12 +364,8 @@ def _race(db_url: str, calls: list[tuple[str, object]]) -> list[list[dict]]:
         with dict_conn(db_url) as c:
             barrier.wait()
             if kind == "one":
-                return c.execute(
-                    query("retry_file"), {"file_id": arg, "actor": "x", "expected_job_id": None}
-                ).fetchall()
-            return c.execute(
-                query("retry_files"), {"file_ids": arg, "actor": "x", "expected_job_ids": None}
-            ).fetchall()
+                return c.execute(query("retry_file"), {**SOLE, "file_id": arg}).fetchall()
+            return c.execute(query("retry_files"), {**MANY, "file_ids": arg}).fetchall()
 
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
         return list(pool.map(run, calls))
@@ -433,9 +436,7 @@ async def race_behind_the_file(db_url: str, file_id: uuid.UUID, calls: list[Call
 
 def retrying(file_id: uuid.UUID) -> Callable[[Session], Coroutine[Any, Any, dict[str, Any]]]:
     async def call(session: Session) -> dict[str, Any]:
-        cur = await session.execute(
-            query("retry_file"), {"file_id": file_id, "actor": "ops", "expected_job_id": None}
-        )
+        cur = await session.execute(query("retry_file"), {**SOLE, "file_id": file_id})
         row = await cur.fetchone()
         assert row is not None
         return row

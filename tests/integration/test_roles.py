@@ -74,6 +74,8 @@ CALLERS: dict[str, set[str]] = {
     "retry_files": {"arm_api"},
     "retry_file_v2": {"arm_api"},
     "retry_files_v2": {"arm_api"},
+    "retry_file_v3": {"arm_api"},
+    "retry_files_v3": {"arm_api"},
     "get_file": {"arm_api", "arm_readonly"},
     "list_files": {"arm_api", "arm_readonly"},
     # metrics and the status view
@@ -455,12 +457,22 @@ def test_the_api_role_retries_reads_and_checks_health(db_url: str) -> None:
     with connect(db_url, API_LOGIN) as api:
         [row] = api.execute(
             query("retry_file"),
-            {"file_id": failed.file_id, "actor": "ops", "expected_job_id": None},
+            {
+                "file_id": failed.file_id,
+                "actor": "ops",
+                "expected_job_id": None,
+                "actor_level": "operator",
+            },
         )
         assert row["outcome"] == "retried"
         rows = api.execute(
             query("retry_files"),
-            {"file_ids": [failed.file_id, other.file_id], "actor": "ops", "expected_job_ids": None},
+            {
+                "file_ids": [failed.file_id, other.file_id],
+                "actor": "ops",
+                "expected_job_ids": None,
+                "actor_level": "operator",
+            },
         ).fetchall()
         assert {r["outcome"] for r in rows} == {"not_retryable"}
         document = api.execute(query("get_file"), {"file_id": failed.file_id}).fetchone()

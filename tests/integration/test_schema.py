@@ -79,6 +79,7 @@ MIGRATIONS = [
     "0012_job_table_autovacuum",
     "0013_time_ordered_ids",
     "0014_bridge_instances",
+    "0015_retry_actor_level",
 ]
 
 
@@ -116,13 +117,22 @@ def test_arm_core_rollback_takes_the_schema_back_to_before_a_migration(
     assert "0099_no_such_migration" in capsys.readouterr().err
     assert snapshot(empty_db_url) == applied
 
-    assert cli.main(["rollback", MIGRATIONS[-2]]) == 0
+    undone = MIGRATIONS.index("0013_time_ordered_ids")
+    assert cli.main(["rollback", MIGRATIONS[undone]]) == 0
     said = capsys.readouterr().out
-    assert said.startswith(f"rolled back: {MIGRATIONS[-1]}, {MIGRATIONS[-2]};"), said
+    newest_first = ", ".join(reversed(MIGRATIONS[undone:]))
+    assert said.startswith(f"rolled back: {newest_first};"), said
     with dict_conn(empty_db_url) as conn:
         left = [r["id"] for r in conn.execute("SELECT migration_id AS id FROM _yoyo_migration")]
-        assert sorted(left) == MIGRATIONS[:-2]
+        assert sorted(left) == MIGRATIONS[:undone]
         assert scalar(conn, "SELECT to_regprocedure('arm.uuid_v7()')") is None  # 0013's
+        v3 = "SELECT to_regprocedure('arm.retry_file_v3(uuid, text, uuid, text)')"
+        assert scalar(conn, v3) is None  # 0015's: the v3 retries and the audit's level
+        assert not scalar(
+            conn,
+            "SELECT count(*) FROM pg_attribute WHERE attname = 'actor_level' "
+            "AND attrelid IN ('arm.retry_audit'::regclass, 'arm.archived_retry_audit'::regclass)",
+        )
         assert "gen_random_uuid" in scalar(
             conn,
             "SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef "

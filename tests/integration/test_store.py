@@ -150,8 +150,18 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "status_series": {"minutes": 60},
     "set_sweep_interval": {"seconds": 30},
     "set_setting": {"name": "default_max_attempts", "value": "3"},
-    "retry_file": {"file_id": uuid.uuid4(), "actor": "test", "expected_job_id": None},
-    "retry_files": {"file_ids": [uuid.uuid4()], "actor": "test", "expected_job_ids": None},
+    "retry_file": {
+        "file_id": uuid.uuid4(),
+        "actor": "test",
+        "expected_job_id": None,
+        "actor_level": "operator",
+    },
+    "retry_files": {
+        "file_ids": [uuid.uuid4()],
+        "actor": "test",
+        "expected_job_ids": None,
+        "actor_level": "operator",
+    },
     "get_file": {"file_id": uuid.uuid4()},
     "list_files": {
         "limit": 10,

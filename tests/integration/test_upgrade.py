@@ -299,11 +299,13 @@ ADDED = "sample_status"
 
 def rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row, as stored (stored_file.failed, which migration 0008 adds, is derived
-    from status: not data of its own), but the periodic task the upgrade adds."""
+    from status: not data of its own; retry_audit.actor_level, which 0015 adds, is NULL
+    for every retry the previous release made, as the upgrade test checks), but the
+    periodic task the upgrade adds."""
     with psycopg.connect(url) as conn:
         return {
             t: conn.execute(
-                f"SELECT to_jsonb(x) - 'failed' FROM arm.{t} x "
+                f"SELECT to_jsonb(x) - 'failed' - 'actor_level' FROM arm.{t} x "
                 "WHERE to_jsonb(x) ->> 'name' IS DISTINCT FROM %s ORDER BY 1",
                 (ADDED,),
             ).fetchall()
@@ -350,6 +352,10 @@ def test_the_previous_release_upgrades_with_its_data_intact_to_db_schema_sql(
     assert rows(empty_db_url) == before
     with dict_conn(empty_db_url) as conn:  # the row it adds (rows() leaves it out)
         assert scalar(conn, "SELECT count(*) FROM arm.periodic_task WHERE name = %s", (ADDED,)) == 1
+        # The previous release's retries record no level (rows() leaves the column out).
+        assert scalar(conn, "SELECT count(*) FROM arm.retry_audit WHERE actor_level IS NULL") == (
+            len(before["retry_audit"])
+        )
     assert_counts_are_real(empty_db_url)  # counted from the rows the upgrade found
     # A parameter added in place shows only here: a fresh database never had the old one.
     found = overloads(empty_db_url)
@@ -470,11 +476,18 @@ def the_new_release_runs_under_its_roles(url: str) -> None:
         bridge.execute(query("run_due_tasks")).fetchall()
     with dict_conn(as_login(url, API_LOGIN)) as api:
         [retried] = api.execute(
-            query("retry_file"), {"file_id": up.file_id, "actor": "ops", "expected_job_id": None}
+            query("retry_file"),
+            {
+                "file_id": up.file_id,
+                "actor": "ops",
+                "expected_job_id": None,
+                "actor_level": "operator",
+            },
         )
         assert retried["outcome"] == "retried"
         document = api.execute(query("get_file"), {"file_id": up.file_id}).fetchone()
         assert document is not None and len(document["file"]["attempts"]) == 2
+        assert [r["actor_level"] for r in document["file"]["retries"]] == ["operator"]
 
 
 def the_previous_release_keeps_working(url: str, ups: dict[str, Upload]) -> None:

@@ -375,10 +375,17 @@ def retry(
     file_id: uuid.UUID,
     actor: str = "operator",
     expected_job_id: uuid.UUID | None = None,
+    actor_level: str | None = "operator",
 ) -> dict[str, Any]:
-    """arm.retry_file_v2 as the API calls it: when the file's current job is still
-    `expected_job_id` (None: whichever)."""
-    params = {"file_id": file_id, "actor": actor, "expected_job_id": expected_job_id}
+    """arm.retry_file_v3 as the API calls it: when the file's current job is still
+    `expected_job_id` (None: whichever), for an actor retrying with `actor_level`
+    (what the audit records beside the actor; None: none, as a DBA's SQL)."""
+    params = {
+        "file_id": file_id,
+        "actor": actor,
+        "expected_job_id": expected_job_id,
+        "actor_level": actor_level,
+    }
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(query("retry_file"), params).fetchone()
     assert row is not None
