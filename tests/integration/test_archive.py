@@ -188,6 +188,36 @@ def test_the_file_view_reads_an_archived_file_as_archived(db_url: str) -> None:
     assert cold["file"]["s3"] == hot["file"]["s3"]
 
 
+def test_the_archive_keeps_the_level_each_retry_was_made_with(db_url: str) -> None:
+    """The API's retry records its level, a DBA's records none; both move as they were,
+    and the file view shows them from the archive."""
+    with dict_conn(db_url) as conn:
+        up = upload(conn)
+        publish(conn)
+        result(conn, up.job_id, up.file_id, "error", error=ERROR)
+        second = retry(conn, up.file_id, actor="ivanova", actor_level="operator")
+        publish(conn)
+        result(conn, second["job_id"], up.file_id, "error", error=ERROR, attempt=2)
+        [third] = conn.execute("SELECT * FROM arm.retry_file(%s, 'dba')", (up.file_id,))
+        publish(conn)
+        result(conn, third["job_id"], up.file_id, "done", attempt=3)
+        audit = "SELECT actor, actor_level, new_attempt FROM arm.{} WHERE file_id = %s ORDER BY id"
+        hot = conn.execute(audit.format("retry_audit"), (up.file_id,)).fetchall()
+        assert [(r["actor"], r["actor_level"]) for r in hot] == [
+            ("ivanova", "operator"),
+            ("dba", None),
+        ]
+        age(conn, up.file_id, 60)
+        assert archive(conn)["retries"] == 2
+        assert conn.execute(audit.format("archived_retry_audit"), (up.file_id,)).fetchall() == hot
+        cold = scalar(conn, "SELECT arm.get_file(%s)", (up.file_id,))
+    assert cold["file"]["archived_at"] is not None
+    assert [(r["actor"], r["actor_level"], r["new_attempt"]) for r in cold["retries"]] == [
+        ("ivanova", "operator", 2),
+        ("dba", None, 3),
+    ]
+
+
 def test_a_late_answer_for_an_archived_job_changes_nothing(db_url: str) -> None:
     with dict_conn(db_url) as conn:
         up = upload(conn)

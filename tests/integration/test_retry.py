@@ -352,6 +352,103 @@ def test_a_batch_names_the_attempt_of_each_file(conn: Conn) -> None:
     assert [j["attempt"] for j in jobs_of(conn, moved.file_id)] == [1, 2]
 
 
+# --- the audit records the access level the actor retried with -------------------------
+
+
+def audit_levels(conn: Conn) -> dict[uuid.UUID, list[tuple[str, str | None]]]:
+    """(actor, actor_level) of every audit record, by file, oldest first."""
+    found: dict[uuid.UUID, list[tuple[str, str | None]]] = {}
+    for row in conn.execute("SELECT file_id, actor, actor_level FROM arm.retry_audit ORDER BY id"):
+        found.setdefault(row["file_id"], []).append((row["actor"], row["actor_level"]))
+    return found
+
+
+@pytest.mark.parametrize("level", ["operator", "all"])
+def test_the_audit_records_the_level_the_api_retried_with(conn: Conn, level: str) -> None:
+    up = failed_upload(conn)
+    assert retry(conn, up.file_id, "ivanova@arm", actor_level=level)["outcome"] == "retried"
+    assert audit_levels(conn) == {up.file_id: [("ivanova@arm", level)]}
+    assert (
+        scalar(conn, "SELECT arm.get_file(%s)", (up.file_id,))["retries"][0]["actor_level"] == level
+    )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT * FROM arm.retry_file_v3(%(file)s, 'dba', NULL, NULL)",
+        "SELECT * FROM arm.retry_file_v2(%(file)s, 'dba', NULL)",
+        "SELECT * FROM arm.retry_file(%(file)s, 'dba')",
+        "SELECT * FROM arm.retry_files_v3(ARRAY[%(file)s], 'dba', NULL, NULL)",
+        "SELECT * FROM arm.retry_files_v2(ARRAY[%(file)s], 'dba', NULL)",
+        "SELECT * FROM arm.retry_files(ARRAY[%(file)s], 'dba')",
+    ],
+    ids=["file_v3", "file_v2", "file", "files_v3", "files_v2", "files"],
+)
+def test_a_retry_without_a_level_records_none(conn: Conn, call: str) -> None:
+    """A DBA's SQL, and the previous release's API through the older names: the audit
+    says no level rather than guess one."""
+    up = failed_upload(conn)
+    [row] = conn.execute(call, {"file": up.file_id}).fetchall()
+    assert (row["outcome"], row["attempt"]) == ("retried", 2)
+    assert audit_levels(conn) == {up.file_id: [("dba", None)]}
+    assert (
+        scalar(conn, "SELECT arm.get_file(%s)", (up.file_id,))["retries"][0]["actor_level"] is None
+    )
+
+
+@pytest.mark.parametrize("level", ["viewer", "metrics", "Operator", "", " all"])
+def test_a_level_other_than_operator_or_all_is_refused_and_writes_nothing(
+    db_url: str, level: str
+) -> None:
+    with dict_conn(db_url) as conn:
+        failed, live = failed_upload(conn), upload(conn)
+        before = {f: jobs_of(conn, f) for f in (failed.file_id, live.file_id)}
+        files = {f: stored_file(conn, f) for f in (failed.file_id, live.file_id)}
+        calls = [
+            (query("retry_file"), {**SOLE, "file_id": failed.file_id, "actor_level": level}),
+            # Refused before anything is read: also for a file that is not retryable.
+            (query("retry_file"), {**SOLE, "file_id": live.file_id, "actor_level": level}),
+            (
+                query("retry_files"),
+                {**MANY, "file_ids": [live.file_id, failed.file_id], "actor_level": level},
+            ),
+        ]
+        for sql, params in calls:
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_actor_level"):
+                conn.execute(sql, params)
+        assert {f: jobs_of(conn, f) for f in before} == before
+        assert {f: stored_file(conn, f) for f in files} == files
+        assert scalar(conn, "SELECT count(*) FROM arm.retry_audit") == 0
+
+
+def test_the_table_refuses_a_level_written_around_the_functions(conn: Conn) -> None:
+    """A DBA's own write to the audit (the owner's rights, no function) is checked too."""
+    up = failed_upload(conn)
+    retry(conn, up.file_id, "ivanova", actor_level="all")
+    with pytest.raises(psycopg.errors.CheckViolation, match="retry_audit_actor_level"):
+        conn.execute("UPDATE arm.retry_audit SET actor_level = 'viewer'")
+    assert audit_levels(conn) == {up.file_id: [("ivanova", "all")]}
+
+
+def test_a_batch_records_the_level_for_every_file_it_retries(conn: Conn) -> None:
+    first, second, live = failed_upload(conn), failed_upload(conn), upload(conn)
+    rows = conn.execute(
+        query("retry_files"),
+        {
+            **MANY,
+            "actor": "petrov",
+            "file_ids": [first.file_id, live.file_id, second.file_id],
+            "actor_level": "all",
+        },
+    ).fetchall()
+    assert sorted(r["outcome"] for r in rows) == ["not_retryable", "retried", "retried"]
+    assert audit_levels(conn) == {
+        first.file_id: [("petrov", "all")],
+        second.file_id: [("petrov", "all")],
+    }
+
+
 # --- concurrency (R-RT-3, S-RT-4): real connections racing -------------------------
 
 
