@@ -9,17 +9,27 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient
 
+from arm_core.access import ApiToken, Level
 from arm_core.http.app import CONSOLE_DIR
 from tests.support.api import api_settings, running_api
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "console-test-token-0123456789"
+TOKEN = "console-test-token-0123456789"  # no level: every level, as before levels existed
+VIEWER = "console-test-viewer-0123456789"
+METRICS = "console-test-metrics-0123456789"
+EVERY = ["metrics", "operator", "viewer"]
+NOBODY: dict[str, object] = {"actor": None, "level": None, "levels": []}  # no credentials
 
 
 @pytest.fixture
 async def token_app(db_url: str) -> AsyncIterator[TestClient]:
-    settings = api_settings(db_url, auth_mode="token", api_tokens=(("ops", TOKEN),))
+    tokens = (
+        ApiToken("ops", TOKEN),
+        ApiToken("ivanova", VIEWER, Level.VIEWER),
+        ApiToken("prom", METRICS, Level.METRICS),
+    )
+    settings = api_settings(db_url, auth_mode="token", api_tokens=tokens)
     async with running_api(settings) as client:
         yield client
 
@@ -58,14 +68,37 @@ async def test_an_unknown_console_file_is_a_json_404(token_app: TestClient) -> N
         assert (await resp.json())["error"]["code"] == "NOT_FOUND"
 
 
+async def whoami(client: TestClient, token: str) -> object:
+    resp = await client.get("/api/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+    assert resp.status == 200
+    return await resp.json()
+
+
 async def test_whoami_with_a_token(token_app: TestClient) -> None:
+    """What the console goes by: who, the level it shows, and the levels that decide
+    what it offers (a viewer no retry; a metrics token not the console at all)."""
     anon = await token_app.get("/api/v1/whoami")
     assert anon.status == 200
-    assert await anon.json() == {"actor": None, "auth_mode": "token"}
-    wrong = await token_app.get("/api/v1/whoami", headers={"Authorization": "Bearer wrong"})
-    assert await wrong.json() == {"actor": None, "auth_mode": "token"}
-    ok = await token_app.get("/api/v1/whoami", headers={"Authorization": f"Bearer {TOKEN}"})
-    assert await ok.json() == {"actor": "ops", "auth_mode": "token"}
+    assert await anon.json() == {**NOBODY, "auth_mode": "token"}
+    assert await whoami(token_app, "wrong") == {**NOBODY, "auth_mode": "token"}
+    assert await whoami(token_app, TOKEN) == {
+        "actor": "ops",
+        "level": "operator",
+        "levels": EVERY,
+        "auth_mode": "token",
+    }
+    assert await whoami(token_app, VIEWER) == {
+        "actor": "ivanova",
+        "level": "viewer",
+        "levels": ["viewer"],
+        "auth_mode": "token",
+    }
+    assert await whoami(token_app, METRICS) == {
+        "actor": "prom",
+        "level": "metrics",
+        "levels": ["metrics"],
+        "auth_mode": "token",
+    }
     # The shell is public; the data is not.
     data = await token_app.get("/api/v1/files/00000000-0000-0000-0000-000000000000")
     assert data.status == 401
@@ -74,9 +107,47 @@ async def test_whoami_with_a_token(token_app: TestClient) -> None:
 async def test_whoami_behind_a_proxy_and_without_auth(db_url: str) -> None:
     async with running_api(api_settings(db_url, auth_mode="header")) as proxy:
         resp = await proxy.get("/api/v1/whoami", headers={"X-Forwarded-User": "Анна"})
-        assert await resp.json() == {"actor": "Анна", "auth_mode": "header"}
+        assert await resp.json() == {
+            "actor": "Анна",
+            "level": "operator",
+            "levels": EVERY,
+            "auth_mode": "header",
+        }
         resp = await proxy.get("/api/v1/whoami")
-        assert await resp.json() == {"actor": None, "auth_mode": "header"}
+        assert await resp.json() == {**NOBODY, "auth_mode": "header"}
+    grouped = api_settings(
+        db_url,
+        auth_mode="header",
+        auth_groups_header="X-Forwarded-Groups",
+        auth_operator_groups=frozenset({"arm-operators"}),
+        auth_viewer_groups=frozenset({"arm-support"}),
+    )
+    async with running_api(grouped) as proxy:
+        resp = await proxy.get(
+            "/api/v1/whoami",
+            headers={"X-Forwarded-User": "Анна", "X-Forwarded-Groups": "staff, arm-support"},
+        )
+        assert await resp.json() == {
+            "actor": "Анна",
+            "level": "viewer",
+            "levels": ["viewer"],
+            "auth_mode": "header",
+        }
+        # In none of the groups: signed in, with no level (the console says it may not view).
+        resp = await proxy.get(
+            "/api/v1/whoami", headers={"X-Forwarded-User": "Анна", "X-Forwarded-Groups": "staff"}
+        )
+        assert await resp.json() == {
+            "actor": "Анна",
+            "level": None,
+            "levels": [],
+            "auth_mode": "header",
+        }
     async with running_api(api_settings(db_url)) as none:
         resp = await none.get("/api/v1/whoami")
-        assert await resp.json() == {"actor": "anonymous", "auth_mode": "none"}
+        assert await resp.json() == {
+            "actor": "anonymous",
+            "level": "operator",
+            "levels": EVERY,
+            "auth_mode": "none",
+        }
