@@ -547,7 +547,7 @@ def test_token_sign_in_shows_nothing_before(serve: Callable[..., Served], page: 
     token.send_keys(TOKEN)
     page.find_element(By.ID, "signin-submit").click()
     wait_for(page, "the file list", lambda d: len(rows(d)) == 1)
-    assert page.find_element(By.ID, "who").text == "signed in as ops"
+    assert page.find_element(By.ID, "who").text == "signed in as ops · operator"
     assert "Секретный отчёт.xlsx" in visible_text(page)
     assert not page.find_element(By.ID, "signin").is_displayed()
 
@@ -585,7 +585,7 @@ def test_header_mode_shows_the_proxys_identity(
         )
         page.refresh()
         wait_for(page, "the file list", lambda d: len(rows(d)) == 1)
-        assert page.find_element(By.ID, "who").text == "signed in as anna@example.org"
+        assert page.find_element(By.ID, "who").text == "signed in as anna@example.org · operator"
         assert not page.find_element(By.ID, "signout").is_displayed()
     finally:
         page.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from arm_core.access import LEVELS
+
 CONSOLE = Path(__file__).resolve().parents[2] / "src" / "arm_core" / "console"
 
 try:
@@ -83,7 +85,9 @@ def test_the_catalogues_match_and_hold_every_key_the_page_uses() -> None:
         assert {f"{kind}.{code}" for code in codes} <= set(en), kind
     # Every key is used somewhere (a dynamic one by its prefix: `code.${...}` and so on).
     prefixes = set(re.findall(r"`(\w+)\.\$\{", js))  # `code.${...}`, `api.${...}`
-    assert prefixes == {"code", "api"}, prefixes
+    assert prefixes == {"code", "api", "level"}, prefixes
+    # Every access level the API has its name and what it allows (`level.${...}`).
+    assert {f"level.{level}{about}" for level in LEVELS for about in ("", ".about")} <= set(en)
     assert "`${kind}status.${status}`" in js  # filestatus.*, jobstatus.*
     dynamic = prefixes | {"filestatus", "jobstatus"}
     unused = [

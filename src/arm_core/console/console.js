@@ -1,5 +1,8 @@
 // The operator console of arm-core: a file list with filters, a file page with
 // every attempt, single and batch retry, and the exchange's status — all from /api/v1/*.
+// What it offers follows the caller's access levels (GET /api/v1/whoami): a viewer sees
+// everything but no retry control, an operator retries too, and a credential with
+// neither level (a metrics token) is told it may not view the console.
 // Plain ES module, no build step, no other origin. Data is put in the page as text
 // (textContent), never as HTML. Every text it shows is in /console/messages.json, in
 // English and Russian: t("key", {vars}) looks one up in the chosen language.
@@ -15,6 +18,9 @@ const $ = (id) => document.getElementById(id);
 const state = {
   authMode: null,
   actor: null,
+  level: null, // the level to show (whoami's "level")
+  levels: [], // every level held (whoami's "levels")
+  accessNote: null, // the 403 that showed the levels changed ({status, body}), or null
   items: [], // the list as last loaded
   nextCursor: null,
   selected: new Set(), // file ids
@@ -108,6 +114,12 @@ function setLang(lang) {
     return;
   }
   showWho();
+  showAccessNote();
+  if (!mayView()) {
+    showForbidden();
+    return;
+  }
+  if (state.fileId) renderList(); // the list behind the file page, shown on the way back
   refreshViews();
   tick();
 }
@@ -181,6 +193,30 @@ function show(id, visible) {
   $(id).hidden = !visible;
 }
 
+// --- access levels ----------------------------------------------------------------
+
+// The console's reads need the viewer level (the operator's includes it); retries the
+// operator's. The server checks every request: these only decide what the page offers.
+function mayView() {
+  return state.levels.includes("viewer") || state.levels.includes("operator");
+}
+
+function mayRetry() {
+  return state.levels.includes("operator");
+}
+
+// A level's name in the chosen language (one this page does not know, as it is).
+function levelName(level) {
+  return level ? (explain(`level.${level}`) ?? level) : t("level.none");
+}
+
+// The retry controls of the page's own markup (class "operator-only"): shown to an
+// operator only. Those drawn from data (a row's button, the file page's) are not drawn.
+function applyLevel() {
+  for (const el of document.querySelectorAll(".operator-only")) el.hidden = !mayRetry();
+  if (!mayRetry()) state.selected.clear();
+}
+
 // --- the API ----------------------------------------------------------------------
 
 class SignedOut extends Error {}
@@ -207,7 +243,34 @@ async function api(path, options = {}) {
     signedOut(state.authMode === "token" ? t("auth.expired") : null);
     throw new SignedOut();
   }
+  if (resp.status === 403 && !options.public) recheckAccess({ status: resp.status, body });
   return { status: resp.status, body };
+}
+
+// A 403 the page did not expect: the credential's levels may have changed since the
+// page asked (a token re-issued at another level, a user moved to another group). Ask
+// again; if they did, say so with the server's message and offer what they allow now.
+let rechecking = false;
+
+async function recheckAccess(refused) {
+  if (rechecking || state.actor === null) return;
+  rechecking = true;
+  try {
+    const me = await whoami();
+    if (state.actor === null) return;
+    if (me.actor === null) {
+      signedOut(state.authMode === "token" ? t("auth.expired") : null);
+      return;
+    }
+    if (me.actor === state.actor && String(me.levels) === String(state.levels)) return;
+    signedIn(me);
+    state.accessNote = refused;
+    showAccessNote();
+  } catch {
+    // No answer: the request's own error is shown where it was made.
+  } finally {
+    rechecking = false;
+  }
 }
 
 function errorText(resp) {
@@ -230,6 +293,8 @@ function signedOut(message) {
   stopPolling();
   sessionStorage.removeItem(TOKEN_KEY);
   state.actor = null;
+  state.level = null;
+  state.levels = [];
   state.items = [];
   state.file = null;
   state.answers.clear();
@@ -238,7 +303,10 @@ function signedOut(message) {
   $("file").replaceChildren();
   $("status").replaceChildren();
   show("console", false);
+  show("forbidden", false);
   show("signout", false);
+  state.accessNote = null;
+  showAccessNote();
   $("who").textContent = "";
   $("live").textContent = "";
   if (state.authMode === "token") {
@@ -252,17 +320,62 @@ function signedOut(message) {
   }
 }
 
+// The note of a level that changed under the page: the level now, and what the server said.
+function showAccessNote() {
+  const refused = state.accessNote;
+  $("access-note").textContent = refused
+    ? t("auth.changed", { level: levelName(state.level), error: errorText(refused) })
+    : "";
+}
+
+// Who is signed in and at which level: "signed in as ivanova · viewer" (the level's
+// title says what it allows). AUTH_MODE=none: everyone is anonymous, with every level.
 function showWho() {
-  $("who").textContent = state.authMode === "none" ? t("auth.none") : t("auth.as", { actor: state.actor });
+  if (state.authMode === "none") {
+    $("who").textContent = t("auth.none");
+    return;
+  }
+  const level = h("span", {
+    id: "level",
+    class: "level",
+    "data-level": state.level ?? "",
+    title: state.level ? explain(`level.${state.level}.about`) : null,
+    text: levelName(state.level),
+  });
+  $("who").replaceChildren(t("auth.as", { actor: state.actor }), " · ", level);
+}
+
+// Signed in without a level that opens the console: said, and nothing else is asked for.
+function showForbidden() {
+  const held = state.levels.map(levelName).join(", ");
+  $("forbidden-text").textContent = held
+    ? t("auth.forbidden.text", { actor: state.actor, levels: held })
+    : t("auth.forbidden.none", { actor: state.actor });
+  $("forbidden-hint").textContent =
+    state.authMode === "token" ? t("auth.forbidden.token") : t("auth.forbidden.header");
+  show("forbidden-signin", state.authMode === "token");
 }
 
 function signedIn(me) {
   state.actor = me.actor;
+  state.level = me.level ?? null;
+  state.levels = Array.isArray(me.levels) ? me.levels : [];
+  state.accessNote = null;
+  showAccessNote();
   show("signin", false);
   show("denied", false);
-  show("console", true);
   showWho();
   show("signout", state.authMode === "token");
+  if (!mayView()) {
+    stopPolling();
+    show("console", false);
+    show("forbidden", true);
+    showForbidden();
+    return;
+  }
+  show("forbidden", false);
+  show("console", true);
+  applyLevel();
   route();
 }
 
@@ -292,7 +405,7 @@ async function onSignIn(event) {
 // --- routing and polling ----------------------------------------------------------
 
 function route() {
-  if (state.actor === null) return;
+  if (state.actor === null || !mayView()) return;
   const hash = location.hash || "#/";
   const file = hash.match(/^#\/files\/([0-9a-fA-F-]{36})$/);
   stopPolling();
@@ -332,7 +445,7 @@ async function tick() {
   const work = [loadStatus(), loadSeries()];
   work.push(state.fileId ? loadFile() : loadList());
   const results = await Promise.allSettled(work);
-  if (state.actor === null || generation !== state.generation) return; // superseded
+  if (state.actor === null || !mayView() || generation !== state.generation) return; // superseded
   const failed = results.find((r) => r.status === "rejected" && !(r.reason instanceof SignedOut));
   $("live").textContent = failed
     ? t("live.stale", { message: failed.reason.message })
@@ -745,9 +858,11 @@ function renderList() {
   const rows = state.items.map((item) => {
     const job = item.current_job || {};
     const id = item.id;
-    return h(
-      "tr",
-      { "data-file-id": id, class: state.answers.has(id) ? "answered" : null },
+    // An operator's row: a box to select it, its retry button and the retry's answer; a
+    // viewer's row has none of the three (nor their columns: index.html "operator-only").
+    const operator = mayRetry();
+    const select =
+      operator &&
       h(
         "td",
         {},
@@ -762,14 +877,9 @@ function renderList() {
             renderSelection();
           },
         }),
-      ),
-      h("td", { class: "name" }, h("a", { href: `#/files/${id}`, text: item.original_name })),
-      h("td", { text: item.file_type }),
-      h("td", {}, badge(item.status, "file"), awaitingMapping(item.status, job.status)),
-      h("td", {}, badge(job.status, "job")),
-      h("td", { class: "attempt", text: job.attempt ? `${job.attempt} / ${job.max_attempts}` : "—" }),
-      h("td", { class: "code", text: job.error_code || "", title: explainCode(job.error_code, job.status) }),
-      h("td", { class: "when", text: when(item.updated_at), title: item.updated_at }),
+      );
+    const retry =
+      operator &&
       h(
         "td",
         {},
@@ -781,8 +891,20 @@ function renderList() {
           onclick: (e) => retryOne(id, job.job_id, e.target),
           text: t("retry.button"),
         }),
-      ),
-      h("td", { class: "answer-cell" }, answerCell(id)),
+      );
+    return h(
+      "tr",
+      { "data-file-id": id, class: state.answers.has(id) ? "answered" : null },
+      select,
+      h("td", { class: "name" }, h("a", { href: `#/files/${id}`, text: item.original_name })),
+      h("td", { text: item.file_type }),
+      h("td", {}, badge(item.status, "file"), awaitingMapping(item.status, job.status)),
+      h("td", {}, badge(job.status, "job")),
+      h("td", { class: "attempt", text: job.attempt ? `${job.attempt} / ${job.max_attempts}` : "—" }),
+      h("td", { class: "code", text: job.error_code || "", title: explainCode(job.error_code, job.status) }),
+      h("td", { class: "when", text: when(item.updated_at), title: item.updated_at }),
+      retry,
+      operator && h("td", { class: "answer-cell" }, answerCell(id)),
     );
   });
   $("files").tBodies[0].replaceChildren(...rows);
@@ -810,6 +932,7 @@ function onSelectAll(event) {
 
 // Every shown file whose current job failed with attempts left (the list's `retryable`).
 function onSelectRetryable() {
+  if (!mayRetry()) return;
   state.selected.clear();
   for (const item of state.items) if (item.retryable) state.selected.add(item.id);
   renderList();
@@ -843,6 +966,7 @@ function singleAnswer(resp) {
   const err = (resp.body && resp.body.error) || {};
   if (resp.status === 409) return { kind: "skipped", text: whySkipped(err.details) };
   if (resp.status === 404) return { kind: "skipped", text: t("retry.not_found") };
+  if (resp.status === 403) return { kind: "error", text: t("retry.forbidden", { error: errorText(resp) }) };
   return { kind: "error", text: t("retry.failed", { error: errorText(resp) }) };
 }
 
@@ -857,7 +981,7 @@ async function retryOne(fileId, jobId, button) {
   // click asks once (a second ask of a live job would only be refused as still running).
   // It names the attempt shown (jobId): if the file moved on meanwhile — another click,
   // another operator, even one whose attempt already failed — the answer is "skipped".
-  if (state.inFlight.has(fileId)) return;
+  if (state.inFlight.has(fileId) || !mayRetry()) return;
   state.inFlight.add(fileId);
   if (button) button.disabled = true;
   refreshViews();
@@ -876,7 +1000,7 @@ async function retryOne(fileId, jobId, button) {
 }
 
 async function retrySelected() {
-  if (state.batchInFlight || state.selected.size === 0) return;
+  if (state.batchInFlight || state.selected.size === 0 || !mayRetry()) return;
   const ids = [...state.selected];
   state.batchInFlight = true;
   for (const id of ids) state.inFlight.add(id);
@@ -888,7 +1012,9 @@ async function retrySelected() {
     const files = ids.map((id) => ({ file_id: id, job_id: shown.get(id) ?? null }));
     const resp = await api("/api/v1/files/retry", { method: "POST", json: { files } });
     if (resp.status !== 200) {
-      $("batch-summary").textContent = t("batch.failed", { error: errorText(resp) });
+      const error = errorText(resp);
+      $("batch-summary").textContent =
+        resp.status === 403 ? t("batch.forbidden", { error }) : t("batch.failed", { error });
       return;
     }
     let retried = 0;
@@ -1020,9 +1146,9 @@ function renderFile() {
     current.attempt < current.max_attempts;
   const retries = doc.retries || [];
   const byJob = new Map(doc.attempts.map((j) => [j.job_id, j.attempt]));
-  $("file").replaceChildren(
-    h("h2", { class: "name", text: f.original_name }),
-    archived ? h("p", { id: "file-archived", class: "archived", text: t("file.archived_note") }) : null,
+  // The retry button and its answer: an operator's only.
+  const actions =
+    mayRetry() &&
     h(
       "div",
       { class: "actions" },
@@ -1035,7 +1161,11 @@ function renderFile() {
         text: t("file.retry"),
       }),
       h("span", { id: "file-answer" }, answerCell(f.id)),
-    ),
+    );
+  $("file").replaceChildren(
+    h("h2", { class: "name", text: f.original_name }),
+    archived ? h("p", { id: "file-archived", class: "archived", text: t("file.archived_note") }) : null,
+    actions,
     dl([
       [t("file.id"), h("code", { text: f.id })],
       [t("file.status"), [badge(f.status, "file"), awaitingMapping(f.status, doc.current_job && doc.current_job.status)]],
@@ -1100,6 +1230,7 @@ async function start() {
   renderSelection();
   $("signin-form").addEventListener("submit", onSignIn);
   $("signout").addEventListener("click", () => signedOut(null));
+  $("forbidden-signin").addEventListener("click", () => signedOut(null));
   $("filters").addEventListener("submit", onFilter);
   $("clear").addEventListener("click", () => {
     location.hash = "#/";
@@ -1110,7 +1241,7 @@ async function start() {
   $("more").addEventListener("click", () => loadList(true));
   window.addEventListener("hashchange", route);
   document.addEventListener("visibilitychange", () => {
-    if (!document.hidden && state.actor !== null) tick();
+    if (!document.hidden && state.actor !== null && mayView()) tick();
   });
   try {
     const me = await whoami();
