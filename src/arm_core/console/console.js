@@ -1197,7 +1197,8 @@ function renderFile() {
                 "tr",
                 {},
                 h("td", { class: "when", text: when(r.retried_at), title: r.retried_at }),
-                h("td", { text: r.actor }),
+                // Who, and the level the API took them at (none for a retry made in SQL).
+                h("td", { text: r.actor_level ? `${r.actor} · ${t(`level.${r.actor_level}`)}` : r.actor }),
                 h("td", {
                   text: t("file.retry_step", {
                     from: byJob.get(r.old_job_id) ?? "?",
