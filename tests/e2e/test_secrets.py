@@ -120,6 +120,24 @@ CASES = [
     ),
     (("serve",), "API_TOKENS", "ivanova=Api-S3cret-0", "API_TOKENS: entry 1 of 1: the token"),
     (("serve",), "API_TOKENS", f"ops={API_TOKEN},{API_TOKEN}", "API_TOKENS: entry 2 of 2"),
+    (
+        ("serve",),
+        "API_TOKENS",
+        f"ops:admin={API_TOKEN}",
+        "API_TOKENS: entry 1 of 1: the access level after ':' is not one of viewer",
+    ),
+    (
+        ("serve",),
+        "API_TOKENS",
+        f"ops:viewer={API_TOKEN},ops:operator={API_TOKEN}",
+        "API_TOKENS: entry 2 of 2: the same token as entry 1, with another level",
+    ),
+    (
+        ("serve",),
+        "AUTH_OPERATOR_GROUPS",
+        "arm-operators",
+        "AUTH_OPERATOR_GROUPS: needs AUTH_GROUPS_HEADER",
+    ),
     # the seed: SUAM… of the wrong length
     (("serve", "bridge"), "OPENBAO__NATS__NATS_SEED", "SUAMXXXXXXXXXXXXXXXXXXXXXX", SEED_ERROR),
     (("bridge",), "OPENBAO__NATS__NATS_SEED", TYPO, f"{SEED_ERROR} (its checksum does not match"),
