@@ -33,12 +33,10 @@ class Caller:
 
     @property
     def audit_level(self) -> str:
-        """What the retry audit records beside the actor: the credential's level, or
-        `all` for one that holds every level (a token without a level, AUTH_MODE=none,
-        AUTH_MODE=header without a groups header)."""
-        if self.levels == EVERY_LEVEL:
-            return "all"
-        return self.level or ""
+        """What the retry audit records beside the actor of a retry (a caller who may
+        retry): `operator`, or `all` for a credential that holds every level (a token
+        without a level, AUTH_MODE=none, AUTH_MODE=header without a groups header)."""
+        return "all" if self.levels == EVERY_LEVEL else Level.OPERATOR.value
 
 
 log = logging.getLogger(__name__)
