@@ -86,6 +86,7 @@ from benchmarks.report import machine
 from tests.support import nemesis
 from tests.support.cluster import stream_leader, stream_whole
 from tests.support.faults import iptables_missing
+from tests.support.polling import NotWithin, wait_for
 from tests.support.processes import ArmProcess, log_lines
 from tests.support.replication import Replicated, start_pair
 from tests.support.sql import ensure_logins, upload_many
@@ -171,7 +172,9 @@ class World:
 
     async def reference(self, **env: Any) -> ArmProcess:
         proc = self.start("reference", **env)
-        await until(lambda: len(log_lines(proc.log(), action="ref_start")) >= 2, 30, "reference")
+        await wait_for(
+            lambda: len(log_lines(proc.log(), action="ref_start")) >= 2, 30, "reference", every=0.1
+        )
         return proc
 
     def fresh_database(self, name: str) -> None:
@@ -192,14 +195,6 @@ class World:
                 except AssertionError:
                     proc.kill()
         self.procs = []
-
-
-async def until(condition: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within:.0f} s: {what}")
-        await asyncio.sleep(0.1)
 
 
 def count(url: str, sql: str) -> int | None:
@@ -281,7 +276,9 @@ async def run_fault(
                 upload_many(conn, jobs, mixed=True)
         started = time.monotonic()
         if fault is not None:
-            await until(lambda: done(world.db_url) >= jobs // 5, 120, "a fifth of the answers")
+            await wait_for(
+                lambda: done(world.db_url) >= jobs // 5, 120, "a fifth of the answers", every=0.1
+            )
             injected = time.monotonic()
             ended = await fault(world)
             out.faults = 1
@@ -295,8 +292,10 @@ async def run_fault(
         if flow is not None:
             await flow
         live = f"SELECT count(*) FROM arm.recognition_job WHERE {LIVE}"
-        with contextlib.suppress(TimeoutError):
-            await until(lambda: count(world.db_url, live) == 0, GIVE_UP_AFTER, "nothing live")
+        with contextlib.suppress(NotWithin):
+            await wait_for(
+                lambda: count(world.db_url, live) == 0, GIVE_UP_AFTER, "nothing live", every=0.1
+            )
             out.drain = time.monotonic() - started
         counts = status_counts(world.db_url)
         out.stuck = sum(counts.get(s, 0) for s in ("queued", "published", "processing"))
@@ -412,10 +411,11 @@ async def leader_node_killed(world: World) -> float:
     assert cluster is not None
     killed = leader_index(cluster)
     cluster.kill(killed)
-    await until(
+    await wait_for(
         lambda: stream_leader(cluster, STREAM) not in (None, cluster.name(killed)),
         60,
         "a new leader",
+        every=0.1,
     )
     return time.monotonic()
 

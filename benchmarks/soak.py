@@ -39,6 +39,7 @@ from arm_core.devtools.reference import REMEMBER_SECONDS
 from benchmarks.report import machine
 from tests.support import nemesis
 from tests.support.faults import iptables_missing
+from tests.support.polling import wait_for
 from tests.support.processes import ArmProcess
 from tests.support.sql import upload_many
 
@@ -187,10 +188,10 @@ async def calibrate(world: nemesis.World, jobs: int = 1500) -> float:
         started = time.monotonic()
         upload_many(conn, jobs, mixed=True)
     base = int(before[0]) if before else 0
-    await nemesis.until(
+    await wait_for(
         lambda: (nemesis.scalar(world.db_url, "SELECT count(*) FROM arm.recognition_job "
                                 "WHERE status = 'done'") or 0) >= base + jobs,
-        300, "the calibration burst done",
+        300, "the calibration burst done", every=0.1,
     )  # fmt: skip
     return jobs / (time.monotonic() - started)
 
@@ -274,7 +275,7 @@ async def run(workdir: Path, minutes: float, every: float, fault_every: float) -
         print(format_row(soak.rows[-1]), flush=True)
         uploads.stop()
         with contextlib.suppress(AssertionError):
-            await nemesis.until(
+            await wait_for(
                 lambda: (
                     nemesis.scalar(world.db_url, nemesis.LIVE) == 0
                     and nemesis.scalar(
@@ -284,6 +285,7 @@ async def run(workdir: Path, minutes: float, every: float, fault_every: float) -
                 ),
                 300,
                 "healed",
+                every=0.1,
             )
         stop.set()
         await operating

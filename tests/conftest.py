@@ -11,7 +11,6 @@ for a pool a test builds itself.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,23 +18,36 @@ import psycopg
 import pytest
 from nats.aio.client import Client
 from psycopg.rows import dict_row
-from pytest_postgresql.janitor import DatabaseJanitor
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import nats_client
+from tests.support.databases import TEMPLATE_DB, clone, janitor
 from tests.support.sql import BRIDGE_LOGIN, Conn, as_login, ensure_logins
 from tests.support.stack import Stack, running_stack
 
 # Under CI=true a skipped test fails the run (.ci/run installs every optional dependency).
 pytest_plugins = ["tests.support.ci_skips"]
 
-TEMPLATE_DB = "arm_template"
 
 ROOT = Path(__file__).resolve().parents[1]
 # The folders package-dir maps into arm_core (pyproject.toml), and where under it.
 PACKAGE_DIRS = {"src/arm_core": "", "bridge": "bridge", "http": "http", "db": "sql"}
+
+
+# The fast tier, `make check` (the marker `check`): the unit tests, the state machine and
+# store against a real PostgreSQL, and the bridge's loops one step at a time. Everything
+# else (processes as users run them, clusters, containers, the browser, Prometheus,
+# faults) runs in `make test` only, with these.
+CHECK_TIER = ("tests/unit/", "tests/integration/", "tests/bridge/test_steps.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        where = Path(item.path).resolve().relative_to(ROOT).as_posix()
+        if where.startswith(CHECK_TIER):
+            item.add_marker(pytest.mark.check)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -70,47 +82,24 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPost
         server.destroy()
 
 
-def _janitor(
-    server: EmbeddedPostgres, dbname: str, template: str | None = None, as_template: bool = False
-) -> DatabaseJanitor:
-    assert server.port is not None
-    return DatabaseJanitor(
-        user=server.user,
-        host="127.0.0.1",
-        port=server.port,
-        dbname=dbname,
-        template_dbname=template,
-        as_template=as_template,
-    )
-
-
 @pytest.fixture(scope="session")
 def template_db(pg_server: EmbeddedPostgres) -> Iterator[str]:
     """A database migrated once per session; every test clones it."""
-    janitor = _janitor(pg_server, TEMPLATE_DB, as_template=True)
-    janitor.init()
+    made = janitor(pg_server, TEMPLATE_DB, as_template=True)
+    made.init()
     migrate(pg_server.url(TEMPLATE_DB))
     ensure_logins(pg_server.url(TEMPLATE_DB))  # the roles exist now; so do their logins
     try:
         yield TEMPLATE_DB
     finally:
-        janitor.drop()
-
-
-def _fresh_database(server: EmbeddedPostgres, prefix: str, template: str | None) -> Iterator[str]:
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    janitor = _janitor(server, name, template=template)
-    janitor.init()
-    try:
-        yield server.url(name)
-    finally:
-        janitor.drop()
+        made.drop()
 
 
 @pytest.fixture
 def db_url(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[str]:
     """A fresh, migrated database of this test's own."""
-    yield from _fresh_database(pg_server, "arm_test", template_db)
+    with clone(pg_server, "arm_test", template_db) as url:
+        yield url
 
 
 @pytest.fixture
@@ -122,7 +111,8 @@ def bridge_db_url(db_url: str) -> str:
 @pytest.fixture
 def empty_db_url(pg_server: EmbeddedPostgres) -> Iterator[str]:
     """A fresh database with nothing in it (for migration tests)."""
-    yield from _fresh_database(pg_server, "arm_empty", None)
+    with clone(pg_server, "arm_empty", None) as url:
+        yield url
 
 
 @pytest.fixture
@@ -132,26 +122,34 @@ def conn(db_url: str) -> Iterator[Conn]:
         yield connection
 
 
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    """A real nats-server of this test's own on a free loopback port (no JetStream)."""
-    server = EmbeddedNats(log_dir=tmp_path / "nats").start()
+def own_nats(tmp_path: Path, *args: str) -> Iterator[EmbeddedNats]:
+    """The NATS fixtures' one way to run a server: a real nats-server of this test's own
+    on a free loopback port, with `args`, stopped after the test."""
+    server = EmbeddedNats(log_dir=tmp_path / "nats", extra_args=list(args)).start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A nats-server of this test's own (no JetStream)."""
+    yield from own_nats(tmp_path)
 
 
 @pytest.fixture
 def js_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     """The same with JetStream (its store in the test's own folder)."""
-    server = EmbeddedNats(
-        log_dir=tmp_path / "nats", extra_args=["-js", "-sd", str(tmp_path / "js")]
-    ).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from own_nats(tmp_path, "-js", "-sd", str(tmp_path / "js"))
+
+
+@pytest.fixture
+def small_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A nats-server that takes messages of at most 3 KiB (max_payload)."""
+    config = tmp_path / "small.conf"
+    config.write_text("max_payload: 3072\n")
+    yield from own_nats(tmp_path, "-c", str(config))
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from pytest_postgresql.janitor import DatabaseJanitor
 from schemathesis import GenerationMode
 from schemathesis.core.transport import Response
 
@@ -32,6 +31,7 @@ from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.http.app import OPENAPI_PATH
 from arm_core.http.file_list import encode_cursor
+from tests.support.databases import clone
 from tests.support.processes import ArmProcess
 from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 
@@ -54,17 +54,11 @@ def served(
 ) -> Iterator[Served]:
     """One database (a clone of the migrated template) and one `arm-core serve` for every
     operation's run: a failed file (retryable once) and a live one in it."""
-    assert pg_server.port is not None
-    name = f"arm_fuzz_{uuid.uuid4().hex[:12]}"
-    janitor = DatabaseJanitor(
-        user=pg_server.user,
-        host="127.0.0.1",
-        port=pg_server.port,
-        dbname=name,
-        template_dbname=template_db,
-    )
-    janitor.init()
-    db_url = pg_server.url(name)
+    with clone(pg_server, "arm_fuzz", template_db) as db_url:
+        yield from _served(db_url, tmp_path_factory)
+
+
+def _served(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with dict_conn(db_url) as conn:
         failed = upload(conn)
         publish(conn)
@@ -86,7 +80,6 @@ def served(
     finally:
         if proc.proc.poll() is None:
             proc.kill()
-        janitor.drop()
 
 
 def errors_are_json(response: Response) -> None:

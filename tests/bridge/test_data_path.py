@@ -330,18 +330,6 @@ async def test_results_postgresql_cannot_store_as_given_are_made_storable(
     assert {r.job_id for r in sanitized} == {err.job_id, nan.job_id}
 
 
-@pytest.fixture
-def small_nats(tmp_path: Path) -> Any:
-    """A nats-server that takes messages of at most 3 KiB (max_payload)."""
-    config = tmp_path / "small.conf"
-    config.write_text("max_payload: 3072\n")
-    server = EmbeddedNats(log_dir=tmp_path / "small-nats", extra_args=["-c", str(config)]).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 async def test_an_unpublishable_request_dead_letters_alone_and_the_rest_go_out_at_once(
     db_url: str,
     small_nats: EmbeddedNats,

@@ -12,9 +12,8 @@ import json
 import logging
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,18 +73,6 @@ async def test_a_publisher_step_publishes_the_queued_jobs_and_they_arrive(
         assert msg.subject == p.subject
         assert p.request is not None and json.loads(msg.data) == json.loads(p.request)
     assert [m.subject for m in image.messages] == ["files.img_uploaded"]
-
-
-@pytest.fixture
-def small_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    """A nats-server that takes messages of at most 3 KiB (max_payload)."""
-    config = tmp_path / "small.conf"
-    config.write_text("max_payload: 3072\n")
-    server = EmbeddedNats(log_dir=tmp_path / "small-nats", extra_args=["-c", str(config)]).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def test_a_publisher_step_dead_letters_a_request_too_large_for_the_server(

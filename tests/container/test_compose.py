@@ -32,12 +32,12 @@ from tests.support.compose import (
     is_arm_core,
     load,
     nats_image,
-    poll,
     postgres_image,
     problems,
     variables,
 )
 from tests.support.containers import REPO
+from tests.support.polling import wait_for_sync
 from tests.support.sql import dict_conn, scalar, upload
 
 # The services compose.yaml runs from the arm-core image, and what each runs.
@@ -50,6 +50,9 @@ ARM_CORE_SERVICES = {
 }
 LONG_RUNNING = ("serve", "bridge-1", "bridge-2", "reference")
 ONE_SHOTS = ("migrate", "logins")
+
+# The stack is asked through podman: a poll every quarter second, not every 50 ms.
+POLL = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +233,7 @@ def test_the_stack_comes_up_under_podman_compose_and_an_upload_reaches_done(
     try:
         project.up()
         began = project.started_at
-        poll(everything_up, 180, project.all_logs)
+        wait_for_sync(everything_up, 180, project.all_logs, every=POLL)
         up_in = time.monotonic() - began
         restarts = {s: project.restarts(s) for s in (*ONE_SHOTS, *LONG_RUNNING)}
         print(f"\nFIGURE podman-compose up → every service healthy: {up_in:.1f} s "
@@ -240,10 +243,10 @@ def test_the_stack_comes_up_under_podman_compose_and_an_upload_reaches_done(
         first_run = project.state("logins")["StartedAt"]
         again = project.compose("start", "logins")
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-        poll(
+        wait_for_sync(
             lambda: project.state("logins")["StartedAt"] != first_run
             and project.exited_ok("logins"),
-            60, lambda: project.logs("logins"),
+            60, lambda: project.logs("logins"), every=POLL,
         )  # fmt: skip
 
         # Upstream's upload, as its own login through the published port.
@@ -251,10 +254,10 @@ def test_the_stack_comes_up_under_podman_compose_and_an_upload_reaches_done(
             up = upload(conn, "XLSX")
         began = time.monotonic()
         with dict_conn(admin_url) as conn:
-            took = poll(
+            took = wait_for_sync(
                 lambda: scalar(conn, "SELECT status::text FROM arm.recognition_job "
                                "WHERE id = %s", (up.job_id,)) == "done",
-                60, project.all_logs,
+                60, project.all_logs, every=POLL,
             )  # fmt: skip
             print(f"FIGURE upload → done through the compose stack: {took:.2f} s")
             # Who the arm-core processes are to the database: their logins, never the
@@ -280,10 +283,10 @@ def test_the_stack_comes_up_under_podman_compose_and_an_upload_reaches_done(
         demo_jobs = [r["job_id"] for r in rows]
         outcomes = "SELECT status::text FROM arm.recognition_job WHERE id = %s"
         with dict_conn(admin_url) as conn:
-            poll(
+            wait_for_sync(
                 lambda: [scalar(conn, outcomes, (j,)) for j in demo_jobs]
                 == ["done", "done", "done", "error"],
-                60, project.all_logs,
+                60, project.all_logs, every=POLL,
             )  # fmt: skip
 
         # The API on the published loopback port: the token required, the file done.

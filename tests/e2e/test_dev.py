@@ -11,13 +11,13 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from arm_core.devtools.embedded import free_port
+from tests.support.polling import wait_for_sync
 from tests.support.processes import ARM_CORE
 
 pytestmark = pytest.mark.e2e
@@ -56,13 +56,13 @@ def errors_of(log: Path) -> Path:
 
 
 def wait_text(log: Path, text: str, within: float) -> str:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        content = log.read_text(errors="replace")
-        if text in content:
-            return content
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not printed within {within} s:\n{log.read_text()[-4000:]}")
+    wait_for_sync(
+        lambda: text in log.read_text(errors="replace"),
+        within,
+        lambda: f"{text!r} printed:\n{log.read_text(errors='replace')[-4000:]}",
+        every=0.2,
+    )
+    return log.read_text(errors="replace")
 
 
 def alive(pattern: str) -> list[str]:

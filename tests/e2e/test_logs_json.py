@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -109,20 +108,12 @@ def test_json_lines_show_no_secret(tmp_path: Path) -> None:
     }
     proc = ArmProcess("bridge", env, tmp_path / "bridge.log")
     try:
-        wait_for_sync(lambda: 'invalid sslmode value: \\"***\\"' in proc.log(), proc)
+        proc.wait_until(lambda: 'invalid sslmode value: \\"***\\"' in proc.log(), 30)
     finally:
         assert proc.stop() == 0
     text = proc.log()
     assert "S3cret" not in text, text
     assert records(text)
-
-
-def wait_for_sync(condition: Any, proc: ArmProcess, within: float = 30) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if proc.proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"not logged by arm-core {proc.command}: {proc.log()}")
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("command", ["serve", "bridge", "migrate", "dev"])

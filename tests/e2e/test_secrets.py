@@ -19,7 +19,6 @@ import os
 import re
 import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -192,14 +191,8 @@ def test_a_driver_message_quoting_the_password_is_redacted(db_url: str) -> None:
 
 
 def wait_for_log(proc: ArmProcess, *needles: str, within: float = 30) -> str:
-    deadline = time.monotonic() + within
-    while True:
-        text = proc.log()
-        if all(n in text for n in needles):
-            return text
-        if proc.proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"no {needles} in the log of arm-core {proc.command}: {text}")
-        time.sleep(0.1)
+    proc.wait_until(lambda: all(n in proc.log() for n in needles), within, f"{needles} logged")
+    return proc.log()
 
 
 @pytest.mark.parametrize("command", ["serve", "bridge"])

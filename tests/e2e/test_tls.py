@@ -14,11 +14,10 @@ import shutil
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -353,15 +352,6 @@ def test_plain_http_off_loopback_is_warned_about_once(db_url: str, tmp_path: Pat
             AUTH_MODE="token",
             API_TOKENS="ops=a-token-of-sixteen-chars",
         )
-        until(partial(said, proc, "serve", "serving on http://0.0.0.0"), proc)
+        proc.wait_until(partial(said, proc, "serve", "serving on http://0.0.0.0"), 20)
         warned = [line for line in proc.log().splitlines() if "TLS-terminating proxy" in line]
         assert len(warned) == 1 and "WARNING" in warned[0].upper()
-
-
-def until(condition: Callable[[], bool], proc: ArmProcess, within: float = 20) -> None:
-    """Polls `condition` until it holds, while `proc` runs; fails after `within` s."""
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, proc.log()[-2000:]
-        assert proc.proc.poll() is None, proc.log()[-2000:]
-        time.sleep(0.1)

@@ -23,6 +23,7 @@ import pytest
 
 from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from tests.support.databases import clone
 from tests.support.sql import CLAIM_QUEUED_JOBS, Conn, dict_conn, publish
 
 pytestmark = pytest.mark.integration
@@ -112,10 +113,7 @@ def loaded_db(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[str]:
     whose deadlines and publishes are long past, DUE overdue published jobs, LIVE
     published jobs due in an hour, a BACKLOG of queued jobs. Every test runs its function
     in a transaction that is rolled back."""
-    name = f"arm_plans_{uuid.uuid4().hex[:12]}"
-    pg_server.create_database(name, template=template_db)
-    url = pg_server.url(name)
-    try:
+    with clone(pg_server, "arm_plans", template_db) as url:
         with dict_conn(url) as conn:
             _history(conn, HISTORY)
             _bulk_upload(conn, DUE)
@@ -133,8 +131,6 @@ def loaded_db(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[str]:
             for table in ("arm.recognition_job", "arm.stored_file", "arm.s3_object"):
                 conn.execute(f"VACUUM ANALYZE {table}")
         yield url
-    finally:
-        pg_server.drop_database(name)
 
 
 def explained(url: str, sql: str, params: dict[str, Any] | None = None) -> tuple[list, list]:

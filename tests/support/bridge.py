@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -28,26 +27,10 @@ from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
 from arm_core.store import Store
+from tests.support.polling import wait_for
 from tests.support.sql import BRIDGE_LOGIN, as_login
 
-
-async def wait_for(
-    condition: Callable[[], bool | Awaitable[bool]],
-    within: float = 10.0,
-    what: str | Callable[[], str] = "",
-) -> None:
-    """Polls `condition` until it holds; fails the test when `within` seconds pass first."""
-    deadline = time.monotonic() + within
-    while True:
-        value = condition()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            said = what() if callable(what) else what
-            raise AssertionError(f"not within {within} s: {said or condition}")
-        await asyncio.sleep(0.05)
+__all__ = ["wait_for"]  # the suite's one polling helper (tests/support/polling.py)
 
 
 # The supervised loops of a bridge with the default settings and core NATS (two inbox

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -427,15 +427,3 @@ class ComposeProject:
             state = f"{ctr['State']}, exit {ctr.get('ExitCode')}"
             shown.append(f"--- {ctr['Names'][0]} ({state}):\n{done.stdout}{done.stderr}")
         return "\n".join(shown)
-
-
-def poll(condition: Callable[[], bool], within: float, what: Callable[[], str]) -> float:
-    """Polls `condition` until it holds and returns the seconds it took; fails naming
-    `what()` when `within` seconds pass first."""
-    began = time.monotonic()
-    deadline = began + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within} s:\n{what()}")
-        time.sleep(0.25)
-    return time.monotonic() - began

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.polling import NotWithin, wait_for_sync
+
 REPO = Path(__file__).resolve().parents[2]
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
@@ -185,14 +187,16 @@ class Container:
 
     def wait_healthy(self, within: float = 60) -> float:
         """Seconds from `podman run` until the image's HEALTHCHECK first passes."""
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
             if not self.running():
-                raise AssertionError(f"{self.command} exited: {self.logs()[-3000:]}")
-            if self.healthcheck().returncode == 0:
-                return time.monotonic() - self.started_at
-            time.sleep(0.2)
-        raise AssertionError(f"{self.command} not healthy in {within} s: {self.logs()[-3000:]}")
+                raise NotWithin(f"{self.command} exited: {self.logs()[-3000:]}")
+            return self.healthcheck().returncode == 0
+
+        wait_for_sync(
+            healthy, within, lambda: f"{self.command} healthy: {self.logs()[-3000:]}", every=0.2
+        )
+        return time.monotonic() - self.started_at
 
     def stop(self, signal: str = "SIGTERM", grace: float = 60) -> tuple[int, float]:
         """Sends `signal` (podman stop sends the image's STOPSIGNAL, SIGTERM) and waits for

@@ -53,6 +53,7 @@ from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import TcpProxy
 from tests.support.faults import black_hole
+from tests.support.polling import wait_for
 from tests.support.processes import ArmProcess, log_lines
 from tests.support.sql import ensure_logins, upload_many
 
@@ -239,10 +240,11 @@ class World:
         await asyncio.to_thread(self.serve.wait_healthy, port, 60)
         self.api = f"http://127.0.0.1:{port}"
         self.reference = await self.process("reference", "reference")
-        await until(
+        await wait_for(
             lambda: len(log_lines(self.reference_log(), action="ref_start")) >= 2,
             60,
             "the reference services listening",
+            every=0.1,
         )
 
     def reference_log(self) -> str:
@@ -305,14 +307,6 @@ class World:
             await bridge.nats_proxy.close()
         await asyncio.to_thread(self.nats.stop)
         await asyncio.to_thread(self.pg.destroy)
-
-
-async def until(condition: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within:.0f} s: {what}")
-        await asyncio.sleep(0.1)
 
 
 def scalar(url: str, sql: str) -> int | None:
@@ -469,7 +463,9 @@ async def run(
         operator_task = asyncio.create_task(operate())
         for kind, index, seconds, pause in schedule.steps:
             bridge = world.bridges[index]
-            await until(lambda: (scalar(world.db_url, LIVE) or 0) > 0, 60, "jobs in flight")
+            await wait_for(
+                lambda: (scalar(world.db_url, LIVE) or 0) > 0, 60, "jobs in flight", every=0.1
+            )
             record = FaultRecord(
                 kind, bridge.name, seconds, scalar(world.db_url, LIVE) or 0, time.monotonic()
             )
@@ -491,7 +487,7 @@ async def run(
             return live == 0 and failed == 0
 
         with contextlib.suppress(AssertionError):
-            await until(settled, heal_within, "healed")
+            await wait_for(settled, heal_within, "healed", every=0.1)
         stop_operator.set()
         await operator_task
         result.clicks = len(operator.clicks)

@@ -15,13 +15,14 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from tests.support.polling import NotWithin, wait_for_sync
 from tests.support.sql import API_LOGIN, BRIDGE_LOGIN, SERVE_LOGIN, as_login, ensure_logins
 
 ARM_CORE = str(Path(sys.executable).with_name("arm-core"))
@@ -75,18 +76,35 @@ class ArmProcess:
         except OSError:
             return None
 
+    def wait_until(self, condition: Callable[[], bool], within: float = 30, what: str = "") -> None:
+        """wait_for_sync while the process runs: fails at once, with its log's tail, when
+        it exits first, and at the deadline naming `what` and the log's tail."""
+
+        def holds() -> bool:
+            if self.proc.poll() is not None:
+                raise NotWithin(f"arm-core {self.command} exited: {self.log()[-3000:]}")
+            return condition()
+
+        wait_for_sync(
+            holds,
+            within,
+            lambda: f"arm-core {self.command}: {what or condition} — {self.log()[-3000:]}",
+            every=0.1,
+        )
+
     def wait_healthy(
         self, port: int, within: float = 20, context: ssl.SSLContext | None = None
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"arm-core {self.command} exited: {self.log()[-3000:]}")
-            body = self.health(port, context)
-            if body is not None and body.get("status") == "ok":
-                return body
-            time.sleep(0.1)
-        raise AssertionError(f"arm-core {self.command} not healthy: {self.log()[-3000:]}")
+        answers: list[dict[str, Any] | None] = []
+
+        def healthy() -> bool:
+            answers.append(self.health(port, context))
+            return answers[-1] is not None and answers[-1].get("status") == "ok"
+
+        self.wait_until(healthy, within, "healthy")
+        body = answers[-1]
+        assert body is not None
+        return body
 
     def stop(self, sig: int = signal.SIGTERM, within: float = 20) -> int:
         if self.proc.poll() is None:
