@@ -202,7 +202,7 @@ def _process(url: str, n: int) -> None:
     with psycopg.connect(url) as conn:  # autocommit off: one transaction per call
         while True:
             published = conn.execute(
-                query("publish_queued_jobs_v2"),
+                query("publish_queued_jobs"),
                 {
                     "limit": PUBLISH_BATCH,
                     "tabular_timeout": 600,
@@ -223,7 +223,7 @@ def _process(url: str, n: int) -> None:
             for i in range(0, len(envelopes), INBOX_BATCH):
                 batch = envelopes[i : i + INBOX_BATCH]
                 outcomes = conn.execute(
-                    query("apply_envelopes_v2"),
+                    query("apply_envelopes"),
                     {"envelopes": Jsonb(batch, dumps=_dumps)},
                 ).fetchall()
                 conn.commit()

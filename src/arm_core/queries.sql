@@ -1,5 +1,8 @@
 -- Every query the Python side sends, by name (loaded once by arm_core.db).
 -- Each one calls a function of db/functions: the database owns every state change.
+-- A name says what the query does, not which version of a function it calls: when a
+-- function gets a new version (db/README.md), its query calls the new one under the
+-- same name (retry_file calls arm.retry_file_v3).
 
 -- name: dead_letter_unacked
 SELECT job_id, attempt, file_id, republish_count
@@ -59,14 +62,14 @@ FROM arm.retry_files_v3(%(file_ids)s::uuid[], %(actor)s, %(expected_job_ids)s::u
 -- name: get_file
 SELECT arm.get_file(%(file_id)s) AS file;
 
--- name: publish_queued_jobs_v2
+-- name: publish_queued_jobs
 SELECT job_id, attempt, file_id, outcome, subject, msg_id, request, error_message,
        queued_seconds
 FROM arm.publish_queued_jobs_v2(%(limit)s, make_interval(secs => %(tabular_timeout)s),
                                 make_interval(secs => %(image_timeout)s),
                                 %(tabular_subject)s, %(image_subject)s, %(max_bytes)s);
 
--- name: apply_envelopes_v2
+-- name: apply_envelopes
 SELECT ord, outcome, attempt, status::text AS status, wait_seconds
 FROM arm.apply_envelopes_v2(%(envelopes)s::jsonb) ORDER BY ord;
 

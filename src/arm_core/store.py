@@ -218,7 +218,7 @@ class Store:
             "image_subject": image_subject,
             "max_bytes": max_bytes,
         }
-        name = "publish_queued_jobs_v2"
+        name = "publish_queued_jobs"
         with wrap_db_errors("publish"):  # the commit's errors too
             async with self._connection("publish") as conn, conn.transaction():
                 claimed = await self._rows(conn, name, PublishedJob, params, json_as_text=True)
@@ -291,9 +291,7 @@ class Store:
         the wait it ended."""
         # The rows are JSON text already: joined, not parsed and dumped again.
         payload = "[" + ",".join(a.row_json for a in answers) + "]"
-        rows = await self._pooled_rows(
-            "apply_envelopes_v2", AppliedEnvelope, {"envelopes": payload}
-        )
+        rows = await self._pooled_rows("apply_envelopes", AppliedEnvelope, {"envelopes": payload})
         if len(rows) != len(answers):
             raise DatabaseError(f"apply_envelopes_v2 returned {len(rows)} rows for {len(answers)}")
         return rows

@@ -75,7 +75,7 @@ def result_env(
 
 def apply(conn: Conn, envelopes: list[Envelope]) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb(envelopes)}).fetchall()
+        return cur.execute(query("apply_envelopes"), {"envelopes": Jsonb(envelopes)}).fetchall()
 
 
 def outcomes(rows: list[dict[str, Any]]) -> list[str]:

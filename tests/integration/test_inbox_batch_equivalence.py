@@ -38,11 +38,11 @@ from typing import Any
 import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from pytest_postgresql.janitor import DatabaseJanitor
 
 from arm_core.bridge.contracts import RESULT_SCHEMA, schema
 from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from tests.support.databases import clone
 from tests.support.sql import (
     APPLY_ACK,
     APPLY_RESULT,
@@ -242,21 +242,8 @@ def pool(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[Pool]:
     """One clone of the migrated template (as conftest's db_url) for the whole module:
     the pool is built once and committed; every case rolls its runs back. A clone per
     seed would cost ~0.3 s each."""
-    assert pg_server.port is not None
-    name = f"arm_equiv_{uuid.uuid4().hex[:12]}"
-    janitor = DatabaseJanitor(
-        user=pg_server.user,
-        host="127.0.0.1",
-        port=pg_server.port,
-        dbname=name,
-        template_dbname=template_db,
-    )
-    janitor.init()
-    try:
-        with dict_conn(pg_server.url(name)) as conn:
-            yield build_pool(conn)
-    finally:
-        janitor.drop()
+    with clone(pg_server, "arm_equiv", template_db) as url, dict_conn(url) as conn:
+        yield build_pool(conn)
 
 
 # --- the two runs ----------------------------------------------------------------------
@@ -265,7 +252,7 @@ def pool(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[Pool]:
 def run_batch(conn: Conn, batch: list[Envelope]) -> list[Outcome]:
     """A: the whole batch in one apply_envelopes call."""
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb(batch)}).fetchall()
+        rows = cur.execute(query("apply_envelopes"), {"envelopes": Jsonb(batch)}).fetchall()
     assert [r["ord"] for r in rows] == list(range(1, len(batch) + 1)), rows
     return [(r["outcome"], r["attempt"], r["status"]) for r in rows]
 

@@ -17,6 +17,7 @@ from arm_core.db import query
 from arm_core.migrate import SQL_DIR, apply_functions, ensure_roles, migrate, yoyo_url
 from tests.support.sql import (
     DEAD_LETTER_UNPUBLISHABLE,
+    MIGRATIONS,
     Conn,
     Upload,
     ack,
@@ -35,22 +36,7 @@ pytestmark = pytest.mark.integration
 
 M1, M2 = "0001_core_schema", "0002_unpublishable_dlq_bounds_scan_indexes"
 # What a migrate applies on top of an 0001 database: 0002 and every later migration.
-LATER = [
-    M2,
-    "0003_stored_file_fillfactor",
-    "0004_job_and_file_counts",
-    "0005_file_list_indexes",
-    "0006_file_name_trigram_index",
-    "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
-    "0008_stored_file_hot_updates",
-    "0009_count_deltas_heap_only",
-    "0010_status_samples",
-    "0011_archived_history",
-    "0012_job_table_autovacuum",
-    "0013_time_ordered_ids",
-    "0014_bridge_instances",
-    "0015_retry_actor_level",
-]
+LATER = MIGRATIONS[1:]
 TABLES = ("s3_object", "stored_file", "recognition_job", "retry_audit")
 BOUNDS = {  # constraint → its table
     "s3_object_bucket_length": "s3_object",
@@ -191,7 +177,7 @@ def test_0002_applies_to_a_database_with_data_and_its_constraints_hold(
 
         # The old jobs carry on under the new functions.
         rows = conn.execute(
-            query("apply_envelopes_v2"),
+            query("apply_envelopes"),
             {
                 "envelopes": Jsonb(
                     [

@@ -557,7 +557,7 @@ def applying_an_error_result(
     }
 
     async def call(session: Session) -> list[dict[str, Any]]:
-        cur = await session.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb([answer])})
+        cur = await session.execute(query("apply_envelopes"), {"envelopes": Jsonb([answer])})
         return await cur.fetchall()
 
     return call

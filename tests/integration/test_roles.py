@@ -390,7 +390,7 @@ def test_the_bridge_role_does_everything_the_bridge_sends(db_url: str) -> None:
             "max_bytes": 1 << 20,
         }
         with bridge.transaction():
-            sent = bridge.execute(query("publish_queued_jobs_v2"), params).fetchall()
+            sent = bridge.execute(query("publish_queued_jobs"), params).fetchall()
         assert [r["outcome"] for r in sent] == ["published"] * 3
 
         envelopes = [
@@ -411,7 +411,7 @@ def test_the_bridge_role_does_everything_the_bridge_sends(db_url: str) -> None:
                 "result_schema_version": "1.0",
             },
         ]
-        applied = bridge.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb(envelopes)})
+        applied = bridge.execute(query("apply_envelopes"), {"envelopes": Jsonb(envelopes)})
         assert [r["outcome"] for r in applied.fetchall()] == ["applied", "applied"]
 
         bridge.execute(query("set_sweep_interval"), {"seconds": 7})

@@ -16,6 +16,7 @@ from arm_core import cli
 from arm_core.migrate import migrate, rollback_all
 from arm_core.statuses import DB_ENUMS, FileType, pipeline_for
 from tests.support.sql import (
+    MIGRATIONS,
     Conn,
     ack,
     dict_conn,
@@ -61,26 +62,6 @@ SELECT 'privileges', p.oid::regprocedure::text,
 FROM pg_proc p WHERE p.pronamespace = 'arm'::regnamespace
 ORDER BY 1, 2
 """
-
-
-# Every migration of db/migrations, in the order they apply.
-MIGRATIONS = [
-    "0001_core_schema",
-    "0002_unpublishable_dlq_bounds_scan_indexes",
-    "0003_stored_file_fillfactor",
-    "0004_job_and_file_counts",
-    "0005_file_list_indexes",
-    "0006_file_name_trigram_index",
-    "0007_drop_publish_queued_jobs_and_apply_envelopes_v1",
-    "0008_stored_file_hot_updates",
-    "0009_count_deltas_heap_only",
-    "0010_status_samples",
-    "0011_archived_history",
-    "0012_job_table_autovacuum",
-    "0013_time_ordered_ids",
-    "0014_bridge_instances",
-    "0015_retry_actor_level",
-]
 
 
 def snapshot(url: str) -> list[tuple[str, str, str]]:

@@ -97,6 +97,13 @@ def test_each_named_query_is_sent_by_exactly_one_store_method() -> None:
         assert inspect.signature(method).parameters == async_params, name
 
 
+def test_a_query_is_named_for_what_it_does_not_for_a_function_version() -> None:
+    """A new version of a function (db/README.md) changes what its query calls, not the
+    query's name, nor the code that sends it."""
+    versioned = [name for name in queries() if re.search(r"_v\d+$", name)]
+    assert not versioned, versioned
+
+
 def called_methods(paths: list[Path]) -> set[str]:
     """The names of every method called (`x.name(…)`) in the given sources."""
     called = set()
@@ -175,8 +182,8 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
         "updated_after": None,
         "updated_before": None,
     },
-    "publish_queued_jobs_v2": PUBLISH,
-    "apply_envelopes_v2": {"envelopes": Jsonb([])},
+    "publish_queued_jobs": PUBLISH,
+    "apply_envelopes": {"envelopes": Jsonb([])},
     "compact_counts": {},
     "status_view": {"ack_timeout": 30},
     "record_bridge": {
@@ -195,11 +202,9 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
 
 # The rows of the queries a method of another name sends.
 QUERY_ROWS: dict[str, type[Any] | None] = {
-    "publish_queued_jobs_v2": PublishedJob,
     "claim_unacked_jobs": UnackedJob,
     "mark_republished": None,
     "dead_letter_unrepublishable": MovedJob,
-    "apply_envelopes_v2": AppliedEnvelope,
 }
 
 

@@ -140,7 +140,7 @@ def test_a_rolled_back_publish_leaves_the_batch_queued(conn: Conn) -> None:
 
     before = state()
     with pytest.raises(RuntimeError), conn.transaction():
-        claimed = conn.execute(query("publish_queued_jobs_v2"), params).fetchall()
+        claimed = conn.execute(query("publish_queued_jobs"), params).fetchall()
         assert sorted((c["job_id"], c["outcome"]) for c in claimed) == sorted(
             [(u.job_id, "published") for u in ups] + [(big.job_id, "dlq")]
         )
@@ -150,7 +150,7 @@ def test_a_rolled_back_publish_leaves_the_batch_queued(conn: Conn) -> None:
     assert state() == before
     assert {job(conn, u.job_id)["status"] for u in (*ups, big)} == {"queued"}
     with conn.transaction():
-        again = conn.execute(query("publish_queued_jobs_v2"), params).fetchall()
+        again = conn.execute(query("publish_queued_jobs"), params).fetchall()
     assert sorted((c["job_id"], c["outcome"], c["msg_id"]) for c in again) == sorted(
         [(u.job_id, "published", f"{u.job_id}:1") for u in ups]
         + [(big.job_id, "dlq", f"{big.job_id}:1")]

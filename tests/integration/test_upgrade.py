@@ -451,7 +451,7 @@ def the_new_release_runs_under_its_roles(url: str) -> None:
     with dict_conn(as_login(url, BRIDGE_LOGIN)) as bridge:
         with bridge.transaction():
             sent = bridge.execute(
-                query("publish_queued_jobs_v2"),
+                query("publish_queued_jobs"),
                 {
                     "limit": 100,
                     "tabular_timeout": 600,
@@ -470,7 +470,7 @@ def the_new_release_runs_under_its_roles(url: str) -> None:
             "service_name": "tabular-parser",
             "error_code": "UNREADABLE",
         }
-        [applied] = bridge.execute(query("apply_envelopes_v2"), {"envelopes": Jsonb([answer])})
+        [applied] = bridge.execute(query("apply_envelopes"), {"envelopes": Jsonb([answer])})
         assert applied["outcome"] == "applied"
         bridge.execute(query("set_sweep_interval"), {"seconds": 30})
         bridge.execute(query("run_due_tasks")).fetchall()

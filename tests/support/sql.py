@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,6 +24,14 @@ from psycopg.types.json import Jsonb
 
 from arm_core.db import query
 from arm_core.statuses import pipeline_for
+
+# Every migration of db/migrations, in the order they apply (their numbered names), read
+# from the folder: a new migration is in every test that lists them.
+MIGRATIONS = sorted(
+    path.name.removesuffix(".sql")
+    for path in (Path(__file__).resolve().parents[2] / "db" / "migrations").glob("[0-9]*.sql")
+    if not path.name.endswith(".rollback.sql")
+)
 
 # Connections in tests return dict rows (conftest `conn`, dict_conn) or tuples.
 Conn = psycopg.Connection[Any]
@@ -303,7 +312,7 @@ def publish_open(conn: Conn, limit: int = 10, max_bytes: int = 1 << 20) -> list[
     assert not conn.autocommit, "publish_open needs an open transaction"
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            query("publish_queued_jobs_v2"),
+            query("publish_queued_jobs"),
             {
                 "limit": limit,
                 "tabular_timeout": 600,
