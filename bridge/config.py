@@ -3,14 +3,24 @@ their defaults, checked when it is made. :func:`bridge_config` builds them all f
 process's Settings (the environment) in this one place; a test builds the one it needs
 with the values it wants.
 
-The numbers that are not environment variables (backoffs, re-check periods) are
-defaults here, not constants in the services' code."""
+A tunable that is an environment variable takes its default from Settings (the one
+place it is written, which docs/configuration.md is generated from); the numbers that
+are not (backoffs, re-check periods) are defaults here, not constants in the services'
+code."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 from arm_core.config import Settings
+
+_SETTINGS_DEFAULTS = {f.name: f.default for f in fields(Settings)}
+
+
+def _env(name: str) -> Any:
+    """The default of Settings' field `name` (an environment variable's)."""
+    return _SETTINGS_DEFAULTS[name]
 
 
 def _check_positive(config: object, *zero_allowed: str) -> None:
@@ -28,22 +38,22 @@ def _check_positive(config: object, *zero_allowed: str) -> None:
 class PublisherConfig:
     """The outbox publisher (bridge/publisher.py)."""
 
-    tabular_request_subject: str = "files.tabular_uploaded"
-    image_request_subject: str = "files.img_uploaded"
-    tabular_reply_timeout_seconds: float = 600.0
-    image_reply_timeout_seconds: float = 1800.0
-    ack_timeout_seconds: float = 30.0
+    tabular_request_subject: str = _env("tabular_request_subject")
+    image_request_subject: str = _env("image_request_subject")
+    tabular_reply_timeout_seconds: float = _env("tabular_reply_timeout_seconds")
+    image_reply_timeout_seconds: float = _env("image_reply_timeout_seconds")
+    ack_timeout_seconds: float = _env("ack_timeout_seconds")
     # Jobs claimed per transaction, and how many such transactions run at once behind
     # a full one.
-    batch_size: int = 500
-    publishers: int = 2
+    batch_size: int = _env("outbox_batch_size")
+    publishers: int = _env("outbox_publishers")
     # The backstop of the NOTIFY wake-up.
-    poll_seconds: float = 5.0
+    poll_seconds: float = _env("outbox_poll_seconds")
     # For active_seconds after a cycle that claimed jobs, the next cycle comes after
     # active_poll_seconds: a job that joined the non-empty queue meanwhile sent no NOTIFY.
     active_poll_seconds: float = 0.01
     active_seconds: float = 1.0
-    max_republish: int = 3
+    max_republish: int = _env("outbox_max_republish")
     # The ack-timeout steps run at most this often (and at most every ACK_TIMEOUT / 4).
     ack_check_seconds: float = 1.0
     # NATS unreachable for longer than this is logged as an error (the first connect at
@@ -66,15 +76,15 @@ class InboxConfig:
     """The inbox (bridge/inbox.py)."""
 
     # One buffer and one worker per worker; a job's envelopes always share one.
-    workers: int = 2
+    workers: int = _env("inbox_workers")
     # Envelopes held across the buffers while the database is unreachable, and the bytes
     # they came as (each worker has its share of both).
-    buffer_size: int = 10_000
-    buffer_bytes: int = 32 << 20
+    buffer_size: int = _env("inbox_buffer_size")
+    buffer_bytes: int = _env("inbox_buffer_bytes")
     # Envelopes per apply_envelopes_v2 call (per transaction).
-    batch_size: int = 500
+    batch_size: int = _env("inbox_batch_size")
     # A message larger than this is rejected unread.
-    max_payload_bytes: int = 1 << 20
+    max_payload_bytes: int = _env("inbox_max_payload_bytes")
     # How long a full buffer makes the callback wait before it looks again whether the
     # database has meanwhile become unreachable (then it drops instead of waiting).
     full_recheck_seconds: float = 0.5
@@ -111,7 +121,7 @@ class InboxConfig:
 class SchedulerConfig:
     """The schedule runner (bridge/scheduler.py)."""
 
-    tick_seconds: float = 1.0
+    tick_seconds: float = _env("schedule_tick_seconds")
     # The per-status counts' deltas are folded at most this often (arm.compact_counts).
     compact_every_seconds: float = 5.0
     # The waits observed (arm_core.metrics.WAITS) go to arm.record_waits at most this
@@ -134,14 +144,14 @@ class RestartPolicy:
     """How the supervisor (bridge/service.py) restarts a loop, and when it gives up."""
 
     # More crashes than `limit` within `window_seconds` make the process fatal.
-    limit: int = 5
-    window_seconds: float = 300.0
+    limit: int = _env("service_restart_limit")
+    window_seconds: float = _env("service_restart_window_seconds")
     # The first restart comes after backoff_seconds, each next one after twice the last,
     # up to backoff_max_seconds.
     backoff_seconds: float = 0.5
     backoff_max_seconds: float = 10.0
     # A loop that has not come round for this long is stalled (GET /livez fails).
-    stall_seconds: float = 180.0
+    stall_seconds: float = _env("liveness_stall_seconds")
 
     def __post_init__(self) -> None:
         _check_positive(self, "limit")
@@ -151,8 +161,8 @@ class RestartPolicy:
 class BridgeConfig:
     """The bridge (bridge/runner.py): where answers come from, and its services'."""
 
-    result_subject: str = "files.tabular_parsed"
-    queue_group: str = "arm-core"
+    result_subject: str = _env("result_subject")
+    queue_group: str = _env("nats_queue_group")
     # The JetStream stream the answers are consumed from; None: core NATS, queue group.
     results_stream: str | None = None
     # How long stop() may take in all before what is still held is dropped (counted).
@@ -162,7 +172,7 @@ class BridgeConfig:
     stream_retry_seconds: float = 2.0
     fetch_pause_max_seconds: float = 2.0
     # RESULTS_STREAM_REPLAY_SECONDS (bridge/replay.py); 0: off.
-    replay_seconds: float = 15.0
+    replay_seconds: float = _env("results_stream_replay_seconds")
     # After the stream's leader-elected advisory, how long to let the answers published
     # before the election reach this bridge by core NATS before they are applied again.
     replay_delay_seconds: float = 1.0
