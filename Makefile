@@ -42,6 +42,9 @@ lint: $(LINKS) ## ruff, mypy and the import boundaries (lint-imports)
 	$(BIN)/mypy -p arm_core -p tests -p benchmarks
 	$(BIN)/lint-imports --no-cache
 
+check: lint ## the fast tier before each commit: lint, unit, integration, the bridge's steps
+	$(BIN)/python -m pytest -m check $(PYTEST_ARGS)
+
 test: lint ## lint, then the whole test suite against real PostgreSQL and nats-server
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -75,4 +78,4 @@ docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/conf
 	$(BIN)/python -m arm_core.devtools.roles_doc --write
 	$(BIN)/python -m arm_core.devtools.actions_doc --write
 
-.PHONY: help install run lint test bench chaos nemesis soak container-figures schema docs
+.PHONY: help install run lint check test bench chaos nemesis soak container-figures schema docs
