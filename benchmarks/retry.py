@@ -22,6 +22,7 @@ from arm_core.devtools.embedded import free_port
 from benchmarks.harness import Bench, connect
 from benchmarks.report import Report
 from benchmarks.uploads import publish_in_sql, upload_files
+from tests.support.processes import serve_env
 
 SECTION = "8 retry API"
 
@@ -41,13 +42,7 @@ async def run(bench: Bench, report: Report) -> None:
     url = bench.fresh_database("retry")
     files = await asyncio.to_thread(_failed_files, url, s.retry_files)
     port = free_port()
-    env = {
-        "DATABASE_URL": url,
-        "NATS_ENABLED": "false",
-        "HTTP_HOST": "127.0.0.1",
-        "HTTP_PORT": str(port),
-    }
-    with bench.arm_core("serve", env, port) as serve:
+    with bench.arm_core("serve", serve_env(url, port), port) as serve:
         base = f"http://127.0.0.1:{port}"
         health_latencies, health_statuses, health_seconds = await _hammer(
             [("GET", f"{base}/healthcheck")] * len(files), s.retry_concurrency

@@ -15,12 +15,11 @@ from typing import Any
 
 from arm_core.config import Settings
 
-_SETTINGS_DEFAULTS = {f.name: f.default for f in fields(Settings)}
-
 
 def _env(name: str) -> Any:
     """The default of Settings' field `name` (an environment variable's)."""
-    return _SETTINGS_DEFAULTS[name]
+    [default] = [f.default for f in fields(Settings) if f.name == name]
+    return default
 
 
 def _check_positive(config: object, *zero_allowed: str) -> None:

@@ -25,7 +25,7 @@ from arm_core.access import ApiToken, Level
 from arm_core.devtools.embedded import free_port
 from arm_core.http.auth import warn_unlevelled_tokens
 from tests.support.api import api_settings, running_api
-from tests.support.processes import ArmProcess
+from tests.support.processes import ArmProcess, serve_env
 from tests.support.sql import dict_conn, fail_by_no_ack, publish, scalar, upload
 
 pytestmark = pytest.mark.integration
@@ -73,14 +73,7 @@ class Served:
 @pytest.fixture
 def served(db_url: str, tmp_path: Path) -> Iterator[Served]:
     port = free_port()
-    env = {
-        "DATABASE_URL": db_url,
-        "NATS_ENABLED": "false",
-        "HTTP_HOST": "127.0.0.1",
-        "HTTP_PORT": str(port),
-        "AUTH_MODE": "token",
-        "API_TOKENS": API_TOKENS,
-    }
+    env = serve_env(db_url, port, AUTH_MODE="token", API_TOKENS=API_TOKENS)
     proc = ArmProcess("serve", env, tmp_path / "serve.log")
     try:
         proc.wait_healthy(port)

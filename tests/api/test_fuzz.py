@@ -32,7 +32,7 @@ from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.http.app import OPENAPI_PATH
 from arm_core.http.file_list import encode_cursor
 from tests.support.databases import clone
-from tests.support.processes import ArmProcess
+from tests.support.processes import ArmProcess, serve_env
 from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 
 pytestmark = pytest.mark.integration
@@ -65,13 +65,9 @@ def _served(db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         fail_by_no_ack(conn)
         live = upload(conn)
     port = free_port()
-    env = {
-        "DATABASE_URL": db_url,
-        "NATS_ENABLED": "false",
-        "HTTP_HOST": "127.0.0.1",
-        "HTTP_PORT": str(port),
-    }
-    proc = ArmProcess("serve", env, tmp_path_factory.mktemp("fuzz") / "serve.log")
+    proc = ArmProcess(
+        "serve", serve_env(db_url, port), tmp_path_factory.mktemp("fuzz") / "serve.log"
+    )
     try:
         proc.wait_healthy(port)
         yield Served(f"http://127.0.0.1:{port}", db_url, failed.file_id, live.file_id)

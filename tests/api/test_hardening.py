@@ -29,7 +29,7 @@ from arm_core.http.app import create_app
 from arm_core.http.server import PROTOCOL_LOG, serving
 from arm_core.runtime import bridge_app
 from tests.support.api import api_settings
-from tests.support.processes import ArmProcess
+from tests.support.processes import ArmProcess, serve_env
 from tests.support.sql import Upload, dict_conn, fail_by_no_ack, jobs_of, publish, upload
 
 pytestmark = pytest.mark.integration
@@ -369,14 +369,9 @@ def test_arm_core_serve_reads_the_timeouts_from_the_environment(
     db_url: str, tmp_path: Path
 ) -> None:
     port = free_port()
-    env = {
-        "DATABASE_URL": db_url,
-        "NATS_ENABLED": "false",
-        "HTTP_HOST": "127.0.0.1",
-        "HTTP_PORT": str(port),
-        "HTTP_HEADER_TIMEOUT_SECONDS": "0.5",
-        "HTTP_BODY_TIMEOUT_SECONDS": "0.5",
-    }
+    env = serve_env(
+        db_url, port, HTTP_HEADER_TIMEOUT_SECONDS="0.5", HTTP_BODY_TIMEOUT_SECONDS="0.5"
+    )
     proc = ArmProcess("serve", env, tmp_path / "serve.log")
     try:
         proc.wait_healthy(port)

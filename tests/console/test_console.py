@@ -35,7 +35,7 @@ from arm_core import metrics
 from arm_core.cli import version
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from tests.support.processes import ArmProcess
+from tests.support.processes import ArmProcess, serve_env
 from tests.support.sql import (
     Upload,
     ack,
@@ -133,17 +133,6 @@ def browser() -> Iterator[WebDriver]:
 class Served:
     url: str
     db_url: str
-
-
-def serve_env(db_url: str, port: int, **env: str) -> dict[str, str]:
-    """`arm-core serve` without a bridge on 127.0.0.1:`port`, plus `env`."""
-    return {
-        "DATABASE_URL": db_url,
-        "NATS_ENABLED": "false",
-        "HTTP_HOST": "127.0.0.1",
-        "HTTP_PORT": str(port),
-        **env,
-    }
 
 
 @pytest.fixture

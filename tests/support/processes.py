@@ -124,6 +124,18 @@ class ArmProcess:
         self._log.close()
 
 
+def serve_env(db_url: str, port: int, **env: str) -> dict[str, str]:
+    """The environment of `arm-core serve` without a bridge on 127.0.0.1:`port`, plus
+    `env`."""
+    return {
+        "DATABASE_URL": db_url,
+        "NATS_ENABLED": "false",
+        "HTTP_HOST": "127.0.0.1",
+        "HTTP_PORT": str(port),
+        **env,
+    }
+
+
 def log_lines(text: str, **fields: str) -> list[str]:
     """Lines of a key=value log that carry all of `fields`."""
     return [
