@@ -10,7 +10,6 @@ boundary: this test waits up to about a minute for it (deadline 150 s)."""
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from psycopg.rows import dict_row
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres, find_pg_bindir
 from arm_core.migrate import migrate
+from tests.support.polling import wait_for_sync
 from tests.support.sql import (
     OWNER_LOGIN,
     Conn,
@@ -106,17 +106,6 @@ def cron_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPo
         server.destroy()
 
 
-def _wait_for(what: str, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.5)
-
-
 def test_pg_cron_sweeps_with_no_bridge_running(cron_server: EmbeddedPostgres) -> None:
     url = cron_server.url(CRON_DB)
     with _connect(url) as conn, _connect(as_login(url, OWNER_LOGIN)) as dba:
@@ -151,10 +140,11 @@ def test_pg_cron_sweeps_with_no_bridge_running(cron_server: EmbeddedPostgres) ->
         )
         assert job(conn, up.job_id)["status"] == "processing"
 
-        _wait_for(
-            "the job timed out by pg_cron's call of arm.run_due_tasks()",
+        wait_for_sync(
             lambda: job(conn, up.job_id)["status"] == "timeout",
             SWEEP_DEADLINE_SECONDS,
+            "the job timed out by pg_cron's call of arm.run_due_tasks()",
+            every=0.5,
         )
         swept = job(conn, up.job_id)
         assert swept["error_code"] == "TIMEOUT"
@@ -175,8 +165,14 @@ def test_pg_cron_sweeps_with_no_bridge_running(cron_server: EmbeddedPostgres) ->
             ).fetchone()
             return row
 
-        run = _wait_for("its run in cron.job_run_details", run_of_the_sweep, 30)
-        assert run["command"] == "SELECT * FROM arm.run_due_tasks()"
+        wait_for_sync(
+            lambda: run_of_the_sweep() is not None,
+            30,
+            "its run in cron.job_run_details",
+            every=0.5,
+        )
+        run = run_of_the_sweep()
+        assert run is not None and run["command"] == "SELECT * FROM arm.run_due_tasks()"
 
         # The way off: the job goes, a second call finds nothing.
         assert scalar(dba, "SELECT arm.unschedule_pg_cron()") == 1
