@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.support.polling import wait_for_sync
 from tests.support.sql import (
     Conn,
     age,
@@ -150,11 +151,7 @@ def test_a_retry_that_holds_the_file_keeps_it_hot_and_one_waiting_is_refused(
             thread = threading.Thread(target=retry_it)
             thread.start()
             waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            for _ in range(200):
-                if scalar(holder, waiting) >= 1:
-                    break
-                thread.join(0.05)
-            assert scalar(holder, waiting) >= 1, "the retry never waited for the file"
+            wait_for_sync(lambda: scalar(holder, waiting) >= 1, 10, "the retry waited for the file")
             archiver.commit()
             thread.join(10)
             assert not thread.is_alive()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import threading
-import time
 from pathlib import Path
 
 import jsonschema
@@ -15,6 +14,7 @@ import psycopg
 import pytest
 
 from arm_core.db import query
+from tests.support.polling import wait_for_sync
 from tests.support.sql import (
     Conn,
     ack,
@@ -286,12 +286,13 @@ def test_ack_racing_the_publishers_commit_still_takes_effect(db_url: str) -> Non
         assert [c["outcome"] for c in publish_open(publisher)] == ["published"]
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(ack, inbox, up.job_id, up.file_id)
+
             # The ack must be waiting on the publisher's row lock, not finished.
-            deadline = time.monotonic() + 10
-            while not _waiting_on_lock(db_url, inbox.info.backend_pid):
-                assert time.monotonic() < deadline, "ack never blocked on the row lock"
+            def blocked() -> bool:
                 assert not pending.done(), f"ack finished early: {pending.result()}"
-                time.sleep(0.02)
+                return _waiting_on_lock(db_url, inbox.info.backend_pid)
+
+            wait_for_sync(blocked, 10, "the ack blocked on the row lock", every=0.02)
             publisher.commit()
             assert pending.result(timeout=10)["outcome"] == "applied"
     with dict_conn(db_url) as conn:

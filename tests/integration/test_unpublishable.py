@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
 import uuid
 from typing import Any
 
 import psycopg
 import pytest
 
+from tests.support.polling import wait_for_sync
 from tests.support.sql import (
     CLAIM_QUEUED_JOBS,
     DEAD_LETTER_UNPUBLISHABLE,
@@ -164,11 +164,12 @@ def test_a_publish_that_commits_first_wins(db_url: str) -> None:
         assert [c["outcome"] for c in publish_open(publisher)] == ["published"]
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pending = pool.submit(dead_letter, dba, [up.job_id], ["TOO_LARGE"], [None])
-            deadline = time.monotonic() + 10
-            while not _waiting_on_lock(db_url, dba.info.backend_pid):
-                assert time.monotonic() < deadline, "dead-lettering never blocked on the row"
+
+            def blocked() -> bool:
                 assert not pending.done(), f"finished early: {pending.result()}"
-                time.sleep(0.02)
+                return _waiting_on_lock(db_url, dba.info.backend_pid)
+
+            wait_for_sync(blocked, 10, "the dead-lettering blocked on the row", every=0.02)
             publisher.commit()
             assert pending.result(timeout=10) == []
     with dict_conn(db_url) as conn:
