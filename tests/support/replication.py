@@ -3,13 +3,13 @@ follows the writable one (tests/e2e/test_pg_failover.py, benchmarks/chaos.py).""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from tests.support.polling import wait_for_sync
 
 STANDBY = "arm_standby"  # its application_name (synchronous_standby_names names it)
 
@@ -58,14 +58,15 @@ def _replicate(primary: EmbeddedPostgres, synchronous: bool) -> None:
         if synchronous:
             conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY}'")
             conn.execute("SELECT pg_reload_conf()")
-        deadline = time.monotonic() + 30
-        while True:
+        state = "no row"  # the standby's last sync_state in pg_stat_replication
+
+        def streaming() -> bool:
+            nonlocal state
             row = conn.execute(
                 "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
                 (STANDBY,),
             ).fetchone()
-            if row is not None and row[0] == wanted:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the standby is not streaming ({wanted}) after 30 s: {row}")
-            time.sleep(0.05)
+            state = "no row" if row is None else str(row[0])
+            return state == wanted
+
+        wait_for_sync(streaming, 30, lambda: f"the standby streaming ({wanted}): {state}")
