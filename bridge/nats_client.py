@@ -1,38 +1,51 @@
 """Connecting to NATS (R-NATS-1): no credentials, an nkey seed, or a user JWT + seed.
 
 No JetStream is used or required, unless RESULTS_STREAM asks for the capture of answers
-(:func:`ensure_results_stream`, :func:`results_consumer`). The client reconnects
-forever; publishes while disconnected raise at once (pending_size=0) instead of being
-buffered silently, so the publisher never takes a buffered message for a delivered one.
+(:func:`ensure_results_stream`, :func:`results_consumer`: bridge/results_stream.py,
+importable from here too). The client reconnects forever; publishes while disconnected
+raise at once (pending_size=0) instead of being buffered silently, so the publisher
+never takes a buffered message for a delivered one.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
-from nats.errors import FlushTimeoutError, NoRespondersError, SlowConsumerError
-from nats.js import JetStreamContext
-from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    DeliverPolicy,
-    DiscardPolicy,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
-)
-from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
+from nats.errors import FlushTimeoutError, SlowConsumerError
 
+from arm_core.bridge.results_stream import (
+    STREAM_ACK_WAIT_SECONDS,
+    STREAM_MAX_ACK_PENDING,
+    StreamUnavailable,
+    ensure_results_stream,
+    results_consumer,
+    stream_differences,
+    wanted_stream,
+)
 from arm_core.config import CONFIRM_FLUSH_SECONDS, Settings
 from arm_core.nats_credentials import nats_keypair
 from arm_core.redaction import mask_urls_in
+
+__all__ = [
+    "MSG_ID_HEADER",
+    "STREAM_ACK_WAIT_SECONDS",
+    "STREAM_MAX_ACK_PENDING",
+    "StreamUnavailable",
+    "auth_options",
+    "confirm",
+    "connect",
+    "ensure_results_stream",
+    "results_consumer",
+    "stream_differences",
+    "tls_options",
+    "wanted_stream",
+]
 
 log = logging.getLogger(__name__)
 
@@ -179,269 +192,3 @@ def tls_options(settings: Settings) -> dict[str, Any]:
     if context is None:
         return {}
     return {"tls": context, "tls_handshake_first": settings.nats_tls_handshake_first}
-
-
-# The results stream's consumer (RESULTS_STREAM). A message the inbox has not settled
-# within ACK_WAIT is delivered again (to any instance): long enough for a full inbox
-# buffer to be applied, short enough that a crashed instance's share comes back soon.
-STREAM_ACK_WAIT_SECONDS = 30.0
-# Messages delivered to all instances together and not yet settled; past it the
-# server delivers nothing more until some are acked. Above every instance's
-# INBOX_BUFFER_SIZE plus a fetch.
-STREAM_MAX_ACK_PENDING = 20_000
-
-
-class StreamUnavailable(Exception):
-    """RESULTS_STREAM cannot work with this server: the message names the variable."""
-
-
-def _subject_matches(pattern: str, subject: str) -> bool:
-    """Whether the stream subject `pattern` (with * and >) captures `subject`."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, token in enumerate(p):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(p) == len(s)
-
-
-def wanted_stream(settings: Settings) -> StreamConfig:
-    """The stream arm-core creates when RESULTS_STREAM does not exist yet, and the limits
-    it sets on one it owns (:func:`ensure_results_stream`).
-
-    Interest retention: a message goes once the one durable consumer all bridges share
-    has acked (or terminated) it, so the stream holds only what is not applied yet. A
-    byte limit with discard new: a full stream refuses a new message (a JetStream
-    publisher is told, and tries again) rather than remove one not applied yet. A
-    duplicate window shorter than ACK_TIMEOUT_SECONDS (Settings.duplicate_window_seconds):
-    a service's ack to a republished request is stored, not dropped as a duplicate."""
-    return StreamConfig(
-        name=settings.results_stream,
-        subjects=[settings.result_subject],
-        storage=StorageType.FILE,
-        num_replicas=settings.results_stream_replicas,
-        retention=RetentionPolicy.INTEREST,
-        discard=DiscardPolicy.NEW,
-        max_bytes=settings.results_stream_max_bytes,
-        max_age=settings.results_stream_max_age_seconds,
-        duplicate_window=settings.duplicate_window_seconds,
-    )
-
-
-# The limits arm-core sets on a stream it owns (one that captures RESULT_SUBJECT and
-# nothing else), in the order it changes them one by one; and what it only reports: the
-# server cannot change a stream's storage, and a change of replicas moves the stream's
-# data between nodes, the operator's call.
-OWNED_LIMITS = ("retention", "discard", "max_bytes", "max_age", "duplicate_window")
-REPORTED = ("storage", "num_replicas")
-_SHOWN_NAME = {"num_replicas": "replicas"}
-
-
-def _shown(name: str, value: Any) -> str:
-    value = getattr(value, "value", value)
-    if (name == "max_bytes" and value in (None, -1)) or (name == "max_age" and not value):
-        return "unlimited"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _differs(name: str, have: Any, want: Any) -> bool:
-    if name in ("max_age", "duplicate_window"):
-        return abs((have or 0.0) - (want or 0.0)) >= 1e-6
-    if name == "max_bytes":
-        return (-1 if have is None else have) != want
-    return getattr(have, "value", have) != getattr(want, "value", want)
-
-
-def _difference(name: str, have: Any, want: Any) -> str:
-    shown = _SHOWN_NAME.get(name, name)
-    return f"{shown} {_shown(name, have)} (arm-core would use {_shown(name, want)})"
-
-
-def stream_differences(
-    have: StreamConfig, want: StreamConfig, names: tuple[str, ...] = OWNED_LIMITS + REPORTED
-) -> list[str]:
-    """How an existing stream differs from the one arm-core would create, in `names`."""
-    return [
-        _difference(name, getattr(have, name), getattr(want, name))
-        for name in names
-        if _differs(name, getattr(have, name), getattr(want, name))
-    ]
-
-
-async def _update_limits(js: JetStreamContext, have: StreamConfig, want: StreamConfig) -> list[str]:
-    """Sets the OWNED_LIMITS of stream `have` to `want`'s: in one update, or one by one
-    when the server refuses that (a server that cannot change the retention still gets
-    the rest). Logs each change made (`stream_updated`); returns each difference left,
-    with the server's reason."""
-    changes = {
-        n: getattr(want, n) for n in OWNED_LIMITS if _differs(n, getattr(have, n), getattr(want, n))
-    }
-    if not changes:
-        return []
-    made: list[str] = []
-    refused: list[str] = []
-    try:
-        await js.update_stream(dataclasses.replace(have, **changes))
-        made = list(changes)
-    except (TimeoutError, NoRespondersError) as exc:  # a server refusing silently: no try
-        reason = (
-            f"no answer to the update ({type(exc).__name__}): is the user allowed "
-            f"$JS.API.STREAM.UPDATE.{have.name}?"
-        )
-        refused = [f"{_difference(n, getattr(have, n), v)}: {reason}" for n, v in changes.items()]
-    except APIError:
-        current = have
-        for n, value in changes.items():
-            try:
-                await js.update_stream(dataclasses.replace(current, **{n: value}))
-            except APIError as exc:
-                reason = exc.description or str(exc)
-                refused.append(
-                    f"{_difference(n, getattr(have, n), value)}: the server refused the "
-                    f"change ({reason})"
-                )
-                continue
-            current = dataclasses.replace(current, **{n: value})
-            made.append(n)
-    for n in made:
-        log.info(
-            "updated JetStream stream %s: %s from %s to %s",
-            have.name,
-            n,
-            _shown(n, getattr(have, n)),
-            _shown(n, changes[n]),
-            extra={"action": "stream_updated"},
-        )
-    return refused
-
-
-async def ensure_results_stream(nc: Client, settings: Settings) -> JetStreamContext:
-    """Makes sure the stream RESULTS_STREAM captures RESULT_SUBJECT: creates it
-    (:func:`wanted_stream`) when it does not exist. An existing stream that captures
-    RESULT_SUBJECT and nothing else is arm-core's: its OWNED_LIMITS are set to the
-    configuration, each change logged (`stream_updated`), and what stays different is
-    logged (`stream_differs`: storage, replicas, a change the server refused). One that
-    captures more subjects is the operator's and is used as it is (interest retention or
-    a byte limit would act on the other subjects' messages too), its differences logged.
-    Raises StreamUnavailable when the server has no JetStream, refuses to create the
-    stream, or the existing stream does not capture RESULT_SUBJECT."""
-    name, subject = settings.results_stream, settings.result_subject
-    js = nc.jetstream(timeout=5)
-    want = wanted_stream(settings)
-    for _ in range(3):  # two instances may create it at the same moment
-        try:
-            info = await js.stream_info(name)
-        except (ServiceUnavailableError, NoRespondersError):
-            raise StreamUnavailable(
-                f"RESULTS_STREAM: the NATS server has no JetStream (start nats-server with "
-                f"-js, or leave RESULTS_STREAM unset to receive answers without it); "
-                f"stream {name!r} cannot be used"
-            ) from None
-        except NotFoundError:
-            try:
-                await js.add_stream(want)
-            except APIError as exc:
-                if "already in use" in str(exc) or exc.err_code == 10058:
-                    continue  # another instance made it: read it as it is
-                raise StreamUnavailable(
-                    f"RESULTS_STREAM: the server refused to create stream {name!r} over "
-                    f"{subject!r}: {exc}"
-                ) from None
-            log.info(
-                "created JetStream stream %s over %s (file storage, %d replicas, interest "
-                "retention, at most %d bytes with discard new, max age %g s, duplicate "
-                "window %g s)",
-                name,
-                subject,
-                want.num_replicas,
-                want.max_bytes,
-                want.max_age,
-                want.duplicate_window,
-                extra={"action": "stream_created"},
-            )
-            return js
-        have = info.config
-        if not any(_subject_matches(p, subject) for p in have.subjects or []):
-            raise StreamUnavailable(
-                f"RESULTS_STREAM: stream {name!r} exists but does not capture "
-                f"{subject!r} (its subjects: {', '.join(have.subjects or []) or 'none'})"
-            )
-        if list(have.subjects or []) == [subject]:
-            differences = await _update_limits(js, have, want)
-            differences += stream_differences(have, want, REPORTED)
-            said = f"JetStream stream {name}: what arm-core does not or could not change"
-        else:
-            differences = stream_differences(have, want)
-            said = (
-                f"JetStream stream {name} captures more than {subject}, so arm-core uses it "
-                "as it is (its limits would act on the other subjects' messages too); it"
-            )
-        if differences:
-            log.warning(
-                "%s differs from the configuration: %s",
-                said,
-                "; ".join(differences),
-                extra={"action": "stream_differs"},
-            )
-        else:
-            log.info("using JetStream stream %s", name, extra={"action": "stream_found"})
-        return js
-    raise StreamUnavailable(f"RESULTS_STREAM: stream {name!r} could neither be read nor made")
-
-
-async def results_consumer(
-    js: JetStreamContext,
-    settings: Settings,
-    pending_bytes_limit: int = 32 << 20,
-) -> Any:
-    """The one durable pull consumer (named NATS_QUEUE_GROUP) that every core instance
-    fetches from: explicit acks, everything in the stream from its start, delivered
-    again until acked. `pending_bytes_limit` bounds nats-py's queue of the pull
-    subscription (as INBOX_BUFFER_BYTES bounds the inbox's buffer). Warns when the
-    stream has other consumers: with interest retention a message stays until every
-    consumer has acked it, so one that reads nothing (the consumer of an earlier
-    NATS_QUEUE_GROUP, an operator's) keeps every answer until the stream is full and
-    refuses new ones."""
-    durable = settings.nats_queue_group
-    config = ConsumerConfig(
-        durable_name=durable,
-        ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL,
-        ack_wait=STREAM_ACK_WAIT_SECONDS,
-        max_ack_pending=STREAM_MAX_ACK_PENDING,
-        max_deliver=-1,
-        filter_subject=settings.result_subject,
-    )
-    try:
-        consumer = await js.pull_subscribe(
-            settings.result_subject,
-            durable=durable,
-            stream=settings.results_stream,
-            config=config,
-            pending_bytes_limit=pending_bytes_limit,
-        )
-    except APIError as exc:
-        raise StreamUnavailable(
-            f"RESULTS_STREAM: the server refused the durable consumer {durable!r} on "
-            f"stream {settings.results_stream!r}: {exc}"
-        ) from None
-    try:
-        info = await js.stream_info(settings.results_stream)
-    except Exception as exc:  # only a warning's worth: the consumer is there
-        log.debug("stream info of %s: %s", settings.results_stream, exc)
-        return consumer
-    others = (info.state.consumer_count or 0) - 1
-    if others > 0 and _shown("retention", info.config.retention) == RetentionPolicy.INTEREST.value:
-        log.warning(
-            "JetStream stream %s has %d consumer(s) besides %s: with interest retention it "
-            "keeps every message until each consumer has acked it, so one that reads "
-            "nothing fills the stream until it refuses new answers; remove any that is not "
-            "in use (nats consumer rm %s <name>)",
-            settings.results_stream,
-            others,
-            durable,
-            settings.results_stream,
-            extra={"action": "stream_consumers"},
-        )
-    return consumer

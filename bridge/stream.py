@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class StreamConsumer(Service):
-    # nats-py's pull subscription of the durable consumer (bridge/nats_client.py
+    # nats-py's pull subscription of the durable consumer (bridge/results_stream.py
     # results_consumer).
     consumer: Any
     inbox: Inbox
