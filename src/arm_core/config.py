@@ -3,11 +3,9 @@
 Every variable is parsed once at start. A bad value raises :class:`ConfigError` whose
 message names the variable, so a misconfigured container fails at once and says why.
 
-This is the one environment parser: a dataclass declares each variable with
-:func:`env_var` (its name, a parser, its default) and :func:`read_env` reads them all.
-:class:`Settings` is one such dataclass; the dev tools' ``REFERENCE_*`` configuration
-(arm_core.devtools.reference) is another, with the same parsers (:func:`parse_bool`,
-:func:`number`, :func:`one_of`, :func:`text`). Secrets are masked in its messages by
+:class:`Settings` declares each variable with :func:`env_var` and reads them all with
+:func:`read_env` (arm_core.config_env, the one environment parser, which the dev tools'
+``REFERENCE_*`` configuration uses too). Secrets are masked in its messages by
 arm_core.redaction; the NATS seed and JWT are checked by arm_core.nats_credentials.
 """
 
@@ -16,100 +14,44 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ipaddress
-import math
 import os
 import re
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from arm_core.access import LEVELS, METRICS_AUTH_MODES, ApiToken, Level
+from arm_core.config_env import env_var, number, one_of, parse_bool, read_env, text
 from arm_core.config_error import ConfigError
 from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair, parse_jwt, parse_seed
 from arm_core.redaction import mask_url, mask_urls_in, url_secrets
 from arm_core.tls import https_server_context, nats_client_context
 
-N = TypeVar("N", int, float)
-
-# A parser takes the variable's name and its raw value; it returns the value or raises
-# ConfigError naming the variable (never quoting a secret's value).
-Parser = Callable[[str, str], Any]
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{name}: expected true or false, got {raw!r}")
-
-
-def number(kind: Callable[[str], N], minimum: float | None = None) -> Callable[[str, str], N]:
-    """An int or float parser; nan and inf are not numbers here."""
-
-    def parse(name: str, raw: str) -> N:
-        try:
-            value = kind(raw.strip())
-        except ValueError:
-            raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
-        if not math.isfinite(value):
-            raise ConfigError(f"{name}: expected a number, got {raw!r}")
-        if minimum is not None and value < minimum:
-            raise ConfigError(f"{name}: must be at least {minimum}, got {raw!r}")
-        return value
-
-    return parse
-
-
-def one_of(
-    options: tuple[str, ...], fold: Callable[[str], str] = str.lower
-) -> Callable[[str, str], str]:
-    """One of `options`, compared after stripping and `fold` (lower-case by default)."""
-
-    def parse(name: str, raw: str) -> str:
-        value = fold(raw.strip())
-        if value not in options:
-            raise ConfigError(f"{name}: expected one of {', '.join(options)}, got {raw!r}")
-        return value
-
-    return parse
-
-
-def text(name: str, raw: str) -> str:
-    """Any text, stripped; the one parser for which an empty value counts as given."""
-    return raw.strip()
-
-
-def env_var(env: str, parse: Parser, default: Any) -> Any:
-    """A dataclass field read from the environment variable `env` by :func:`read_env`."""
-    return field(default=default, metadata={"env": env, "parse": parse})
-
-
-def read_env(cls: type, env: Mapping[str, str]) -> tuple[dict[str, Any], frozenset[str]]:
-    """The :func:`env_var` fields of dataclass `cls` that `env` gives, parsed (by field
-    name), and the names of the variables given. A blank value counts as not given,
-    except for :func:`text`. Raises ConfigError naming the first bad variable."""
-    values: dict[str, Any] = {}
-    given: set[str] = set()
-    for f in dataclasses.fields(cls):
-        name = f.metadata.get("env")
-        if name is None:
-            continue
-        raw = env.get(name)
-        if raw is None or (raw.strip() == "" and f.metadata["parse"] is not text):
-            continue
-        values[f.name] = f.metadata["parse"](name, raw)
-        given.add(name)
-    return values, frozenset(given)
+# The names other modules import from here (some of them defined in arm_core.config_*).
+__all__ = [
+    "AUTH_MODES",
+    "CONFIRM_FLUSH_SECONDS",
+    "FAULT_POINTS",
+    "IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
+    "LOG_FORMATS",
+    "POOL_RESERVE",
+    "PUBLISH_CONFIRM_SECONDS",
+    "ConfigError",
+    "Settings",
+    "env_var",
+    "is_loopback",
+    "mask_url",
+    "number",
+    "one_of",
+    "parse_bool",
+    "read_env",
+    "text",
+]
 
 
 def _port(name: str, raw: str) -> int:
@@ -424,7 +366,6 @@ class Settings:
     # any → any caller the API accepts; none → no credentials (a scrape on a private
     # network). /healthcheck, /livez and /readyz never ask for any.
     metrics_auth: str = env_var("METRICS_AUTH", one_of(METRICS_AUTH_MODES), "level")
-    # Names of the variables that were given explicitly (not defaulted).
     # JetStream capture of answers (docs/not-losing-answers.md): off when empty.
     results_stream: str = env_var("RESULTS_STREAM", _stream_name, "")
     results_stream_replicas: int = env_var("RESULTS_STREAM_REPLICAS", _replicas, 1)
@@ -470,6 +411,7 @@ class Settings:
     # Tests only: loops' fault points that raise, e.g. "inbox=1,publisher=-1" (bridge/
     # service.py FaultPoints: the next N turns, -1 every turn). Never set in production.
     test_faults: tuple[tuple[str, int], ...] = env_var("TEST_FAULTS", _faults, ())
+    # Names of the variables that were given explicitly (not defaulted).
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
     def __post_init__(self) -> None:
