@@ -5,15 +5,16 @@ message names the variable, so a misconfigured container fails at once and says 
 
 :class:`Settings` declares each variable with :func:`env_var` and reads them all with
 :func:`read_env` (arm_core.config_env, the one environment parser, which the dev tools'
-``REFERENCE_*`` configuration uses too). Secrets are masked in its messages by
-arm_core.redaction; the NATS seed and JWT are checked by arm_core.nats_credentials.
+``REFERENCE_*`` configuration uses too). The parsers and checks of the access settings
+(AUTH_MODE, tokens, groups) are in arm_core.config_access; the others are here.
+Secrets are masked in its messages by arm_core.redaction; the NATS seed and JWT are
+checked by arm_core.nats_credentials.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import ipaddress
 import os
 import re
 import ssl
@@ -25,7 +26,9 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from arm_core.access import LEVELS, METRICS_AUTH_MODES, ApiToken, Level
+from arm_core import config_access
+from arm_core.access import METRICS_AUTH_MODES, ApiToken
+from arm_core.config_access import AUTH_MODES, is_loopback, parse_groups, parse_header, parse_tokens
 from arm_core.config_env import env_var, number, one_of, parse_bool, read_env, text
 from arm_core.config_error import ConfigError
 from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair, parse_jwt, parse_seed
@@ -117,75 +120,6 @@ def _subject(name: str, raw: str) -> str:
     value = raw.strip()
     if not value or any(c.isspace() for c in value) or value.startswith(".") or ".." in value:
         raise ConfigError(f"{name}: not a NATS subject: {raw!r}")
-    return value
-
-
-AUTH_MODES = ("none", "token", "header")
-
-
-def _tokens(name: str, raw: str) -> tuple[ApiToken, ...]:
-    """`actor:level=token,actor2=token2` → (ApiToken, …): `:level` (viewer, operator or
-    metrics) is optional; an entry without one has every level, as before levels
-    existed. A bad entry is named by its position: any part of it may be a token."""
-    entries = [part.strip() for part in raw.split(",") if part.strip()]
-    parsed: list[ApiToken] = []
-    for n, entry in enumerate(entries, 1):
-        who, sep, token = entry.partition("=")
-        who, token = who.strip(), token.strip()
-        where = f"{name}: entry {n} of {len(entries)}"
-        if not sep:
-            raise ConfigError(f"{where}: expected actor:level=token (no = in it)")
-        actor, colon, level = who.rpartition(":") if ":" in who else (who, "", "")
-        actor, level = actor.strip(), level.strip()
-        if not actor:
-            raise ConfigError(f"{where}: expected actor:level=token (the actor is empty)")
-        if colon and level not in LEVELS:
-            # Not quoted: whatever stands there may be part of a token put in the wrong place.
-            raise ConfigError(
-                f"{where}: the access level after ':' is not one of {', '.join(LEVELS)}"
-            )
-        if len(token) < 16:
-            raise ConfigError(f"{where}: the token is shorter than 16 characters")
-        for m, earlier in enumerate(parsed, 1):
-            if earlier.token == token:
-                levels = {earlier.level or "every level", level or "every level"}
-                raise ConfigError(
-                    f"{where}: the same token as entry {m}"
-                    + (
-                        f", with another level ({' and '.join(sorted(levels))})"
-                        if len(levels) > 1
-                        else ""
-                    )
-                    + "; the audit could not tell who"
-                )
-        parsed.append(ApiToken(actor, token, Level(level) if colon else None))
-    return tuple(parsed)
-
-
-def _groups(name: str, raw: str) -> frozenset[str]:
-    """`group,group2` → the set of group names (as the groups header lists them)."""
-    groups = frozenset(part.strip() for part in raw.split(",") if part.strip())
-    if raw.strip() and not groups:
-        raise ConfigError(f"{name}: expected comma-separated group names")
-    return groups
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a listen address is reachable from this machine only: localhost,
-    127.0.0.0/8, ::1. An empty host (every interface) or any other name is not."""
-    value = host.strip().strip("[]").lower()
-    if value == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(value).is_loopback
-    except ValueError:
-        return False
-
-
-def _header(name: str, raw: str) -> str:
-    value = raw.strip()
-    if not value or not all(c.isalnum() or c == "-" for c in value):
-        raise ConfigError(f"{name}: not an HTTP header name: {raw!r}")
     return value
 
 
@@ -350,17 +284,19 @@ class Settings:
     # API_TOKENS entry matches `Authorization: Bearer …`; header → the identity an
     # authenticating proxy puts in AUTH_HEADER (e.g. oauth2-proxy's X-Forwarded-User).
     auth_mode: str = env_var("AUTH_MODE", one_of(AUTH_MODES), "none")
-    api_tokens: tuple[ApiToken, ...] = env_var("API_TOKENS", _tokens, ())
-    auth_header: str = env_var("AUTH_HEADER", _header, "X-Forwarded-User")
+    api_tokens: tuple[ApiToken, ...] = env_var("API_TOKENS", parse_tokens, ())
+    auth_header: str = env_var("AUTH_HEADER", parse_header, "X-Forwarded-User")
     # AUTH_MODE=header: the header in which the proxy lists the caller's groups (e.g.
     # oauth2-proxy's X-Forwarded-Groups, comma-separated). Unset, every identified caller
     # holds every level; set, a caller's groups decide: one of AUTH_OPERATOR_GROUPS makes
     # an operator, one of AUTH_VIEWER_GROUPS a viewer, one of AUTH_METRICS_GROUPS may read
     # /metrics; a caller in none of them is refused (403).
-    auth_groups_header: str = env_var("AUTH_GROUPS_HEADER", _header, "")
-    auth_operator_groups: frozenset[str] = env_var("AUTH_OPERATOR_GROUPS", _groups, frozenset())
-    auth_viewer_groups: frozenset[str] = env_var("AUTH_VIEWER_GROUPS", _groups, frozenset())
-    auth_metrics_groups: frozenset[str] = env_var("AUTH_METRICS_GROUPS", _groups, frozenset())
+    auth_groups_header: str = env_var("AUTH_GROUPS_HEADER", parse_header, "")
+    auth_operator_groups: frozenset[str] = env_var(
+        "AUTH_OPERATOR_GROUPS", parse_groups, frozenset()
+    )
+    auth_viewer_groups: frozenset[str] = env_var("AUTH_VIEWER_GROUPS", parse_groups, frozenset())
+    auth_metrics_groups: frozenset[str] = env_var("AUTH_METRICS_GROUPS", parse_groups, frozenset())
     # GET /metrics: level → a caller of level metrics (a token `actor:metrics=…`, a
     # token without a level, a caller in AUTH_METRICS_GROUPS; anyone with AUTH_MODE=none);
     # any → any caller the API accepts; none → no credentials (a scrape on a private
@@ -424,9 +360,7 @@ class Settings:
         """Reads every variable; raises ConfigError naming the first bad one."""
         values, given = read_env(cls, os.environ if environ is None else environ)
         settings = cls(**values, explicit=given)
-        if settings.auth_mode == "token" and not settings.api_tokens:
-            raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
-        settings.check_groups()
+        config_access.check_access(settings)
         nats_keypair(settings.nats_seed, settings.nats_jwt)
         settings.check_inbox()
         settings.check_liveness()
@@ -586,37 +520,6 @@ class Settings:
         found += [t.token for t in self.api_tokens]
         return tuple(dict.fromkeys(found))
 
-    def check_groups(self) -> None:
-        """Group settings only with AUTH_MODE=header and its groups header, and a groups
-        header only with a group that lets someone in; ConfigError naming the variable."""
-        lists = {
-            "AUTH_OPERATOR_GROUPS": self.auth_operator_groups,
-            "AUTH_VIEWER_GROUPS": self.auth_viewer_groups,
-            "AUTH_METRICS_GROUPS": self.auth_metrics_groups,
-        }
-        given = [name for name, groups in lists.items() if groups]
-        if self.auth_groups_header and self.auth_mode != "header":
-            raise ConfigError(
-                f"AUTH_GROUPS_HEADER: only for AUTH_MODE=header (AUTH_MODE={self.auth_mode})"
-            )
-        if given and not self.auth_groups_header:
-            raise ConfigError(
-                f"{given[0]}: needs AUTH_GROUPS_HEADER, the header in which the "
-                "authenticating proxy lists the caller's groups (e.g. X-Forwarded-Groups), "
-                "and AUTH_MODE=header"
-            )
-        if self.auth_groups_header and not (
-            self.auth_operator_groups or self.auth_viewer_groups or self.auth_metrics_groups
-        ):
-            raise ConfigError(
-                "AUTH_GROUPS_HEADER: set, but AUTH_OPERATOR_GROUPS, AUTH_VIEWER_GROUPS and "
-                "AUTH_METRICS_GROUPS are all empty: every caller would be refused"
-            )
-        if self.auth_groups_header and self.auth_groups_header.lower() == self.auth_header.lower():
-            raise ConfigError(
-                f"AUTH_GROUPS_HEADER: the same header as AUTH_HEADER ({self.auth_header})"
-            )
-
     def unlevelled_tokens(self) -> tuple[ApiToken, ...]:
         """API_TOKENS entries that name no level (each holds every level, for now)."""
         if self.auth_mode != "token":
@@ -624,18 +527,9 @@ class Settings:
         return tuple(t for t in self.api_tokens if t.level is None)
 
     def require_safe_exposure(self) -> None:
-        """`arm-core serve` with AUTH_MODE=none on an address other machines can reach
-        would let anyone retry files, audited as "anonymous": refused unless
-        AUTH_ALLOW_ANONYMOUS=true says that is intended."""
-        if self.auth_mode != "none" or self.auth_allow_anonymous or is_loopback(self.http_host):
-            return
-        raise ConfigError(
-            f"HTTP_HOST: {self.http_host!r} is not a loopback address and AUTH_MODE=none, "
-            'so anyone who can reach it could retry files, audited as "anonymous". Set '
-            "AUTH_MODE=token (with API_TOKENS) or AUTH_MODE=header (behind an "
-            "authenticating proxy), listen on HTTP_HOST=127.0.0.1, or set "
-            "AUTH_ALLOW_ANONYMOUS=true if anonymous access from the network is intended"
-        )
+        """AUTH_MODE=none off loopback needs AUTH_ALLOW_ANONYMOUS=true
+        (arm_core.config_access.require_safe_exposure)."""
+        config_access.require_safe_exposure(self)
 
     def require_database_url(self) -> str:
         if not self.database_url:
