@@ -5,10 +5,11 @@ message names the variable, so a misconfigured container fails at once and says 
 
 :class:`Settings` declares each variable with :func:`env_var` and reads them all with
 :func:`read_env` (arm_core.config_env, the one environment parser, which the dev tools'
-``REFERENCE_*`` configuration uses too). The parsers and checks of the access settings
-(AUTH_MODE, tokens, groups) are in arm_core.config_access; the others are here.
-Secrets are masked in its messages by arm_core.redaction; the NATS seed and JWT are
-checked by arm_core.nats_credentials.
+``REFERENCE_*`` configuration uses too). The parsers of its variables and the checks
+that span several live beside it, by topic: arm_core.config_access (AUTH_MODE, tokens,
+groups) and arm_core.config_connections (DATABASE_URL, NATS_URL, subjects, ports, TLS
+files); those of the bridge are here. Secrets are masked in its messages by
+arm_core.redaction; the NATS seed and JWT are checked by arm_core.nats_credentials.
 """
 
 from __future__ import annotations
@@ -21,19 +22,25 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from arm_core import config_access
+from arm_core import config_access, config_connections
 from arm_core.access import METRICS_AUTH_MODES, ApiToken
 from arm_core.config_access import AUTH_MODES, is_loopback, parse_groups, parse_header, parse_tokens
+from arm_core.config_connections import (
+    parse_database_url,
+    parse_nats_urls,
+    parse_path,
+    parse_port,
+    parse_subject,
+)
 from arm_core.config_env import env_var, number, one_of, parse_bool, read_env, text
 from arm_core.config_error import ConfigError
 from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair, parse_jwt, parse_seed
-from arm_core.redaction import mask_url, mask_urls_in, url_secrets
-from arm_core.tls import https_server_context, nats_client_context
+from arm_core.redaction import mask_url, url_secrets
+from arm_core.tls import https_server_context
 
 # The names other modules import from here (some of them defined in arm_core.config_*).
 __all__ = [
@@ -56,73 +63,6 @@ __all__ = [
     "text",
 ]
 
-
-def _port(name: str, raw: str) -> int:
-    value = number(int, 0)(name, raw)
-    if value > 65535:
-        raise ConfigError(f"{name}: not a TCP port: {raw!r}")
-    return value
-
-
-def _database_url(name: str, raw: str) -> str:
-    """A libpq connection string: a postgresql:// URL (several hosts allowed, as
-    host1:5432,host2:5432 with target_session_attrs=read-write) or the key=value form
-    (host=a,b port=5432,5432 dbname=arm …)."""
-    value = raw.strip()
-    scheme, sep, _ = value.partition("://")
-    is_url, is_keywords = bool(sep), not sep and "=" in value
-    if (is_url and scheme not in ("postgresql", "postgres")) or not (is_url or is_keywords):
-        raise ConfigError(
-            f"{name}: expected a postgresql://… URL or libpq's key=value form, "
-            f"got {mask_url(value)!r}"
-        )
-    try:  # libpq's own parser: a string it cannot read fails here, not at the first query
-        conninfo_to_dict(value)
-    except psycopg.Error as exc:
-        # libpq quotes the part it could not read, which may be the password.
-        said = str(exc).strip()
-        for secret in url_secrets(value, bare_user_is_secret=False):
-            said = said.replace(secret, "***")
-        raise ConfigError(
-            f"{name}: not a valid connection string ({mask_url(value)!r}): {mask_urls_in(said)}"
-        ) from None
-    return value
-
-
-_NATS_SCHEMES = ("nats", "tls", "ws", "wss")
-
-
-def _nats_urls(name: str, raw: str) -> tuple[str, ...]:
-    urls = tuple(part.strip() for part in raw.split(",") if part.strip())
-    if not urls:
-        raise ConfigError(f"{name}: expected one or more nats://host:port URLs")
-    for url in urls:
-        shown = mask_url(url, bare_user_is_secret=True)
-        try:
-            parts = urlsplit(url)
-            if parts.scheme not in _NATS_SCHEMES or not parts.hostname:
-                raise ValueError
-        except ValueError:
-            raise ConfigError(
-                f"{name}: not a NATS URL ({'|'.join(_NATS_SCHEMES)}://host:port): {shown!r}"
-            ) from None
-        try:
-            parts.port  # noqa: B018 - raises ValueError on a bad port
-        except ValueError:
-            raise ConfigError(f"{name}: bad port in {shown!r}") from None
-    websocket = {urlsplit(url).scheme in ("ws", "wss") for url in urls}
-    if len(websocket) > 1:  # nats-py refuses the mix at every connect
-        raise ConfigError(f"{name}: websocket (ws, wss) and nats/tls URLs cannot be mixed")
-    return urls
-
-
-def _subject(name: str, raw: str) -> str:
-    value = raw.strip()
-    if not value or any(c.isspace() for c in value) or value.startswith(".") or ".." in value:
-        raise ConfigError(f"{name}: not a NATS subject: {raw!r}")
-    return value
-
-
 # A JetStream stream or consumer name: what every server version accepts (no `.`, `*`,
 # `>`, path separators or spaces).
 _JS_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -142,11 +82,6 @@ def _replicas(name: str, raw: str) -> int:
     if value > 5:
         raise ConfigError(f"{name}: JetStream keeps 1 to 5 replicas, got {raw!r}")
     return value
-
-
-def _path(name: str, raw: str) -> str:
-    """A file's path, as given (read and checked by arm_core.tls at start)."""
-    return raw.strip()
 
 
 FAULT_POINTS = (
@@ -214,7 +149,7 @@ class Settings:
     """Everything the processes read from the environment, with its defaults
     (docs/behaviour.md#configuration)."""
 
-    database_url: str | None = env_var("DATABASE_URL", _database_url, None)
+    database_url: str | None = env_var("DATABASE_URL", parse_database_url, None)
     db_pool_timeout_seconds: float = env_var("DATABASE_POOL_TIMEOUT_SECONDS", _POSITIVE, 5.0)
     # The most connections the process's pool opens; None: enough for the bridge's loops
     # and POOL_RESERVE (pool_max_size()).
@@ -227,7 +162,7 @@ class Settings:
         _idle_in_transaction,
         IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
     )
-    nats_urls: tuple[str, ...] = env_var("NATS_URL", _nats_urls, ("nats://127.0.0.1:4222",))
+    nats_urls: tuple[str, ...] = env_var("NATS_URL", parse_nats_urls, ("nats://127.0.0.1:4222",))
     nats_enabled: bool = env_var("NATS_ENABLED", parse_bool, True)
     debug: bool = env_var("DEBUG", parse_bool, False)
     # Log lines on stderr: "text" (key=value, for people) or "json" (one object a line).
@@ -249,14 +184,16 @@ class Settings:
     image_reply_timeout_seconds: float = env_var("IMAGE_REPLY_TIMEOUT_SECONDS", _POSITIVE, 1800.0)
     default_max_attempts: int = env_var("DEFAULT_MAX_ATTEMPTS", number(int, 1), 3)
     http_host: str = env_var("HTTP_HOST", text, "127.0.0.1")
-    http_port: int = env_var("HTTP_PORT", _port, 8080)
-    bridge_health_port: int = env_var("BRIDGE_HEALTH_PORT", _port, 8081)
+    http_port: int = env_var("HTTP_PORT", parse_port, 8080)
+    bridge_health_port: int = env_var("BRIDGE_HEALTH_PORT", parse_port, 8081)
     tabular_request_subject: str = env_var(
-        "TABULAR_REQUEST_SUBJECT", _subject, "files.tabular_uploaded"
+        "TABULAR_REQUEST_SUBJECT", parse_subject, "files.tabular_uploaded"
     )
-    image_request_subject: str = env_var("IMAGE_REQUEST_SUBJECT", _subject, "files.img_uploaded")
-    result_subject: str = env_var("RESULT_SUBJECT", _subject, "files.tabular_parsed")
-    nats_queue_group: str = env_var("NATS_QUEUE_GROUP", _subject, "arm-core")
+    image_request_subject: str = env_var(
+        "IMAGE_REQUEST_SUBJECT", parse_subject, "files.img_uploaded"
+    )
+    result_subject: str = env_var("RESULT_SUBJECT", parse_subject, "files.tabular_parsed")
+    nats_queue_group: str = env_var("NATS_QUEUE_GROUP", parse_subject, "arm-core")
     inbox_max_payload_bytes: int = env_var("INBOX_MAX_PAYLOAD_BYTES", number(int, 1024), 1 << 20)
     inbox_buffer_size: int = env_var("INBOX_BUFFER_SIZE", number(int, 1), 10_000)
     # What the envelopes held in the inbox came as, in bytes, at most: the bound on the
@@ -327,14 +264,14 @@ class Settings:
     # TLS (src/arm_core/tls.py): file paths, read and checked at start. NATS: the CA that
     # signed the servers' certificates (the system's CAs when empty) and, for mutual TLS,
     # this client's certificate and key. HTTPS of serve and the bridge's health port.
-    nats_tls_ca_file: str = env_var("NATS_TLS_CA_FILE", _path, "")
-    nats_tls_cert_file: str = env_var("NATS_TLS_CERT_FILE", _path, "")
-    nats_tls_key_file: str = env_var("NATS_TLS_KEY_FILE", _path, "")
+    nats_tls_ca_file: str = env_var("NATS_TLS_CA_FILE", parse_path, "")
+    nats_tls_cert_file: str = env_var("NATS_TLS_CERT_FILE", parse_path, "")
+    nats_tls_key_file: str = env_var("NATS_TLS_KEY_FILE", parse_path, "")
     # TLS before the server's first word (nats-server's tls { handshake_first: true }):
     # not a byte in clear, whatever answers at the address.
     nats_tls_handshake_first: bool = env_var("NATS_TLS_HANDSHAKE_FIRST", parse_bool, False)
-    http_tls_cert_file: str = env_var("HTTP_TLS_CERT_FILE", _path, "")
-    http_tls_key_file: str = env_var("HTTP_TLS_KEY_FILE", _path, "")
+    http_tls_cert_file: str = env_var("HTTP_TLS_CERT_FILE", parse_path, "")
+    http_tls_key_file: str = env_var("HTTP_TLS_KEY_FILE", parse_path, "")
     # A loop of the bridge that crashes is restarted (bridge/service.py); more than
     # SERVICE_RESTART_LIMIT crashes of one loop within SERVICE_RESTART_WINDOW_SECONDS stop
     # the process (exit 1), for its supervisor to start a fresh one.
@@ -396,33 +333,14 @@ class Settings:
         return self.db_pool_max_size
 
     def nats_tls_context(self) -> ssl.SSLContext | None:
-        """The SSL context of every NATS connection (bridge/nats_client.connect): when a
-        NATS_TLS_* file is given or a URL is tls:// or wss://; None otherwise. Raises
-        ConfigError naming the variable of a file that cannot work."""
-        files = (self.nats_tls_ca_file, self.nats_tls_cert_file, self.nats_tls_key_file)
-        secure = self.nats_tls_handshake_first or any(
-            urlsplit(u).scheme in ("tls", "wss") for u in self.nats_urls
-        )
-        if not (any(files) or secure):
-            return None
-        return nats_client_context(*files)
+        """The SSL context of every NATS connection, or None
+        (arm_core.config_connections.nats_tls_context)."""
+        return config_connections.nats_tls_context(self)
 
     def certificate_files(self) -> dict[str, str]:
-        """Every certificate file this process reads, by the variable that names it:
-        NATS_TLS_CA_FILE, NATS_TLS_CERT_FILE, HTTP_TLS_CERT_FILE, and DATABASE_URL's
-        sslrootcert and sslcert (as `DATABASE_URL sslcert`)."""
-        files = {
-            "NATS_TLS_CA_FILE": self.nats_tls_ca_file,
-            "NATS_TLS_CERT_FILE": self.nats_tls_cert_file,
-            "HTTP_TLS_CERT_FILE": self.http_tls_cert_file,
-        }
-        if self.database_url:
-            params = conninfo_to_dict(self.database_url)
-            for name in ("sslrootcert", "sslcert"):
-                value = str(params.get(name) or "")
-                if value and value != "system":  # libpq's "the system's CAs"
-                    files[f"DATABASE_URL {name}"] = value
-        return {var: path for var, path in files.items() if path}
+        """Every certificate file this process reads, by the variable that names it
+        (arm_core.config_connections.certificate_files)."""
+        return config_connections.certificate_files(self)
 
     def https_context(self) -> ssl.SSLContext | None:
         """The server context of `serve` and the bridge's health port (HTTP_TLS_CERT_FILE,
