@@ -7,9 +7,10 @@ message names the variable, so a misconfigured container fails at once and says 
 :func:`read_env` (arm_core.config_env, the one environment parser, which the dev tools'
 ``REFERENCE_*`` configuration uses too). The parsers of its variables and the checks
 that span several live beside it, by topic: arm_core.config_access (AUTH_MODE, tokens,
-groups) and arm_core.config_connections (DATABASE_URL, NATS_URL, subjects, ports, TLS
-files); those of the bridge are here. Secrets are masked in its messages by
-arm_core.redaction; the NATS seed and JWT are checked by arm_core.nats_credentials.
+groups), arm_core.config_connections (DATABASE_URL, NATS_URL, subjects, ports, TLS
+files) and arm_core.config_bridge (the pool, the inbox, liveness, the results stream).
+Secrets are masked in its messages by arm_core.redaction; the NATS seed and JWT are
+checked by arm_core.nats_credentials.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,9 +26,26 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from arm_core import config_access, config_connections
+from arm_core import config_access, config_bridge, config_connections
 from arm_core.access import METRICS_AUTH_MODES, ApiToken
-from arm_core.config_access import AUTH_MODES, is_loopback, parse_groups, parse_header, parse_tokens
+from arm_core.config_access import (
+    AUTH_MODES,
+    is_loopback,
+    parse_groups,
+    parse_header,
+    parse_tokens,
+)
+from arm_core.config_bridge import (
+    CONFIRM_FLUSH_SECONDS,
+    FAULT_POINTS,
+    IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
+    POOL_RESERVE,
+    PUBLISH_CONFIRM_SECONDS,
+    parse_faults,
+    parse_idle_in_transaction,
+    parse_replicas,
+    parse_stream_name,
+)
 from arm_core.config_connections import (
     parse_database_url,
     parse_nats_urls,
@@ -63,85 +80,8 @@ __all__ = [
     "text",
 ]
 
-# A JetStream stream or consumer name: what every server version accepts (no `.`, `*`,
-# `>`, path separators or spaces).
-_JS_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-def _stream_name(name: str, raw: str) -> str:
-    value = raw.strip()
-    if not _JS_NAME.fullmatch(value):
-        raise ConfigError(
-            f"{name}: not a JetStream stream name (1 to 64 of A-Z a-z 0-9 _ -): {raw!r}"
-        )
-    return value
-
-
-def _replicas(name: str, raw: str) -> int:
-    value = number(int, 1)(name, raw)
-    if value > 5:
-        raise ConfigError(f"{name}: JetStream keeps 1 to 5 replicas, got {raw!r}")
-    return value
-
-
-FAULT_POINTS = (
-    "publisher", "inbox", "listen", "schedule", "waits", "stream", "replay", "connect",
-)  # fmt: skip
-
-
-def _faults(name: str, raw: str) -> tuple[tuple[str, int], ...]:
-    """`point=count,…` with each point one of FAULT_POINTS and count a whole number
-    (-1: every time)."""
-    pairs: list[tuple[str, int]] = []
-    for entry in (part.strip() for part in raw.split(",") if part.strip()):
-        point, sep, count = entry.partition("=")
-        point = point.strip()
-        if point not in FAULT_POINTS:
-            raise ConfigError(f"{name}: unknown fault point {point!r} ({', '.join(FAULT_POINTS)})")
-        times = number(int, -1)(name, count) if sep else 1
-        pairs.append((point, times))
-    return tuple(pairs)
-
-
 _POSITIVE = number(float, 0.001)
 LOG_FORMATS = ("text", "json")
-
-# Connections of the pool kept beside the bridge's loops for the API's requests,
-# /healthcheck and /metrics (and `arm-core bridge`'s health port): each holds one for a
-# statement of a few milliseconds, so four let a health check and a scrape run beside
-# two requests before a request waits (DATABASE_POOL_TIMEOUT_SECONDS); a burst beyond
-# that waits its turn rather than costing the server more sessions.
-POOL_RESERVE = 4
-
-# The longest the processes sit idle inside a transaction on purpose: the publisher
-# claims jobs, publishes them and waits for NATS's confirmation (bridge/nats_client.py
-# confirm: two flushes of up to CONFIRM_FLUSH_SECONDS each) before it commits.
-CONFIRM_FLUSH_SECONDS = 5
-PUBLISH_CONFIRM_SECONDS = 2 * CONFIRM_FLUSH_SECONDS
-# idle_in_transaction_session_timeout of every session the processes open (the pool's,
-# the LISTEN connection's, migrate's: arm_core.db.connection_options): twice the
-# publisher's longest legitimate idle, so a slow NATS never gets a healthy publish's
-# session ended, and well under a minute, so the session of a process whose network path
-# went silent mid-transaction gives back its snapshot and row locks within seconds
-# instead of hours.
-IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = 20.0
-# PostgreSQL takes the timeout in milliseconds, as a 32-bit integer (about 24.8 days).
-_PG_MAX_MILLISECONDS = 2**31 - 1
-
-
-def _idle_in_transaction(name: str, raw: str) -> float:
-    """0 (leave the server's setting), or more than the publisher's wait for NATS inside
-    its transaction and within what PostgreSQL takes."""
-    value = number(float, 0)(name, raw)
-    if 0 < value <= PUBLISH_CONFIRM_SECONDS:
-        raise ConfigError(
-            f"{name}: must be 0 (the server's setting) or more than "
-            f"{PUBLISH_CONFIRM_SECONDS:g} s, the publisher's wait for NATS's confirmation "
-            f"inside its transaction, got {raw!r}"
-        )
-    if value * 1000 > _PG_MAX_MILLISECONDS:
-        raise ConfigError(f"{name}: at most {_PG_MAX_MILLISECONDS // 1000} s, got {raw!r}")
-    return value
 
 
 @dataclass(frozen=True, repr=False)
@@ -159,7 +99,7 @@ class Settings:
     # idle_in_transaction_session_timeout in DATABASE_URL's options wins.
     db_idle_in_transaction_timeout_seconds: float = env_var(
         "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
-        _idle_in_transaction,
+        parse_idle_in_transaction,
         IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
     )
     nats_urls: tuple[str, ...] = env_var("NATS_URL", parse_nats_urls, ("nats://127.0.0.1:4222",))
@@ -240,8 +180,8 @@ class Settings:
     # network). /healthcheck, /livez and /readyz never ask for any.
     metrics_auth: str = env_var("METRICS_AUTH", one_of(METRICS_AUTH_MODES), "level")
     # JetStream capture of answers (docs/not-losing-answers.md): off when empty.
-    results_stream: str = env_var("RESULTS_STREAM", _stream_name, "")
-    results_stream_replicas: int = env_var("RESULTS_STREAM_REPLICAS", _replicas, 1)
+    results_stream: str = env_var("RESULTS_STREAM", parse_stream_name, "")
+    results_stream_replicas: int = env_var("RESULTS_STREAM_REPLICAS", parse_replicas, 1)
     results_stream_max_age_seconds: float = env_var(
         "RESULTS_STREAM_MAX_AGE_SECONDS", number(float, 1), 7 * 24 * 3600.0
     )
@@ -283,7 +223,7 @@ class Settings:
     liveness_stall_seconds: float = env_var("LIVENESS_STALL_SECONDS", number(float, 1), 180.0)
     # Tests only: loops' fault points that raise, e.g. "inbox=1,publisher=-1" (bridge/
     # service.py FaultPoints: the next N turns, -1 every turn). Never set in production.
-    test_faults: tuple[tuple[str, int], ...] = env_var("TEST_FAULTS", _faults, ())
+    test_faults: tuple[tuple[str, int], ...] = env_var("TEST_FAULTS", parse_faults, ())
     # Names of the variables that were given explicitly (not defaulted).
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -299,8 +239,8 @@ class Settings:
         settings = cls(**values, explicit=given)
         config_access.check_access(settings)
         nats_keypair(settings.nats_seed, settings.nats_jwt)
-        settings.check_inbox()
-        settings.check_liveness()
+        config_bridge.check_inbox(settings)
+        config_bridge.check_liveness(settings)
         settings.check_results_stream()
         settings.pool_max_size()  # too small for the bridge's loops: exit 2 at start
         settings.nats_tls_context()  # every TLS file read and checked now: exit 2 if bad
@@ -316,21 +256,8 @@ class Settings:
         return self.outbox_publishers + self.inbox_workers + 1
 
     def pool_max_size(self) -> int:
-        """The pool's max_size: DATABASE_POOL_MAX_SIZE, or by default the bridge's loops
-        plus POOL_RESERVE. An explicit value that leaves the API no connection beside the
-        bridge's loops raises ConfigError naming the variable."""
-        loops = self.bridge_connections()
-        if self.db_pool_max_size is None:
-            return loops + POOL_RESERVE
-        if self.db_pool_max_size < loops + 1:
-            raise ConfigError(
-                f"DATABASE_POOL_MAX_SIZE: {self.db_pool_max_size} is too small: at least "
-                f"{loops + 1}, as the bridge's loops hold up to {loops} connections at once "
-                f"(OUTBOX_PUBLISHERS={self.outbox_publishers}, "
-                f"INBOX_WORKERS={self.inbox_workers}, the schedule runner 1) and the API, "
-                "/healthcheck and /metrics need at least 1 more"
-            )
-        return self.db_pool_max_size
+        """The pool's max_size (arm_core.config_bridge.pool_max_size)."""
+        return config_bridge.pool_max_size(self)
 
     def nats_tls_context(self) -> ssl.SSLContext | None:
         """The SSL context of every NATS connection, or None
@@ -347,69 +274,15 @@ class Settings:
         HTTP_TLS_KEY_FILE); None: plain HTTP."""
         return https_server_context(self.http_tls_cert_file, self.http_tls_key_file)
 
-    def check_liveness(self) -> None:
-        """A loop waits up to DATABASE_POOL_TIMEOUT_SECONDS for a connection while the
-        database is away, and that is no stall: LIVENESS_STALL_SECONDS must be longer
-        (twice it), or /livez would ask for restarts an outage does not need."""
-        if self.liveness_stall_seconds <= 2 * self.db_pool_timeout_seconds:
-            raise ConfigError(
-                "LIVENESS_STALL_SECONDS: must be more than twice DATABASE_POOL_TIMEOUT_SECONDS "
-                f"({2 * self.db_pool_timeout_seconds:g} s), got {self.liveness_stall_seconds:g}"
-            )
-
-    def check_inbox(self) -> None:
-        """Each inbox worker's share of INBOX_BUFFER_BYTES holds a message of
-        INBOX_MAX_PAYLOAD_BYTES (else such an answer could never be taken)."""
-        need = self.inbox_workers * self.inbox_max_payload_bytes
-        if self.inbox_buffer_bytes < need:
-            raise ConfigError(
-                f"INBOX_BUFFER_BYTES: must be at least INBOX_WORKERS × "
-                f"INBOX_MAX_PAYLOAD_BYTES ({need}), got {self.inbox_buffer_bytes}"
-            )
-        if self.inbox_workers > self.inbox_buffer_size:
-            raise ConfigError(
-                f"INBOX_BUFFER_SIZE: must be at least INBOX_WORKERS ({self.inbox_workers}), "
-                f"got {self.inbox_buffer_size}"
-            )
-
     @property
     def duplicate_window_seconds(self) -> float:
-        """The results stream's duplicate window: RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS,
-        or when not given a third of ACK_TIMEOUT_SECONDS, at most 120 s and the maximum
-        age, at least the server's 0.1 s. Shorter than ACK_TIMEOUT_SECONDS, so that a
-        service's ack to a republished request (the same Nats-Msg-Id, ACK_TIMEOUT_SECONDS
-        after the first) is stored, not dropped as a duplicate of the first ack."""
-        if self.results_stream_duplicate_window_seconds is not None:
-            return self.results_stream_duplicate_window_seconds
-        derived = min(self.ack_timeout_seconds / 3, 120.0, self.results_stream_max_age_seconds)
-        return max(derived, 0.1)
+        """The results stream's duplicate window, shorter than ACK_TIMEOUT_SECONDS
+        (arm_core.config_bridge.duplicate_window_seconds)."""
+        return config_bridge.duplicate_window_seconds(self)
 
     def check_results_stream(self) -> None:
-        """With RESULTS_STREAM set: the durable consumer is named after NATS_QUEUE_GROUP
-        (so it must be a valid consumer name), JetStream wants the duplicate window within
-        the maximum age, and the window must be shorter than ACK_TIMEOUT_SECONDS."""
-        if not self.results_stream:
-            return
-        if not _JS_NAME.fullmatch(self.nats_queue_group):
-            raise ConfigError(
-                f"NATS_QUEUE_GROUP: names the durable consumer of RESULTS_STREAM, so only "
-                f"A-Z a-z 0-9 _ - (1 to 64): {self.nats_queue_group!r}"
-            )
-        window = self.duplicate_window_seconds
-        if window > self.results_stream_max_age_seconds:
-            raise ConfigError(
-                "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS: must not exceed "
-                f"RESULTS_STREAM_MAX_AGE_SECONDS ({self.results_stream_max_age_seconds:g})"
-            )
-        if window >= self.ack_timeout_seconds:
-            given = self.results_stream_duplicate_window_seconds is not None
-            raise ConfigError(
-                f"RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS: must be shorter than "
-                f"ACK_TIMEOUT_SECONDS ({self.ack_timeout_seconds:g}), got {window:g}"
-                f"{'' if given else ' (not given: the server minimum of 0.1 s)'}: a service's ack "
-                "to a republished request carries the first ack's Nats-Msg-Id, and the "
-                "stream would drop it as a duplicate"
-            )
+        """RESULTS_STREAM's settings fit together (arm_core.config_bridge.check_results_stream)."""
+        config_bridge.check_results_stream(self)
 
     def __repr__(self) -> str:
         """Every field, with passwords, tokens, the seed and the JWT as ***."""
