@@ -17,7 +17,6 @@ import concurrent.futures
 import shutil
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from arm_core.migrate import ROLES, SQL_DIR, RolesMissing, apply_functions, migr
 from arm_core.runtime import POOL
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import fast_settings, running_bridge
+from tests.support.polling import wait_for_sync
 from tests.support.processes import ARM_CORE, runtime_env
 from tests.support.sql import (
     API_LOGIN,
@@ -1082,17 +1082,15 @@ def test_a_migrate_that_meets_a_role_another_one_is_creating_goes_on(
         other.execute("CREATE ROLE arm_owner NOLOGIN")
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             running = pool.submit(migrate, url)
-            deadline = time.monotonic() + 20
-            while not running.done():
-                waiting = watch.execute(
+
+            def waiting() -> bool:
+                return running.done() or watch.execute(
                     "SELECT count(*) FROM pg_stat_activity "
                     "WHERE datname = %s AND wait_event_type = 'Lock'",
                     (dbname,),
-                ).fetchone()
-                if waiting == (1,):
-                    break
-                assert time.monotonic() < deadline, "migrate never met the other CREATE ROLE"
-                time.sleep(0.05)
+                ).fetchone() == (1,)
+
+            wait_for_sync(waiting, 20, "migrate met the other CREATE ROLE")
             other.commit()
             report = running.result(timeout=60)
     assert report.applied_migrations
