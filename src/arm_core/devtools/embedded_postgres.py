@@ -1,5 +1,6 @@
 """A real PostgreSQL cluster on a free loopback port: :class:`EmbeddedPostgres`, and
-:func:`find_pg_bindir`, which finds the server binaries it runs.
+:func:`find_pg_bindir`, which finds the server binaries it runs (it lives, with what
+else the cluster needs from the machine, in :mod:`arm_core.devtools.embedded_postgres_host`).
 
 Used by the test suite (session fixtures), the benchmarks and ``arm-core dev``. Nothing
 here relies on a server already running on the machine, and no fixed port is ever used.
@@ -20,10 +21,7 @@ removes the cluster (and the record) when it is no longer wanted.
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
-import pwd
-import re
 import shlex
 import shutil
 import stat
@@ -37,140 +35,23 @@ import psycopg
 from psycopg import errors, sql
 
 from arm_core.devtools.embedded import Server, free_port, log_tail
+from arm_core.devtools.embedded_postgres_host import (
+    PG_OS_USER,
+    children,
+    find_pg_bindir,
+    live_postmaster,
+    make_dirs,
+    postgres_ids,
+    traversable_by,
+    wait_pid_gone,
+)
 
 __all__ = ["EmbeddedPostgres", "find_pg_bindir"]
 
-_PG_OS_USER = "postgres"
 _CLUSTER_FOLDER = "arm-core-pg"
 _LOCATION_FILE = "arm-core-pg.location"
 # A Unix socket path must fit in sockaddr_un.sun_path (108 bytes including the NUL).
 _MAX_SOCKET_DIR_LEN = 90
-
-
-def _has_server_binaries(bindir: Path) -> bool:
-    return all(os.access(bindir / name, os.X_OK) for name in ("initdb", "pg_ctl", "postgres"))
-
-
-def find_pg_bindir() -> Path:
-    """Locate the PostgreSQL server binaries.
-
-    Order: ``$PG_BINDIR``, then ``pg_config --bindir`` if ``pg_config`` is on ``PATH``, then the
-    newest ``/usr/lib/postgresql/*/bin``.
-    """
-    env = os.environ.get("PG_BINDIR")
-    if env:
-        if _has_server_binaries(Path(env)):
-            return Path(env)
-        raise RuntimeError(f"PG_BINDIR={env} does not contain initdb, pg_ctl and postgres")
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        out = subprocess.run(
-            [pg_config, "--bindir"], capture_output=True, text=True, check=False, timeout=30
-        )
-        candidate = Path(out.stdout.strip())
-        if out.returncode == 0 and out.stdout.strip() and _has_server_binaries(candidate):
-            return candidate
-
-    def version(path: str) -> tuple[int, ...]:
-        name = Path(path).parent.name
-        return tuple(int(part) for part in re.findall(r"\d+", name)) or (0,)
-
-    for path in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=version, reverse=True):
-        if _has_server_binaries(Path(path)):
-            return Path(path)
-    raise RuntimeError(
-        "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found: set PG_BINDIR, put "
-        "pg_config on PATH, or install a server package (/usr/lib/postgresql/<version>/bin)"
-    )
-
-
-def _pid_alive(pid: int) -> bool:
-    """True if ``pid`` is a running process (a zombie awaiting its reaper counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # /proc/PID/stat: "pid (comm) state ..."; comm may contain spaces and parentheses.
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
-def _wait_pid_gone(pid: int, timeout: float, reaped: bool = False) -> None:
-    """Wait until ``pid`` has exited (or, with ``reaped``, left the process table)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not (Path(f"/proc/{pid}").exists() if reaped else _pid_alive(pid)):
-            return
-        time.sleep(0.05)
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (a postmaster's backends and workers)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid:
-            found.append(int(entry.name))
-    return found
-
-
-def _live_postmaster(data_dir: Path) -> int | None:
-    """PID of a running postmaster serving ``data_dir``, or None (no or stale postmaster.pid)."""
-    try:
-        first = (data_dir / "postmaster.pid").read_text().splitlines()[0]
-        pid = int(first.strip())
-    except (OSError, IndexError, ValueError):
-        return None
-    if pid <= 0 or not _pid_alive(pid):
-        return None
-    # The PID may have been recycled by an unrelated process: a postmaster chdirs to its
-    # data directory, so compare its working directory.
-    try:
-        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-    except OSError:
-        return pid  # cannot tell (no /proc, or another user's process): assume it is live
-    return pid if cwd.resolve() == data_dir.resolve() else None
-
-
-def _postgres_ids() -> tuple[int, int, set[int]]:
-    try:
-        entry = pwd.getpwnam(_PG_OS_USER)
-    except KeyError:
-        raise RuntimeError(
-            f"running as root, but there is no {_PG_OS_USER!r} OS user to run initdb/pg_ctl as"
-        ) from None
-    groups = set(os.getgrouplist(_PG_OS_USER, entry.pw_gid))
-    return entry.pw_uid, entry.pw_gid, groups
-
-
-def _traversable_by(path: Path, uid: int, groups: set[int]) -> bool:
-    st = path.stat()
-    if st.st_uid == uid:
-        return bool(st.st_mode & stat.S_IXUSR)
-    if st.st_gid in groups:
-        return bool(st.st_mode & stat.S_IXGRP)
-    return bool(st.st_mode & stat.S_IXOTH)
-
-
-def _make_dirs(path: Path) -> list[Path]:
-    """``mkdir -p`` that returns the directories it created, outermost first."""
-    missing: list[Path] = []
-    current = path
-    while not current.exists():
-        missing.append(current)
-        current = current.parent
-    path.mkdir(parents=True, exist_ok=True)
-    return list(reversed(missing))
 
 
 @dataclass
@@ -220,12 +101,12 @@ class EmbeddedPostgres(Server):
         return self._cluster_dir / "postgres.log"
 
     def _prepare_cluster_dir(self) -> Path:
-        created = _make_dirs(self.base_dir)
+        created = make_dirs(self.base_dir)
         if not self._as_root:
             cluster = self.base_dir / _CLUSTER_FOLDER
             cluster.mkdir(exist_ok=True)
             return cluster
-        uid, gid, groups = _postgres_ids()
+        uid, gid, groups = postgres_ids()
         for directory in created:  # only loosen what we created ourselves
             directory.chmod(directory.stat().st_mode | stat.S_IXOTH)
         record = self.base_dir / _LOCATION_FILE
@@ -234,7 +115,7 @@ class EmbeddedPostgres(Server):
             if recorded.is_dir():
                 return recorded
         ancestors = [self.base_dir, *self.base_dir.parents]
-        if all(_traversable_by(p, uid, groups) for p in ancestors):
+        if all(traversable_by(p, uid, groups) for p in ancestors):
             cluster = self.base_dir / _CLUSTER_FOLDER
             cluster.mkdir(exist_ok=True)
         else:
@@ -249,7 +130,7 @@ class EmbeddedPostgres(Server):
     def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         cmd = [str(self._bindir / tool), *args]
         if self._as_root:
-            cmd = ["runuser", "-u", _PG_OS_USER, "--", *cmd]
+            cmd = ["runuser", "-u", PG_OS_USER, "--", *cmd]
         # cwd: the postgres user may not be able to enter the caller's working directory.
         result = subprocess.run(
             cmd, cwd=self._cluster_dir, capture_output=True, text=True, check=False, timeout=120
@@ -326,15 +207,15 @@ class EmbeddedPostgres(Server):
     def kill(self) -> None:
         """kill -9 of the postmaster and every process of the cluster, as when its
         machine dies: no shutdown checkpoint, clients' connections reset."""
-        pid = _live_postmaster(self.data_dir)
+        pid = live_postmaster(self.data_dir)
         if pid is None:
             return
-        victims = [pid, *_children(pid)]
+        victims = [pid, *children(pid)]
         for victim in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, 9)
         for victim in victims:
-            _wait_pid_gone(victim, timeout=10)
+            wait_pid_gone(victim, timeout=10)
         self._last_pid = pid
 
     def _socket_directory(self) -> Path:
@@ -343,7 +224,7 @@ class EmbeddedPostgres(Server):
         if self._socket_dir is None or not self._socket_dir.is_dir():
             self._socket_dir = Path(tempfile.mkdtemp(prefix="arm-core-pgsock-", dir="/tmp"))
             if self._as_root:
-                uid, gid, _ = _postgres_ids()
+                uid, gid, _ = postgres_ids()
                 os.chown(self._socket_dir, uid, gid)
         return self._socket_dir
 
@@ -358,7 +239,7 @@ class EmbeddedPostgres(Server):
                 self._basebackup(self.standby_of)
         pid_file = self.data_dir / "postmaster.pid"
         if pid_file.exists():
-            live = _live_postmaster(self.data_dir)
+            live = live_postmaster(self.data_dir)
             if live is not None:
                 raise RuntimeError(
                     f"a PostgreSQL server (pid {live}) is already running from {self.data_dir}; "
@@ -446,20 +327,20 @@ class EmbeddedPostgres(Server):
     def _stop(self, mode: str = "fast") -> int | None:
         if mode not in ("smart", "fast", "immediate"):
             raise ValueError(f"pg_ctl stop mode must be smart, fast or immediate, not {mode!r}")
-        pid = _live_postmaster(self.data_dir)
+        pid = live_postmaster(self.data_dir)
         if not (self.data_dir / "postmaster.pid").exists():
             return None
         result = self._run(
             "pg_ctl", "stop", "-D", str(self.data_dir), "-m", mode, "-w", check=False
         )
-        if result.returncode != 0 and _live_postmaster(self.data_dir) is not None:
+        if result.returncode != 0 and live_postmaster(self.data_dir) is not None:
             raise RuntimeError(
                 f"pg_ctl stop failed (exit {result.returncode}) for {self.data_dir}:\n"
                 f"{result.stdout}{result.stderr}"
             )
         if pid is not None:
             # postmaster.pid goes away just before the postmaster exits.
-            _wait_pid_gone(pid, timeout=10)
+            wait_pid_gone(pid, timeout=10)
             self._last_pid = pid
         return pid
 
@@ -469,7 +350,7 @@ class EmbeddedPostgres(Server):
         if pid is not None:
             # The daemonized postmaster is reaped by init, which in some containers is lazy;
             # wait so that no "[postgres] <defunct>" entry outlives a test session.
-            _wait_pid_gone(pid, timeout=5, reaped=True)
+            wait_pid_gone(pid, timeout=5, reaped=True)
         shutil.rmtree(self._cluster_dir, ignore_errors=True)
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
