@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from benchmarks.harness import Bench, commits, connect, publish_batches, scalar
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files
+from tests.support.polling import wait_for
 
 SECTION = "5 publish"
 POLL_SECONDS = 0.25
@@ -105,18 +106,23 @@ async def drain(bench: Bench, n: int) -> Drain:
 
 async def _wait_until_published(url: str, within: float) -> int:
     """Polls (a few times a second) until no job is queued; returns how many polls."""
-    deadline = time.monotonic() + within
-    polls = 0
-    while True:
-        polls += 1
-        queued = await asyncio.to_thread(
-            scalar, url, "SELECT count(*) FROM arm.recognition_job WHERE status = 'queued'"
+    queued: list[int] = []  # what each poll saw
+
+    async def none_queued() -> bool:
+        queued.append(
+            await asyncio.to_thread(
+                scalar, url, "SELECT count(*) FROM arm.recognition_job WHERE status = 'queued'"
+            )
         )
-        if queued == 0:
-            return polls
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{queued} jobs still queued after {within:.0f} s")
-        await asyncio.sleep(POLL_SECONDS)
+        return queued[-1] == 0
+
+    await wait_for(
+        none_queued,
+        within,
+        lambda: f"every job published: {queued[-1]} still queued",
+        every=POLL_SECONDS,
+    )
+    return len(queued)
 
 
 async def run(bench: Bench, report: Report) -> None:

@@ -32,10 +32,10 @@ difference (page headers and padding). Left out, with the reason, when pg_waldum
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +50,7 @@ from benchmarks.harness import Bench, connect, progress, scalar
 from benchmarks.pgbench import run_pgbench
 from benchmarks.report import Report
 from benchmarks.upload_scaling import pgbench_base, pgbench_env, upload_script
+from tests.support.polling import NotWithin, wait_for_sync
 from tests.support.sql import BRIDGE_LOGIN, UPLOADER_LOGIN, as_login, ensure_logins
 
 SECTION = "3 WAL"
@@ -156,14 +157,15 @@ def _window(bench: Bench, url: str, n: int, work: Callable[[], object]) -> Windo
         ).fetchone()
         assert row is not None
         size = int(row[0])
-        deadline = time.monotonic() + 10  # with synchronous_commit off, the WAL writer's lag
-        while time.monotonic() < deadline:
-            flushed = conn.execute(
-                "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (end,)
-            ).fetchone()
-            if flushed and flushed[0]:
-                break
-            time.sleep(0.1)
+
+        def flushed() -> bool:
+            got = conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (end,)).fetchone()
+            return bool(got and got[0])
+
+        # With synchronous_commit off, the WAL writer's lag. Not flushed by then: the
+        # breakdown says why pg_waldump could not read it.
+        with contextlib.suppress(NotWithin):
+            wait_for_sync(flushed, 10, f"the WAL flushed up to {end}", every=0.1)
     return Window(start, end, size, _breakdown(bench, start, end, n))
 
 
