@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from benchmarks.harness import (
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files, upload_files_async
 from tests.support.bridge import instant_service
+from tests.support.polling import wait_for
 
 SECTION = "6 lifecycle"
 STALL_SECONDS = 45.0  # > ACK_TIMEOUT_SECONDS (30): a lost ack gets its republish first
@@ -110,10 +112,12 @@ async def _burst(url: str, n: int, meter: CpuMeter) -> Burst:
 
 
 async def _wait_settled(url: str, where: str) -> None:
-    """Until no job (matching `where`) is live, or nothing changed for STALL_SECONDS."""
-    last_change = time.monotonic()
-    previous = -1
-    while True:
+    """Until no job (matching `where`) is live, or nothing changed for STALL_SECONDS: no
+    deadline of its own, the stall ends it."""
+    previous, last_change = -1, time.monotonic()
+
+    async def settled() -> bool:
+        nonlocal previous, last_change
         live, final = await asyncio.to_thread(
             scalar,
             url,
@@ -121,12 +125,13 @@ async def _wait_settled(url: str, where: str) -> None:
             f" FROM arm.recognition_job WHERE {where}",
         )
         if live == 0:
-            return
+            return True
         if final != previous:
             previous, last_change = final, time.monotonic()
-        elif time.monotonic() - last_change > STALL_SECONDS:
-            return
-        await asyncio.sleep(POLL_SECONDS)
+            return False
+        return time.monotonic() - last_change > STALL_SECONDS
+
+    await wait_for(settled, math.inf, every=POLL_SECONDS)
 
 
 def _report_burst(report: Report, b: Burst) -> None:
