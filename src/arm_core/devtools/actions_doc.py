@@ -29,8 +29,14 @@ BEGIN = (
 END = "<!-- End of the generated action table. -->"
 
 # The code whose log lines the table covers: the runtime package and the reference
-# service (`arm-core reference`), not the other developer tools.
-SOURCES = ("bridge", "http", "src/arm_core", "src/arm_core/devtools/reference.py")
+# service (`arm-core reference`: the service and its sender), not the other developer tools.
+SOURCES = (
+    "bridge",
+    "http",
+    "src/arm_core",
+    "src/arm_core/devtools/reference.py",
+    "src/arm_core/devtools/reference_sender.py",
+)
 
 # Helpers that put their argument at this position into a line's `action` field.
 CARRIERS = {"_job": 0, "_envelope": 1, "batch_failed": 1, "Episode": 0}

@@ -1,0 +1,93 @@
+"""The configuration of a reference recognition service (:mod:`arm_core.devtools.reference`):
+:class:`ReferenceConfig`, read from the REFERENCE_* variables by config.read_env (the
+parser of Settings too), and the names it is made of: the services (TABULAR, SCAN) and
+their pipelines and request subjects, the modes and the per-file markers that make a
+service misbehave on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from arm_core.bridge.contracts import RESULT_SCHEMA, schema
+from arm_core.config import env_var, number, one_of, read_env
+from arm_core.config_error import ConfigError
+
+TABULAR = "tabular-parser"
+SCAN = "scan-gateway"
+MODES = ("normal", "fail", "never_ack", "never_answer")
+PIPELINES = {TABULAR: "tabular", SCAN: "image"}
+DEFAULT_SUBJECTS = {TABULAR: "files.tabular_uploaded", SCAN: "files.img_uploaded"}
+MARKERS = (("[noack]", "never_ack"), ("[silent]", "never_answer"), ("[fail]", "fail"))
+# Fails the first attempt only: what a retry recovers.
+FAIL_ONCE = "[fail-once]"
+
+
+# The `error.code` values the result schema allows.
+ERROR_CODES = tuple(schema(RESULT_SCHEMA)["properties"]["error"]["properties"]["code"]["enum"])
+
+
+def _path(name: str, raw: str) -> Path:
+    return Path(raw.strip())
+
+
+def _bucket(name: str, raw: str) -> str:
+    value = raw.strip()
+    if len(value) > 63 or any(c.isspace() or c == "/" for c in value):
+        raise ConfigError(f"{name}: not an S3 bucket name: {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """One service's configuration; REFERENCE_* variables are read by config.read_env,
+    the parser of Settings too."""
+
+    service: str  # tabular-parser | scan-gateway
+    version: str = "0.1.0-reference"
+    # normal | fail | never_ack | never_answer
+    mode: str = env_var("REFERENCE_MODE", one_of(MODES), "normal")
+    # Between the ack and the result ("reading S3, recognising").
+    delay_seconds: float = env_var("REFERENCE_DELAY_SECONDS", number(float, 0), 0.5)
+    # error.code in mode fail and for "[fail]" files.
+    fail_code: str = env_var(
+        "REFERENCE_FAIL_CODE", one_of(ERROR_CODES, str.upper), "UNSUPPORTED_FORMAT"
+    )
+    # The local stand-in for the results bucket.
+    results_dir: Path = env_var("REFERENCE_RESULTS_DIR", _path, Path(".dev/results"))
+    results_bucket: str = env_var("REFERENCE_RESULTS_BUCKET", _bucket, "arm-ka")
+    # Answers kept while NATS is unreachable; when full the oldest is dropped (logged).
+    pending_max: int = env_var("REFERENCE_PENDING_MAX", number(int, 1), 5000)
+    # auto: JetStream publish where a stream captures the result subject, else core NATS;
+    # core: always core NATS, as a service that has not adopted JetStream publish (make
+    # chaos measures what such a service loses).
+    publish: str = env_var("REFERENCE_PUBLISH", one_of(("auto", "core")), "auto")
+    request_subject: str | None = None  # default by service
+    result_subject: str = "files.tabular_parsed"
+    queue_group: str | None = None  # default: the service name
+
+    def __post_init__(self) -> None:
+        if self.service not in PIPELINES:
+            raise ValueError(f"service: expected {TABULAR} or {SCAN}, got {self.service!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
+
+    @property
+    def subject(self) -> str:
+        return self.request_subject or DEFAULT_SUBJECTS[self.service]
+
+    @property
+    def queue(self) -> str:
+        return self.queue_group or self.service
+
+    @classmethod
+    def from_env(cls, service: str, environ: Mapping[str, str] | None = None) -> ReferenceConfig:
+        """REFERENCE_MODE, _DELAY_SECONDS, _FAIL_CODE, _RESULTS_DIR, _RESULTS_BUCKET,
+        _PENDING_MAX."""
+        if service not in PIPELINES:
+            raise ConfigError(f"REFERENCE_SERVICES: expected {TABULAR} or {SCAN}, got {service!r}")
+        values, _given = read_env(cls, os.environ if environ is None else environ)
+        return cls(service=service, **values)
