@@ -123,7 +123,7 @@ class SchedulerConfig:
     tick_seconds: float = _env("schedule_tick_seconds")
     # The per-status counts' deltas are folded at most this often (arm.compact_counts).
     compact_every_seconds: float = 5.0
-    # The waits observed (arm_core.metrics.WAITS) go to arm.record_waits at most this
+    # The waits observed (the process's Metrics.waits) go to arm.record_waits at most this
     # often: the console's wait chart (db/functions/82_samples.sql).
     wait_sample_seconds: float = 15.0
     # The bridge's row of arm.bridge_instance (it is alive, and its state) is written at

@@ -1,7 +1,7 @@
-"""One call per event of the bridge: each function here updates the Prometheus metrics
-(arm_core.metrics), writes the log line, and counts the event in the `counts` of the
-service that saw it — the per-instance figures a test (or a process hosting two bridges)
-reads, where the metrics are the process's. Nothing else in the bridge records these
+"""One call per event of the bridge: each function here takes the service that saw the
+event, updates the Prometheus metrics it was handed (the process's: arm_core.instruments),
+writes the log line, and counts the event in the service's `counts` — the per-instance
+figures a test reads. Nothing else in the bridge records these
 events, so a metric, its log line and its count cannot disagree.
 
 The keys of `counts` are the functions' names below (`published`, `dropped.buffer_full`,
@@ -12,17 +12,29 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from arm_core import metrics
 from arm_core.bridge.envelope import Envelope, Rejected
 from arm_core.bridge.nats_client import MSG_ID_HEADER
+from arm_core.instruments import Metrics
 from arm_core.rows import DeadLetteredJob, PublishedJob, TaskRun, UnackedJob
 from arm_core.statuses import ApplyOutcome, JobStatus
 
 log = logging.getLogger(__name__)
 
 Counts = Counter[str]
+
+
+class Witness(Protocol):
+    """The service that saw an event: its own `counts`, and the process's `metrics`
+    (arm_core.instruments) it updates."""
+
+    @property
+    def counts(self) -> Counts: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
 
 # Why an envelope was lost before the database saw it, as its log line says it.
 DROPPED_BECAUSE = {
@@ -43,22 +55,22 @@ def _envelope(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
 # --- the publisher ----------------------------------------------------------------------
 
 
-def published(counts: Counts, jobs: Sequence[PublishedJob]) -> None:
+def published(seen: Witness, jobs: Sequence[PublishedJob]) -> None:
     """A batch reached NATS and committed: its jobs are published."""
-    metrics.PUBLISH_BATCHES.labels(result="ok").inc()
-    metrics.transition("published", len(jobs))
+    seen.metrics.publish_batches.labels(result="ok").inc()
+    seen.metrics.transition("published", len(jobs))
     for job in jobs:
-        metrics.waited("queued", job.queued_seconds)
+        seen.metrics.waited("queued", job.queued_seconds)
         log.debug("published", extra=_job("publish", job))
-    counts["published"] += len(jobs)
-    counts["batches"] += 1
+    seen.counts["published"] += len(jobs)
+    seen.counts["batches"] += 1
     log.info("published %d jobs", len(jobs), extra={"action": "publish", "count": len(jobs)})
 
 
-def unpublishable(counts: Counts, job: PublishedJob) -> None:
+def unpublishable(seen: Witness, job: PublishedJob) -> None:
     """Dead-lettered at claim: the request exceeds the server's max_payload."""
-    metrics.transition("dlq")
-    counts["unpublishable"] += 1
+    seen.metrics.transition("dlq")
+    seen.counts["unpublishable"] += 1
     log.error(
         "dead-lettered: the request cannot be published: %s",
         job.error_message,
@@ -66,10 +78,10 @@ def unpublishable(counts: Counts, job: PublishedJob) -> None:
     )
 
 
-def batch_failed(counts: Counts, action: str, n: int, error: str) -> None:
+def batch_failed(seen: Witness, action: str, n: int, error: str) -> None:
     """NATS did not confirm a batch (publish or republish): it rolled back."""
-    metrics.PUBLISH_BATCHES.labels(result="failed").inc()
-    counts["failed_batches"] += 1
+    seen.metrics.publish_batches.labels(result="failed").inc()
+    seen.counts["failed_batches"] += 1
     log.error(
         "%s of %d jobs failed; they stay as they were: %s",
         action,
@@ -79,11 +91,11 @@ def batch_failed(counts: Counts, action: str, n: int, error: str) -> None:
     )
 
 
-def republished(counts: Counts, jobs: Sequence[UnackedJob]) -> None:
+def republished(seen: Witness, jobs: Sequence[UnackedJob]) -> None:
     """Overdue, unacked jobs went out again with the same Nats-Msg-Id."""
-    metrics.PUBLISH_BATCHES.labels(result="ok").inc()
-    metrics.REPUBLISHED.inc(len(jobs))
-    counts["republished"] += len(jobs)
+    seen.metrics.publish_batches.labels(result="ok").inc()
+    seen.metrics.republished.inc(len(jobs))
+    seen.counts["republished"] += len(jobs)
     for job in jobs:
         log.info(
             "republished: no ack yet",
@@ -91,11 +103,11 @@ def republished(counts: Counts, jobs: Sequence[UnackedJob]) -> None:
         )
 
 
-def cannot_republish(counts: Counts, job: UnackedJob, max_payload: int) -> None:
+def cannot_republish(seen: Witness, job: UnackedJob, max_payload: int) -> None:
     """An overdue request no longer fits max_payload (it was lowered): its job went to
     dlq at once (REQUEST_TOO_LARGE), its file to ERROR. Once per job."""
-    counts["unpublishable"] += 1
-    metrics.transition("dlq")
+    seen.counts["unpublishable"] += 1
+    seen.metrics.transition("dlq")
     log.error(
         "dead-lettered: the request of %d bytes exceeds the server's max_payload %d and "
         "cannot be republished",
@@ -105,10 +117,10 @@ def cannot_republish(counts: Counts, job: UnackedJob, max_payload: int) -> None:
     )
 
 
-def dead_lettered(counts: Counts, jobs: Sequence[DeadLetteredJob]) -> None:
+def dead_lettered(seen: Witness, jobs: Sequence[DeadLetteredJob]) -> None:
     """Published jobs moved to dlq (NO_ACK) after their republishes."""
-    metrics.transition("dlq", len(jobs))
-    counts["dead_lettered"] += len(jobs)
+    seen.metrics.transition("dlq", len(jobs))
+    seen.counts["dead_lettered"] += len(jobs)
     for job in jobs:
         log.warning(
             "dead-lettered: no ack after %d republishes",
@@ -126,10 +138,10 @@ def dead_lettered(counts: Counts, jobs: Sequence[DeadLetteredJob]) -> None:
 # --- the inbox --------------------------------------------------------------------------
 
 
-def rejected(counts: Counts, subject: str, why: Rejected) -> None:
+def rejected(seen: Witness, subject: str, why: Rejected) -> None:
     """A message that is no envelope: not JSON, not schema-valid, no Nats-Msg-Id, …"""
-    metrics.envelope("rejected")
-    counts["rejected"] += 1
+    seen.metrics.envelope("rejected")
+    seen.counts["rejected"] += 1
     log.warning(
         "dropped a message from %s: %s",
         subject,
@@ -143,9 +155,9 @@ def rejected(counts: Counts, subject: str, why: Rejected) -> None:
     )
 
 
-def made_storable(counts: Counts, envelope: Envelope) -> None:
+def made_storable(seen: Witness, envelope: Envelope) -> None:
     """A schema-valid envelope whose NUL, NaN/Infinity or lone surrogates were replaced."""
-    counts["made_storable"] += 1
+    seen.counts["made_storable"] += 1
     log.warning(
         "envelope made storable (NUL, NaN/Infinity or lone surrogates replaced): %s",
         ", ".join(envelope.made_storable)[:300],
@@ -153,10 +165,10 @@ def made_storable(counts: Counts, envelope: Envelope) -> None:
     )
 
 
-def truncated(counts: Counts, envelope: Envelope) -> None:
+def truncated(seen: Witness, envelope: Envelope) -> None:
     """A schema-valid answer with text (or metrics) over the core's caps: stored cut,
     with a marker giving the original length; never dropped for it."""
-    counts["truncated"] += 1
+    seen.counts["truncated"] += 1
     log.warning(
         "answer stored with over-long fields cut to the caps: %s",
         ", ".join(envelope.truncated),
@@ -164,10 +176,10 @@ def truncated(counts: Counts, envelope: Envelope) -> None:
     )
 
 
-def ack_without_msg_id(counts: Counts, envelope: Envelope) -> None:
+def ack_without_msg_id(seen: Witness, envelope: Envelope) -> None:
     """An ack without a Nats-Msg-Id header: taken (nothing reads an ack's id), named
     ack:<job_id>, and said once per ack so the service's team can add the header."""
-    counts["ack_without_msg_id"] += 1
+    seen.counts["ack_without_msg_id"] += 1
     log.info(
         "ack without %s: taken as %s",
         MSG_ID_HEADER,
@@ -176,12 +188,12 @@ def ack_without_msg_id(counts: Counts, envelope: Envelope) -> None:
     )
 
 
-def redelivered(counts: Counts, n: int) -> None:
+def redelivered(seen: Witness, n: int) -> None:
     """Messages of a fetch from the results stream that were delivered before and not
     acknowledged in time, or handed back: the answers an instance held when it died, or
     when it lost its database, come back this way."""
-    metrics.REDELIVERED.inc(n)
-    counts["redelivered"] += n
+    seen.metrics.redelivered.inc(n)
+    seen.counts["redelivered"] += n
     log.info(
         "%d answer(s) delivered again by the results stream (handed back by a bridge that "
         "lost its database, or not acknowledged within its ack_wait: one holding them "
@@ -191,11 +203,11 @@ def redelivered(counts: Counts, n: int) -> None:
     )
 
 
-def replayed(counts: Counts, n: int, stream: str, leader: str) -> None:
+def replayed(seen: Witness, n: int, stream: str, leader: str) -> None:
     """The stream elected a leader: the answers core NATS brought in the last seconds go
     to the inbox again (bridge/replay.py)."""
-    metrics.REPLAYED.inc(n)
-    counts["replayed"] += n
+    seen.metrics.replayed.inc(n)
+    seen.counts["replayed"] += n
     log.info(
         "stream %s has a new leader (%s): %d answer(s) of the last seconds applied again "
         "from core NATS, for those it did not store while it had none",
@@ -206,12 +218,12 @@ def replayed(counts: Counts, n: int, stream: str, leader: str) -> None:
     )
 
 
-def dropped(counts: Counts, envelope: Envelope, reason: str) -> None:
+def dropped(seen: Witness, envelope: Envelope, reason: str) -> None:
     """An envelope lost before the database saw it (buffer_full, shutdown): counted, and
     a DEBUG line with its job id (the burst it belongs to is told once at ERROR:
     bridge/buffer.py DropBursts)."""
-    metrics.envelope("dropped")
-    counts[f"dropped.{reason}"] += 1
+    seen.metrics.envelope("dropped")
+    seen.counts[f"dropped.{reason}"] += 1
     log.debug(
         "dropped an envelope (%s)",
         reason,
@@ -219,11 +231,11 @@ def dropped(counts: Counts, envelope: Envelope, reason: str) -> None:
     )
 
 
-def handed_back(counts: Counts, n: int, reason: str) -> None:
+def handed_back(seen: Witness, n: int, reason: str) -> None:
     """Messages of the results stream this bridge let go unapplied (a NAK): the stream
     delivers them again at once, to a bridge that can apply them."""
-    metrics.HANDED_BACK.inc(n)
-    counts["handed_back"] += n
+    seen.metrics.handed_back.inc(n)
+    seen.counts["handed_back"] += n
     log.info(
         "handed %d answer(s) back to the results stream (%s): another bridge takes them",
         n,
@@ -232,9 +244,9 @@ def handed_back(counts: Counts, n: int, reason: str) -> None:
     )
 
 
-def intake_paused(counts: Counts, error: Exception) -> None:
+def intake_paused(seen: Witness, error: Exception) -> None:
     """RESULTS_STREAM: the database is unreachable; the bridge takes no more answers."""
-    counts["intake_paused"] += 1
+    seen.counts["intake_paused"] += 1
     log.warning(
         "this bridge cannot reach its database: it takes no more answers from the results "
         "stream and hands back what it holds, until the database answers (%s)",
@@ -243,23 +255,23 @@ def intake_paused(counts: Counts, error: Exception) -> None:
     )
 
 
-def intake_resumed(counts: Counts) -> None:
-    counts["intake_resumed"] += 1
+def intake_resumed(seen: Witness) -> None:
+    seen.counts["intake_resumed"] += 1
     log.info(
         "the database answers: taking answers from the results stream again",
         extra={"action": "stream_intake", "state": "resumed"},
     )
 
 
-def slow_consumer(counts: Counts) -> None:
+def slow_consumer(seen: Witness) -> None:
     """nats-py dropped a message because the subscription's queue was full (nats-py
     logs it through the connection's error callback)."""
-    metrics.envelope("dropped")
-    counts["dropped.slow_consumer"] += 1
+    seen.metrics.envelope("dropped")
+    seen.counts["dropped.slow_consumer"] += 1
 
 
 def outcome(
-    counts: Counts,
+    seen: Witness,
     envelope: Envelope,
     result: ApplyOutcome,
     attempt: int | None,
@@ -268,16 +280,18 @@ def outcome(
     error: str | None = None,
 ) -> None:
     """What the database made of one envelope (`busy`: not yet, it is applied again)."""
-    counts[result.value] += 1
+    seen.counts[result.value] += 1
     if result is ApplyOutcome.BUSY:
         return
-    metrics.envelope(result.value)
+    seen.metrics.envelope(result.value)
     action = "ack" if envelope.is_ack else "result"
     extra = _envelope(envelope, action, attempt=attempt, status=envelope.status)
     if result is ApplyOutcome.APPLIED:
         if status is not None:
-            metrics.transition(status.value)
-            metrics.waited("ack" if status is JobStatus.PROCESSING else "processing", wait_seconds)
+            seen.metrics.transition(status.value)
+            seen.metrics.waited(
+                "ack" if status is JobStatus.PROCESSING else "processing", wait_seconds
+            )
         log.debug("%s applied", action, extra=extra)
     elif result is ApplyOutcome.FAILED:
         log.error(
@@ -287,16 +301,16 @@ def outcome(
             extra={**extra, "reason": "apply_error", "outcome": result},
         )
     else:  # a valid envelope with nothing to change: duplicate, already_final, …
-        counts["ignored"] += 1
+        seen.counts["ignored"] += 1
         level = logging.INFO if result is ApplyOutcome.DUPLICATE else logging.WARNING
         extra.update(reason=result, outcome=result)
         log.log(level, "%s ignored: %s", action, result, extra=extra)
 
 
-def applied_batch(counts: Counts, outcomes: Counter[ApplyOutcome]) -> None:
+def applied_batch(seen: Witness, outcomes: Counter[ApplyOutcome]) -> None:
     """One arm.apply_envelopes_v2 call: one line at INFO for the batch (one per envelope
     is DEBUG: a line per envelope cost a fifth of the bridge's CPU in a burst)."""
-    counts["batches"] += 1
+    seen.counts["batches"] += 1
     applied = outcomes[ApplyOutcome.APPLIED]
     if applied:
         log.info(
@@ -307,10 +321,10 @@ def applied_batch(counts: Counts, outcomes: Counter[ApplyOutcome]) -> None:
         )
 
 
-def held(counts: Counts, n: int, waiting: int, error: Exception) -> None:
+def held(seen: Witness, n: int, waiting: int, error: Exception) -> None:
     """The database is unreachable, or no connection of the pool came free: the inbox
     holds its batch and tries again."""
-    counts["db_retries"] += 1
+    seen.counts["db_retries"] += 1
     # DEBUG: the outage (or the exhausted pool) is logged once by arm_core.db, not once
     # per retry; `error` says which.
     log.debug(
@@ -322,19 +336,19 @@ def held(counts: Counts, n: int, waiting: int, error: Exception) -> None:
     )
 
 
-def settled(counts: Counts, terminated: bool) -> None:
+def settled(seen: Witness, terminated: bool) -> None:
     """A message of the results stream acked (outcome final) or terminated (garbage)."""
-    counts["terminated" if terminated else "acked"] += 1
+    seen.counts["terminated" if terminated else "acked"] += 1
 
 
 # --- the schedule -----------------------------------------------------------------------
 
 
-def task_ran(counts: Counts, task: TaskRun) -> None:
+def task_ran(seen: Witness, task: TaskRun) -> None:
     """A periodic task ran (the sweep's result is how many jobs timed out)."""
-    counts[f"task.{task.task}"] += 1
+    seen.counts[f"task.{task.task}"] += 1
     if task.task == "sweep_timeouts" and task.result and task.result.isdigit():
-        metrics.transition("timeout", int(task.result))
+        seen.metrics.transition("timeout", int(task.result))
     if task.error:
         log.error(
             "periodic task %s failed: %s",

@@ -40,24 +40,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
-
-from nats.aio.msg import Msg
+from dataclasses import dataclass
 
 from arm_core.bridge import events
-from arm_core.bridge.buffer import Buffer, DropBursts, Waiting
-from arm_core.bridge.config import InboxConfig
-from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
-from arm_core.bridge.service import Loop, Service
+from arm_core.bridge.envelope import Envelope
+from arm_core.bridge.intake import Intake
+from arm_core.bridge.service import Loop
 from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable, is_transient
 from arm_core.statuses import ApplyOutcome, JobStatus
-from arm_core.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -97,177 +92,14 @@ class InboxStep:
 
 
 @dataclass(eq=False)
-class Inbox(Service):
-    config: InboxConfig
-    store: Store
-    counts: events.Counts = field(default_factory=events.Counts)
-    name = "inbox"
-    # One buffer and one worker per INBOX_WORKERS; a job's envelopes always share one
-    # (by job id), so their order holds while the workers' batches run side by side.
-    # Each holds its share of INBOX_BUFFER_SIZE envelopes and INBOX_BUFFER_BYTES.
-    queues: list[Buffer] = field(init=False)
-    # Set while the worker holds a batch because the database is unreachable.
-    db_unreachable: bool = False
-    # Per worker, the envelopes that lead its next batch, before anything in its buffer:
-    # those that came back `busy`, or the one its loop waited for.
-    _leading: list[list[Envelope]] = field(init=False)
-    # True when the messages come from the results stream: each is settled with the
-    # server once its envelope's outcome is final.
-    acks: bool = False
-    # Envelopes lost before the database saw them, told once per burst.
-    drops: DropBursts = field(default_factory=DropBursts)
-    # Per worker, the answers whose job was still queued, to be applied again later.
-    _waiting: list[Waiting] = field(init=False)
-    # Per worker: its loop crashed with a batch in hand, which it applies one envelope at
-    # a time once restarted.
-    _suspect: list[bool] = field(init=False)
-
-    def __post_init__(self) -> None:
-        n, c = self.config.workers, self.config
-        self.queues = [
-            Buffer(max(1, c.buffer_size // n), max(1, c.buffer_bytes // n)) for _ in range(n)
-        ]
-        self._leading = [[] for _ in range(n)]
-        self._waiting = [Waiting() for _ in range(n)]
-        self._suspect = [False] * n
+class Inbox(Intake):
+    """Applies what the intake buffered, batch by batch (see the module's docstring)."""
 
     def loops(self) -> dict[str, Loop]:
         """One loop per worker: inbox-0, inbox-1, …"""
         return {
             self.worker_name(w): functools.partial(self._work, w) for w in range(len(self.queues))
         }
-
-    def worker_name(self, worker: int) -> str:
-        return f"{self.name}-{worker}"
-
-    def worker_running(self, worker: int) -> bool:
-        """Whether the worker's loop runs, or will again after a restart (True for an
-        inbox whose loops were never started: a test steps it)."""
-        supervisor = self.supervisor
-        return not self.tasks or supervisor is None or supervisor.running(self.worker_name(worker))
-
-    def buffered(self) -> int:
-        """Envelopes waiting in the buffers."""
-        return sum(q.qsize() for q in self.queues)
-
-    def held(self) -> int:
-        """Envelopes received and not applied yet: in the buffers, or in a worker's hands
-        (its batch, held while the database is away; those waiting for a busy job)."""
-        held = sum(len(batch) for batch in self._leading)
-        return self.buffered() + held + sum(len(w) for w in self._waiting)
-
-    def buffered_bytes(self) -> int:
-        """What the envelopes waiting in the buffers came as, in bytes."""
-        return sum(q.bytes for q in self.queues)
-
-    def room(self) -> tuple[int, int]:
-        """How many more envelopes, and bytes, the buffers take now, all together."""
-        rooms = [q.room() for q in self.queues]
-        return sum(r[0] for r in rooms), sum(r[1] for r in rooms)
-
-    def dropped(self) -> int:
-        """Envelopes lost before the database saw them, whatever the reason."""
-        return sum(n for key, n in self.counts.items() if key.startswith("dropped."))
-
-    async def on_message(self, msg: Msg, settle: bool = True) -> None:
-        """nats-py subscription callback: never raises. Waits for room in the buffer
-        while the database is reachable and the buffer's worker runs (or restarts);
-        drops (counted, logged) during an outage, and once the worker has stopped.
-        `settle=False`: a core NATS message handed in while the answers come from the
-        results stream (bridge/replay.py), with nothing to acknowledge."""
-        settle = settle and self.acks
-        self.counts["received"] += 1
-        try:
-            parsed = parse_envelope(msg.data, msg.headers, self.config.max_payload_bytes)
-        except Exception as exc:  # a bug here must not kill the subscription
-            parsed = Rejected("parse_error", f"{type(exc).__name__}: {exc}")
-        if isinstance(parsed, Rejected):
-            events.rejected(self.counts, msg.subject, parsed)
-            if settle:
-                await self._settle(msg, terminate=True)
-            return
-        if parsed.made_storable:
-            events.made_storable(self.counts, parsed)
-        if parsed.msg_id_derived:
-            events.ack_without_msg_id(self.counts, parsed)
-        if parsed.truncated:
-            events.truncated(self.counts, parsed)
-        if settle:
-            # Kept until acked: the message counts against the buffer as well as its row.
-            parsed = dataclasses.replace(parsed, msg=msg, size=parsed.size + len(msg.data))
-        worker = parsed.job_id.int % len(self.queues)
-        queue = self.queues[worker]
-        if parsed.msg is not None and self.db_unreachable:
-            await self.let_go([parsed], "buffer_full")  # another bridge may reach it
-            return
-        while not queue.put_nowait(parsed):
-            if self.db_unreachable:
-                await self.let_go([parsed], "buffer_full")
-                return
-            if not self.worker_running(worker):  # nobody will make room
-                await self.let_go([parsed], "shutdown")
-                return
-            # The database is there, the worker is only behind: wait for room.
-            if await queue.put(parsed, self.config.full_recheck_seconds):
-                break
-
-    async def let_go(self, envelopes: list[Envelope], reason: str) -> None:
-        """Envelopes this inbox will not apply (`reason`: buffer_full, shutdown). Those
-        from the results stream are handed back to it (a NAK: the stream delivers them
-        again at once, to whichever bridge fetches — one that reaches its database);
-        the others are lost before the database saw them: counted, logged once per
-        burst."""
-        returned = [e for e in envelopes if e.msg is not None]
-        for envelope in envelopes:
-            if envelope.msg is None:
-                c, why = self.config, events.DROPPED_BECAUSE.get(reason, reason)
-                self.drops.dropped(
-                    envelope, reason, why.format(size=c.buffer_size, bytes=c.buffer_bytes)
-                )
-                events.dropped(self.counts, envelope, reason)
-        for envelope in returned:
-            assert envelope.msg is not None
-            await self._settle(envelope.msg, hand_back=True)
-        if returned:
-            events.handed_back(self.counts, len(returned), reason)
-
-    async def step_aside(self) -> int:
-        """The database is unreachable: hands every message of the results stream the
-        buffers hold back to it (core NATS ones stay: nothing would deliver them
-        again); returns how many."""
-        returned = [e for q in self.queues for e in q.take(lambda e: e.msg is not None)]
-        if returned:
-            await self.let_go(returned, "buffer_full")
-        return len(returned)
-
-    async def probe(self, within: float = 2.0) -> bool:
-        """Whether the database answers now (one cheap read, within `within` seconds);
-        when it does, the inbox takes answers again."""
-        try:
-            async with asyncio.timeout(within):
-                await self.store.outbox_oldest_queued_age(pool_timeout=within / 2)
-        except (DatabaseError, TimeoutError):
-            return False
-        self.reachable()
-        return True
-
-    def reachable(self) -> None:
-        """The database answered."""
-        if self.db_unreachable:
-            self.db_unreachable = False
-            if self.acks:
-                events.intake_resumed(self.counts)
-        if self.drops:
-            self.drops.ended()
-
-    async def stop(self, grace: float) -> None:
-        await super().stop(grace)
-        if self.drops:
-            self.drops.ended()
-
-    def slow_consumer(self) -> None:
-        """nats-py dropped a message because its subscription queue was full."""
-        events.slow_consumer(self.counts)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Runs one worker per buffer until `stopping` is set and the buffers are drained
@@ -396,9 +228,9 @@ class Inbox(Service):
                 # Exhausted: the database is there, every connection busy; same batch again.
                 unreachable = not isinstance(exc, DatabasePoolExhausted)
                 if unreachable and not self.db_unreachable and self.acks:
-                    events.intake_paused(self.counts, exc)
+                    events.intake_paused(self, exc)
                 self.db_unreachable = self.db_unreachable or unreachable
-                events.held(self.counts, len(batch), self.buffered(), exc)
+                events.held(self, len(batch), self.buffered(), exc)
                 self.beat(self.worker_name(self._worker_of(batch[0])))
                 if self.acks and unreachable:
                     # Step aside: what the results stream keeps goes back to it now, for
@@ -431,7 +263,7 @@ class Inbox(Service):
                     )
                     results, lost = await self._one_by_one(batch, stopping)
                     return results, gone + lost
-                events.outcome(self.counts, batch[0], ApplyOutcome.FAILED, None, error=str(exc))
+                events.outcome(self, batch[0], ApplyOutcome.FAILED, None, error=str(exc))
                 return [EnvelopeOutcome(batch[0], ApplyOutcome.FAILED)], gone
 
     def _worker_of(self, envelope: Envelope) -> int:
@@ -458,33 +290,13 @@ class Inbox(Service):
                 if not guarded:
                     raise
                 error = f"{type(exc).__name__}: {exc}"
-                events.outcome(self.counts, envelope, ApplyOutcome.FAILED, None, error=error)
+                events.outcome(self, envelope, ApplyOutcome.FAILED, None, error=error)
                 alone, lost = [EnvelopeOutcome(envelope, ApplyOutcome.FAILED)], []
             results += alone
             dropped += lost
             if any(r.outcome is ApplyOutcome.BUSY for r in alone):
                 busy_jobs.add(envelope.job_id)
         return results, dropped
-
-    async def _settle(self, msg: Msg, terminate: bool = False, hand_back: bool = False) -> None:
-        """Acks (or terminates, or hands back: a NAK) a message of the results stream. A
-        lost ack only means the message comes again: the database then calls it a
-        duplicate."""
-        try:
-            if hand_back:
-                await msg.nak()
-                return
-            if terminate:
-                await msg.term()
-            else:
-                await msg.ack()
-            events.settled(self.counts, terminate)
-        except Exception as exc:
-            log.warning(
-                "could not settle a message of the results stream (it comes again): %s",
-                f"{type(exc).__name__}: {exc}",
-                extra={"action": "stream_ack_failed"},
-            )
 
     async def apply(self, batch: list[Envelope]) -> list[EnvelopeOutcome]:
         """Hands `batch` to arm.apply_envelopes_v2 in one transaction; records each
@@ -493,10 +305,8 @@ class Inbox(Service):
         for envelope, row in zip(batch, rows, strict=True):
             if row.outcome is ApplyOutcome.NOT_PUBLISHED and self._patient(envelope):
                 continue  # applied again later (run_once): not an outcome yet
-            events.outcome(
-                self.counts, envelope, row.outcome, row.attempt, row.status, row.wait_seconds
-            )
-        events.applied_batch(self.counts, Counter(row.outcome for row in rows))
+            events.outcome(self, envelope, row.outcome, row.attempt, row.status, row.wait_seconds)
+        events.applied_batch(self, Counter(row.outcome for row in rows))
         return [
             EnvelopeOutcome(envelope, row.outcome, row.attempt, row.status)
             for envelope, row in zip(batch, rows, strict=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import psycopg
@@ -14,7 +14,7 @@ from psycopg.conninfo import make_conninfo
 
 from arm_core.bridge.service import Service
 from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
-from arm_core.db import OUTAGE, connection_options
+from arm_core.db import Outage, connection_options
 from arm_core.redaction import mask_urls_in
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class Listener(Service):
     poll_seconds: float = 1.0
     backoff_max_seconds: float = 10.0
     state: ListenerState = ListenerState.CONNECTING
+    # The process's (arm_core.instruments): a lost connection is part of its outage.
+    outage: Outage = field(default_factory=Outage)
     name = "listen"
 
     def conninfo(self) -> str:
@@ -72,7 +74,7 @@ class Listener(Service):
                     if self.state is ListenerState.RECONNECTING:
                         log.info("LISTEN connection back", extra={"action": "listen"})
                     self.state = ListenerState.OK
-                    OUTAGE.available()
+                    self.outage.available()
                     backoff = 0.5
                     while not stopping.is_set():
                         self.beat()
@@ -80,7 +82,7 @@ class Listener(Service):
                         async for _ in conn.notifies(timeout=self.poll_seconds):
                             self.wake.set()
             except psycopg.OperationalError as exc:
-                # Logged once per loss; the outage itself is arm_core.db.OUTAGE's to log.
+                # Logged once per loss; the outage itself is self.outage's to log.
                 if self.state is not ListenerState.RECONNECTING:
                     log.warning(
                         "LISTEN connection lost, polling carries on: %s",
@@ -88,7 +90,7 @@ class Listener(Service):
                         extra={"action": "listen"},
                     )
                 self.state = ListenerState.RECONNECTING
-                OUTAGE.failed(f"listen: {mask_urls_in(str(exc))}")
+                self.outage.failed(f"listen: {mask_urls_in(str(exc))}")
                 try:
                     await asyncio.wait_for(stopping.wait(), backoff)
                 except TimeoutError:

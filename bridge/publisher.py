@@ -33,6 +33,7 @@ from arm_core.bridge.config import PublisherConfig
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
 from arm_core.bridge.service import Service
 from arm_core.db import DatabaseError, DatabaseUnavailable
+from arm_core.instruments import Metrics
 from arm_core.rows import DeadLetteredJob, PublishedJob, UnackedJob
 from arm_core.statuses import PublishOutcome
 from arm_core.store import Store
@@ -81,6 +82,8 @@ class Publisher(Service):
     # Set by a NOTIFY (bridge/listener.py) or a reconnect: a cycle runs at once.
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     counts: events.Counts = field(default_factory=events.Counts)
+    # The process's counters (arm_core.instruments); a service made alone has its own.
+    metrics: Metrics = field(default_factory=Metrics)
     name = "publisher"
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _nats_down_since: float | None = None
@@ -221,10 +224,10 @@ class Publisher(Service):
             return _Batch(failed=True)
         sent = [j for j in claimed if j.outcome is PublishOutcome.PUBLISHED]
         if sent:
-            events.published(self.counts, sent)
+            events.published(self, sent)
         for job in claimed:
             if job.outcome is PublishOutcome.DLQ:
-                events.unpublishable(self.counts, job)
+                events.unpublishable(self, job)
         return _Batch(tuple(claimed))
 
     async def _republish_batch(self) -> tuple[list[UnackedJob], bool]:
@@ -249,9 +252,9 @@ class Publisher(Service):
         except PublishFailed:
             return [], True
         if sent:
-            events.republished(self.counts, sent)
+            events.republished(self, sent)
         for job in too_large:
-            events.cannot_republish(self.counts, job, limit)
+            events.cannot_republish(self, job, limit)
         return sent, False
 
     async def _dead_letter(self) -> list[DeadLetteredJob]:
@@ -259,7 +262,7 @@ class Publisher(Service):
             ack_timeout=self.config.ack_timeout_seconds, max_republish=self.config.max_republish
         )
         if dead:
-            events.dead_lettered(self.counts, dead)
+            events.dead_lettered(self, dead)
         return dead
 
     async def _send(self, messages: Sequence[tuple[str, str, Any]], action: str) -> None:
@@ -294,7 +297,7 @@ class Publisher(Service):
                     "publish on the request subjects (docs/nats-permissions.conf)"
                 )
         except PublishFailed as exc:
-            events.batch_failed(self.counts, action, len(messages), str(exc))
+            events.batch_failed(self, action, len(messages), str(exc))
             raise
 
 

@@ -26,15 +26,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from arm_core.bridge import events
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.inbox import Inbox
-from arm_core.bridge.service import Service
+from arm_core.bridge.nats_client import confirm
+from arm_core.bridge.service import Service, Supervisor
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -109,7 +115,7 @@ class Replayer(Service):
         """Hands what was kept to the inbox now; returns how many."""
         self.fault("replay")
         taken = self.recent.take()
-        events.replayed(self.inbox.counts, len(taken), self.stream, leader)
+        events.replayed(self.inbox, len(taken), self.stream, leader)
         for msg in taken:
             await self.inbox.on_message(msg, settle=False)
         return len(taken)
@@ -128,3 +134,38 @@ class Replayer(Service):
             except TimeoutError:
                 pass
             await self.run_once(leader)
+
+
+async def keep_recent_answers(
+    nats: Client, c: BridgeConfig, inbox: Inbox, supervisor: Supervisor
+) -> tuple[Recent, Replayer]:
+    """RESULTS_STREAM: also receive the answers by core NATS (queue group), keep them for
+    RESULTS_STREAM_REPLAY_SECONDS, and apply them again when the stream elects a leader;
+    the replay's loop runs under `supervisor`. Without the permissions for it (the user's
+    subscribe allow list, docs/nats-permissions.conf) the server refuses the SUBs:
+    logged, and the bridge goes on without."""
+    stream = c.results_stream or ""
+    # A quarter of INBOX_BUFFER_BYTES for the copies, and as much for nats-py's queue in
+    # front of them.
+    share = max(1, c.inbox.buffer_bytes // 4)
+    recent = Recent(c.replay_seconds, max_bytes=share)
+    replayer = Replayer(recent, inbox, stream, c.replay_delay_seconds)
+    replayer.start(supervisor)
+    elected = f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"
+    error_before = nats.last_error
+    await nats.subscribe(
+        c.result_subject, queue=c.queue_group, cb=recent.keep, pending_bytes_limit=share
+    )
+    await nats.subscribe(elected, cb=replayer.on_advisory)
+    await confirm(nats)
+    error = nats.last_error
+    if error is not None and error is not error_before and "permissions" in str(error).lower():
+        log.warning(
+            "NATS refused a subscription (%s): the answers services publish with core "
+            "NATS while stream %s has no leader are not kept (allow the subscriptions "
+            "of docs/nats-permissions.conf's RESULTS_STREAM variant)",
+            error,
+            stream,
+            extra={"action": "stream_replay_refused"},
+        )
+    return recent, replayer

@@ -31,7 +31,7 @@ from arm_core.bridge.nats_client import (
     results_consumer,
 )
 from arm_core.bridge.publisher import Publisher
-from arm_core.bridge.replay import Recent, Replayer
+from arm_core.bridge.replay import Recent, Replayer, keep_recent_answers
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.bridge.service import Fatal, FaultPoints, LoopState, Supervisor, cancel_all
 from arm_core.bridge.stream import StreamConsumer
@@ -97,16 +97,26 @@ class Bridge:
     stream: StreamConsumer | None = None
 
     def __post_init__(self) -> None:
+        # The process's instruments are the store's: one set per process, however the
+        # bridge and its store were made.
+        instruments = self.store.instruments
+        metrics = instruments.metrics
         self.supervisor = Supervisor(
-            self.config.restarts, FaultPoints(self.settings.test_faults), self._fail
+            self.config.restarts,
+            FaultPoints(self.settings.test_faults),
+            self._fail,
+            metrics=metrics,
         )
-        self.publisher = Publisher(self.config.publisher, self.store, self.nats)
-        self.inbox = Inbox(self.config.inbox, self.store)
-        self.scheduler = Scheduler(self.config.scheduler, self.store, report=self.instance)
+        self.publisher = Publisher(self.config.publisher, self.store, self.nats, metrics=metrics)
+        self.inbox = Inbox(self.config.inbox, self.store, metrics=metrics)
+        self.scheduler = Scheduler(
+            self.config.scheduler, self.store, report=self.instance, metrics=metrics
+        )
         self.listener = Listener(
             self.settings.require_database_url(),
             self.publisher.wake,
             idle_in_transaction=self.settings.db_idle_in_transaction_timeout_seconds,
+            outage=instruments.outage,
         )
 
     def _fail(self, fatal: Fatal) -> None:
@@ -231,7 +241,9 @@ class Bridge:
         self.inbox.acks = True
         self.consumer = consumer
         if c.replay_seconds > 0 and self.recent is None:
-            await self._keep_recent_answers()
+            self.recent, self.replayer = await keep_recent_answers(
+                self.nats, c, self.inbox, self.supervisor
+            )
         log.info(
             "connected to NATS %s, consuming %s from stream %s (durable consumer %s)",
             mask_url(self.nats.connected_url.netloc) if self.nats.connected_url else "?",
@@ -249,41 +261,6 @@ class Bridge:
             fetch_pause_max_seconds=c.fetch_pause_max_seconds,
         )
         self.stream.start(self.supervisor)
-
-    async def _keep_recent_answers(self) -> None:
-        """RESULTS_STREAM: also receive the answers by core NATS (queue group), keep
-        them for RESULTS_STREAM_REPLAY_SECONDS, and apply them again when the stream
-        elects a leader (bridge/replay.py). Without the permissions for it (the user's
-        subscribe allow list, docs/nats-permissions.conf) the server refuses the SUBs:
-        logged, and the bridge goes on without."""
-        c = self.config
-        stream = c.results_stream or ""
-        # A quarter of INBOX_BUFFER_BYTES for the copies, and as much for nats-py's queue
-        # in front of them.
-        share = max(1, c.inbox.buffer_bytes // 4)
-        self.recent = recent = Recent(c.replay_seconds, max_bytes=share)
-        self.replayer = Replayer(recent, self.inbox, stream, c.replay_delay_seconds)
-        self.replayer.start(self.supervisor)
-        elected = f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"
-        error_before = self.nats.last_error
-        await self.nats.subscribe(
-            c.result_subject,
-            queue=c.queue_group,
-            cb=recent.keep,
-            pending_bytes_limit=share,
-        )
-        await self.nats.subscribe(elected, cb=self.replayer.on_advisory)
-        await confirm(self.nats)
-        error = self.nats.last_error
-        if error is not None and error is not error_before and "permissions" in str(error).lower():
-            log.warning(
-                "NATS refused a subscription (%s): the answers services publish with core "
-                "NATS while stream %s has no leader are not kept (allow the subscriptions "
-                "of docs/nats-permissions.conf's RESULTS_STREAM variant)",
-                error,
-                stream,
-                extra={"action": "stream_replay_refused"},
-            )
 
     def nats_state(self) -> NatsState:
         """`ok` when connected and subscribed (or consuming the results stream), `refused`

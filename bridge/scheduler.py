@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from arm_core import metrics
 from arm_core.bridge import events
 from arm_core.bridge.config import SchedulerConfig
 from arm_core.bridge.service import Service
 from arm_core.db import DatabaseError, DatabaseUnavailable
+from arm_core.instruments import Metrics
 from arm_core.rows import BridgeInstance, TaskRun
 from arm_core.store import Store
 
@@ -30,6 +30,8 @@ class Scheduler(Service):
     config: SchedulerConfig
     store: Store
     counts: events.Counts = field(default_factory=events.Counts)
+    # The process's counters (arm_core.instruments); a service made alone has its own.
+    metrics: Metrics = field(default_factory=Metrics)
     name = "schedule"
     _compacted_at: float = float("-inf")
     # The bridge's state for its row of arm.bridge_instance (None: no row is written).
@@ -56,7 +58,7 @@ class Scheduler(Service):
             await self.apply_settings()
         ran = await self.store.run_due_tasks()
         for task in ran:
-            events.task_ran(self.counts, task)
+            events.task_ran(self, task)
         await self.compact_counts()
         await self.record_waits()
         await self.record_bridge()
@@ -78,22 +80,22 @@ class Scheduler(Service):
             return None
 
     async def record_waits(self, force: bool = False) -> dict[str, list[int]] | None:
-        """Hands the waits this process observed since the last time to arm.record_waits
-        (the console's wait chart) when that was wait_sample_seconds ago, or `force`;
-        returns what it stored (None when not due). On a failure the counts are kept for
-        the next time, and it is logged like a failed fold."""
+        """Hands the waits the process observed (its metrics' tally) since the last time
+        to arm.record_waits (the console's wait chart) when that was wait_sample_seconds
+        ago, or `force`; returns what it stored (None when not due). On a failure the
+        counts are kept for the next time, and it is logged like a failed fold."""
         now = time.monotonic()
         if not force and now - self._waits_recorded_at < self.config.wait_sample_seconds:
             return None
         self._waits_recorded_at = now
         self.fault("waits")
-        taken = metrics.WAITS.take()
+        taken = self.metrics.waits.take()
         if not taken:
             return {}
         try:
             await self.store.record_waits(taken)
         except DatabaseError as exc:
-            metrics.WAITS.give_back(taken)
+            self.metrics.waits.give_back(taken)
             level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
             log.log(level, "record_waits failed: %s", exc, extra={"action": "schedule"})
             return None

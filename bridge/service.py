@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from arm_core import metrics
 from arm_core.bridge.config import RestartPolicy
+from arm_core.instruments import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +142,10 @@ class Supervisor:
         faults: FaultPoints | None = None,
         on_fatal: Callable[[Fatal], None] = lambda fatal: None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
     ) -> None:
         self.policy = policy or RestartPolicy()
+        self.metrics = metrics or Metrics()  # the process's: arm_service_restarts_total
         self.faults = faults or FaultPoints()
         self.on_fatal = on_fatal
         self.fatal: Fatal | None = None
@@ -158,7 +160,7 @@ class Supervisor:
         returns only once `stopping` is set."""
         watched = _Watched(name, beat_at=self._clock(), once=once)
         self._loops[name] = watched
-        metrics.SERVICE_RESTARTS.labels(service=name)  # the series exists from the start
+        self.metrics.service_restarts.labels(service=name)  # the series exists from the start
         watched.task = asyncio.create_task(self._run(watched, loop, stopping), name=name)
         return watched.task
 
@@ -236,7 +238,7 @@ class Supervisor:
                     return
                 backoff = min(p.backoff_seconds * 2 ** (len(crashes) - 1), p.backoff_max_seconds)
                 watched.state = LoopState.RESTARTING
-                metrics.SERVICE_RESTARTS.labels(service=name).inc()
+                self.metrics.service_restarts.labels(service=name).inc()
                 log.error(
                     "%s crashed; restarting in %.1f s (%d of %d allowed within %g s): %s",
                     name,

@@ -78,7 +78,7 @@ class StreamConsumer(Service):
             self.pending = msgs[-1].metadata.num_pending
         again = sum(1 for msg in msgs if msg.metadata.num_delivered > 1)
         if again:
-            events.redelivered(self.inbox.counts, again)
+            events.redelivered(self.inbox, again)
         for msg in msgs:
             await self.inbox.on_message(msg)
         return msgs

@@ -87,12 +87,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             exc.status, _HTTP_CODES.get(exc.status, "HTTP_ERROR"), message, headers=headers
         )
     except DatabaseUnavailable as exc:
-        # The outage is logged once by arm_core.db.OUTAGE, not once per request.
+        # The outage is logged once by the process's Outage (arm_core.db), not once per
+        # request.
         log.debug("database unavailable: %s", exc, extra={"action": "http"})
         return error_response(503, "DATABASE_UNAVAILABLE", "the database cannot be reached")
     except DatabasePoolExhausted as exc:
         # The database answers; every connection of this process is busy. Logged once by
-        # arm_core.db.POOL_EXHAUSTION (action=db_pool_exhausted), not once per request.
+        # the process's PoolExhaustion (action=db_pool_exhausted), not once per request.
         log.debug("database pool exhausted: %s", exc, extra={"action": "http"})
         return error_response(
             503,

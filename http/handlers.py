@@ -12,11 +12,11 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-from arm_core import metrics
 from arm_core.http.auth import CALLER, Caller, authenticate
 from arm_core.http.errors import ApiError, RequestTimeout
+from arm_core.metrics import METRICS
 from arm_core.rows import RetryResult
-from arm_core.runtime import BRIDGE, SETTINGS, STORE
+from arm_core.runtime import BRIDGE, INSTRUMENTS, SETTINGS, STORE
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ async def retry_file(request: web.Request) -> web.Response:
     row = await request.app[STORE].retry_file(
         file_id, caller.actor, expected, actor_level=caller.audit_level
     )
-    metrics.RETRIES.labels(outcome=row.outcome.value).inc()
+    request.app[INSTRUMENTS].metrics.retries.labels(outcome=row.outcome.value).inc()
     if row.outcome is RetryOutcome.NOT_FOUND:
         raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
     if row.outcome is RetryOutcome.NOT_RETRYABLE:
@@ -160,8 +160,9 @@ async def retry_files(request: web.Request) -> web.Response:
     rows = await request.app[STORE].retry_files(
         ids, caller.actor, expected, actor_level=caller.audit_level
     )
+    retries = request.app[INSTRUMENTS].metrics.retries
     for row in rows:
-        metrics.RETRIES.labels(outcome=row.outcome.value).inc()
+        retries.labels(outcome=row.outcome.value).inc()
     by_id = {row.file_id: row for row in rows}
     return web.json_response({"results": [_batch_entry(by_id[f]) for f in distinct]})
 
@@ -249,7 +250,7 @@ async def status(request: web.Request) -> web.Response:
     no bridge shows). Bounded reads, shared by the polls of STATUS_CACHE_SECONDS."""
     app = request.app
     settings = app[SETTINGS]
-    view, bridges = await app[metrics.METRICS].status_view(settings.ack_timeout_seconds)
+    view, bridges = await app[METRICS].status_view(settings.ack_timeout_seconds)
     bridge: dict[str, str] | None = None
     if BRIDGE in app:
         own = app[BRIDGE]
@@ -316,7 +317,7 @@ async def status_series(request: web.Request) -> web.Response:
             {"parameter": "minutes"},
         )
     minutes = int(raw[0])
-    points = await request.app[metrics.METRICS].status_series(minutes)
+    points = await request.app[METRICS].status_series(minutes)
     return web.json_response(
         {
             "minutes": minutes,

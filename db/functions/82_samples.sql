@@ -6,8 +6,8 @@
 -- (bridge/scheduler.py, SchedulerConfig.wait_sample_seconds).
 
 -- The upper bounds of the wait buckets, in seconds: those of the histogram
--- arm_job_wait_seconds (arm_core/metrics.py JOB_WAIT; tests/bridge/test_metrics.py holds
--- the two equal). A row of arm.wait_sample has one count per bound and one more, last,
+-- arm_job_wait_seconds (src/arm_core/instruments.py JOB_WAIT_BUCKETS;
+-- tests/integration/test_status_series.py holds the two equal). A row of arm.wait_sample has one count per bound and one more, last,
 -- for the waits above the highest.
 CREATE OR REPLACE FUNCTION arm.wait_bucket_bounds()
 RETURNS double precision[]

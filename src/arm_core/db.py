@@ -8,14 +8,14 @@ it is). Driver errors become :class:`DatabaseUnavailable` (the server cannot be 
 or is read-only — a standby: retrying later makes sense) or :class:`DatabaseError`
 (anything else). A wait for a connection of the pool that ran out while every
 connection was in use is neither: :class:`DatabasePoolExhausted` (the store tells the
-two apart, :meth:`PoolFigures.full`), logged as its own event by :data:`POOL_EXHAUSTION`.
+two apart, :meth:`PoolFigures.full`), logged as its own event by :class:`PoolExhaustion`.
 
 An outage is one event for the operator, however many connections and tasks meet it:
-:data:`OUTAGE` logs it once when it starts (with the cause), every
-:data:`Outage.report_every` seconds while it lasts, and once when it ends (with its
-length). Every failure goes there — a query's (wrap_db_errors), the pool's connection
-attempts (its log records, taken over by :func:`install_pool_log_filter`), the LISTEN
-connection's — and the first success ends it.
+the process's :class:`Outage` (on its arm_core.instruments.Instruments) logs it once
+when it starts (with the cause), every :data:`Outage.report_every` seconds while it
+lasts, and once when it ends (with its length). Every failure goes there — a query's
+(wrap_db_errors), the pool's connection attempts (its log records, taken over by
+:func:`pool_log_to`), the LISTEN connection's — and the first success ends it.
 """
 
 from __future__ import annotations
@@ -193,9 +193,6 @@ class Outage:
         self._episode.end("database available again after %.1f s (%d failed attempts)")
 
 
-OUTAGE = Outage()
-
-
 class PoolExhaustion:
     """Waits for a connection that ran out on a full pool, logged as one event like an
     outage (`action=db_pool_exhausted`, WARNING): once when it starts, at most every
@@ -240,33 +237,40 @@ class PoolExhaustion:
         )
 
 
-POOL_EXHAUSTION = PoolExhaustion()
-
-
-class _PoolLogFilter(logging.Filter):
+class _PoolLog(logging.Filter):
     """psycopg_pool logs a warning for every failed connection attempt (several a second
     during an outage, each naming every host of a multi-host URL) and for every broken
-    connection it discards: the first kind goes to OUTAGE instead, the second is left
-    out while an outage is logged anyway."""
+    connection it discards: the first kind, for the pool named `pool`, goes to `outage`
+    instead; the second is left out while an outage is logged anyway."""
+
+    def __init__(self, pool: str, outage: Outage) -> None:
+        super().__init__()
+        self.pool, self.outage = pool, outage
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
         message = record.getMessage()
         if message.startswith(("error connecting", "reconnection attempt")):
-            OUTAGE.failed(mask_urls_in(message))
+            args = record.args if isinstance(record.args, tuple) else ()
+            if not args or args[0] != self.pool:
+                return True  # another pool's: its own filter decides
+            self.outage.failed(mask_urls_in(message))
             return False
-        return not (message.startswith("discarding ") and OUTAGE.since is not None)
+        return not (message.startswith("discarding ") and self.outage.since is not None)
 
 
-_POOL_LOG_FILTER = _PoolLogFilter()
-
-
-def install_pool_log_filter() -> None:
-    """Routes psycopg_pool's connection failures to OUTAGE (idempotent)."""
+@contextlib.contextmanager
+def pool_log_to(pool: str, outage: Outage) -> Iterator[None]:
+    """While inside, psycopg_pool's connection failures of the pool named `pool` go to
+    `outage` (one event) instead of one warning per attempt."""
     pool_log = logging.getLogger("psycopg.pool")
-    if _POOL_LOG_FILTER not in pool_log.filters:
-        pool_log.addFilter(_POOL_LOG_FILTER)
+    routed = _PoolLog(pool, outage)
+    pool_log.addFilter(routed)
+    try:
+        yield
+    finally:
+        pool_log.removeFilter(routed)
 
 
 # Errors that say "try again" rather than "this input is wrong": serialization failure,
@@ -281,16 +285,17 @@ def is_transient(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def wrap_db_errors(action: str) -> Iterator[None]:
-    """Translates psycopg errors raised inside into the project's own, naming the action."""
+def wrap_db_errors(action: str, outage: Outage) -> Iterator[None]:
+    """Translates psycopg errors raised inside into the project's own, naming the action;
+    tells `outage` whether the database answered."""
     try:
         yield
     except psycopg.Error as exc:
         # libpq may quote the connection string it could not use: never its password.
         said = mask_urls_in(str(exc))
         if is_unavailable(exc):
-            OUTAGE.failed(f"{action}: {said}")
+            outage.failed(f"{action}: {said}")
             raise DatabaseUnavailable(f"{action}: database unavailable: {said}") from exc
-        OUTAGE.available()
+        outage.available()
         raise DatabaseError(f"{action}: {said}") from exc
-    OUTAGE.available()
+    outage.available()

@@ -3,11 +3,9 @@ health port (docs/logs-and-metrics.md "Metrics" lists every name, label and mean
 
 Two kinds:
 
-* **counters and histograms of this process** (module level, in :data:`REGISTRY`, one
-  per process): what the publisher, the inbox, the schedule runner and the API did. The
-  steps count where they decide (bridge/publisher.py, bridge/inbox.py,
-  bridge/scheduler.py, http/handlers.py). With several processes each exposes its own;
-  dashboards `sum()` them.
+* **counters and histograms of this process** (arm_core.instruments.Metrics, on the
+  process's Instruments): what the publisher, the inbox, the schedule runner and the
+  API did. With several processes each exposes its own; dashboards `sum()` them.
 * **gauges read at scrape time** (:class:`AppMetrics`, one per aiohttp application): the
   bridge's state (NATS connected, envelopes buffered) and the connection pool's (in use,
   idle, connecting, its maximum, requests waiting; with arm_core.db's count of waits that
@@ -23,26 +21,20 @@ Two kinds:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from arm_core.db import POOL_EXHAUSTION, DatabaseError, DatabasePoolExhausted, DatabaseUnavailable
+from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable
+from arm_core.instruments import Instruments
 from arm_core.rows import BridgeInstance, SeriesPoint, StatusView
-from arm_core.statuses import ApplyOutcome, JobStatus
+from arm_core.statuses import JobStatus
 from arm_core.store import Store
 
 log = logging.getLogger(__name__)
@@ -55,137 +47,6 @@ DB_CACHE_SECONDS = 5.0
 STATUS_CACHE_SECONDS = 2.0
 # What generate_latest writes: the text format 0.0.4, which every Prometheus reads.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-REGISTRY = CollectorRegistry(auto_describe=True)
-ProcessCollector(registry=REGISTRY)
-
-JOB_TRANSITIONS = Counter(
-    "arm_job_transitions",
-    "Transitions of recognition jobs this process made or applied, by the status reached",
-    ["to"],
-    registry=REGISTRY,
-)
-INBOX_ENVELOPES = Counter(
-    "arm_inbox_envelopes",
-    "Messages the inbox took from the result subject, by what became of them",
-    ["outcome"],
-    registry=REGISTRY,
-)
-PUBLISH_BATCHES = Counter(
-    "arm_publish_batches",
-    "Publisher transactions that sent requests (publish and republish), by result",
-    ["result"],
-    registry=REGISTRY,
-)
-SERVICE_RESTARTS = Counter(
-    "arm_service_restarts",
-    "Restarts of this process's supervised loops (publisher, inbox-<n>, listen, schedule, "
-    "stream, replay, nats-connect) after an exception they did not handle",
-    ["service"],
-    registry=REGISTRY,
-)
-REDELIVERED = Counter(
-    "arm_inbox_redelivered",
-    "Messages RESULTS_STREAM delivered again because no instance acknowledged them "
-    "within its ack_wait (one that held them stopped or died, or the database was out)",
-    registry=REGISTRY,
-)
-HANDED_BACK = Counter(
-    "arm_inbox_handed_back",
-    "Messages of RESULTS_STREAM this process handed back unapplied (a NAK: delivered again "
-    "at once to whichever bridge fetches) because it could not reach its database, or "
-    "was stopping",
-    registry=REGISTRY,
-)
-REPLAYED = Counter(
-    "arm_inbox_replayed",
-    "Answers this process received by core NATS and handed to its inbox again when "
-    "RESULTS_STREAM elected a leader (what the stream missed is applied, the rest are "
-    "duplicates)",
-    registry=REGISTRY,
-)
-REPUBLISHED = Counter(
-    "arm_republished_jobs",
-    "Requests sent again because no ack came within ACK_TIMEOUT_SECONDS",
-    registry=REGISTRY,
-)
-RETRIES = Counter(
-    "arm_retries",
-    "Files the API was asked to retry (one per file, batches included), by outcome",
-    ["outcome"],
-    registry=REGISTRY,
-)
-# Also the buckets of the console's wait chart: arm.wait_bucket_bounds() is the same list.
-JOB_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-JOB_WAIT = Histogram(
-    "arm_job_wait_seconds",
-    "How long jobs waited: queued (requested → published), ack (published → processing), "
-    "processing (processing → final)",
-    ["phase"],
-    buckets=JOB_WAIT_BUCKETS,
-    registry=REGISTRY,
-)
-
-TRANSITIONS = ("published", "processing", "done", "needs_check", "error", "timeout", "dlq")
-ENVELOPE_OUTCOMES = (*(o.value for o in ApplyOutcome if o is not ApplyOutcome.BUSY), "rejected")
-ENVELOPE_OUTCOMES += ("dropped",)
-PHASES = ("queued", "ack", "processing")
-
-# Every label value from the start (0), so a rate() has a series before the first event.
-for _to in TRANSITIONS:
-    JOB_TRANSITIONS.labels(to=_to)
-for _outcome in ENVELOPE_OUTCOMES:
-    INBOX_ENVELOPES.labels(outcome=_outcome)
-for _result in ("ok", "failed"):
-    PUBLISH_BATCHES.labels(result=_result)
-for _outcome in ("retried", "not_found", "not_retryable"):
-    RETRIES.labels(outcome=_outcome)
-for _phase in PHASES:
-    JOB_WAIT.labels(phase=_phase)
-
-
-def transition(to: str, n: int = 1) -> None:
-    if n:
-        JOB_TRANSITIONS.labels(to=to).inc(n)
-
-
-def envelope(outcome: str, n: int = 1) -> None:
-    INBOX_ENVELOPES.labels(outcome=outcome).inc(n)
-
-
-def waited(phase: str, seconds: float | None) -> None:
-    if seconds is not None:
-        JOB_WAIT.labels(phase=phase).observe(max(0.0, seconds))
-        WAITS.add(phase, seconds)
-
-
-class WaitTally:
-    """The waits observed since the schedule runner last took them, per phase and bucket
-    of JOB_WAIT_BUCKETS (one more count, last, for the waits above the highest): what it
-    hands to arm.record_waits for the console's wait chart (bridge/scheduler.py). The
-    same observations as the histogram, kept apart because the histogram is cumulative
-    and this is taken and reset."""
-
-    def __init__(self) -> None:
-        self._counts: dict[str, list[int]] = {}
-
-    def add(self, phase: str, seconds: float) -> None:
-        counts = self._counts.setdefault(phase, [0] * (len(JOB_WAIT_BUCKETS) + 1))
-        counts[bisect.bisect_left(JOB_WAIT_BUCKETS, max(0.0, seconds))] += 1
-
-    def take(self) -> dict[str, list[int]]:
-        """What was counted since the last take, emptied."""
-        taken, self._counts = self._counts, {}
-        return taken
-
-    def give_back(self, taken: dict[str, list[int]]) -> None:
-        """Counts taken but not stored (the database failed): kept for the next take."""
-        for phase, counts in taken.items():
-            mine = self._counts.setdefault(phase, [0] * len(counts))
-            self._counts[phase] = [a + b for a, b in zip(mine, counts, strict=True)]
-
-
-WAITS = WaitTally()
 
 
 @dataclass
@@ -216,6 +77,8 @@ class AppMetrics(Collector):
 
     store: Callable[[], Store | None]
     bridge: Callable[[], BridgeState | None]
+    # The process's counters (exposed first) and its count of exhausted waits.
+    instruments: Instruments = field(default_factory=Instruments)
     # ACK_TIMEOUT_SECONDS: a published job older than this without an ack is overdue.
     ack_timeout: float = 30.0
     timeout: float = DB_READ_TIMEOUT_SECONDS
@@ -341,7 +204,7 @@ class AppMetrics(Collector):
             "arm_db_pool_exhausted",
             "Waits for a database connection that ran out while every connection of the "
             "pool was in use (DATABASE_POOL_MAX_SIZE reached; not an outage)",
-            value=POOL_EXHAUSTION.total,
+            value=self.instruments.pool_exhaustion.total,
         )
         store = self.store()
         if store is not None:
@@ -404,7 +267,7 @@ class AppMetrics(Collector):
         await self.refresh()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
-        return generate_latest(REGISTRY) + generate_latest(registry)
+        return generate_latest(self.instruments.metrics.registry) + generate_latest(registry)
 
 
 METRICS = web.AppKey("metrics", AppMetrics)

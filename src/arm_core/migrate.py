@@ -32,7 +32,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from yoyo import get_backend, read_migrations
 
 from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, Settings
-from arm_core.db import DatabaseError, connection_options, wrap_db_errors
+from arm_core.db import DatabaseError, Outage, connection_options, wrap_db_errors
 from arm_core.store import SyncStore
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def _locked(
     `arm-core migrate` and `rollback` runs wait their turn. Errors name `action`."""
     options = connection_options(database_url, idle_in_transaction=idle_in_transaction)
     with (
-        wrap_db_errors(action),
+        wrap_db_errors(action, Outage()),
         psycopg.connect(make_conninfo(database_url, **options), autocommit=True) as conn,
     ):
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))

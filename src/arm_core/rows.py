@@ -6,6 +6,7 @@ class's fields in their order (so a query and its row class cannot drift apart).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import typing
 import uuid
 from collections.abc import Sequence
@@ -220,25 +221,22 @@ class _Members(dict[Any, Any]):
         raise ValueError(f"the database returned {value!r}, which is no {self.enum.__name__}")
 
 
-_FIELDS: dict[type[Any], tuple[tuple[str, ...], tuple[tuple[int, _Members], ...]]] = {}
-
-
+@functools.cache
 def _fields(cls: type[Any]) -> tuple[tuple[str, ...], tuple[tuple[int, _Members], ...]]:
     """A row class's field names, and the place and members of each enum field (worked
     out once per class)."""
-    if cls not in _FIELDS:
-        hints = typing.get_type_hints(cls)
-        names = tuple(f.name for f in fields(cls))
-        enums = [(i, _enum_of(hints[name])) for i, name in enumerate(names)]
-        _FIELDS[cls] = names, tuple((i, _Members(e)) for i, e in enums if e is not None)
-    return _FIELDS[cls]
+    hints = typing.get_type_hints(cls)
+    names = tuple(f.name for f in fields(cls))
+    enums = [(i, _enum_of(hints[name])) for i, name in enumerate(names)]
+    return names, tuple((i, _Members(e)) for i, e in enums if e is not None)
 
 
 def typed_row(cls: type[R]) -> BaseRowFactory[R]:
     """A row factory building `cls` (a dataclass) from each row, text converted to the
     enums its fields declare. The query's columns must be the fields, in their order:
     checked once per execute, so a query and its row class cannot drift apart silently."""
-    names, enums = _fields(cls)
+    # A class is hashable; mypy's Hashable protocol does not see type[...] as one.
+    names, enums = _fields(cls)  # type: ignore[arg-type]
 
     def factory(cursor: Any) -> RowMaker[R]:
         if cursor.description is None:

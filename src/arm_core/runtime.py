@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,13 +20,13 @@ from arm_core.bridge.runner import Bridge, NatsState
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
 from arm_core.db import (
-    OUTAGE,
     DatabaseError,
     DatabasePoolExhausted,
     connection_options,
-    install_pool_log_filter,
+    pool_log_to,
     read_only,
 )
+from arm_core.instruments import Instruments
 from arm_core.metrics import METRICS, AppMetrics, BridgeState, metrics_handler
 from arm_core.store import Store
 from arm_core.tls import expires_at
@@ -33,6 +34,8 @@ from arm_core.tls import expires_at
 log = logging.getLogger(__name__)
 
 SETTINGS = web.AppKey("settings", Settings)
+# The process's metrics, outage and pool exhaustion, handed to its Store and bridge.
+INSTRUMENTS = web.AppKey("instruments", Instruments)
 POOL = web.AppKey("pool", AsyncConnectionPool)
 STORE = web.AppKey("store", Store)
 BRIDGE = web.AppKey("bridge", Bridge)
@@ -42,22 +45,31 @@ SHUTDOWN = web.AppKey("shutdown", asyncio.Event)
 
 
 def new_app(settings: Settings, **kwargs: Any) -> web.Application:
-    """An application of `arm-core serve` or `arm-core bridge`, with its settings and its
-    shutdown event."""
+    """An application of `arm-core serve` or `arm-core bridge`, with its settings, its
+    instruments and its shutdown event."""
     app = web.Application(**kwargs)
     app[SETTINGS] = settings
+    app[INSTRUMENTS] = Instruments()
     app[SHUTDOWN] = asyncio.Event()
     return app
 
 
-def make_pool(settings: Settings) -> AsyncConnectionPool[Any]:
+def make_pool(
+    settings: Settings, instruments: Instruments | None = None
+) -> AsyncConnectionPool[Any]:
     """The process's pool, of settings.pool_max_size() connections at most (the
     bridge's loops and a reserve for the API: DATABASE_POOL_MAX_SIZE); connections
     with arm_core.db's timeouts and keepalives; one that finds its server read-only (a
-    standby: the primary has moved) is discarded when taken, not reused; connection
-    failures are logged as one outage. (The bridge's LISTEN connection is its own.)"""
+    standby: the primary has moved) is discarded when taken, not reused; a new
+    connection ends the instruments' outage (pool_ctx also routes the pool's failed
+    attempts there). Its name is unique in the process, so two pools' failures are told
+    apart. (The bridge's LISTEN connection is its own.)"""
     url = settings.require_database_url()
-    install_pool_log_filter()
+    outage = (instruments or Instruments()).outage
+
+    async def connected(conn: AsyncConnection[Any]) -> None:
+        outage.available()  # every new connection: the database is reachable
+
     return AsyncConnectionPool(
         url,
         open=False,
@@ -71,8 +83,8 @@ def make_pool(settings: Settings) -> AsyncConnectionPool[Any]:
             ),
         },
         check=_writable,
-        configure=_connected,
-        name="arm-core",
+        configure=connected,
+        name=f"arm-core-{secrets.token_hex(3)}",
     )
 
 
@@ -84,18 +96,15 @@ async def _writable(conn: AsyncConnection[Any]) -> None:
         raise psycopg.errors.ReadOnlySqlTransaction("the server is read-only (a standby)")
 
 
-async def _connected(conn: AsyncConnection[Any]) -> None:
-    """Every new connection of the pool: the database is reachable."""
-    OUTAGE.available()
-
-
 async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
-    pool = make_pool(app[SETTINGS])
-    await pool.open(wait=False)  # a database that is down at start shows in /healthcheck
-    app[POOL] = pool
-    app[STORE] = Store(pool)
-    yield
-    await pool.close()
+    instruments = app[INSTRUMENTS]
+    pool = make_pool(app[SETTINGS], instruments)
+    with pool_log_to(pool.name, instruments.outage):
+        await pool.open(wait=False)  # a database that is down at start shows in /healthcheck
+        app[POOL] = pool
+        app[STORE] = Store(pool, instruments)
+        yield
+        await pool.close()
 
 
 async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -244,6 +253,7 @@ def install_metrics(app: web.Application) -> None:
     app[METRICS] = AppMetrics(
         store=lambda: app.get(STORE),
         bridge=bridge_state,
+        instruments=app[INSTRUMENTS],
         ack_timeout=settings.ack_timeout_seconds,
         certificates=certificate_expiries(settings),
     )

@@ -6,12 +6,12 @@ one runtime operation: it sends the named queries of src/arm_core/queries.sql it
 (tests/integration/test_store.py: each query is sent by exactly one method, and every
 method is called by the runtime or the admin code), owns its transaction, and turns
 driver errors into arm_core.db's DatabaseError / DatabaseUnavailable, named after the
-operation. A wait for a connection that runs out is told apart here, in _connection:
-DatabasePoolExhausted when every connection of the pool is in use (the store counts
-those it holds: nothing else takes the pool's), DatabaseUnavailable (an outage) when the
-pool could not connect. Rows come back typed (arm_core.rows). Every state change happens
-in the functions of db/functions; this module only says what goes in and what comes
-out.
+operation. How a query is sent is its base's (arm_core.pooled): a wait for a connection
+that runs out is DatabasePoolExhausted when every connection of the pool is in use (the
+store counts those it holds: nothing else takes the pool's), DatabaseUnavailable (an
+outage) when the pool could not connect. Rows come back typed (arm_core.rows). Every
+state change happens in the functions of db/functions; this module only says what goes
+in and what comes out.
 
 The publisher's two operations take a `send` callback: the jobs are claimed, handed to
 `send` (which publishes them to NATS and returns once the server confirmed them) and
@@ -25,27 +25,16 @@ sends, on its connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 import psycopg
-from psycopg import AsyncConnection
-from psycopg.rows import scalar_row
 from psycopg.types.json import Jsonb
-from psycopg.types.string import TextLoader
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from arm_core.db import (
-    POOL_EXHAUSTION,
-    DatabaseError,
-    DatabaseUnavailable,
-    PoolFigures,
-    query,
-    wrap_db_errors,
-)
+from arm_core.db import DatabaseError, query, wrap_db_errors
+from arm_core.pooled import Pooled
 from arm_core.rows import (
     AppliedEnvelope,
     BridgeInstance,
@@ -60,11 +49,8 @@ from arm_core.rows import (
     StatusView,
     TaskRun,
     UnackedJob,
-    typed_row,
 )
 from arm_core.statuses import PublishOutcome
-
-R = TypeVar("R")
 
 # The publisher's callbacks: publish these jobs' requests and return once NATS has them
 # (raise otherwise). The republishing one returns the jobs it sent.
@@ -88,110 +74,12 @@ class Answer(Protocol):
 # --- the store ------------------------------------------------------------------------
 
 
-class Store:
-    """Every runtime operation on the database, on `pool` (the process's only one)."""
-
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        self.pool = pool
-        self._in_use = 0  # connections taken by _connection and not given back
-
-    @property
-    def pool_figures(self) -> PoolFigures:
-        """The pool now (the gauges of /metrics): its max_size, the connections in use
-        (this store's count), idle and being opened, and the requests waiting, from
-        psycopg_pool's get_stats()."""
-        stats = self.pool.get_stats()
-        size, idle = stats.get("pool_size", 0), stats.get("pool_available", 0)
-        return PoolFigures(
-            max_size=self.pool.max_size,
-            in_use=self._in_use,
-            idle=idle,
-            connecting=max(0, size - idle - self._in_use),
-            waiting=stats.get("requests_waiting", 0),
-        )
-
-    async def _rows(
-        self,
-        conn: AsyncConnection[Any],
-        name: str,
-        row: type[R],
-        params: dict[str, Any] | None = None,
-        json_as_text: bool = False,
-    ) -> list[R]:
-        cur = conn.cursor(row_factory=typed_row(row))
-        if json_as_text:  # a request goes out as PostgreSQL wrote it: no parse and re-dump
-            cur.adapters.register_loader("jsonb", TextLoader)
-        await cur.execute(query(name), params)
-        return await cur.fetchall()
-
-    async def _scalar(
-        self, conn: AsyncConnection[Any], name: str, params: dict[str, Any] | None = None
-    ) -> Any:
-        cur = conn.cursor(row_factory=scalar_row)
-        await cur.execute(query(name), params)
-        return await cur.fetchone()
-
-    @contextlib.asynccontextmanager
-    async def _connection(
-        self, action: str, pool_timeout: float | None = None
-    ) -> AsyncIterator[AsyncConnection[Any]]:
-        """A connection of the pool, for `action`. One whose server refused a write as
-        read-only (a standby, or a primary being demoted, at a failover) is closed, so the
-        pool replaces it with one to the writable server instead of handing it out again.
-
-        When none comes within `pool_timeout` (DATABASE_POOL_TIMEOUT_SECONDS by default)
-        while every connection of the pool is in use, DatabasePoolExhausted (logged and
-        counted by POOL_EXHAUSTION); otherwise the pool could not connect, and its
-        PoolTimeout goes on to wrap_db_errors, which reports the outage."""
-        acquired = False
-        try:
-            async with self.pool.connection(timeout=pool_timeout) as conn:
-                acquired = True
-                self._in_use += 1
-                POOL_EXHAUSTION.relieved()
-                try:
-                    yield conn
-                except psycopg.errors.ReadOnlySqlTransaction:
-                    await conn.close()
-                    raise
-                finally:
-                    self._in_use -= 1
-        except PoolTimeout as exc:
-            figures = self.pool_figures
-            if acquired or not figures.full:
-                raise
-            waited = self.pool.timeout if pool_timeout is None else pool_timeout
-            raise POOL_EXHAUSTION.exhausted(action, waited, figures) from exc
-
-    async def _pooled_rows(
-        self, name: str, row: type[R], params: dict[str, Any] | None = None
-    ) -> list[R]:
-        with wrap_db_errors(name):
-            async with self._connection(name) as conn:
-                return await self._rows(conn, name, row, params)
-
-    async def _pooled_scalar(
-        self, name: str, params: dict[str, Any] | None = None, pool_timeout: float | None = None
-    ) -> Any:
-        with wrap_db_errors(name):
-            async with self._connection(name, pool_timeout) as conn:
-                return await self._scalar(conn, name, params)
-
-    async def _bounded_rows(
-        self, name: str, row: type[R], params: dict[str, Any] | None, within: float
-    ) -> list[R]:
-        """_pooled_rows within `within` seconds, the wait for a connection included (past
-        it, as for any wait: DatabasePoolExhausted or DatabaseUnavailable); a statement
-        still running at the deadline is cancelled (psycopg sends the server a cancel
-        request) and DatabaseUnavailable raised."""
-        deadline = asyncio.get_running_loop().time() + within
-        with wrap_db_errors(name):
-            async with self._connection(name, within) as conn:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        return await self._rows(conn, name, row, params)
-                except TimeoutError as exc:
-                    raise DatabaseUnavailable(f"{name}: no answer within {within:g} s") from exc
+class Store(Pooled):
+    """Every runtime operation on the database, on `pool` (the process's only one).
+    `instruments` are the process's (arm_core.instruments): the outage and the
+    exhausted waits are reported there, and the bridge built on this store counts there.
+    How a query is sent (a connection, typed rows, a bound, errors translated) is
+    arm_core.pooled's."""
 
     # The publisher's: claim, send, mark, in one transaction -----------------------------
 
@@ -219,7 +107,7 @@ class Store:
             "max_bytes": max_bytes,
         }
         name = "publish_queued_jobs"
-        with wrap_db_errors("publish"):  # the commit's errors too
+        with wrap_db_errors("publish", self.instruments.outage):  # the commit's errors too
             async with self._connection("publish") as conn, conn.transaction():
                 claimed = await self._rows(conn, name, PublishedJob, params, json_as_text=True)
                 sent = [c for c in claimed if c.outcome is PublishOutcome.PUBLISHED]
@@ -243,7 +131,7 @@ class Store:
         transaction, committed once `send` returned. Returns (what was sent, what was
         dead-lettered). When `send` raises, nothing changed."""
         params = {"limit": limit, "ack_timeout": ack_timeout, "max_republish": max_republish}
-        with wrap_db_errors("republish"):
+        with wrap_db_errors("republish", self.instruments.outage):
             async with self._connection("republish") as conn, conn.transaction():
                 claimed = await self._rows(
                     conn, "claim_unacked_jobs", UnackedJob, params, json_as_text=True
@@ -315,7 +203,7 @@ class Store:
 
     async def record_waits(self, waits: dict[str, list[int]]) -> None:
         """Stores the waits a bridge observed, per phase and bucket, in one transaction."""
-        with wrap_db_errors("record_waits"):
+        with wrap_db_errors("record_waits", self.instruments.outage):
             async with self._connection("record_waits") as conn, conn.transaction():
                 for phase, counts in waits.items():
                     await self._scalar(conn, "record_waits", {"phase": phase, "counts": counts})

@@ -20,7 +20,6 @@ import pytest
 from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core import metrics
 from arm_core.bridge.config import bridge_config
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.devtools.embedded_nats import EmbeddedNats
@@ -407,13 +406,15 @@ async def test_the_schedule_hands_the_waits_the_steps_observed_to_the_database(
     """The console's wait chart: the publisher's queued waits go, at the schedule's tick,
     to arm.record_waits as the bridge's login; nothing twice, and nothing lost when the
     database fails (kept for the next time)."""
-    metrics.WAITS.take()  # what earlier tests in this process observed
     with dict_conn(db_url) as conn:
         for _ in range(3):
             upload(conn)
     async with publisher(db_url, nats_server.url(), pool) as pub:
         assert len((await pub.run_once()).published) == 3
-    scheduler = Scheduler(bridge_config(fast_settings(db_url, NO_NATS)).scheduler, Store(pool))
+    # The process's metrics, as a bridge hands them to both.
+    scheduler = Scheduler(
+        bridge_config(fast_settings(db_url, NO_NATS)).scheduler, Store(pool), metrics=pub.metrics
+    )
     stored = await scheduler.record_waits(force=True)
     assert stored is not None and set(stored) == {"queued"} and sum(stored["queued"]) == 3
     assert await scheduler.record_waits() is None  # not due again within WAIT_SAMPLE
@@ -422,10 +423,12 @@ async def test_the_schedule_hands_the_waits_the_steps_observed_to_the_database(
         rows = conn.execute("SELECT phase, counts FROM arm.wait_sample").fetchall()
     assert [(r["phase"], sum(r["counts"])) for r in rows] == [("queued", 3)]
 
-    metrics.waited("ack", 0.2)
+    scheduler.metrics.waited("ack", 0.2)
     await pool.close()  # the database is gone for this store
     assert await scheduler.record_waits(force=True) is None
-    assert metrics.WAITS.take() == {"ack": [0, 0, 0, 1] + [0] * 13}  # given back, in its bucket
+    assert scheduler.metrics.waits.take() == {
+        "ack": [0, 0, 0, 1] + [0] * 13
+    }  # given back, in its bucket
 
 
 async def test_the_timed_poll_alone_publishes_when_no_notify_wakes_the_publisher(

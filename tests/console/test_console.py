@@ -31,7 +31,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from psycopg.types.json import Jsonb
 
-from arm_core import metrics
+from arm_core import instruments
 from arm_core.cli import version
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
@@ -203,7 +203,7 @@ def an_hour_of_samples(db_url: str) -> None:
     rng = random.Random(7)
     now = dt.datetime.now(dt.UTC)
     totals = {"done": 10_000, "needs_check": 300, "error": 40, "timeout": 3, "dlq": 1}
-    buckets = len(metrics.JOB_WAIT_BUCKETS) + 1
+    buckets = len(instruments.JOB_WAIT_BUCKETS) + 1
 
     def waits(usual: int, slower: int) -> list[int]:
         counts = [0] * buckets
@@ -443,7 +443,7 @@ def test_the_charts_draw_the_last_hour_from_the_databases_samples(
             result(conn, up.job_id, up.file_id)
         result(conn, ups[3].job_id, ups[3].file_id, status="error", error=("PARSE_FAILED", "x"))
         # Ten waits between 0.5 and 1 s, as a bridge hands them over: p50 0.75, p99 0.995.
-        counts = [0] * (len(metrics.JOB_WAIT_BUCKETS) + 1)
+        counts = [0] * (len(instruments.JOB_WAIT_BUCKETS) + 1)
         counts[5] = 10
         conn.execute("SELECT arm.record_waits('queued', %s)", (counts,))
         sample(conn)

@@ -31,9 +31,9 @@ def counts(*pairs: tuple[int, int]) -> list[int]:
 
 
 def test_the_bucket_bounds_are_the_histograms() -> None:
-    from arm_core import metrics
+    from arm_core import instruments
 
-    assert tuple(metrics.JOB_WAIT_BUCKETS) == BOUNDS
+    assert tuple(instruments.JOB_WAIT_BUCKETS) == BOUNDS
 
 
 def test_two_samples_give_the_jobs_finished_between_them_by_outcome(conn: Conn) -> None:

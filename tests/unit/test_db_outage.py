@@ -11,9 +11,8 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from arm_core import db
 from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, Settings
-from arm_core.db import CONNECTION_DEFAULTS, Outage, connection_options, install_pool_log_filter
+from arm_core.db import CONNECTION_DEFAULTS, Outage, connection_options, pool_log_to
 from arm_core.migrate import yoyo_url
 
 
@@ -60,33 +59,42 @@ def test_an_outage_is_logged_once_at_a_bounded_rate_and_once_when_it_ends(
 
 
 def test_the_pools_connection_failures_become_the_outage(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """psycopg_pool's warning per failed attempt (naming every host, maybe the URL) is
-    not logged as such: it starts the outage, with the password masked."""
-    outage = Outage(Clock())
-    monkeypatch.setattr(db, "OUTAGE", outage)
-    install_pool_log_filter()
-    install_pool_log_filter()  # idempotent
-    assert len(logging.getLogger("psycopg.pool").filters) == 1
+    not logged as such: it starts the outage of the pool's own process, with the
+    password masked. Another pool's failures are not this outage's, and nothing is
+    routed once the pool's block has ended."""
+    outage, other = Outage(Clock()), Outage(Clock())
+    pool_log = logging.getLogger("psycopg.pool")
+    before = list(pool_log.filters)
     caplog.set_level(logging.INFO)
     caplog.set_level(logging.INFO, logger="psycopg.pool")
-    pool_log = logging.getLogger("psycopg.pool")
     said = "connection to server at 127.0.0.1 failed: postgresql://arm:Pw9xQ2vL7k@db1/arm"
-    for _ in range(5):
-        pool_log.warning("error connecting in %r: %s", "arm-core", said)
-    pool_log.warning("discarding closed connection: %s", "<conn>")
-    pool_log.info("growing pool %r to %s", "arm-core", 2)
-    from_pool = [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"]
-    assert from_pool == ["growing pool 'arm-core' to 2"]
-    [started] = outage_records(caplog)
-    assert "Pw9xQ2vL7k" not in started.getMessage()
-    assert "arm:***@db1" in started.getMessage()
-    assert outage.failures == 5
-    outage.available()
-    pool_log.warning("discarding closed connection: %s", "<conn>")  # no outage: shown
-    assert [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"][-1] == (
-        "discarding closed connection: <conn>"
+    with pool_log_to("arm-core-a", outage), pool_log_to("arm-core-b", other):
+        for _ in range(5):
+            pool_log.warning("error connecting in %r: %s", "arm-core-a", said)
+        pool_log.warning("error connecting in %r: %s", "arm-core-b", said)
+        pool_log.warning("discarding closed connection: %s", "<conn>")
+        pool_log.info("growing pool %r to %s", "arm-core-a", 2)
+        from_pool = [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"]
+        assert from_pool == ["growing pool 'arm-core-a' to 2"]
+        started, started_too = outage_records(caplog)
+        assert (started.state, started_too.state) == ("started", "started")  # type: ignore[attr-defined]
+        assert "Pw9xQ2vL7k" not in started.getMessage()
+        assert "arm:***@db1" in started.getMessage()
+        assert (outage.failures, other.failures) == (5, 1)
+        outage.available()
+        other.available()
+        pool_log.warning("discarding closed connection: %s", "<conn>")  # no outage: shown
+        assert [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"][-1] == (
+            "discarding closed connection: <conn>"
+        )
+    assert pool_log.filters == before
+    pool_log.warning("error connecting in %r: %s", "arm-core-a", said)  # no longer routed
+    assert outage.failures == 0
+    assert [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"][-1].startswith(
+        "error connecting in 'arm-core-a'"
     )
 
 

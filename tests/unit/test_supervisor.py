@@ -21,14 +21,13 @@ from arm_core.bridge.service import (
 )
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
-from arm_core.metrics import REGISTRY
 from tests.support.bridge import logged, wait_for
 
 FAST = RestartPolicy(limit=2, window_seconds=60, backoff_seconds=0.01, backoff_max_seconds=0.02)
 
 
-def restarts(name: str) -> float:
-    return REGISTRY.get_sample_value("arm_service_restarts_total", {"service": name}) or 0.0
+def restarts(supervisor: Supervisor, name: str) -> float:
+    return supervisor.metrics.value("arm_service_restarts_total", {"service": name})
 
 
 class Crashy(Service):
@@ -62,7 +61,7 @@ async def test_a_crash_is_logged_at_once_counted_and_the_loop_restarted(
         assert isinstance(crash.exc_info[1], InjectedFault)
         assert f"{name} crashed; restarting" in crash.getMessage()
         assert logged(caplog.records, action="service_restarted", service=name)
-        assert restarts(name) == 1
+        assert restarts(supervisor, name) == 1
         assert supervisor.live() == (True, {name: "running"})
         assert not told
     finally:
@@ -86,7 +85,7 @@ async def test_past_the_limit_the_process_is_told_once_and_is_not_live(
     live, loops = supervisor.live()
     assert not live and loops[name].startswith("failed: InjectedFault")
     assert not supervisor.running(name)
-    assert restarts(name) == 2  # the third crash is not followed by a restart
+    assert restarts(supervisor, name) == 2  # the third crash is not followed by a restart
     assert len(logged(caplog.records, action="service_failed", service=name)) == 1
     await service.stop(1)
 

@@ -1,10 +1,10 @@
-"""The waits the schedule runner hands to arm.record_waits (arm_core.metrics.WaitTally):
+"""The waits the schedule runner hands to arm.record_waits (arm_core.instruments.WaitTally):
 each in the bucket whose bound it does not exceed, as the histogram counts it; taken
 once; what the database did not take comes back."""
 
 from __future__ import annotations
 
-from arm_core.metrics import JOB_WAIT, JOB_WAIT_BUCKETS, WaitTally
+from arm_core.instruments import JOB_WAIT_BUCKETS, Metrics, WaitTally
 
 
 def test_each_wait_lands_in_the_bucket_the_histogram_counts_it_in() -> None:
@@ -17,7 +17,7 @@ def test_each_wait_lands_in_the_bucket_the_histogram_counts_it_in() -> None:
     # 3600 in the last bound's bucket; 3600.5 above every bound.
     assert (counts[0], counts[1], counts[-2], counts[-1], sum(counts)) == (3, 1, 1, 1, 6)
     # The histogram's buckets, as it exposes them (le labels), are the same bounds.
-    [family] = JOB_WAIT.collect()
+    [family] = Metrics().job_wait.collect()
     bounds = sorted({float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")})
     assert bounds == [*JOB_WAIT_BUCKETS, float("inf")]
 
