@@ -173,12 +173,19 @@ async def sample(world: nemesis.World, soak: Soak, began: float, since: float) -
 
 async def sampled(world: nemesis.World, soak: Soak, began: float, since: float) -> Row:
     """sample(), tried again for a minute while the database does not answer."""
-    for _ in range(60):
+    rows: list[Row] = []
+    errors: list[psycopg.OperationalError] = []
+
+    async def answered() -> bool:
         try:
-            return await sample(world, soak, began, since)
-        except psycopg.OperationalError:
-            await asyncio.sleep(1)
-    return await sample(world, soak, began, since)
+            rows.append(await sample(world, soak, began, since))
+        except psycopg.OperationalError as exc:
+            errors.append(exc)
+            return False
+        return True
+
+    await wait_for(answered, 60, lambda: f"a sample: the database answers ({errors[-1]})", every=1)
+    return rows[0]
 
 
 async def calibrate(world: nemesis.World, jobs: int = 1500) -> float:
