@@ -23,21 +23,21 @@ from nats.aio.subscription import Subscription
 from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import Listener, ListenerState
-from arm_core.bridge.nats_client import (
+from arm_core.bridge.nats_client import confirm, connect
+from arm_core.bridge.publisher import Publisher
+from arm_core.bridge.replay import Recent, Replayer, keep_recent_answers
+from arm_core.bridge.results_stream import (
     StreamUnavailable,
-    confirm,
-    connect,
     ensure_results_stream,
     results_consumer,
 )
-from arm_core.bridge.publisher import Publisher
-from arm_core.bridge.replay import Recent, Replayer, keep_recent_answers
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.bridge.service import Fatal, FaultPoints, LoopState, Supervisor, cancel_all
 from arm_core.bridge.stream import StreamConsumer
-from arm_core.config import Settings, mask_url
+from arm_core.config import Settings
 from arm_core.db import DatabaseError
 from arm_core.metrics import BridgeState
+from arm_core.redaction import mask_url
 from arm_core.rows import BridgeInstance
 from arm_core.store import Store
 
@@ -61,8 +61,9 @@ class NatsState(StrEnum):
 class Bridge:
     config: BridgeConfig
     store: Store
-    # The NATS connection's settings (servers, credentials, the results stream's
-    # options: bridge/nats_client.py) and the database URL of the LISTEN connection.
+    # The NATS connection's settings (servers, credentials: bridge/nats_client.py; the
+    # results stream's options: bridge/results_stream.py) and the database URL of the
+    # LISTEN connection.
     settings: Settings
     # Told once when the bridge cannot go on: RESULTS_STREAM set but the server cannot
     # hold the stream (exit 2), or a loop that crashed past SERVICE_RESTART_LIMIT (exit
