@@ -8,8 +8,8 @@ Two kinds:
   API did. With several processes each exposes its own; dashboards `sum()` them.
 * **gauges read at scrape time** (:class:`AppMetrics`, one per aiohttp application): the
   bridge's state (NATS connected, envelopes buffered) and the connection pool's (in use,
-  idle, connecting, its maximum, requests waiting; with arm_core.db's count of waits that
-  ran out on a full pool, `arm_db_pool_exhausted_total`) from memory, and the figures of
+  idle, connecting, its maximum, requests waiting; with the instruments' count of waits
+  that ran out on a full pool, `arm_db_pool_exhausted_total`) from memory, and the figures of
   the database (`arm_jobs{status}`, `arm_outbox_oldest_queued_age_seconds`, the overdue
   jobs, the last sweep: `arm.status_view`) from one bounded read
   (DB_READ_TIMEOUT_SECONDS) cached for DB_CACHE_SECONDS, so scrapes never hammer the
