@@ -69,7 +69,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,6 @@ import nats
 import psycopg
 from nats.aio.msg import Msg
 
-from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats, EmbeddedNatsCluster
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
@@ -90,6 +89,7 @@ from tests.support.polling import NotWithin, wait_for
 from tests.support.processes import ArmProcess, log_lines
 from tests.support.replication import Replicated, start_pair
 from tests.support.sql import ensure_logins, upload_many
+from tests.support.stack import Stack, listening
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 REPLY_TIMEOUT = 120.0
@@ -123,59 +123,40 @@ class Outcome:
     error: str | None = None
 
 
-@dataclass
-class World:
-    """The servers of the run, a work folder, and the processes of the current fault."""
+# The environment of chaos's processes over the tests' one (tests/support/stack.py).
+ENV: dict[str, Any] = {
+    "SCHEDULE_TICK_SECONDS": "0.5",
+    # The default ACK_TIMEOUT_SECONDS (30 s) and a reply deadline of 2 minutes
+    # (production: 10 or 30): a burst of 5,000 on a shared 2-core machine takes
+    # tens of seconds, and shorter deadlines measure overload, not the fault.
+    "ACK_TIMEOUT_SECONDS": None,
+    "TABULAR_REPLY_TIMEOUT_SECONDS": str(REPLY_TIMEOUT),
+    "IMAGE_REPLY_TIMEOUT_SECONDS": str(REPLY_TIMEOUT),
+    "REFERENCE_DELAY_SECONDS": "0.05",
+    "DEBUG": "true",  # a log line per envelope applied: the second count of doubles
+}
+
+
+@dataclass(kw_only=True)
+class World(Stack):
+    """The Stack of the run (its processes: those of the current fault) on the run's
+    servers, and what only chaos has: the failover faults' primary and standby (Stack's
+    `cluster`: the NATS cluster faults' three nodes), a fresh database per fault."""
 
     pg: EmbeddedPostgres
-    nats: EmbeddedNats
-    workdir: Path
-    db_url: str = ""
-    procs: list[ArmProcess] = field(default_factory=list)
-    pair: Replicated | None = None  # the failover faults' primary and standby
-    cluster: EmbeddedNatsCluster | None = None  # the NATS cluster faults' three nodes
+    pair: Replicated | None = None
 
-    def nats_urls(self) -> list[str]:
-        return self.cluster.urls() if self.cluster else [self.nats.url()]
-
-    def env(self, **extra: Any) -> dict[str, str]:
-        base = {
-            "DATABASE_URL": self.db_url,
-            "NATS_URL": ",".join(self.nats_urls()),
-            "NATS_ENABLED": "true",
-            "OUTBOX_POLL_SECONDS": "0.2",
-            "SCHEDULE_TICK_SECONDS": "0.5",
-            "TIMEOUT_SWEEP_SECONDS": "1",
-            # The default ACK_TIMEOUT_SECONDS (30 s) and a reply deadline of 2 minutes
-            # (production: 10 or 30): a burst of 5,000 on a shared 2-core machine takes
-            # tens of seconds, and shorter deadlines measure overload, not the fault.
-            "TABULAR_REPLY_TIMEOUT_SECONDS": str(REPLY_TIMEOUT),
-            "IMAGE_REPLY_TIMEOUT_SECONDS": str(REPLY_TIMEOUT),
-            "REFERENCE_DELAY_SECONDS": "0.05",
-            "REFERENCE_RESULTS_DIR": str(self.workdir / "results"),
-            "DEBUG": "true",  # a log line per envelope applied: the second count of doubles
-        }
-        base.update({k: str(v) for k, v in extra.items()})
-        return base
-
-    def start(self, command: str, **env: Any) -> ArmProcess:
-        name = f"{command}-{len(self.procs)}-{time.monotonic_ns()}"
-        proc = ArmProcess(command, self.env(**env), self.workdir / f"{name}.log")
-        self.procs.append(proc)
-        return proc
-
-    def bridge(self, **env: Any) -> ArmProcess:
-        port = free_port()
-        proc = self.start("bridge", BRIDGE_HEALTH_PORT=port, **env)
-        proc.wait_healthy(port, within=60)
-        return proc
-
-    async def reference(self, **env: Any) -> ArmProcess:
-        proc = self.start("reference", **env)
-        await wait_for(
-            lambda: len(log_lines(proc.log(), action="ref_start")) >= 2, 30, "reference", every=0.1
+    @classmethod
+    def of(cls, pg: EmbeddedPostgres, nats_server: EmbeddedNats, workdir: Path) -> World:
+        return cls(
+            db_url="",
+            nats=nats_server,
+            tmp=workdir,
+            results=workdir / "results",
+            defaults=ENV,
+            healthy_within=60,
+            pg=pg,
         )
-        return proc
 
     def fresh_database(self, name: str) -> None:
         pg = self.pair.primary if self.pair else self.pg
@@ -186,15 +167,6 @@ class World:
         self.db_url = self.pair.url(name) if self.pair else pg.url(name)
         migrate(self.db_url)
         ensure_logins(self.db_url)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.proc.poll() is None:
-                try:
-                    proc.stop(within=30)
-                except AssertionError:
-                    proc.kill()
-        self.procs = []
 
 
 def count(url: str, sql: str) -> int | None:
@@ -265,7 +237,7 @@ async def run_fault(
         # them, unless REFERENCE_PUBLISH=core).
         for _ in range(bridges):
             world.bridge(**env)
-        await world.reference(**env)
+        await listening(world.reference(**env))
         if steady:
             flow: asyncio.Task[None] | None = asyncio.create_task(
                 asyncio.to_thread(steady_uploads, world.db_url, jobs)
@@ -378,7 +350,7 @@ async def on_a_pair(
     world: World, synchronous: bool, run: Callable[[], Awaitable[Outcome]]
 ) -> Outcome:
     """`run` with a primary and a standby of its own as the world's database."""
-    base = world.workdir / f"pair-{time.monotonic_ns()}"
+    base = world.tmp / f"pair-{time.monotonic_ns()}"
     world.pair = await asyncio.to_thread(start_pair, base, synchronous)
     try:
         return await run()
@@ -389,7 +361,7 @@ async def on_a_pair(
 
 async def on_a_cluster(world: World, run: Callable[[], Awaitable[Outcome]]) -> Outcome:
     """`run` with a three-node JetStream cluster of its own as the world's NATS."""
-    base = world.workdir / f"cluster-{time.monotonic_ns()}"
+    base = world.tmp / f"cluster-{time.monotonic_ns()}"
     cluster = EmbeddedNatsCluster(size=3, base_dir=base, jetstream=True, lame_duck_grace=1)
     world.cluster = await asyncio.to_thread(cluster.start)
     try:
@@ -629,7 +601,7 @@ async def main(argv: list[str]) -> int:
         ).start()
         try:
             only = [w.strip().lower() for w in args.only.split(",") if w.strip()]
-            outcomes = await run_all(World(pg, nats_server, workdir), args.quick, only)
+            outcomes = await run_all(World.of(pg, nats_server, workdir), args.quick, only)
         finally:
             nats_server.stop()
             pg.destroy()
