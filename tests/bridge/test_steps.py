@@ -453,6 +453,7 @@ async def test_the_timed_poll_alone_publishes_when_no_notify_wakes_the_publisher
                 stopping.set()
                 await loop
         assert len(await seen.take()) == 1 and seen.msg_ids() == [f"{up.job_id}:1"]
+        seen.assert_valid_requests()
     finally:
         await client.close()
 
