@@ -3,9 +3,11 @@ wake-up, NATS outages — among them the connection cut, or dropped and back, in
 a batch — ack timeouts with republish and dead-lettering, a publish burst.
 
 Most tests drive one publisher step (`Publisher.run_once`) and assert on the cycle it
-returned, on what a real subscriber received and on the database. Two run the whole
-bridge, because its loop is the point: NOTIFY waking the publisher, and a NATS outage
-noticed, logged and recovered from on its own."""
+returned, on what a real subscriber received and on the database. Three run the whole
+bridge, because its loop is the point: NOTIFY waking the publisher, a job that joins a
+busy queue found by the short poll, and a NATS outage noticed, logged and recovered from
+on its own. The timed poll publishing alone, with no NOTIFY, is proved by a step test
+(tests/bridge/test_steps.py) that runs the publisher's loop and nothing more."""
 
 from __future__ import annotations
 
@@ -143,25 +145,6 @@ NO_NOTIFY = "ALTER TABLE arm.recognition_job DISABLE TRIGGER tg_recognition_job_
 def disable_notify(db_url: str) -> None:
     with dict_conn(db_url) as conn:
         conn.execute(NO_NOTIFY)
-
-
-async def test_with_no_notification_at_all_the_poll_alone_publishes(
-    db_url: str, nats_server: EmbeddedNats, client: Client
-) -> None:
-    """The wake-up's backstop: with the NOTIFY trigger off, a queued job still goes out,
-    on the publisher's timed poll (OUTBOX_POLL_SECONDS, here 1 s)."""
-    requests = await collect(client, "files.tabular_uploaded")
-    disable_notify(db_url)  # before the bridge runs
-    settings = fast_settings(db_url, nats_server.url(), outbox_poll_seconds=1.0)
-    async with running_bridge(settings) as bridge:
-        await wait_for(lambda: bridge.publisher.counts["cycles"] > 0, 5)
-        with dict_conn(db_url) as conn:
-            up = upload(conn)
-            await wait_for(lambda: len(requests.messages) == 1, 10, "published by the poll")
-            # The message arrives before the publisher's commit (it commits once NATS has
-            # confirmed): the status is waited for, not read once.
-            await wait_for(lambda: job(conn, up.job_id)["status"] == "published", 10, "committed")
-    requests.assert_valid_requests()
 
 
 async def test_a_job_that_joins_the_queue_while_others_go_out_is_not_left_to_the_poll(
