@@ -47,15 +47,15 @@ from typing import Any
 
 import psycopg
 
-from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import TcpProxy
 from tests.support.faults import black_hole
 from tests.support.polling import wait_for
-from tests.support.processes import ArmProcess, log_lines
+from tests.support.processes import ArmProcess
 from tests.support.sql import ensure_logins, upload_many
+from tests.support.stack import Stack, listening
 
 STREAM = "NEMESIS_RESULTS"
 ACK_TIMEOUT = 8.0
@@ -107,9 +107,7 @@ class Bridge:
     name: str
     pg_proxy: TcpProxy
     nats_proxy: TcpProxy
-    port: int = 0
     proc: ArmProcess | None = None
-    generations: list[ArmProcess] = field(default_factory=list)
 
 
 class Uploads:
@@ -199,8 +197,23 @@ class Operator:
         return clicked
 
 
+# The environment of the nemesis's processes over the tests' one (tests/support/stack.py).
+ENV: dict[str, Any] = {
+    "RESULTS_STREAM": STREAM,
+    "OUTBOX_POLL_SECONDS": "0.5",
+    "SCHEDULE_TICK_SECONDS": "0.5",
+    "ACK_TIMEOUT_SECONDS": str(ACK_TIMEOUT),
+    "OUTBOX_MAX_REPUBLISH": "6",
+    "TABULAR_REPLY_TIMEOUT_SECONDS": "300",
+    "IMAGE_REPLY_TIMEOUT_SECONDS": "300",
+    "REFERENCE_FAIL_CODE": "INVALID_DOCUMENT",
+}
+
+
 class World:
-    """The servers, the processes and their proxies (see the module's docstring)."""
+    """The servers, their proxies, and a Stack of the processes (see the module's
+    docstring). A bridge's start and stop run off the event loop: it reaches PostgreSQL
+    and NATS through proxies the loop serves."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -208,17 +221,28 @@ class World:
         self.nats = EmbeddedNats(
             log_dir=workdir / "nats", extra_args=["-js", "-sd", str(workdir / "js")]
         )
-        self.db_url = ""
+        self.stack = Stack(
+            db_url="",
+            nats=self.nats,
+            tmp=workdir,
+            results=workdir / "results",
+            defaults=ENV,
+            healthy_within=60,
+        )
         self.bridges: list[Bridge] = []
         self.serve: ArmProcess | None = None
         self.reference: ArmProcess | None = None
         self.api = ""
 
+    @property
+    def db_url(self) -> str:
+        return self.stack.db_url
+
     async def start(self) -> None:
         await asyncio.to_thread(self.pg.start)
         await asyncio.to_thread(self.nats.start)
         self.pg.create_database("arm")
-        self.db_url = self.pg.url("arm")
+        self.stack.db_url = self.pg.url("arm")
         with psycopg.connect(self.pg.url(), autocommit=True) as conn:
             # Durable as in production: a crash must not lose a commit it reported.
             conn.execute('ALTER DATABASE "arm" SET synchronous_commit = on')
@@ -235,73 +259,26 @@ class World:
             )
             self.bridges.append(bridge)
             await self.start_bridge(bridge)
-        port = free_port()
-        self.serve = await self.process("serve", "serve", HTTP_PORT=port, NATS_ENABLED="false")
-        await asyncio.to_thread(self.serve.wait_healthy, port, 60)
-        self.api = f"http://127.0.0.1:{port}"
-        self.reference = await self.process("reference", "reference")
-        await wait_for(
-            lambda: len(log_lines(self.reference_log(), action="ref_start")) >= 2,
-            60,
-            "the reference services listening",
-            every=0.1,
-        )
+        self.serve, self.api = await asyncio.to_thread(self.stack.serve, NATS_ENABLED="false")
+        self.reference = await listening(self.stack.reference(), within=60)
 
     def reference_log(self) -> str:
         return self.reference.log() if self.reference else ""
 
-    def env(self, **extra: Any) -> dict[str, str]:
-        base = {
-            "DATABASE_URL": self.db_url,
-            "NATS_URL": self.nats.url(),
-            "NATS_ENABLED": "true",
-            "RESULTS_STREAM": STREAM,
-            "OUTBOX_POLL_SECONDS": "0.5",
-            "SCHEDULE_TICK_SECONDS": "0.5",
-            "TIMEOUT_SWEEP_SECONDS": "1",
-            "ACK_TIMEOUT_SECONDS": str(ACK_TIMEOUT),
-            "OUTBOX_MAX_REPUBLISH": "6",
-            "TABULAR_REPLY_TIMEOUT_SECONDS": "300",
-            "IMAGE_REPLY_TIMEOUT_SECONDS": "300",
-            "REFERENCE_DELAY_SECONDS": "0.1",
-            "REFERENCE_RESULTS_DIR": str(self.workdir / "results"),
-            "REFERENCE_FAIL_CODE": "INVALID_DOCUMENT",
-        }
-        base.update({k: str(v) for k, v in extra.items()})
-        return base
-
-    async def process(self, name: str, command: str, **env: Any) -> ArmProcess:
-        log = self.workdir / f"{name}-{time.monotonic_ns()}.log"
-        # Off the event loop: a bridge's environment connects through a proxy it serves.
-        return await asyncio.to_thread(ArmProcess, command, self.env(**env), log)
-
     async def start_bridge(self, bridge: Bridge) -> None:
-        bridge.port = free_port()
-        bridge.proc = await self.process(
-            f"bridge-{bridge.name}",
-            "bridge",
-            BRIDGE_HEALTH_PORT=bridge.port,
+        bridge.proc = await asyncio.to_thread(
+            self.stack.bridge,
             DATABASE_URL=self.db_url.replace(f":{self.pg.port}/", f":{bridge.pg_proxy.port}/"),
             NATS_URL=f"nats://127.0.0.1:{bridge.nats_proxy.port}",
         )
-        bridge.generations.append(bridge.proc)
-        await asyncio.to_thread(bridge.proc.wait_healthy, bridge.port, 60)
 
     def processes(self) -> list[ArmProcess]:
+        """The current ones (not the bridges killed and started again)."""
         current = [b.proc for b in self.bridges if b.proc is not None]
         return [*current, *(p for p in (self.serve, self.reference) if p is not None)]
 
-    def all_processes(self) -> list[ArmProcess]:
-        gens = [p for b in self.bridges for p in b.generations]
-        return [*gens, *(p for p in (self.serve, self.reference) if p is not None)]
-
     async def stop(self) -> None:
-        for proc in self.processes():
-            if proc.proc.poll() is None:
-                try:
-                    await asyncio.to_thread(proc.stop, signal.SIGTERM, 30)
-                except AssertionError:
-                    proc.kill()
+        await asyncio.to_thread(self.stack.stop_all)
         for bridge in self.bridges:
             await bridge.pg_proxy.close()
             await bridge.nats_proxy.close()
