@@ -255,11 +255,14 @@ async def run_fault(
             ended = await fault(world)
             out.faults = 1
             before = final(world.db_url)
-            while time.monotonic() - ended < GIVE_UP_AFTER:
-                if final(world.db_url) > before or before == jobs:
-                    out.recover = time.monotonic() - ended
-                    break
-                await asyncio.sleep(0.1)
+            with contextlib.suppress(NotWithin):  # never recovered: out.recover stays None
+                await wait_for(
+                    lambda: final(world.db_url) > before or before == jobs,
+                    GIVE_UP_AFTER,
+                    "a job final after the fault",
+                    every=0.1,
+                )
+                out.recover = time.monotonic() - ended
             started = injected
         if flow is not None:
             await flow
