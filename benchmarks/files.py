@@ -27,6 +27,8 @@ from typing import Any
 import psycopg
 
 from arm_core.db import query
+from arm_core.rows import FileListFilter
+from arm_core.store import file_list_params
 from benchmarks.harness import Bench, connect, median, progress
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files
@@ -36,17 +38,7 @@ REPEATS = 15
 PAGE = 51  # the API's default limit (50) plus one
 BATCH = 100_000
 
-NO_FILTER: dict[str, Any] = {
-    "after_created_at": None,
-    "after_id": None,
-    "statuses": None,
-    "job_statuses": None,
-    "consolidation_id": None,
-    "file_types": None,
-    "q": None,
-    "updated_after": None,
-    "updated_before": None,
-}
+NO_FILTER = file_list_params(PAGE, FileListFilter())  # every file: the filters given override
 
 
 def run(bench: Bench, report: Report) -> None:

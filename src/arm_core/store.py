@@ -71,6 +71,25 @@ class Answer(Protocol):
     def row_json(self) -> str: ...
 
 
+def file_list_params(
+    limit: int, where: FileListFilter, after: tuple[dt.datetime, uuid.UUID] | None = None
+) -> dict[str, Any]:
+    """The parameters of the list_files query (`where` empty: every file), as
+    Store.list_files sends them; tests and the benchmark send the query with these."""
+    return {
+        "limit": limit,
+        "after_created_at": after[0] if after else None,
+        "after_id": after[1] if after else None,
+        "statuses": [s.value for s in where.statuses] or None,
+        "job_statuses": [s.value for s in where.job_statuses] or None,
+        "consolidation_id": where.consolidation_id,
+        "file_types": [t.value for t in where.file_types] or None,
+        "q": where.q,
+        "updated_after": where.updated_after,
+        "updated_before": where.updated_before,
+    }
+
+
 # --- the store ------------------------------------------------------------------------
 
 
@@ -297,18 +316,7 @@ class Store(Pooled):
     ) -> list[FileListItem]:
         """Up to `limit` files matching `where`, newest first (created_at, then id),
         after the keyset `after` (the last file of the previous page)."""
-        params = {
-            "limit": limit,
-            "after_created_at": after[0] if after else None,
-            "after_id": after[1] if after else None,
-            "statuses": [s.value for s in where.statuses] or None,
-            "job_statuses": [s.value for s in where.job_statuses] or None,
-            "consolidation_id": where.consolidation_id,
-            "file_types": [t.value for t in where.file_types] or None,
-            "q": where.q,
-            "updated_after": where.updated_after,
-            "updated_before": where.updated_before,
-        }
+        params = file_list_params(limit, where, after)
         return await self._pooled_rows("list_files", FileListItem, params)
 
 

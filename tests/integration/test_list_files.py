@@ -21,6 +21,8 @@ from psycopg.rows import dict_row
 from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
+from arm_core.rows import FileListFilter
+from arm_core.store import file_list_params
 from tests.support.sql import (
     API_LOGIN,
     Conn,
@@ -39,17 +41,7 @@ from tests.support.sql import (
 
 pytestmark = pytest.mark.integration
 
-NO_FILTER: dict[str, Any] = {
-    "after_created_at": None,
-    "after_id": None,
-    "statuses": None,
-    "job_statuses": None,
-    "consolidation_id": None,
-    "file_types": None,
-    "q": None,
-    "updated_after": None,
-    "updated_before": None,
-}
+NO_FILTER = file_list_params(50, FileListFilter())  # every file: the filters given override
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ from arm_core.statuses import (
     RetryOutcome,
     RetryReason,
 )
-from arm_core.store import Store, SyncStore
+from arm_core.store import Store, SyncStore, file_list_params
 from tests.support.bridge import envelope
 from tests.support.sql import (
     DEAD_LETTER_UNPUBLISHABLE,
@@ -171,18 +171,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
         "actor_level": "operator",
     },
     "get_file": {"file_id": uuid.uuid4()},
-    "list_files": {
-        "limit": 10,
-        "after_created_at": None,
-        "after_id": None,
-        "statuses": None,
-        "job_statuses": None,
-        "consolidation_id": None,
-        "file_types": None,
-        "q": None,
-        "updated_after": None,
-        "updated_before": None,
-    },
+    "list_files": file_list_params(10, FileListFilter()),
     "publish_queued_jobs": PUBLISH,
     "apply_envelopes": {"envelopes": Jsonb([])},
     "compact_counts": {},
