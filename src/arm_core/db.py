@@ -260,6 +260,19 @@ class _PoolLog(logging.Filter):
         return not (message.startswith("discarding ") and self.outage.since is not None)
 
 
+def unclaimed_pool_name(base: str = "arm-core") -> str:
+    """`base`, or `base-2`, `base-3`, … when a pool of this process already has its
+    failures routed under that name (pool_log_to): a process has one pool, a test process
+    may hold several, and each must be told apart."""
+    pool_log = logging.getLogger("psycopg.pool")
+    taken = {f.pool for f in pool_log.filters if isinstance(f, _PoolLog)}
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
 @contextlib.contextmanager
 def pool_log_to(pool: str, outage: Outage) -> Iterator[None]:
     """While inside, psycopg_pool's connection failures of the pool named `pool` go to

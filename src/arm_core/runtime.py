@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +24,7 @@ from arm_core.db import (
     connection_options,
     pool_log_to,
     read_only,
+    unclaimed_pool_name,
 )
 from arm_core.instruments import Instruments
 from arm_core.metrics import METRICS, AppMetrics, BridgeState, metrics_handler
@@ -62,8 +62,9 @@ def make_pool(
     with arm_core.db's timeouts and keepalives; one that finds its server read-only (a
     standby: the primary has moved) is discarded when taken, not reused; a new
     connection ends the instruments' outage (pool_ctx also routes the pool's failed
-    attempts there). Its name is unique in the process, so two pools' failures are told
-    apart. (The bridge's LISTEN connection is its own.)"""
+    attempts there). It is named `arm-core`, or `arm-core-2`, … while another pool of
+    the process routes its failures under that name. (The bridge's LISTEN connection is
+    its own.)"""
     url = settings.require_database_url()
     outage = (instruments or Instruments()).outage
 
@@ -84,7 +85,7 @@ def make_pool(
         },
         check=_writable,
         configure=connected,
-        name=f"arm-core-{secrets.token_hex(3)}",
+        name=unclaimed_pool_name(),
     )
 
 

@@ -207,7 +207,7 @@ def test_unreachable_database_and_nats_show_no_secret(command: str, tmp_path: Pa
     try:
         port = int(env["HTTP_PORT" if command == "serve" else "BRIDGE_HEALTH_PORT"])
         # the pool's and nats-py's errors, each at least once
-        text = wait_for_log(proc, "error connecting in 'arm-core-", "NATS error")
+        text = wait_for_log(proc, "error connecting in 'arm-core'", "NATS error")
         assert proc.health(port) is None  # 503: the database is down
     finally:
         assert proc.stop() == 0

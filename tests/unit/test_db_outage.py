@@ -12,7 +12,13 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, Settings
-from arm_core.db import CONNECTION_DEFAULTS, Outage, connection_options, pool_log_to
+from arm_core.db import (
+    CONNECTION_DEFAULTS,
+    Outage,
+    connection_options,
+    pool_log_to,
+    unclaimed_pool_name,
+)
 from arm_core.migrate import yoyo_url
 
 
@@ -175,3 +181,14 @@ def test_a_database_url_that_sets_the_idle_in_transaction_timeout_keeps_it(url: 
     assert "options" not in connection_options(url, idle_in_transaction=20)
     given = conninfo_to_dict(url)["options"]
     assert dict(parse_qsl(urlsplit(yoyo_url(url, 20)).query))["options"] == given
+
+
+def test_a_process_s_pool_is_arm_core_and_a_second_one_gets_a_name_of_its_own() -> None:
+    """What the outage's log line quotes: `arm-core` in a process (it has one pool);
+    in a test process holding several, each routed pool's name is its own."""
+    assert unclaimed_pool_name() == "arm-core"
+    with pool_log_to(unclaimed_pool_name(), Outage()):
+        second = unclaimed_pool_name()
+        with pool_log_to(second, Outage()):
+            assert (second, unclaimed_pool_name()) == ("arm-core-2", "arm-core-3")
+    assert unclaimed_pool_name() == "arm-core"
