@@ -89,7 +89,7 @@ class Redactor:
 
     Secrets shorter than MIN_LENGTH are left out: replacing every "arm" or "1234" in
     every line would make the log unreadable, and the values a short password could be
-    mistaken for are everywhere. The URL and token messages of arm_core.config mask by
+    mistaken for are everywhere. The URL and token messages of arm_core.config_* mask by
     position (arm_core.redaction) and do not depend on this; it is the net under a
     driver's own message."""
 

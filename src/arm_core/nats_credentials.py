@@ -108,14 +108,14 @@ def nats_keypair(seed: str, jwt: str) -> nkeys.KeyPair | None:
 
 
 def parse_seed(name: str, raw: str) -> str:
-    """The parser of the seed's variable (arm_core.config.env_var): the seed, checked."""
+    """The parser of the seed's variable (arm_core.config_env.env_var): the seed, checked."""
     seed = raw.strip()
     user_keypair(name, seed)
     return seed
 
 
 def parse_jwt(name: str, raw: str) -> str:
-    """The parser of the JWT's variable (arm_core.config.env_var): the JWT, checked."""
+    """The parser of the JWT's variable (arm_core.config_env.env_var): the JWT, checked."""
     jwt = raw.strip()
     jwt_payload(name, jwt)
     return jwt

@@ -136,7 +136,7 @@ ARM_CORE_COMMANDS = frozenset(COMMANDS) | {"healthcheck"}
 
 
 def env_names(cls: type) -> frozenset[str]:
-    """The variables a dataclass of arm_core.config.env_var fields reads (read_env)."""
+    """The variables a dataclass of arm_core.config_env.env_var fields reads (read_env)."""
     return frozenset(
         f.metadata["env"] for f in dataclasses.fields(cls) if f.metadata.get("env") is not None
     )

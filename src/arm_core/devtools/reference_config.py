@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arm_core.bridge.contracts import RESULT_SCHEMA, schema
-from arm_core.config import env_var, number, one_of, read_env
+from arm_core.config_env import env_var, number, one_of, read_env
 from arm_core.config_error import ConfigError
 
 TABULAR = "tabular-parser"
