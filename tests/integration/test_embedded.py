@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from arm_core.devtools.embedded import free_port
-from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.embedded_nats import EmbeddedNats, EmbeddedNatsCluster
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 
 
@@ -157,3 +157,44 @@ def test_nats_startup_failure_reports_log(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="exited"):
         server.start()
     assert not server.running
+
+
+def test_a_nats_cluster_that_does_not_form_is_started_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes that dial each other at once may both close the route as a duplicate
+    and never dial again: the start then begins again on fresh ports with empty stores.
+    The fault is injected into the formation check of the first attempt only; the
+    servers are real."""
+    real = EmbeddedNatsCluster._unformed
+    first: list[list[int]] = []
+
+    def unformed(self: EmbeddedNatsCluster, index: int) -> str | None:
+        if not first:
+            first.append(list(self.monitor_ports))
+        return (
+            "no route to anyone (injected)" if self.monitor_ports == first[0] else real(self, index)
+        )
+
+    monkeypatch.setattr(EmbeddedNatsCluster, "_unformed", unformed)
+    cluster = EmbeddedNatsCluster(size=2, base_dir=tmp_path / "nats", jetstream=True)
+    try:
+        cluster.start(timeout=3)
+        assert first and cluster.monitor_ports != first[0]
+        assert all(real(cluster, i) is None for i in range(2))
+        assert asyncio.run(_roundtrip(cluster.urls()[1], "arm.formed")) == b"ping"
+    finally:
+        cluster.stop()
+
+
+def test_a_nats_cluster_that_never_forms_says_what_each_node_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(EmbeddedNatsCluster, "_unformed", lambda self, index: "no route (injected)")
+    cluster = EmbeddedNatsCluster(size=2, base_dir=tmp_path / "nats")
+    with pytest.raises(RuntimeError) as raised:
+        cluster.start(timeout=1)
+    said = str(raised.value)
+    assert said.startswith("could not start a 2-node NATS cluster: NATS cluster not formed")
+    assert "n1: no route (injected); n2: no route (injected)" in said
+    assert not any(cluster.running(i) for i in range(2))

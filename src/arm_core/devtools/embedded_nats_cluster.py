@@ -33,6 +33,10 @@ def _monitor_json(port: int, path: str) -> dict[str, object] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
+class ClusterNotFormed(RuntimeError):
+    """The cluster's nodes run but have not all joined it within the timeout."""
+
+
 @dataclass
 class EmbeddedNatsCluster(Server):
     """``size`` nats-server nodes (``n1``, ``n2``, …) clustered over loopback routes, on
@@ -118,7 +122,8 @@ class EmbeddedNatsCluster(Server):
 
     def start(self, timeout: float = 30.0) -> EmbeddedNatsCluster:
         """Start every node and wait until the cluster has formed. A port taken between
-        choosing it and binding it is retried with fresh ports (three times)."""
+        choosing it and binding it, or a cluster that did not form, is retried with
+        fresh ports (three times in all)."""
         if any(node.running for node in self.nodes):
             raise RuntimeError("the cluster is already running")
         last: RuntimeError | None = None
@@ -148,6 +153,14 @@ class EmbeddedNatsCluster(Server):
                     node.start(timeout)
                 self.wait_formed(timeout)
                 return self
+            except ClusterNotFormed as exc:
+                # Rarely, two nodes dialling each other at once both close the route as a
+                # duplicate and neither dials again: start afresh, stores emptied.
+                self.stop()
+                for node in self.nodes:
+                    if node.log_dir is not None:
+                        shutil.rmtree(node.log_dir / "jetstream", ignore_errors=True)
+                last = exc
             except RuntimeError as exc:
                 self.stop()
                 if "address already in use" not in str(exc):
@@ -155,35 +168,38 @@ class EmbeddedNatsCluster(Server):
                 last = exc
         raise RuntimeError(f"could not start a {self.size}-node NATS cluster: {last}")
 
-    def _formed(self, index: int) -> bool:
+    def _unformed(self, index: int) -> str | None:
+        """Why node ``index`` has not joined the cluster yet (None: it has)."""
         port = self.monitor_ports[index]
         routez = _monitor_json(port, "/routez")
-        if routez is None:
-            return False
-        routes = routez.get("routes") or []
+        routes = routez.get("routes") if routez is not None else None
         if not isinstance(routes, list):
-            return False
+            return "no /routez answer"
         remote = {route.get("remote_name") for route in routes if isinstance(route, dict)}
         others = {self.name(j) for j in range(self.size) if j != index and self.running(j)}
         if not others <= remote:
-            return False
+            return f"no route to {', '.join(sorted(others - remote))}"
         if not self.jetstream:
-            return True
+            return None
         jsz = _monitor_json(port, "/jsz")
         meta = jsz.get("meta_cluster") if jsz is not None else None
         if not isinstance(meta, dict) or not meta.get("leader"):
-            return False
+            return "no JetStream meta leader"
         healthz = _monitor_json(port, "/healthz")
-        return healthz is not None and healthz.get("status") == "ok"
+        status = healthz.get("status") if healthz is not None else None
+        return None if status == "ok" else f"/healthz says {status or 'nothing'}"
 
     def wait_formed(self, timeout: float = 30.0) -> None:
         """Wait until every running node routes to every other running node (and, with
-        JetStream, knows the meta leader and is healthy)."""
+        JetStream, knows the meta leader and is healthy); ClusterNotFormed past
+        `timeout`, naming what each node still lacks."""
         deadline = time.monotonic() + timeout
         while True:
-            waiting = [
-                self.name(i) for i in range(self.size) if self.running(i) and not self._formed(i)
-            ]
+            waiting = {
+                self.name(i): why
+                for i in range(self.size)
+                if self.running(i) and (why := self._unformed(i)) is not None
+            }
             if not waiting:
                 return
             if time.monotonic() >= deadline:
@@ -191,9 +207,9 @@ class EmbeddedNatsCluster(Server):
                     f"--- {self.nodes[i].log_path} ---\n{log_tail(self.nodes[i].log_path, 15)}"
                     for i in range(self.size)
                 )
-                raise RuntimeError(
-                    f"NATS cluster not formed after {timeout:.0f} s: {', '.join(waiting)} "
-                    f"still waiting for routes{' or JetStream' if self.jetstream else ''}\n{logs}"
+                lacks = "; ".join(f"{name}: {why}" for name, why in waiting.items())
+                raise ClusterNotFormed(
+                    f"NATS cluster not formed after {timeout:.0f} s ({lacks})\n{logs}"
                 )
             time.sleep(0.1)
 
