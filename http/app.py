@@ -12,7 +12,12 @@ from aiohttp import web
 import arm_core
 from arm_core.config import Settings
 from arm_core.http import file_list, handlers
-from arm_core.http.auth import auth_middleware, warn_unlevelled_tokens
+from arm_core.http.auth import (
+    TOKEN_DIGESTS,
+    TokenDigests,
+    auth_middleware,
+    warn_unlevelled_tokens,
+)
 from arm_core.http.errors import error_middleware
 from arm_core.runtime import bridge_ctx, install_metrics, install_probes, new_app, pool_ctx
 
@@ -86,6 +91,7 @@ def create_app(settings: Settings) -> web.Application:
         middlewares=[error_middleware, auth_middleware(settings, PERMISSIONS)],
         client_max_size=settings.http_max_body_bytes,
     )
+    app[TOKEN_DIGESTS] = TokenDigests.of(settings.api_tokens)
     app[handlers.OPENAPI] = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
     app[CONSOLE] = _console_files()
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])

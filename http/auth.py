@@ -63,17 +63,23 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
-def _token_digests(tokens: Sequence[ApiToken]) -> list[tuple[ApiToken, bytes]]:
-    """(entry, sha256 of its token) for each entry."""
-    return [(t, _digest(t.token)) for t in tokens]
+@dataclass(frozen=True)
+class TokenDigests:
+    """API_TOKENS' entries, each with the sha256 of its token: worked out once per
+    application (TOKEN_DIGESTS), compared on every request."""
+
+    entries: tuple[tuple[ApiToken, bytes], ...]
+
+    @classmethod
+    def of(cls, tokens: Sequence[ApiToken]) -> TokenDigests:
+        return cls(tuple((t, _digest(t.token)) for t in tokens))
 
 
-def authenticate(
-    request: web.Request,
-    settings: Settings,
-    tokens: Sequence[tuple[ApiToken, bytes]] | None = None,
-) -> Caller:
-    """The caller, or ApiError 401. `tokens` are (entry, sha256 of its token)."""
+TOKEN_DIGESTS = web.AppKey("token_digests", TokenDigests)
+
+
+def authenticate(request: web.Request, settings: Settings) -> Caller:
+    """The caller, or ApiError 401 (the tokens' digests are the application's)."""
     if settings.auth_mode == "none":
         return Caller("anonymous", EVERY_LEVEL)
     if settings.auth_mode == "header":
@@ -90,7 +96,7 @@ def authenticate(
     # which entry matched or whether one did.
     given = _digest(token.strip())
     found = None
-    for entry, expected in _token_digests(settings.api_tokens) if tokens is None else tokens:
+    for entry, expected in request.app[TOKEN_DIGESTS].entries:
         if hmac.compare_digest(given, expected):
             found = entry
     if found is None:
@@ -157,8 +163,6 @@ def auth_middleware(
     handler: `permissions[handler]` ("retry"), else "read". GET /metrics asks what
     METRICS_AUTH says."""
 
-    tokens = _token_digests(settings.api_tokens)
-
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
@@ -166,13 +170,13 @@ def auth_middleware(
             return await handler(request)
         if path == METRICS_PATH:
             if settings.metrics_auth != "none":
-                caller = authenticate(request, settings, tokens)
+                caller = authenticate(request, settings)
                 if settings.metrics_auth == "level":
                     require(caller, "metrics")
                 elif not caller.levels:
                     require(caller, "read")  # in no group: no access at all
             return await handler(request)
-        caller = authenticate(request, settings, tokens)
+        caller = authenticate(request, settings)
         route_handler = request.match_info.handler
         require(caller, permissions.get(route_handler, "read"))
         request[CALLER] = caller
