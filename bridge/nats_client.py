@@ -20,7 +20,6 @@ from nats.aio.client import Client
 from nats.errors import FlushTimeoutError, SlowConsumerError
 
 from arm_core.bridge.results_stream import (
-    STREAM_ACK_WAIT_SECONDS,
     STREAM_MAX_ACK_PENDING,
     StreamUnavailable,
     ensure_results_stream,
@@ -34,7 +33,6 @@ from arm_core.redaction import mask_urls_in
 
 __all__ = [
     "MSG_ID_HEADER",
-    "STREAM_ACK_WAIT_SECONDS",
     "STREAM_MAX_ACK_PENDING",
     "StreamUnavailable",
     "auth_options",

@@ -35,10 +35,6 @@ from arm_core.config import Settings
 log = logging.getLogger("arm_core.bridge.nats_client")
 
 
-# The results stream's consumer (RESULTS_STREAM). A message the inbox has not settled
-# within ACK_WAIT is delivered again (to any instance): long enough for a full inbox
-# buffer to be applied, short enough that a crashed instance's share comes back soon.
-STREAM_ACK_WAIT_SECONDS = 30.0
 # Messages delivered to all instances together and not yet settled; past it the
 # server delivers nothing more until some are acked. Above every instance's
 # INBOX_BUFFER_SIZE plus a fetch.
@@ -262,7 +258,7 @@ async def results_consumer(
         durable_name=durable,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
-        ack_wait=STREAM_ACK_WAIT_SECONDS,
+        ack_wait=settings.stream_ack_wait_seconds,
         max_ack_pending=STREAM_MAX_ACK_PENDING,
         max_deliver=-1,
         filter_subject=settings.result_subject,

@@ -191,6 +191,10 @@ class Settings:
     results_stream_max_bytes: int = env_var(
         "RESULTS_STREAM_MAX_BYTES", number(int, 1 << 20), 1 << 30
     )
+    # None: 30 s (stream_ack_wait_seconds); a given one may not exceed ACK_TIMEOUT_SECONDS.
+    results_stream_ack_wait_seconds: float | None = env_var(
+        "RESULTS_STREAM_ACK_WAIT_SECONDS", number(float, 1), None
+    )
     # None: derived from ACK_TIMEOUT_SECONDS (duplicate_window_seconds). 0.1 s is the
     # server's minimum.
     results_stream_duplicate_window_seconds: float | None = env_var(
@@ -279,6 +283,12 @@ class Settings:
         """The results stream's duplicate window, shorter than ACK_TIMEOUT_SECONDS
         (arm_core.config_bridge.duplicate_window_seconds)."""
         return config_bridge.duplicate_window_seconds(self)
+
+    @property
+    def stream_ack_wait_seconds(self) -> float:
+        """The results stream consumer's ack_wait
+        (arm_core.config_bridge.stream_ack_wait_seconds)."""
+        return config_bridge.stream_ack_wait_seconds(self)
 
     def check_results_stream(self) -> None:
         """RESULTS_STREAM's settings fit together (arm_core.config_bridge.check_results_stream)."""

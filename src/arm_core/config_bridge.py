@@ -152,16 +152,38 @@ def duplicate_window_seconds(settings: Settings) -> float:
     return max(derived, 0.1)
 
 
+# The results stream consumer's ack_wait when RESULTS_STREAM_ACK_WAIT_SECONDS is not
+# given: long enough for a full inbox buffer to be applied (an answer waiting on its
+# job's publish is kept with in_progress), short enough that a crashed bridge's share
+# comes back soon.
+STREAM_ACK_WAIT_SECONDS = 30.0
+
+
+def stream_ack_wait_seconds(settings: Settings) -> float:
+    """How long the results stream waits for a bridge to settle a message it delivered
+    before it delivers it again (to any bridge): RESULTS_STREAM_ACK_WAIT_SECONDS, or 30 s."""
+    given = settings.results_stream_ack_wait_seconds
+    return STREAM_ACK_WAIT_SECONDS if given is None else given
+
+
 def check_results_stream(settings: Settings) -> None:
     """With RESULTS_STREAM set: the durable consumer is named after NATS_QUEUE_GROUP
-    (so it must be a valid consumer name), JetStream wants the duplicate window within
-    the maximum age, and the window must be shorter than ACK_TIMEOUT_SECONDS."""
+    (so it must be a valid consumer name), a given ack_wait is at most
+    ACK_TIMEOUT_SECONDS, JetStream wants the duplicate window within the maximum age, and
+    the window must be shorter than ACK_TIMEOUT_SECONDS."""
     if not settings.results_stream:
         return
     if not _JS_NAME.fullmatch(settings.nats_queue_group):
         raise ConfigError(
             f"NATS_QUEUE_GROUP: names the durable consumer of RESULTS_STREAM, so only "
             f"A-Z a-z 0-9 _ - (1 to 64): {settings.nats_queue_group!r}"
+        )
+    ack_wait = settings.results_stream_ack_wait_seconds
+    if ack_wait is not None and ack_wait > settings.ack_timeout_seconds:
+        raise ConfigError(
+            f"RESULTS_STREAM_ACK_WAIT_SECONDS: must not exceed ACK_TIMEOUT_SECONDS "
+            f"({settings.ack_timeout_seconds:g}), got {ack_wait:g}: a service's ack held by "
+            "a bridge that died would come back only after its request was sent again"
         )
     window = duplicate_window_seconds(settings)
     max_age = settings.results_stream_max_age_seconds

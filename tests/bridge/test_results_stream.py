@@ -111,6 +111,17 @@ async def applied_and_acked(db_url: str, js: JetStreamContext, n: int, within: f
             {"RESULTS_STREAM": "A", "ACK_TIMEOUT_SECONDS": "0.1"},
             "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS",
         ),
+        ({"RESULTS_STREAM_ACK_WAIT_SECONDS": "0.5"}, "RESULTS_STREAM_ACK_WAIT_SECONDS"),
+        ({"RESULTS_STREAM_ACK_WAIT_SECONDS": "soon"}, "RESULTS_STREAM_ACK_WAIT_SECONDS"),
+        # An ack a dead bridge held must come back before its request is sent again.
+        (
+            {
+                "RESULTS_STREAM": "A",
+                "ACK_TIMEOUT_SECONDS": "10",
+                "RESULTS_STREAM_ACK_WAIT_SECONDS": "11",
+            },
+            "RESULTS_STREAM_ACK_WAIT_SECONDS",
+        ),
     ],
 )
 def test_bad_stream_settings_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -129,6 +140,20 @@ def test_stream_settings_defaults() -> None:
         on.results_stream_max_bytes,
         on.duplicate_window_seconds,
     ) == ("ARM_RESULTS", 1, 7 * 24 * 3600.0, 1 << 30, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("env", "ack_wait"),
+    [
+        ({}, 30.0),
+        ({"ACK_TIMEOUT_SECONDS": "3"}, 30.0),  # not given: nothing to refuse
+        ({"ACK_TIMEOUT_SECONDS": "10", "RESULTS_STREAM_ACK_WAIT_SECONDS": "10"}, 10.0),
+        ({"RESULTS_STREAM_ACK_WAIT_SECONDS": "5"}, 5.0),
+    ],
+)
+def test_the_stream_ack_wait_is_30_s_unless_given(env: dict[str, str], ack_wait: float) -> None:
+    settings = Settings.from_env({"RESULTS_STREAM": "ARM_RESULTS", **env})
+    assert settings.stream_ack_wait_seconds == ack_wait
 
 
 @pytest.mark.parametrize(
@@ -173,6 +198,7 @@ async def test_stream_and_durable_consumer_made_and_every_message_acked_after_co
         results_stream_max_age_seconds=3600.0,
         # Long, within ACK_TIMEOUT_SECONDS (30): the ack sent again below is within it.
         results_stream_duplicate_window_seconds=25.0,
+        results_stream_ack_wait_seconds=12.0,
     )
     async with running_bridge(settings) as bridge:
         js = js_client.jetstream()
@@ -187,6 +213,7 @@ async def test_stream_and_durable_consumer_made_and_every_message_acked_after_co
         assert consumer.config.durable_name == "arm-core"
         assert consumer.config.ack_policy == "explicit"
         assert consumer.config.max_ack_pending == 20_000
+        assert consumer.config.ack_wait == 12.0  # RESULTS_STREAM_ACK_WAIT_SECONDS
         await ack_all(js_client, jobs)  # core NATS publishes, as services send them
         await applied_and_acked(db_url, js, n, within=30)
         assert bridge.inbox.counts["acked"] == n

@@ -19,9 +19,9 @@ move to another node at once) and closes those that have not moved.
 Judged for both: every job `done`, each result applied once (the bridges' DEBUG lines
 and the result objects), and no job republished although every request of it had
 reached a service (an answer lost on the way back). ACK_TIMEOUT_SECONDS is 90 s, beyond
-the stream consumer's ack_wait (30 s): an answer fetched by a bridge whose connection
-was moving comes again from the stream after 30 s, before its job could be republished
-for want of it."""
+the stream consumer's ack_wait (RESULTS_STREAM_ACK_WAIT_SECONDS, 5 s here): an answer
+fetched by a bridge whose connection was moving comes again from the stream after 5 s,
+long before its job could be republished for want of it."""
 
 from __future__ import annotations
 
@@ -83,6 +83,7 @@ async def test_lame_duck_rolling_restart_of_the_nats_cluster(
         # A lost request is published again after 90 s; a lost result would leave its
         # job waiting for the reply deadline, far beyond the test: seen as stuck.
         "ACK_TIMEOUT_SECONDS": 90,
+        "RESULTS_STREAM_ACK_WAIT_SECONDS": 5,
         "OUTBOX_MAX_REPUBLISH": 10,
         "TABULAR_REPLY_TIMEOUT_SECONDS": 600,
         "IMAGE_REPLY_TIMEOUT_SECONDS": 600,

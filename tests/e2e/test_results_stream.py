@@ -149,7 +149,7 @@ async def test_kill_9_of_one_of_two_bridges_loses_nothing_with_the_results_strea
 ) -> None:
     """Two bridges consume RESULTS_STREAM; one is killed with answers in its buffers
     (received, not yet applied, so not acked). The stream delivers every one of them again
-    to the other after its ack_wait (30 s): every job done, each result applied once.
+    to the other after its ack_wait (5 s here): every job done, each result applied once.
     Without the stream those answers are lost (docs/reliability.md)."""
     n = 2000
     stack = js_stack
@@ -160,7 +160,9 @@ async def test_kill_9_of_one_of_two_bridges_loses_nothing_with_the_results_strea
         # stream, up to two batches per worker are fetched ahead: 40 here).
         "INBOX_BATCH_SIZE": 10,
         "INBOX_BUFFER_SIZE": 200,
-        # Beyond the redelivery (30 s): a job waiting for its ack is not republished.
+        # What A held comes back to B after 5 s, and a job waiting for its ack is not
+        # republished meanwhile (ACK_TIMEOUT_SECONDS is far beyond).
+        "RESULTS_STREAM_ACK_WAIT_SECONDS": 5,
         "ACK_TIMEOUT_SECONDS": 120,
         "TABULAR_REPLY_TIMEOUT_SECONDS": 600,
         "IMAGE_REPLY_TIMEOUT_SECONDS": 600,

@@ -203,6 +203,8 @@ ENV: dict[str, Any] = {
     "OUTBOX_POLL_SECONDS": "0.5",
     "SCHEDULE_TICK_SECONDS": "0.5",
     "ACK_TIMEOUT_SECONDS": str(ACK_TIMEOUT),
+    # What a killed or cut-off bridge held comes back to the other within 5 s, not 30.
+    "RESULTS_STREAM_ACK_WAIT_SECONDS": "5",
     "OUTBOX_MAX_REPUBLISH": "6",
     "TABULAR_REPLY_TIMEOUT_SECONDS": "300",
     "IMAGE_REPLY_TIMEOUT_SECONDS": "300",

@@ -141,6 +141,10 @@ MEANINGS: dict[str, str] = {
     "least 1 MiB; the default is 1 GiB); when full, the stream refuses new answers "
     "([the stream's bounds](not-losing-answers.md#the-streams-bounds)). The server "
     "reserves it from its `max_file_store` ([Capacity](capacity.md#the-results-stream))",
+    "RESULTS_STREAM_ACK_WAIT_SECONDS": "how long the stream waits for a bridge to settle an "
+    "answer it delivered before it delivers it to any bridge again (an answer waiting on "
+    "its job's publish is kept meanwhile): what a bridge that died or was cut off held "
+    "comes back after this; at least 1, at most `ACK_TIMEOUT_SECONDS` (else exit 2)",
     "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "the stream drops a message whose "
     "`Nats-Msg-Id` it stored within this (0.1 s or more, at most the maximum age); must be "
     "shorter than `ACK_TIMEOUT_SECONDS` (else exit 2), so that a service's ack to a "
@@ -201,6 +205,7 @@ MEANINGS: dict[str, str] = {
 # The default of a variable whose field holds None because its default is derived from
 # other settings: how the page shows it.
 DERIVED_DEFAULTS: dict[str, str] = {
+    "RESULTS_STREAM_ACK_WAIT_SECONDS": "30",
     "DATABASE_POOL_MAX_SIZE": f"{Settings().pool_max_size()} (computed)",
     "RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS": "a third of `ACK_TIMEOUT_SECONDS` (10 with "
     "its default), at most 120 and the maximum age, at least 0.1",
