@@ -89,7 +89,7 @@ class EmbeddedNatsCluster(Server):
             self._own_base_dir = True
         return Path(self.base_dir)
 
-    def _node(self, index: int, client: int, route: int, monitor: int, routes: str) -> EmbeddedNats:
+    def _node(self, index: int, client: int, route: int, monitor: int, seed: str) -> EmbeddedNats:
         log_dir = self._base() / self.name(index)
         args = [
             "--server_name",
@@ -101,8 +101,7 @@ class EmbeddedNatsCluster(Server):
             "-cluster",
             f"nats://127.0.0.1:{route}",
         ]
-        if routes:
-            args += ["-routes", routes]
+        args += ["-routes", seed]
         if self.jetstream:
             args += ["-js", "-sd", str(log_dir / "jetstream")]
         # Lame-duck timings exist only as configuration-file options; the flags above
@@ -136,16 +135,14 @@ class EmbeddedNatsCluster(Server):
             clients = ports[: self.size]
             self.cluster_ports = ports[self.size : 2 * self.size]
             self.monitor_ports = ports[2 * self.size :]
+            # A seed shape: every node's one route is n1 (n1 sees its own and drops it; a
+            # JetStream cluster wants a route configured on every node); n1 tells each
+            # node that joins about the others, and they dial it, one side per pair.
+            # When every node dials every other, two nodes dialling each other at once
+            # may both close the route as a duplicate, and neither dials again.
+            seed = f"nats://127.0.0.1:{self.cluster_ports[0]}"
             self.nodes = [
-                self._node(
-                    i,
-                    clients[i],
-                    self.cluster_ports[i],
-                    self.monitor_ports[i],
-                    ",".join(
-                        f"nats://127.0.0.1:{p}" for j, p in enumerate(self.cluster_ports) if j != i
-                    ),
-                )
+                self._node(i, clients[i], self.cluster_ports[i], self.monitor_ports[i], seed)
                 for i in range(self.size)
             ]
             try:
@@ -154,8 +151,8 @@ class EmbeddedNatsCluster(Server):
                 self.wait_formed(timeout)
                 return self
             except ClusterNotFormed as exc:
-                # Rarely, two nodes dialling each other at once both close the route as a
-                # duplicate and neither dials again: start afresh, stores emptied.
+                # Not seen since the seed shape; should it happen, the timeout's message
+                # names what each node lacks, and a fresh start with emptied stores follows.
                 self.stop()
                 for node in self.nodes:
                     if node.log_dir is not None:
