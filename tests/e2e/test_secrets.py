@@ -159,6 +159,8 @@ CASES = [
 @pytest.mark.parametrize(
     ("command", "variable", "value", "said"),
     [(cmd, *case[1:]) for case in CASES for cmd in case[0]],
+    # Named by command, variable and what is said; not by the (random, secret) value.
+    ids=[f"{cmd}-{case[1]}-{case[3]}" for case in CASES for cmd in case[0]],
 )
 def test_a_bad_variable_stops_at_start_naming_it_and_showing_no_secret(
     db_url: str, nats_server: EmbeddedNats, command: str, variable: str, value: str, said: str
