@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from arm_core.config import ConfigError, Settings
 from arm_core.logs import LogFormatter, Redactor, escape, setup_logging
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 [A-Z]+ ")
@@ -312,6 +313,15 @@ def test_configured_secrets_are_redacted_in_json(
 def test_an_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="'xml'"):
         LogFormatter("xml")
+
+
+@pytest.mark.parametrize("value", ["xml", "JSONL", "json text", "jsn"])
+def test_log_format_takes_text_or_json_and_names_what_it_refuses(value: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"LOG_FORMAT": value})
+    assert str(refused.value) == f"LOG_FORMAT: expected one of text, json, got {value!r}"
+    assert Settings.from_env({"LOG_FORMAT": "JSON"}).log_format == "json"  # any case
+    assert Settings.from_env({"LOG_FORMAT": ""}).log_format == "text"  # empty: the default
 
 
 def test_setup_logging_installs_the_json_format() -> None:
