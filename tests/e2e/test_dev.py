@@ -70,81 +70,89 @@ def alive(pattern: str) -> list[str]:
     return [line for line in found.stdout.splitlines() if "pgrep" not in line]
 
 
-def test_dev_runs_the_demo_and_stops_cleanly_twice(tmp_path: Path) -> None:
+def left_behind(text: str) -> list[str]:
+    """What of a run whose stdout is `text` still runs or answers after it stopped."""
+    url = re.search(r"psql '(postgresql://[^']+)'", text)
+    nats_port = re.search(r"NATS\s+nats://127.0.0.1:(\d+)", text)
+    assert url is not None and nats_port is not None
+    found = alive(f"nats-server.*{nats_port.group(1)}")
+    try:
+        psycopg.connect(url.group(1), connect_timeout=2).close()
+        found.append(f"PostgreSQL at {url.group(1)}")
+    except psycopg.OperationalError:
+        pass
+    return found
+
+
+def stored_files(text: str) -> int:
+    url = re.search(r"psql '(postgresql://[^']+)'", text)
+    assert url is not None
+    with psycopg.connect(url.group(1)) as conn:
+        row = conn.execute("SELECT count(*) FROM arm.stored_file").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_dev_runs_the_demo_stops_cleanly_and_a_second_run_reuses_its_data(
+    tmp_path: Path,
+) -> None:
+    """The first run as a newcomer's; the second with DEBUG and LOG_FORMAT=json (its logs
+    stay on stderr) and the scan reference alone (a team tests its tabular service in
+    its place: the banner promises nothing for the tabular files)."""
     dev_dir = tmp_path / "dev"
-    for run in (1, 2):
-        log = tmp_path / f"dev{run}.log"
-        proc, port = run_dev(dev_dir, log)
-        try:
-            text = wait_text(log, "every demo file reached a final status", 60)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(30) == 0
-        url = re.search(r"psql '(postgresql://[^']+)'", text)
-        assert url is not None
-        for line in (
-            "ok ОСВ 60 сентябрь 2026.xlsx: attempt 1 done",
-            "ok Акт сверки (скан).pdf: attempt 1 done",
-            "!! ОСВ повреждённая [fail].xlsb: attempt 1 error (UNSUPPORTED_FORMAT)",
-            "!! Счёт-фактура [noack].png: attempt 1 dlq (NO_ACK)",
-            "!! ОСВ 41 [silent].xlsx: attempt 1 timeout (TIMEOUT)",
-        ):
-            assert line in text
-        assert f"http://127.0.0.1:{port}/healthcheck" in text
-        assert "arm-core dev stopped" in log.read_text()
-        # The feed is readable: the console first, no log line on stdout nor stderr.
-        assert text.splitlines()[0] == f"console: http://127.0.0.1:{port}/"
-        assert [line for line in text.splitlines() if LOG_LINE.match(line)] == []
-        assert errors_of(log).read_text() == ""
-        # The logs are in the files the banner names: the reference services' apart.
-        serve_log, reference_log = (
-            dev_dir / "logs" / "serve.log",
-            dev_dir / "logs" / "reference.log",
-        )
-        assert f"logs         {serve_log} (API, bridge), {reference_log}" in text
-        served, referenced = serve_log.read_text(), reference_log.read_text()
-        assert "action=nats_connected" in served and "action=inbox_batch" in served
-        # The production shape: answers captured by a JetStream stream on the embedded
-        # server (its store under the dev folder), read through the durable consumer.
-        assert "(answers kept in JetStream stream arm_results)" in text
-        assert "from stream arm_results" in served
-        assert "action=ref_result" in referenced and "arm_core.devtools.reference" not in served
-        assert all(LOG_LINE.match(line) or line.startswith("  ") for line in served.splitlines())
-        # Nothing it started is left behind.
-        nats_port = re.search(r"NATS\s+nats://127.0.0.1:(\d+)", text)
-        assert nats_port is not None
-        assert alive(f"nats-server.*{nats_port.group(1)}") == []
-        with pytest.raises(psycopg.OperationalError):
-            psycopg.connect(url.group(1), connect_timeout=2).close()
+    log = tmp_path / "dev1.log"
+    proc, port = run_dev(dev_dir, log)
+    try:
+        text = wait_text(log, "every demo file reached a final status", 60)
+        first_files = stored_files(text)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    for line in (
+        "ok ОСВ 60 сентябрь 2026.xlsx: attempt 1 done",
+        "ok Акт сверки (скан).pdf: attempt 1 done",
+        "!! ОСВ повреждённая [fail].xlsb: attempt 1 error (UNSUPPORTED_FORMAT)",
+        "!! Счёт-фактура [noack].png: attempt 1 dlq (NO_ACK)",
+        "!! ОСВ 41 [silent].xlsx: attempt 1 timeout (TIMEOUT)",
+    ):
+        assert line in text
+    assert f"http://127.0.0.1:{port}/healthcheck" in text
+    assert "arm-core dev stopped" in log.read_text()
+    # The feed is readable: the console first, no log line on stdout nor stderr.
+    assert text.splitlines()[0] == f"console: http://127.0.0.1:{port}/"
+    assert [line for line in text.splitlines() if LOG_LINE.match(line)] == []
+    assert errors_of(log).read_text() == ""
+    # The logs are in the files the banner names: the reference services' apart.
+    serve_log, reference_log = (
+        dev_dir / "logs" / "serve.log",
+        dev_dir / "logs" / "reference.log",
+    )
+    assert f"logs         {serve_log} (API, bridge), {reference_log}" in text
+    served, referenced = serve_log.read_text(), reference_log.read_text()
+    assert "action=nats_connected" in served and "action=inbox_batch" in served
+    # The production shape: answers captured by a JetStream stream on the embedded
+    # server (its store under the dev folder), read through the durable consumer.
+    assert "(answers kept in JetStream stream arm_results)" in text
+    assert "from stream arm_results" in served
+    assert "action=ref_result" in referenced and "arm_core.devtools.reference" not in served
+    assert all(LOG_LINE.match(line) or line.startswith("  ") for line in served.splitlines())
+    assert left_behind(text) == []  # nothing it started is left behind
     assert (dev_dir / "postgres").is_dir()  # the data lives under the dev folder
 
-
-def test_dev_second_run_sees_the_first_runs_files(tmp_path: Path) -> None:
-    """The second run with DEBUG and LOG_FORMAT=json: its logs stay on stderr. It runs
-    the scan reference alone (a team tests its tabular service in its place): the
-    banner promises nothing for the tabular files."""
-    dev_dir = tmp_path / "dev"
-    seen = []
     second = {"DEBUG": "true", "LOG_FORMAT": "json", "REFERENCE_SERVICES": "scan-gateway"}
-    for run, env in ((1, {}), (2, second)):
-        log = tmp_path / f"dev{run}.log"
-        proc, _ = run_dev(dev_dir, log, **env)
-        try:
-            text = wait_text(log, "Status changes:", 60)
-            url = re.search(r"psql '(postgresql://[^']+)'", text)
-            assert url is not None
-            with psycopg.connect(url.group(1)) as conn:
-                row = conn.execute("SELECT count(*) FROM arm.stored_file").fetchone()
-                assert row is not None
-                seen.append(row[0])
-        finally:
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(30) == 0
-        if run == 1:
-            files_after_first = (dev_dir / "logs" / "serve.log").read_text()
-    assert seen == [6, 12]
+    log = tmp_path / "dev2.log"
+    proc, _ = run_dev(dev_dir, log, **second)
+    try:
+        wait_text(log, "Status changes:", 60)
+        second_files = stored_files(log.read_text())
+        # It works on the data it found: its own scan is recognised as the first's was.
+        text = wait_text(log, "ok Акт сверки (скан).pdf: attempt 1 done", 60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    assert (first_files, second_files) == (6, 12)  # the first run's files are still there
     # DEBUG: the logs on stderr (here in JSON, debug lines included), not in the files
-    assert (dev_dir / "logs" / "serve.log").read_text() == files_after_first
+    assert serve_log.read_text() == served
     logged = [json.loads(line) for line in errors_of(log).read_text().splitlines()]
     assert any(d.get("action") == "nats_connected" for d in logged)
     assert any(d["level"] == "debug" for d in logged)
@@ -152,3 +160,4 @@ def test_dev_second_run_sees_the_first_runs_files(tmp_path: Path) -> None:
     promised = dict(re.findall(r"^  \S+  (.+?)\s+→ (.+)$", text, flags=re.M))
     assert promised["ОСВ 60 сентябрь 2026.xlsx"] == "whatever your tabular-parser answers"
     assert promised["Акт сверки (скан).pdf"] == "done"
+    assert left_behind(text) == []
