@@ -14,9 +14,10 @@ on the stream's subject is stored.
   window. The bridges also receive its answers by core NATS and keep the last 15 s of
   them (bridge/replay.py); when the new leader is elected they apply them again: every
   job done, none applied twice.
-- The same with the bridges keeping nothing (RESULTS_STREAM_REPLAY_SECONDS=0): what core
-  publishing loses then, printed, not asserted — the jobs whose result was lost wait for
-  their reply deadline (20 s here) and time out (docs/not-losing-answers.md).
+
+What core publishing loses when the bridges keep nothing (RESULTS_STREAM_REPLAY_SECONDS=0)
+is a measurement, not a promise: `make chaos` measures it (its row "bridges replay
+nothing"; docs/not-losing-answers.md).
 """
 
 from __future__ import annotations
@@ -63,15 +64,14 @@ def js_cluster(tmp_path: Path) -> Iterator[EmbeddedNatsCluster]:
         yield nodes
 
 
-@pytest.mark.parametrize("publisher", ["jetstream", "core", "core-unreplayed"])
+@pytest.mark.parametrize("publisher", ["jetstream", "core"])
 async def test_kill_9_of_the_stream_leaders_node_mid_flow(
     db_url: str, js_cluster: EmbeddedNatsCluster, tmp_path: Path, publisher: str
 ) -> None:
     cluster = js_cluster
     stack = Stack(db_url=db_url, nats=cluster.nodes[0], tmp=tmp_path, results=tmp_path / "res")
-    # Unreplayed core publishing loses results: their jobs time out after 20 s, within
-    # the test. Otherwise nothing is lost, and a deadline far away shows it.
-    deadline = 20 if publisher == "core-unreplayed" else 300
+    # Nothing is lost, and a deadline far away shows it.
+    deadline = 300
     env = {
         "RESULTS_STREAM": STREAM,
         "RESULTS_STREAM_REPLICAS": 3,
@@ -81,8 +81,6 @@ async def test_kill_9_of_the_stream_leaders_node_mid_flow(
         "IMAGE_REPLY_TIMEOUT_SECONDS": deadline,
         "DEBUG": "true",  # a log line per result applied
     }
-    if publisher == "core-unreplayed":
-        env["RESULTS_STREAM_REPLAY_SECONDS"] = 0
     services: list[RecordingService] = []
     try:
         bridges = [await start_bridge(stack, cluster, **env) for _ in range(2)]
@@ -137,7 +135,7 @@ async def test_kill_9_of_the_stream_leaders_node_mid_flow(
             assert by_status == {"done": JOBS}
             # It did meet the window: publishes not acknowledged, answers kept and resent.
             assert log_lines(reference.log(), action="ref_waiting"), reference.log()[-3000:]
-        elif publisher == "core":
+        else:
             assert by_status == {"done": JOBS}
             # The window's answers came from the bridges' replay at the election.
             assert any(log_lines(b.log(), action="stream_replay") for b in bridges)
