@@ -110,14 +110,12 @@ async def test_kill_9_of_the_only_bridge_loses_nothing_with_the_results_stream(
             await wait_for(
                 lambda: sum(service.answered.values()) >= at_kill + 20, 30, "answers in the gap"
             )
-            in_gap = sum(service.answered.values()) - at_kill
             restarted = stack.bridge(**env)
             await wait_for(lambda: scalar(conn, done) == n, 180, lambda: f"{n} done")
             assert scalar(conn, "SELECT count(*) FROM arm.recognition_job") == n
             assert (
                 scalar(conn, "SELECT count(*) FROM arm.recognition_job WHERE status <> 'done'") == 0
             )
-        assert in_gap >= 20
         assert restarted.stop() == 0
     finally:
         await service.client.close()

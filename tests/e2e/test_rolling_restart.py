@@ -85,8 +85,7 @@ async def test_rolling_restart_of_two_bridges_under_a_steady_flow(
                 # stopped and the new one started, the phase could end before the new
                 # one heard a single answer (an idle CI machine did that).
                 await done_reaches(conn, scalar(conn, done) + 150, "flow goes on")
-            n = flow.stop()
-        assert n >= 600
+            n = flow.stop()  # at least 600: the four phases above waited for them
         with dict_conn(stack.db_url) as conn:
             # No job stuck: every one reaches done (the deadline is generous, not timed).
             await wait_for(lambda: scalar(conn, done) == n, 120, lambda: f"{n} jobs done")
