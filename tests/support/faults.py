@@ -66,11 +66,16 @@ def metric(port: int, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
+# Every rule black_hole adds carries this comment, so that rules a killed run left
+# behind can be found and removed (clear_black_holes) without touching anyone else's.
+RULE_COMMENT = "arm-core-black-hole"
+
+
 def _iptables(action: str, port: int) -> None:
     for direction in ("--dport", "--sport"):
         subprocess.run(
             ["iptables", action, "OUTPUT", "-o", "lo", "-p", "tcp", direction, str(port),
-             "-j", "DROP"],
+             "-m", "comment", "--comment", RULE_COMMENT, "-j", "DROP"],
             check=True, capture_output=True, timeout=30,
         )  # fmt: skip
 
@@ -85,3 +90,20 @@ def black_hole(port: int) -> Iterator[None]:
     finally:
         with contextlib.suppress(subprocess.CalledProcessError):
             _iptables("-D", port)
+
+
+def clear_black_holes() -> list[str]:
+    """Remove the rules black_hole added in a run that was killed before it could (they
+    would silence a port a later run picks); returns the rules removed."""
+    if iptables_missing():
+        return []
+    listed = subprocess.run(
+        ["iptables", "-S", "OUTPUT"], check=True, capture_output=True, text=True, timeout=30
+    ).stdout.splitlines()
+    stale = [rule for rule in listed if f"--comment {RULE_COMMENT}" in rule]
+    for rule in stale:
+        # `-S` prints a rule as `-A OUTPUT …`: the same words after -D delete it.
+        subprocess.run(
+            ["iptables", "-D", *rule.split()[1:]], check=True, capture_output=True, timeout=30
+        )
+    return stale

@@ -1,0 +1,111 @@
+"""`python -m benchmarks.suite_time JUNIT.xml --wall SECONDS [--workers N]` (what `make
+test-durations` runs after the suite): where the test suite's time goes, by folder, from
+the JUnit XML report of one run, written to docs/test-durations.md.
+
+The page keeps the run before as well (its "This run" section becomes "The run before"),
+so a change to the suite shows its effect beside the last measurement. Each section says
+its commit, date, machine and the number of workers: with several workers the sum of the
+tests' times is larger than the wall-clock time, and a folder's share of the sum is what
+it costs the machine, not how long one waits for it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.report import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "test-durations.md"
+THIS_RUN, RUN_BEFORE = "## This run", "## The run before"
+
+
+@dataclass
+class Folder:
+    tests: int = 0
+    seconds: float = 0.0
+    failed: int = 0
+    slowest: list[tuple[float, str]] = field(default_factory=list)
+
+
+def folders(junit: Path) -> dict[str, Folder]:
+    """tests/<folder>/ → its tests' count, summed time (setup, call and teardown, as JUnit
+    records them) and failures."""
+    found: dict[str, Folder] = defaultdict(Folder)
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        # tests.e2e.test_soak_sampler; a module skipped whole has only a name.
+        classname = case.get("classname") or case.get("name", "")
+        parts = classname.split(".")
+        folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else "(other)"
+        seconds = float(case.get("time", "0") or 0)
+        entry = found[folder]
+        entry.tests += 1
+        entry.seconds += seconds
+        entry.failed += sum(1 for child in case if child.tag in ("failure", "error"))
+        entry.slowest.append((seconds, f"{'/'.join(parts[1:])}.py::{case.get('name')}"))
+    return dict(found)
+
+
+def section(title: str, junit: Path, wall: float, workers: int) -> str:
+    found = folders(junit)
+    total = sum(f.seconds for f in found.values())
+    lines = [
+        title,
+        "",
+        *(f"- {line}" for line in machine()),
+        f"- workers (pytest-xdist `-n`): {workers}; the suite's wall-clock time: "
+        f"{wall:.0f} s ({wall / 60:.1f} min); the tests' summed time: {total:.0f} s",
+        "",
+        "| folder | tests | summed seconds | share | failed | slowest test (s) |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, f in sorted(found.items(), key=lambda item: -item[1].seconds):
+        top_seconds, top = max(f.slowest)
+        lines.append(
+            f"| {name} | {f.tests} | {f.seconds:.0f} | {f.seconds / total:.0%} | {f.failed} "
+            f"| `{top}` ({top_seconds:.0f}) |"
+        )
+    slowest = sorted(((s, name) for f in found.values() for s, name in f.slowest), reverse=True)[
+        :15
+    ]
+    lines += ["", "The 15 slowest tests (seconds, setup and teardown included):", ""]
+    lines += [f"- {s:.1f} `{name}`" for s, name in slowest]
+    return "\n".join(lines) + "\n"
+
+
+def page(new: str, old_page: str | None) -> str:
+    head = [
+        "# Where the test suite's time goes",
+        "",
+        "Written by `make test-durations` (`python -m benchmarks.suite_time`) from the JUnit "
+        "report of one `make test` run; the run before is kept below it. Measured on a shared "
+        "2-core machine: between runs and machines the times vary 2–5×, the shares less.",
+        "",
+        "",
+    ]
+    before = ""
+    if old_page and THIS_RUN in old_page:
+        before = old_page.split(THIS_RUN, 1)[1].split(RUN_BEFORE, 1)[0]
+        before = "\n" + RUN_BEFORE + before.rstrip() + "\n"
+    return "\n".join(head) + new + before
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("junit", type=Path)
+    parser.add_argument("--wall", type=float, required=True, help="the run's seconds")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--page", type=Path, default=PAGE)
+    args = parser.parse_args(argv)
+    old = args.page.read_text() if args.page.exists() else None
+    args.page.write_text(page(section(THIS_RUN, args.junit, args.wall, args.workers), old))
+    print(f"wrote {args.page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
