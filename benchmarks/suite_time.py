@@ -29,6 +29,7 @@ class Folder:
     tests: int = 0
     seconds: float = 0.0
     failed: int = 0
+    skipped: int = 0
     slowest: list[tuple[float, str]] = field(default_factory=list)
 
 
@@ -46,6 +47,7 @@ def folders(junit: Path) -> dict[str, Folder]:
         entry.tests += 1
         entry.seconds += seconds
         entry.failed += sum(1 for child in case if child.tag in ("failure", "error"))
+        entry.skipped += sum(1 for child in case if child.tag == "skipped")
         entry.slowest.append((seconds, f"{'/'.join(parts[1:])}.py::{case.get('name')}"))
     return dict(found)
 
@@ -60,14 +62,14 @@ def section(title: str, junit: Path, wall: float, workers: int) -> str:
         f"- workers (pytest-xdist `-n`): {workers}; the suite's wall-clock time: "
         f"{wall:.0f} s ({wall / 60:.1f} min); the tests' summed time: {total:.0f} s",
         "",
-        "| folder | tests | summed seconds | share | failed | slowest test (s) |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        "| folder | tests | summed seconds | share | failed | skipped | slowest test (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, f in sorted(found.items(), key=lambda item: -item[1].seconds):
         top_seconds, top = max(f.slowest)
         lines.append(
             f"| {name} | {f.tests} | {f.seconds:.0f} | {f.seconds / total:.0%} | {f.failed} "
-            f"| `{top}` ({top_seconds:.0f}) |"
+            f"| {f.skipped} | `{top}` ({top_seconds:.0f}) |"
         )
     slowest = sorted(((s, name) for f in found.values() for s, name in f.slowest), reverse=True)[
         :15
