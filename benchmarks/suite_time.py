@@ -39,7 +39,7 @@ def folders(junit: Path) -> dict[str, Folder]:
     found: dict[str, Folder] = defaultdict(Folder)
     for case in ET.parse(junit).getroot().iter("testcase"):
         # tests.e2e.test_soak_sampler; a module skipped whole has only a name.
-        classname = case.get("classname") or case.get("name", "")
+        classname = case.get("classname") or case.get("name") or ""
         parts = classname.split(".")
         folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else "(other)"
         seconds = float(case.get("time", "0") or 0)
