@@ -233,7 +233,7 @@ def dropped(seen: Witness, envelope: Envelope, reason: str) -> None:
 
 def handed_back(seen: Witness, n: int, reason: str) -> None:
     """Messages of the results stream this bridge let go unapplied (a NAK): the stream
-    delivers them again at once, to a bridge that can apply them."""
+    delivers them again within seconds, to a bridge that can apply them."""
     seen.metrics.handed_back.inc(n)
     seen.counts["handed_back"] += n
     log.info(

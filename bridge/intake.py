@@ -31,6 +31,13 @@ from arm_core.store import Store
 log = logging.getLogger(__name__)
 
 
+# A message handed back to the results stream is delivered again after this long: more
+# than a fetch of this bridge's stays open at the server (bridge/stream.py waits 1 s),
+# so that it goes to another bridge's fetch, not into one this bridge opened just before
+# it stepped aside — where it would sit, unread, until the consumer's ack wait.
+HAND_BACK_DELAY_SECONDS = 2.0
+
+
 @dataclass(eq=False)
 class Intake(Service):
     """The inbox's state and what it does before the database sees an answer."""
@@ -147,7 +154,8 @@ class Intake(Service):
     async def let_go(self, envelopes: list[Envelope], reason: str) -> None:
         """Envelopes this inbox will not apply (`reason`: buffer_full, shutdown). Those
         from the results stream are handed back to it (a NAK: the stream delivers them
-        again at once, to whichever bridge fetches — one that reaches its database);
+        again after HAND_BACK_DELAY_SECONDS, to whichever bridge fetches — one that
+        reaches its database);
         the others are lost before the database saw them: counted, logged once per
         burst."""
         returned = [e for e in envelopes if e.msg is not None]
@@ -208,7 +216,7 @@ class Intake(Service):
         duplicate."""
         try:
             if hand_back:
-                await msg.nak()
+                await msg.nak(delay=HAND_BACK_DELAY_SECONDS)
                 return
             if terminate:
                 await msg.term()

@@ -103,7 +103,7 @@ class Metrics:
         self.handed_back = self._counter(
             "arm_inbox_handed_back",
             "Messages of RESULTS_STREAM this process handed back unapplied (a NAK: "
-            "delivered again at once to whichever bridge fetches) because it could not "
+            "delivered again 2 s later to whichever bridge fetches) because it could not "
             "reach its database, or was stopping",
         )
         self.replayed = self._counter(

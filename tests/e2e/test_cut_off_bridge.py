@@ -5,7 +5,7 @@ reference services answer through JetStream publish. Bridge A reaches PostgreSQL
 a proxy whose port then drops every packet (iptables): A's side finds out only by TCP's
 own deadlines (tcp_user_timeout, 30 s), the server's side stays open, and A's NATS side
 stays up. A must not sit on the answers it pulls: once its database fails it hands back
-every message of the stream it holds (a NAK: B gets them at once), fetches no more, and
+every message of the stream it holds (a NAK: B gets them 2 s later), fetches no more, and
 probes its database. The session A left in a transaction is ended by the server
 (idle_in_transaction_session_timeout). The re-acks of the requests B republishes are
 stored by the stream (its duplicate window is shorter than the ack timeout).
@@ -151,7 +151,7 @@ async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_lef
 async def test_what_a_bridge_hands_back_reaches_the_other_at_once(
     js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres
 ) -> None:
-    """The hand-back is a NAK: what A held goes to B at once, not when the stream's
+    """The hand-back is a NAK: what A held goes to B within seconds, not when the stream's
     ack_wait (30 s) of A's delivery runs out. A DBA's lock on the live jobs makes the
     answers wait, unacknowledged, in the bridges' buffers; A's database then refuses it
     (the proxy closes and refuses connections) just after A took answers in, A hands
