@@ -8,6 +8,7 @@ handed over. The loop calls it; so can a test."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,7 @@ class StreamConsumer(Service):
         self.fault("stream")
         if self.inbox.db_unreachable:
             # Stepped aside: nothing is fetched until the database answers again.
+            await self.hand_back_late()
             if not await self.inbox.probe():
                 await asyncio.sleep(self.probe_seconds)
                 return []
@@ -82,6 +84,18 @@ class StreamConsumer(Service):
         for msg in msgs:
             await self.inbox.on_message(msg)
         return msgs
+
+    async def hand_back_late(self) -> None:
+        """A fetch returns once it has messages, but its request stays open at the server
+        until it expires (up to the fetch's wait): what the server sends to it after the
+        inbox stepped aside waits in the subscription's queue, unread. Those go back to
+        the stream too (the inbox hands back what it is given while it cannot reach its
+        database), or they would wait for the consumer's ack wait."""
+        if self.consumer.pending_msgs == 0:
+            return
+        with contextlib.suppress(TimeoutError, NatsError):
+            for msg in await self.consumer.fetch(self.consumer.pending_msgs, timeout=0.1):
+                await self.inbox.on_message(msg)
 
     async def run(self, stopping: asyncio.Event) -> None:
         pause = 0.1
