@@ -412,7 +412,7 @@ async def test_envelopes_are_held_while_the_database_is_unreachable(
                     client, envelope(up.job_id, up.file_id, "processing"), f"ack:{up.job_id}:1"
                 )
                 await send(client, envelope(up.job_id, up.file_id, "done"), f"result:{up.job_id}:1")
-            await wait_for(lambda: bridge.inbox.counts["db_retries"] >= 2, 20, "inbox held")
+            await wait_for(lambda: bridge.inbox.counts["db_retries"] >= 2, 60, "inbox held")
             with dict_conn(db_url) as conn:  # direct, not through the proxy
                 assert (
                     scalar(

@@ -250,6 +250,18 @@ def row(driver: WebDriver, file_id: uuid.UUID) -> WebElement:
     return driver.find_element(By.CSS_SELECTOR, f'#files tr[data-file-id="{file_id}"]')
 
 
+def click_in_row(driver: WebDriver, file_id: uuid.UUID, selector: str) -> None:
+    """Clicks `selector` in a file's row. A poll may re-render the list between finding
+    the element and clicking it (a stale element is not clicked): then it is found and
+    clicked again."""
+
+    def clicked(d: WebDriver) -> bool:
+        row(d, file_id).find_element(By.CSS_SELECTOR, selector).click()
+        return True
+
+    wait_for(driver, f"{selector} clicked in the row of {file_id}", clicked)
+
+
 def answer_of(driver: WebDriver, file_id: uuid.UUID) -> str:
     """The answer next to a file. The list re-renders live (new attempts, the status
     poll), so the row found may be replaced before its text is read: then it is found
@@ -312,7 +324,7 @@ def test_filter_open_retry_and_see_attempt_2(serve: Callable[..., Served], page:
     assert "status=ERROR" in page.current_url
 
     # Open one: its page shows attempt 1 as a timeline.
-    row(page, one.file_id).find_element(By.CSS_SELECTOR, "td.name a").click()
+    click_in_row(page, one.file_id, "td.name a")
     wait_for(
         page,
         "the file page",
@@ -384,7 +396,7 @@ def test_batch_retry_answers_each_file(serve: Callable[..., Served], page: WebDr
     )
     assert len(page.find_elements(By.CSS_SELECTOR, WAITS)) == 59
     for upload_ in (one, two, running):
-        row(page, upload_.file_id).find_element(By.CSS_SELECTOR, "input.select").click()
+        click_in_row(page, upload_.file_id, "input.select")
     button = page.find_element(By.ID, "retry-selected")
     assert button.text == "Retry selected (3)"
     button.click()
@@ -546,7 +558,7 @@ def test_token_sign_in_shows_nothing_before(serve: Callable[..., Served], page: 
     wait_for(page, "the list after a reload", lambda d: len(rows(d)) == 1)
 
     # The retry is recorded as the token's actor.
-    row(page, one.file_id).find_element(By.CSS_SELECTOR, "button.retry").click()
+    click_in_row(page, one.file_id, "button.retry")
     wait_for(page, "the answer", lambda d: answer_of(d, one.file_id) == "retried: attempt 2 queued")
     with dict_conn(server.db_url) as conn:
         assert scalar(conn, "SELECT actor FROM arm.retry_audit") == "ops"
@@ -649,9 +661,9 @@ def test_a_retry_names_the_attempt_the_page_shows(
     page.get(server.url + "/")
     wait_for(page, "two files listed", lambda d: len(rows(d)) == 2)
     page.execute_script(RECORD_POSTS)
-    row(page, one.file_id).find_element(By.CSS_SELECTOR, "button.retry").click()
+    click_in_row(page, one.file_id, "button.retry")
     wait_for(page, "the answer", lambda d: answer_of(d, one.file_id) == "retried: attempt 2 queued")
-    row(page, two.file_id).find_element(By.CSS_SELECTOR, "input.select").click()
+    click_in_row(page, two.file_id, "input.select")
     page.find_element(By.ID, "retry-selected").click()
     wait_for(page, "the batch answer", lambda d: answer_of(d, two.file_id) != "")
     posts = [(url, json.loads(body)) for url, body in page.execute_script("return window.__posts")]

@@ -149,7 +149,7 @@ def test_a_viewer_sees_the_files_and_no_retry_and_a_forged_one_is_refused(
     assert cells == [len(COLUMNS)] * 2
 
     # Nor does the file page.
-    base.row(page, one.file_id).find_element(By.CSS_SELECTOR, "td.name a").click()
+    base.click_in_row(page, one.file_id, "td.name a")
     base.wait_for(
         page,
         "the file page",
@@ -203,7 +203,7 @@ def test_an_operator_sees_the_level_and_retries(
     assert shown == ["", *COLUMNS, "", "Answer"] and cells == [len(shown)]
 
     page.execute_script(RECORD_POST_STATUSES)
-    base.row(page, one.file_id).find_element(By.CSS_SELECTOR, "button.retry").click()
+    base.click_in_row(page, one.file_id, "button.retry")
     base.wait_for(
         page,
         "the answer",
@@ -345,7 +345,7 @@ def test_an_unexpected_403_shows_the_servers_message(
     sign_in(page, server.url, OPERATOR)
     base.wait_for(page, "the file listed", lambda d: len(base.rows(d)) == 1)
     page.execute_script("sessionStorage.setItem(arguments[0], arguments[1])", TOKEN_KEY, VIEWER)
-    base.row(page, one.file_id).find_element(By.CSS_SELECTOR, "button.retry").click()
+    base.click_in_row(page, one.file_id, "button.retry")
     base.wait_for(
         page, "the note", lambda d: d.find_element(By.ID, "access-note").text.strip() != ""
     )

@@ -206,7 +206,7 @@ def test_a_russian_browser_gets_the_console_in_russian(
 
     # The batch retry answers in Russian.
     for upload_ in (one, two, running):
-        base.row(page, upload_.file_id).find_element(By.CSS_SELECTOR, "input.select").click()
+        base.click_in_row(page, upload_.file_id, "input.select")
     button = page.find_element(By.ID, "retry-selected")
     assert button.text == "Повторить выбранные (3)"
     button.click()
@@ -236,7 +236,7 @@ def test_a_russian_browser_gets_the_console_in_russian(
         base.screenshot(page, shot)
 
     # The file page too.
-    base.row(page, two.file_id).find_element(By.CSS_SELECTOR, "td.name a").click()
+    base.click_in_row(page, two.file_id, "td.name a")
     base.wait_for(
         page,
         "the file page with both attempts",
