@@ -156,8 +156,10 @@ async def test_tls_first_carries_a_job_and_sends_nothing_in_clear(
         # It waits for the server's INFO, which a TLS-first server never sends in clear:
         # its own timeout, or the server closing first on a loaded machine.
         await wait_for(
-            lambda: said(waiting, "nats_error", "Timeout")
-            or said(waiting, "nats_error", "expecting INFO message"),
+            lambda: (
+                said(waiting, "nats_error", "Timeout")
+                or said(waiting, "nats_error", "expecting INFO message")
+            ),
             20,
             partial(log_tail, waiting, "a client that waits for the server's INFO gives up"),
         )
