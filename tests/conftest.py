@@ -50,9 +50,9 @@ NOT_IN_CHECK = ("tests/integration/test_pg_cron.py", "tests/integration/test_sca
 
 # `make test` runs on several pytest-xdist workers with --dist loadgroup: a group runs
 # whole on one worker, one test after another. Tests that share something machine-wide
-# (the podman image and its store, iptables rules) or that load the whole machine (NATS
-# clusters, the nemesis, the memory flood) are grouped by path, so two of them never
-# run at once; everything else is spread over the workers.
+# (the podman image and its store) or that load the whole machine (NATS clusters, the
+# nemesis, the memory flood) are grouped by path, so two of them never run at once;
+# everything else is spread over the workers.
 XDIST_GROUPS = {
     "tests/container/": "podman",
     "tests/e2e/test_nats_cluster.py": "nats-cluster",
@@ -150,7 +150,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if "PYTEST_XDIST_WORKER" not in os.environ:  # once per run, before any worker starts
-        for rule in clear_black_holes():
+        for rule in clear_black_holes():  # those of runs that are gone
             print(f"removed an iptables rule a killed run left behind: {rule}")
     must_be_linked()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +23,12 @@ import pytest
 
 from arm_core.config import Settings
 from arm_core.db import CONNECTION_DEFAULTS, DatabaseUnavailable
+from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.migrate import migrate
 from arm_core.runtime import make_pool
 from arm_core.store import Store
-from tests.support.faults import black_hole
+from tests.support.faults import RULE_COMMENT, black_hole, clear_black_holes
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -113,3 +115,30 @@ async def test_a_query_on_a_host_that_went_silent_fails_instead_of_hanging(
         await wait_for(answers, 60, "the pool connected again", every=0.5)
     finally:
         await pool.close(timeout=5)
+
+
+def test_rules_of_a_killed_run_are_cleared_and_a_live_runs_are_kept() -> None:
+    """iptables rules outlive the process that added them: a run killed inside
+    black_hole leaves its port silenced. The next run's start removes those whose
+    process is gone (tests/conftest.py), and never a rule of a run still going."""
+    if shutil.which("iptables") is None:
+        pytest.skip("iptables is not installed (apt-get install iptables)")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now
+    dead_port, live_port = free_port(), free_port()
+    dead = [
+        "OUTPUT", "-o", "lo", "-p", "tcp", "--dport", str(dead_port), "-m", "comment",
+        "--comment", f"{RULE_COMMENT}:{gone.pid}", "-j", "DROP",
+    ]  # fmt: skip
+    subprocess.run(["iptables", "-A", *dead], check=True, timeout=30)
+    try:
+        with black_hole(live_port):  # this process's own, still going
+            removed = clear_black_holes()
+            rules = subprocess.run(
+                ["iptables", "-S", "OUTPUT"], check=True, capture_output=True, text=True
+            ).stdout
+            assert [f"--dport {dead_port} " in rule for rule in removed] == [True]
+            assert f"--dport {dead_port} " not in rules
+            assert f"--dport {live_port} " in rules and f"--sport {live_port} " in rules
+    finally:
+        subprocess.run(["iptables", "-D", *dead], capture_output=True, timeout=30)

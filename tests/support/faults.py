@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import shlex
 import shutil
 import subprocess
 import urllib.error
@@ -66,16 +69,18 @@ def metric(port: int, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
-# Every rule black_hole adds carries this comment, so that rules a killed run left
-# behind can be found and removed (clear_black_holes) without touching anyone else's.
+# Every rule black_hole adds carries this comment and the adding process's pid, so that
+# rules a killed run left behind can be found and removed (clear_black_holes) without
+# touching anyone else's, nor those of a run still going.
 RULE_COMMENT = "arm-core-black-hole"
+_RULE_OWNER = re.compile(rf'--comment "?{RULE_COMMENT}:(\d+)\b')
 
 
 def _iptables(action: str, port: int) -> None:
     for direction in ("--dport", "--sport"):
         subprocess.run(
             ["iptables", action, "OUTPUT", "-o", "lo", "-p", "tcp", direction, str(port),
-             "-m", "comment", "--comment", RULE_COMMENT, "-j", "DROP"],
+             "-m", "comment", "--comment", f"{RULE_COMMENT}:{os.getpid()}", "-j", "DROP"],
             check=True, capture_output=True, timeout=30,
         )  # fmt: skip
 
@@ -92,18 +97,37 @@ def black_hole(port: int) -> Iterator[None]:
             _iptables("-D", port)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def clear_black_holes() -> list[str]:
     """Remove the rules black_hole added in a run that was killed before it could (they
-    would silence a port a later run picks); returns the rules removed."""
+    would silence a port a later run picks): those whose adding process is gone. Returns
+    the rules removed."""
     if iptables_missing():
         return []
     listed = subprocess.run(
         ["iptables", "-S", "OUTPUT"], check=True, capture_output=True, text=True, timeout=30
     ).stdout.splitlines()
-    stale = [rule for rule in listed if f"--comment {RULE_COMMENT}" in rule]
+    stale = [
+        rule
+        for rule in listed
+        if (owner := _RULE_OWNER.search(rule)) is not None and not _alive(int(owner.group(1)))
+    ]
     for rule in stale:
-        # `-S` prints a rule as `-A OUTPUT …`: the same words after -D delete it.
+        # `-S` prints a rule as `-A OUTPUT …` (the comment quoted): the same words after
+        # -D delete it.
         subprocess.run(
-            ["iptables", "-D", *rule.split()[1:]], check=True, capture_output=True, timeout=30
+            ["iptables", "-D", *shlex.split(rule)[1:]],
+            check=True,
+            capture_output=True,
+            timeout=30,
         )
     return stale
