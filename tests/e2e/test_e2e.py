@@ -125,11 +125,14 @@ async def test_S_RT_2_silent_service_times_out_and_late_done_is_ignored(stack: S
 async def test_S_OUT_2_S_RT_3_nats_restarted_mid_flow(stack: Stack) -> None:
     """NATS stops while uploads and a retry come in: they stay queued; when it is back
     they are published (the retry with a fresh deadline and its own Nats-Msg-Id)."""
-    serve, api = stack.serve()
+    # Ten republishes a second apart: when NATS is back the core publishes at once, and
+    # the service, reconnecting too, may take seconds to subscribe again on a loaded
+    # machine; with the default three the fresh job could be dead-lettered meanwhile.
+    serve, api = stack.serve(OUTBOX_MAX_REPUBLISH=10)
     deaf = stack.reference(REFERENCE_MODE="never_ack")
     with dict_conn(stack.db_url) as conn:
         failed = upload(conn)
-    await until(stack.db_url, failed.file_id, (1, "dlq"), 20)
+    await until(stack.db_url, failed.file_id, (1, "dlq"), 60)
     assert deaf.stop() == 0
     stack.nats.stop()
     with dict_conn(stack.db_url) as conn:
