@@ -95,6 +95,16 @@ async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[t
         await runner.cleanup()
 
 
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+def defer_stop_signals() -> None:
+    """SIGINT and SIGTERM held back until run() can handle them: one that comes while
+    the process imports and builds its application (it has logged its first line, so an
+    orchestrator may send it) is then a clean stop, not death by the signal."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
 def run(app: web.Application, host: str, port: int) -> None:
     """`arm-core serve` and `arm-core bridge`: serve until SIGINT or SIGTERM (or until
     the app's SHUTDOWN is set: the bridge cannot go on), then stop cleanly (the cleanup
@@ -104,8 +114,11 @@ def run(app: web.Application, host: str, port: int) -> None:
     async def main() -> None:
         stopping = app[SHUTDOWN]
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stopping.set)
+        # A stop that came while the process started (held back by defer_stop_signals)
+        # is delivered now, to the handler: it starts, then stops cleanly.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         async with serving(app, host, port):
             await stopping.wait()
 

@@ -70,7 +70,9 @@ def _run(app: object, host: str, port: int) -> int:
 
 def cmd_serve(settings: Settings) -> int:
     from arm_core.http.app import create_app
+    from arm_core.http.server import defer_stop_signals
 
+    defer_stop_signals()
     settings.require_database_url()
     settings.require_safe_exposure()  # AUTH_MODE=none off loopback needs AUTH_ALLOW_ANONYMOUS
     if settings.auth_mode == "none" and not is_loopback(settings.http_host):
@@ -101,8 +103,10 @@ def cmd_serve(settings: Settings) -> int:
 
 
 def cmd_bridge(settings: Settings) -> int:
+    from arm_core.http.server import defer_stop_signals
     from arm_core.runtime import bridge_app
 
+    defer_stop_signals()
     settings.require_database_url()
     if not settings.nats_enabled:
         raise ConfigError("NATS_ENABLED: is false, so `arm-core bridge` has nothing to do")
