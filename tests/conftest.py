@@ -75,6 +75,7 @@ XDIST_GROUPS = {
             "integration/test_roles",
             "integration/test_scan_plans",
             "unit/test_package_layout",
+            "unit/test_free_port",  # its tests bind the same few ports
         )
     },
 }

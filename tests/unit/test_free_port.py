@@ -16,8 +16,10 @@ from arm_core.devtools.embedded import free_port
 
 @pytest.fixture
 def ports(monkeypatch: pytest.MonkeyPatch) -> Iterator[range]:
-    """A small range of this test's own (the cached range is read again after)."""
-    low = 31900
+    """A small range of this test's own (the cached range is read again after): above
+    the default range and every worker's slice, below the ephemeral ports. The module's
+    tests run one after another (its xdist group), as they bind these ports."""
+    low = 32100
     monkeypatch.setenv("ARM_CORE_PORTS", f"{low}-{low + 9}")
     embedded._port_range.cache_clear()
     try:
