@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from arm_core.devtools.embedded_postgres_host import pid_alive
 from tests.support.sql import dict_conn
 
 
@@ -97,16 +98,6 @@ def black_hole(port: int) -> Iterator[None]:
             _iptables("-D", port)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clear_black_holes() -> list[str]:
     """Remove the rules black_hole added in a run that was killed before it could (they
     would silence a port a later run picks): those whose adding process is gone. Returns
@@ -119,7 +110,7 @@ def clear_black_holes() -> list[str]:
     stale = [
         rule
         for rule in listed
-        if (owner := _RULE_OWNER.search(rule)) is not None and not _alive(int(owner.group(1)))
+        if (owner := _RULE_OWNER.search(rule)) is not None and not pid_alive(int(owner.group(1)))
     ]
     for rule in stale:
         # `-S` prints a rule as `-A OUTPUT …` (the comment quoted): the same words after
