@@ -18,10 +18,10 @@ move to another node at once) and closes those that have not moved.
 
 Judged for both: every job `done`, each result applied once (the bridges' DEBUG lines
 and the result objects), and no job republished although every request of it had
-reached a service (an answer lost on the way back). ACK_TIMEOUT_SECONDS is 90 s, beyond
-the stream consumer's ack_wait (RESULTS_STREAM_ACK_WAIT_SECONDS, 5 s here): an answer
-fetched by a bridge whose connection was moving comes again from the stream after 5 s,
-long before its job could be republished for want of it."""
+reached a service (an answer lost on the way back). ACK_TIMEOUT_SECONDS is 30 s, six
+times the stream consumer's ack_wait (RESULTS_STREAM_ACK_WAIT_SECONDS, 5 s here): an
+answer fetched by a bridge whose connection was moving comes again from the stream after
+5 s, long before its job could be republished for want of it."""
 
 from __future__ import annotations
 
@@ -80,9 +80,10 @@ async def test_lame_duck_rolling_restart_of_the_nats_cluster(
     env = {
         "RESULTS_STREAM": STREAM,
         "RESULTS_STREAM_REPLICAS": 3,
-        # A lost request is published again after 90 s; a lost result would leave its
-        # job waiting for the reply deadline, far beyond the test: seen as stuck.
-        "ACK_TIMEOUT_SECONDS": 90,
+        # A request lost with a service's connection (core NATS: at most once) is
+        # published again after 30 s — the drain's wait when one was; a lost result
+        # would leave its job waiting for the reply deadline, far beyond the test.
+        "ACK_TIMEOUT_SECONDS": 30,
         "RESULTS_STREAM_ACK_WAIT_SECONDS": 5,
         "OUTBOX_MAX_REPUBLISH": 10,
         "TABULAR_REPLY_TIMEOUT_SECONDS": 600,
