@@ -52,6 +52,51 @@ def folders(junit: Path) -> dict[str, Folder]:
     return dict(found)
 
 
+@dataclass
+class Worker:
+    busy: float = 0.0  # seconds of tests
+    first: float = float("inf")  # the first test's start (epoch seconds)
+    last: float = 0.0  # the last test's end
+    last_test: str = ""
+
+
+def workers_of(junit: Path) -> dict[str, Worker]:
+    """Each pytest-xdist worker's tests, from the properties tests/conftest.py records
+    (which worker, when the test started); empty for a report without them."""
+    found: dict[str, Worker] = defaultdict(Worker)
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        if "worker" not in props or "started" not in props:
+            continue
+        started, seconds = float(props["started"] or 0), float(case.get("time", "0") or 0)
+        entry = found[props["worker"] or ""]
+        entry.busy += seconds
+        entry.first = min(entry.first, started)
+        if started + seconds > entry.last:
+            entry.last = started + seconds
+            entry.last_test = f"{(case.get('classname') or '').split('.')[-1]}::{case.get('name')}"
+    return dict(found)
+
+
+def worker_lines(junit: Path) -> list[str]:
+    """When each worker ran out of work: the wall-clock time is the last one's end, so a
+    worker that ends early while another runs a long group is time the order could save."""
+    found = workers_of(junit)
+    if not found:
+        return []
+    start = min(w.first for w in found.values())
+    lines = [
+        "",
+        "Each worker (seconds from the first test's start; busy = its tests' summed time):",
+        "",
+        "| worker | busy | done at | its last test |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for name, w in sorted(found.items(), key=lambda item: item[1].last):
+        lines.append(f"| {name} | {w.busy:.0f} | {w.last - start:.0f} | `{w.last_test}` |")
+    return lines
+
+
 def section(title: str, junit: Path, workers: int) -> str:
     found = folders(junit)
     # The run's own length (pytest's, from its start to its end), as the report says it.
@@ -73,6 +118,7 @@ def section(title: str, junit: Path, workers: int) -> str:
             f"| {name} | {f.tests} | {f.seconds:.0f} | {f.seconds / total:.0%} | {f.failed} "
             f"| {f.skipped} | `{top}` ({top_seconds:.0f}) |"
         )
+    lines += worker_lines(junit)
     slowest = sorted(((s, name) for f in found.values() for s, name in f.slowest), reverse=True)[
         :15
     ]

