@@ -8,6 +8,8 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 
+import psycopg
+from psycopg import sql
 from pytest_postgresql.janitor import DatabaseJanitor
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
@@ -35,11 +37,21 @@ def clone(
     server: EmbeddedPostgres, prefix: str, template: str | None = TEMPLATE_DB
 ) -> Iterator[str]:
     """A new database `<prefix>_<random>`, a copy of `template` (None: empty), dropped
-    at the end; yields its URL (the superuser's)."""
+    at the end; yields its URL (the superuser's).
+
+    Every test pays for this, so it is two statements, not the janitor's four: the copy
+    is made file by file (STRATEGY FILE_COPY: half the time of the default, which writes
+    each of the template's pages to the WAL; the suite's server runs without fsync, so
+    the checkpoint it asks for costs little), and the drop ends the test's leftover
+    sessions itself (WITH (FORCE))."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    made = janitor(server, name, template=template)
-    made.init()
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        create += sql.SQL(" TEMPLATE {} STRATEGY FILE_COPY").format(sql.Identifier(template))
+    with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
+        admin.execute(create)
     try:
         yield server.url(name)
     finally:
-        made.drop()
+        with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
