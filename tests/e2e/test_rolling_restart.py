@@ -30,6 +30,12 @@ BRIDGE_ENV = {
     "DEBUG": "true",
     "OUTBOX_BATCH_SIZE": 50,
     "TABULAR_REPLY_TIMEOUT_SECONDS": 600,
+    # Nothing here is lost on its way to the service (a stopping bridge confirms the batch
+    # it publishes), so no job needs a republish. With the stack's 1 s ack timeout a
+    # loaded machine, whose acks came back through the stream in more than a second, sent
+    # thousands of republishes, which loaded it further, and dead-lettered the flow
+    # (NO_ACK) until no job reached `done`.
+    "ACK_TIMEOUT_SECONDS": 30,
     # Small inbox batches and buffers: under the flow, messages wait in nats-py's queue
     # in front of the inbox, which is what a careless shutdown would throw away.
     "INBOX_BATCH_SIZE": 4,
