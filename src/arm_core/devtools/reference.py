@@ -125,6 +125,8 @@ class ReferenceService(AnswerSender):
         self._jobs: OrderedDict[str, Job] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
+        # REFERENCE_WORKERS: the files worked on at once; the rest wait their turn.
+        self._workers = asyncio.Semaphore(config.workers) if config.workers else None
 
     async def start(self) -> None:
         cfg = self.config
@@ -214,10 +216,12 @@ class ReferenceService(AnswerSender):
         if mode != "never_answer" and self.config.service == SCAN:
             if deadline_passed(body["reply_deadline"]):
                 mode = "timeout"
-        await self._send(job, "processing")
+        late_ack = self._workers is not None and self.config.ack == "start"
+        if not late_ack:
+            await self._send(job, "processing")
+            self.stats.acked += 1
         self._remember(job)
-        self.stats.acked += 1
-        if mode != "never_answer":
+        if mode != "never_answer" or late_ack:
             task = asyncio.create_task(self._work(job, body, mode, time.monotonic()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -290,7 +294,23 @@ class ReferenceService(AnswerSender):
         )
 
     async def _work(self, job: Job, body: dict[str, Any], mode: str, started: float) -> None:
-        """After the ack: the (pretend) S3 read and recognition, then the result."""
+        """After the ack: the (pretend) S3 read and recognition, then the result — on one
+        of REFERENCE_WORKERS when set, once one is free (acking then with
+        REFERENCE_ACK=start)."""
+        if self._workers is None:
+            return await self._recognise(job, body, mode, started)
+        async with self._workers:
+            began = time.monotonic()
+            try:
+                if self.config.ack == "start":
+                    await self._send(job, "processing")
+                    self.stats.acked += 1
+                if mode != "never_answer":
+                    await self._recognise(job, body, mode, started)
+            finally:
+                self.stats.busy_seconds += time.monotonic() - began
+
+    async def _recognise(self, job: Job, body: dict[str, Any], mode: str, started: float) -> None:
         cfg = self.config
         try:
             if mode == "timeout":

@@ -50,8 +50,14 @@ class ReferenceConfig:
     version: str = "0.1.0-reference"
     # normal | fail | never_ack | never_answer
     mode: str = env_var("REFERENCE_MODE", one_of(MODES), "normal")
-    # Between the ack and the result ("reading S3, recognising").
+    # Between the ack and the result ("reading S3, recognising"): a worker's time per file.
     delay_seconds: float = env_var("REFERENCE_DELAY_SECONDS", number(float, 0), 0.5)
+    # The service's capacity: files worked on at once; the others wait in its own queue,
+    # acked (REFERENCE_ACK=receipt) or not yet (start). None: no limit, every file at once.
+    workers: int | None = env_var("REFERENCE_WORKERS", number(int, 1), None)
+    # When a request is acked: on receipt, as the contract asks; or when a worker starts
+    # on it, as a pull-based pool does (its acks come late when its queue is long).
+    ack: str = env_var("REFERENCE_ACK", one_of(("receipt", "start")), "receipt")
     # error.code in mode fail and for "[fail]" files.
     fail_code: str = env_var(
         "REFERENCE_FAIL_CODE", one_of(ERROR_CODES, str.upper), "UNSUPPORTED_FORMAT"
@@ -85,8 +91,8 @@ class ReferenceConfig:
 
     @classmethod
     def from_env(cls, service: str, environ: Mapping[str, str] | None = None) -> ReferenceConfig:
-        """REFERENCE_MODE, _DELAY_SECONDS, _FAIL_CODE, _RESULTS_DIR, _RESULTS_BUCKET,
-        _PENDING_MAX."""
+        """REFERENCE_MODE, _DELAY_SECONDS, _WORKERS, _ACK, _FAIL_CODE, _RESULTS_DIR,
+        _RESULTS_BUCKET, _PENDING_MAX, _PUBLISH."""
         if service not in PIPELINES:
             raise ConfigError(f"REFERENCE_SERVICES: expected {TABULAR} or {SCAN}, got {service!r}")
         values, _given = read_env(cls, os.environ if environ is None else environ)

@@ -62,6 +62,9 @@ class ReferenceStats:
     sent: int = 0  # answers the server confirmed it read
     resent: int = 0  # answers put back in the queue after an unconfirmed publish
     pending_dropped: int = 0  # answers dropped from the full queue (REFERENCE_PENDING_MAX)
+    # Seconds the workers spent on files (REFERENCE_WORKERS): busy ÷ (workers × elapsed)
+    # is the service's utilisation.
+    busy_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
