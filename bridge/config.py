@@ -53,6 +53,12 @@ class PublisherConfig:
     active_poll_seconds: float = 0.01
     active_seconds: float = 1.0
     max_republish: int = _env("outbox_max_republish")
+    # Pacing (db/functions/22_pacing.sql): the mode and each pipeline's in-flight bounds.
+    pacing: str = _env("pacing")
+    tabular_min_in_flight: int = _env("tabular_min_in_flight")
+    tabular_max_in_flight: int = _env("tabular_max_in_flight")
+    image_min_in_flight: int = _env("image_min_in_flight")
+    image_max_in_flight: int = _env("image_max_in_flight")
     # The ack-timeout steps run at most this often (and at most every ACK_TIMEOUT / 4).
     ack_check_seconds: float = 1.0
     # NATS unreachable for longer than this is logged as an error (the first connect at
@@ -202,6 +208,11 @@ def bridge_config(settings: Settings) -> BridgeConfig:
             publishers=s.outbox_publishers,
             poll_seconds=s.outbox_poll_seconds,
             max_republish=s.outbox_max_republish,
+            pacing=s.pacing,
+            tabular_min_in_flight=s.tabular_min_in_flight,
+            tabular_max_in_flight=s.tabular_max_in_flight,
+            image_min_in_flight=s.image_min_in_flight,
+            image_max_in_flight=s.image_max_in_flight,
         ),
         inbox=InboxConfig(
             workers=s.inbox_workers,

@@ -307,6 +307,8 @@ class Inbox(Intake):
                 continue  # applied again later (run_once): not an outcome yet
             events.outcome(self, envelope, row.outcome, row.attempt, row.status, row.wait_seconds)
         events.applied_batch(self, Counter(row.outcome for row in rows))
+        if self.answered is not None and any(r.outcome is ApplyOutcome.APPLIED for r in rows):
+            self.answered.set()
         return [
             EnvelopeOutcome(envelope, row.outcome, row.attempt, row.status)
             for envelope, row in zip(batch, rows, strict=True)

@@ -62,6 +62,9 @@ class Intake(Service):
     acks: bool = False
     # Envelopes lost before the database saw them, told once per burst.
     drops: DropBursts = field(default_factory=DropBursts)
+    # Set when a batch applied an answer: a job left the service's hands, so a paced
+    # pipeline has room again (the runner hands the publisher's wake-up event here).
+    answered: asyncio.Event | None = None
     # Per worker, the answers whose job was still queued, to be applied again later.
     _waiting: list[Waiting] = field(init=False)
     # Per worker: its loop crashed with a batch in hand, which it applies one envelope at

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 
 from arm_core.bridge import events
 from arm_core.bridge.config import PublisherConfig
@@ -34,15 +35,24 @@ from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
 from arm_core.bridge.service import Service
 from arm_core.db import DatabaseError, DatabaseUnavailable
 from arm_core.instruments import Metrics
-from arm_core.rows import DeadLetteredJob, PublishedJob, UnackedJob
+from arm_core.rows import DeadLetteredJob, PacedJob, PublishedJob, UnackedJob
 from arm_core.statuses import PublishOutcome
-from arm_core.store import Store
+from arm_core.store import Pacing, Store
 
 log = logging.getLogger(__name__)
 
 
 class PublishFailed(Exception):
     """A batch could not be confirmed as received by NATS; it stays queued."""
+
+
+class NoResponders(PublishFailed):
+    """Nobody subscribes to the request subject of a probe (the server said so at once):
+    the batch stays queued, and the pipeline waits for a service (arm.pace_unheard)."""
+
+    def __init__(self, subjects: set[str]) -> None:
+        super().__init__(f"no responders on {', '.join(sorted(subjects))}")
+        self.subjects = subjects
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,12 @@ class Publisher(Service):
     _nats_down_logged: bool = False
     _ack_checked_at: float = float("-inf")
     _active_until: float = float("-inf")
+    # The replies of probes (arm.publish_queued_jobs_v3): the server's "no responders".
+    _unheard: Subscription | None = None
+    _unheard_prefix: str = ""
+    _sent_batches: int = 0
+    # Request subjects nobody listened on at the last probe (logged once per outage).
+    _unheard_subjects: set[str] = field(default_factory=set)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Cycles until `stopping` is set; the batch in flight always finishes (commits
@@ -208,7 +224,8 @@ class Publisher(Service):
         c = self.config
 
         async def send(jobs: list[PublishedJob]) -> None:
-            await self._send([(j.subject, j.msg_id, j.request) for j in jobs], "publish")
+            probes = {i for i, j in enumerate(jobs) if isinstance(j, PacedJob) and j.probe}
+            await self._send([(j.subject, j.msg_id, j.request) for j in jobs], "publish", probes)
 
         try:
             claimed = await self.store.publish_queued_jobs(
@@ -219,9 +236,14 @@ class Publisher(Service):
                 image_subject=c.image_request_subject,
                 max_bytes=self.nats.max_payload,
                 send=send,
+                pacing=self._pacing(),
             )
+        except NoResponders as exc:
+            await self._hold_unheard(exc.subjects)
+            return _Batch()
         except PublishFailed:
             return _Batch(failed=True)
+        self._heard(claimed)
         sent = [j for j in claimed if j.outcome is PublishOutcome.PUBLISHED]
         if sent:
             events.published(self, sent)
@@ -229,6 +251,56 @@ class Publisher(Service):
             if job.outcome is PublishOutcome.DLQ:
                 events.unpublishable(self, job)
         return _Batch(tuple(claimed))
+
+    async def _hold_unheard(self, subjects: set[str]) -> None:
+        """Nobody listens on `subjects`: their pipelines wait (the probe stays queued) and
+        are probed again in a second, at no cost while nobody listens."""
+        c = self.config
+        pipelines = {c.tabular_request_subject: "tabular", c.image_request_subject: "image"}
+        for subject in sorted(subjects):
+            if subject not in self._unheard_subjects:
+                log.warning(
+                    "nobody listens on %s: its jobs stay queued until a service subscribes",
+                    subject,
+                    extra={"action": "publish", "reason": "no_responders", "subject": subject},
+                )
+                self._unheard_subjects.add(subject)
+            if subject in pipelines:
+                await self.store.pace_unheard(pipelines[subject], UNHEARD_RETRY_SECONDS)
+
+    def _heard(self, claimed: list[PublishedJob]) -> None:
+        """A probe went out to a subscriber: say so once for a subject that had none."""
+        for job in claimed:
+            if isinstance(job, PacedJob) and job.probe and job.subject in self._unheard_subjects:
+                self._unheard_subjects.discard(job.subject)
+                log.info(
+                    "a service listens on %s again",
+                    job.subject,
+                    extra={"action": "publish", "subject": job.subject},
+                )
+
+    async def _unheard_inbox(self) -> tuple[Subscription, str]:
+        """The subscription a probe's reply subject is under (made once; nats-py keeps it
+        across reconnects)."""
+        if self._unheard is None:
+            self._unheard_prefix = self.nats.new_inbox()
+            self._unheard = await self.nats.subscribe(f"{self._unheard_prefix}.>")
+        return self._unheard, self._unheard_prefix
+
+    def _pacing(self) -> Pacing | None:
+        """The paced claim's settings; None with PACING=off (every queued job at once)."""
+        c = self.config
+        if c.pacing == "off":
+            return None
+        return Pacing(
+            pacing=c.pacing,
+            tabular_min=c.tabular_min_in_flight,
+            tabular_max=c.tabular_max_in_flight,
+            image_min=c.image_min_in_flight,
+            image_max=c.image_max_in_flight,
+            ack_timeout=c.ack_timeout_seconds,
+            max_republish=c.max_republish,
+        )
 
     async def _republish_batch(self) -> tuple[list[UnackedJob], bool]:
         """Republishes one batch of overdue unacked jobs in one transaction; returns what
@@ -265,23 +337,44 @@ class Publisher(Service):
             events.dead_lettered(self, dead)
         return dead
 
-    async def _send(self, messages: Sequence[tuple[str, str, Any]], action: str) -> None:
+    async def _send(
+        self,
+        messages: Sequence[tuple[str, str, Any]],
+        action: str,
+        probes: set[int] | None = None,
+    ) -> None:
         """Publishes and confirms a batch, or raises PublishFailed.
 
         Confirmed means: the connection was up before the first publish, nats-py did not
         reconnect in between (a reconnect can drop or replay buffered data), and the
         server answered a PING that went out after the last publish.
+
+        The messages at the indexes `probes` go with a reply subject; when nobody
+        subscribes to a probe's subject the server answers it at once with a 503 status
+        (no responders), ahead of the PONG: then NoResponders is raised.
         """
         nc = self.nats
+        probes = probes or set()
         try:
             if not nc.is_connected:
                 raise PublishFailed("NATS not connected")
             reconnects = nc.stats["reconnects"]
             error_before = nc.last_error
             try:
-                for subject, msg_id, body in messages:
-                    await nc.publish(subject, _dumps(body), headers={MSG_ID_HEADER: msg_id})
+                replies: dict[int, str] = {}
+                if probes:
+                    _, prefix = await self._unheard_inbox()
+                    self._sent_batches += 1
+                    replies = {i: f"{prefix}.{self._sent_batches}.{i}" for i in probes}
+                for i, (subject, msg_id, body) in enumerate(messages):
+                    await nc.publish(
+                        subject,
+                        _dumps(body),
+                        reply=replies.get(i, ""),
+                        headers={MSG_ID_HEADER: msg_id},
+                    )
                 await confirm(nc)
+                unheard = await self._no_responders(replies)
             except Exception as exc:  # nats-py raises several unrelated types here
                 raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
             if not nc.is_connected or nc.stats["reconnects"] != reconnects:
@@ -299,6 +392,29 @@ class Publisher(Service):
         except PublishFailed as exc:
             events.batch_failed(self, action, len(messages), str(exc))
             raise
+        if unheard:
+            raise NoResponders({messages[i][0] for i in unheard})
+
+    async def _no_responders(self, replies: dict[int, str]) -> set[int]:
+        """The probes (by index) the server said nobody listens to: its 503s came ahead
+        of confirm()'s PONG, so they wait in the inbox now."""
+        if not replies or self._unheard is None:
+            return set()
+        index = {reply: i for i, reply in replies.items()}
+        unheard: set[int] = set()
+        while self._unheard.pending_msgs:
+            msg = await self._unheard.next_msg(timeout=1)
+            status = (msg.headers or {}).get("Status")
+            if msg.subject in index and status == NO_RESPONDERS_STATUS:
+                unheard.add(index[msg.subject])
+        return unheard
+
+
+# The status line of the server's answer to a message with a reply subject and no
+# subscriber (the client announced no_responders, which nats-py does).
+NO_RESPONDERS_STATUS = "503"
+# While nobody listens, the next probe after this long (it costs nothing but a publish).
+UNHEARD_RETRY_SECONDS = 1.0
 
 
 def _refused(error: Exception) -> bool:

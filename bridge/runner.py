@@ -109,7 +109,9 @@ class Bridge:
             metrics=metrics,
         )
         self.publisher = Publisher(self.config.publisher, self.store, self.nats, metrics=metrics)
-        self.inbox = Inbox(self.config.inbox, self.store, metrics=metrics)
+        self.inbox = Inbox(
+            self.config.inbox, self.store, metrics=metrics, answered=self.publisher.wake
+        )
         self.scheduler = Scheduler(
             self.config.scheduler, self.store, report=self.instance, metrics=metrics
         )

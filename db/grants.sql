@@ -89,7 +89,10 @@ TO PUBLIC;
 
 -- 4. arm_bridge: exactly what the bridge calls (arm_core/queries.sql through its steps).
 GRANT EXECUTE ON FUNCTION
-    arm.publish_queued_jobs_v2, -- publisher step (and the queued wait of each job)
+    arm.publish_queued_jobs_v2, -- publisher step (and the queued wait of each job), PACING=off
+    arm.publish_queued_jobs_v3, -- the same, paced (22_pacing.sql)
+    arm.pace_unheard,          -- … and nobody listened to its probe
+    arm.pace_view,             -- GET /metrics on the health port: each pipeline's pacing
     arm.claim_unacked_jobs,    -- ack-timeout step: republish …
     arm.mark_republished,
     arm.dead_letter_unacked,   -- … and dead-letter
@@ -111,7 +114,7 @@ GRANT EXECUTE ON FUNCTION arm.retry_file_v2, arm.retry_files_v2 TO arm_api;
 GRANT EXECUTE ON FUNCTION arm.retry_file_v3, arm.retry_files_v3 TO arm_api;
 GRANT EXECUTE ON FUNCTION arm.list_files TO arm_api;
 -- GET /metrics (arm_jobs{status}) and GET /api/v1/status.
-GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view TO arm_api;
+GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view, arm.pace_view TO arm_api;
 -- GET /api/v1/status/series: the console's charts of the last hour.
 GRANT EXECUTE ON FUNCTION arm.status_series TO arm_api;
 -- GET /api/v1/status: the bridges that say they are alive (a serve that runs none).
@@ -140,8 +143,10 @@ GRANT EXECUTE ON FUNCTION arm.get_file, arm.job_counts, arm.file_counts, arm.sta
     TO arm_readonly;
 GRANT EXECUTE ON FUNCTION arm.list_files, arm.status_series, arm.bridge_instances
     TO arm_readonly;
+GRANT EXECUTE ON FUNCTION arm.pace_view TO arm_readonly;
 
 -- Everything else — set_setting, set_periodic_task, sweep_timeouts, sample_status, claim_queued_jobs,
+-- pin_in_flight_limit,
 -- mark_published, dead_letter_unpublishable, apply_ack, apply_result,
 -- schedule_with_pg_cron, unschedule_pg_cron, the triggers' functions — and every write to
 -- a table directly, arm.periodic_task included, is the owner's: DBAs run them as a member

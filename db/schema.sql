@@ -86,6 +86,108 @@ CREATE TYPE arm.pipeline AS ENUM (
 ALTER TYPE arm.pipeline OWNER TO arm_owner;
 
 --
+-- Name: _claim_fair(arm.pipeline, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm._claim_fair(p_pipeline arm.pipeline, p_n integer) RETURNS uuid[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+DECLARE
+    v_ids uuid[] := '{}';
+    v_got uuid[];
+    v_lanes integer;
+    v_want integer;
+BEGIN
+    FOR round IN 1..4 LOOP
+        v_want := p_n - cardinality(v_ids);
+        EXIT WHEN v_want <= 0;
+        SELECT count(*) INTO v_lanes
+        FROM (SELECT 1 FROM arm.pace_lane l WHERE l.pipeline = p_pipeline LIMIT v_want) x;
+        EXIT WHEN v_lanes = 0;
+        SELECT array_agg(c.id ORDER BY c.rn, c.lane_rank)
+        INTO v_got
+        FROM (
+            SELECT q.id, q.rn, l.lane_rank
+            FROM (
+                SELECT l.lane, row_number() OVER (ORDER BY l.served_at, l.lane) AS lane_rank
+                FROM arm.pace_lane l
+                WHERE l.pipeline = p_pipeline
+                ORDER BY l.served_at, l.lane
+                LIMIT v_want
+            ) l
+            CROSS JOIN LATERAL (
+                SELECT j.id, row_number() OVER (ORDER BY j.requested_at, j.id) AS rn
+                FROM (
+                    SELECT j.id, j.requested_at
+                    FROM arm.recognition_job j
+                    WHERE j.status = 'queued' AND j.pipeline = p_pipeline AND j.lane = l.lane
+                      AND j.id <> ALL (v_ids)
+                    ORDER BY j.requested_at, j.id
+                    LIMIT ceil(v_want::numeric / v_lanes)::integer
+                ) j
+            ) q
+            ORDER BY q.rn, l.lane_rank
+            LIMIT v_want
+        ) c;
+        EXIT WHEN v_got IS NULL;
+        v_ids := v_ids || v_got;
+        EXIT WHEN cardinality(v_got) < least(v_want, v_lanes);
+    END LOOP;
+    RETURN ARRAY(SELECT j.id FROM arm.recognition_job j
+                 WHERE j.id = ANY (v_ids) AND j.status = 'queued'
+                 ORDER BY j.id
+                 FOR UPDATE SKIP LOCKED);
+END;
+$$;
+
+
+ALTER FUNCTION arm._claim_fair(p_pipeline arm.pipeline, p_n integer) OWNER TO arm_owner;
+
+--
+-- Name: _count_lanes(arm.pipeline[], uuid[], bigint[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm._count_lanes(p_pipelines arm.pipeline[], p_lanes uuid[], p_changes bigint[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+DECLARE
+    v_pipelines arm.pipeline[];
+    v_lanes uuid[];
+BEGIN
+    IF coalesce(cardinality(p_lanes), 0) = 0 THEN
+        RETURN;
+    END IF;
+    WITH up AS (
+        INSERT INTO arm.pace_lane AS l (pipeline, lane, queued, served_at)
+        SELECT d.pipeline, d.lane, d.n,
+               CASE WHEN d.n < 0 THEN clock_timestamp() ELSE '-infinity' END
+        FROM unnest(p_pipelines, p_lanes, p_changes) AS d(pipeline, lane, n)
+        WHERE d.lane IS NOT NULL
+        ORDER BY d.pipeline, d.lane
+        ON CONFLICT (pipeline, lane) DO UPDATE
+        SET queued = l.queued + excluded.queued,
+            served_at = CASE WHEN excluded.queued < 0 THEN excluded.served_at
+                             ELSE l.served_at END
+        RETURNING l.pipeline, l.lane, l.queued
+    )
+    SELECT array_agg(up.pipeline), array_agg(up.lane)
+    INTO v_pipelines, v_lanes
+    FROM up
+    WHERE up.queued <= 0;
+    IF v_lanes IS NOT NULL THEN
+        DELETE FROM arm.pace_lane l
+        USING unnest(v_pipelines, v_lanes) AS e(pipeline, lane)
+        WHERE l.pipeline = e.pipeline AND l.lane = e.lane AND l.queued <= 0;
+    END IF;
+END;
+$$;
+
+
+ALTER FUNCTION arm._count_lanes(p_pipelines arm.pipeline[], p_lanes uuid[], p_changes bigint[]) OWNER TO arm_owner;
+
+--
 -- Name: _dead_letter_jobs(arm.job_status, uuid[], text[], text[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -147,6 +249,208 @@ $$;
 ALTER FUNCTION arm._dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) OWNER TO arm_owner;
 
 --
+-- Name: _pace_room(arm.pipeline, text, integer, integer, interval, interval, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm._pace_room(p_pipeline arm.pipeline, p_mode text, p_min integer, p_max integer, p_reply_timeout interval, p_ack_timeout interval, p_max_republish integer, OUT room integer, OUT probe boolean) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    -- The pipeline's row of arm.pipeline_pace; a record, as the table's type would have
+    -- to exist when this function is made (a test applies these to an older schema).
+    p record;
+    v_in_flight integer;
+    v_overdue integer;
+    v_limit integer;
+    v_window double precision;
+    v_answers bigint;
+    v_answer_seconds double precision;
+    v_acks bigint;
+    v_latency double precision;
+    v_queue double precision;
+    v_adaptive double precision;
+BEGIN
+    room := 0;
+    probe := false;
+    SELECT * INTO p FROM arm.pipeline_pace WHERE pipeline = p_pipeline FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT count(*)::integer,
+           (count(*) FILTER (WHERE j.status = 'published'
+                               AND j.last_published_at <= v_now - p_ack_timeout))::integer
+    INTO v_in_flight, v_overdue
+    FROM arm.recognition_job j
+    WHERE j.pipeline = p_pipeline AND j.status IN ('published', 'processing');
+
+    p.mode := p_mode;
+    p.min_in_flight := p_min;
+    p.max_in_flight := p_max;
+    IF p_mode = 'auto' THEN
+        <<adjust>>
+        BEGIN
+            v_window := extract(epoch FROM v_now - p.adjusted_at);
+            v_adaptive := p.adaptive_limit;
+            IF v_window < least(1.0, greatest(0.1, coalesce(p.min_latency_seconds, 0.1))) THEN
+                EXIT adjust;
+            END IF;
+            WITH taken AS (
+                DELETE FROM arm.pace_sample s WHERE s.pipeline = p.pipeline
+                RETURNING s.answers, s.answer_seconds, s.acks
+            )
+            SELECT coalesce(sum(t.answers), 0), coalesce(sum(t.answer_seconds), 0),
+                   coalesce(sum(t.acks), 0)
+            INTO v_answers, v_answer_seconds, v_acks
+            FROM taken t;
+
+            IF v_answers + v_acks > 0 THEN
+                p.answering := true;
+                p.silent_since := NULL;
+            ELSIF v_overdue > 0 THEN
+                -- Published, an ack timeout ago, and nothing heard since the last window.
+                IF p.answering THEN
+                    p.silent_since := v_now;
+                    p.probe_after := v_now + p_ack_timeout * (1 + p_max_republish);
+                END IF;
+                p.answering := false;
+                v_adaptive := p.min_in_flight;
+            END IF;
+
+            IF v_answers > 0 THEN
+                v_latency := v_answer_seconds / v_answers;
+                p.latency_seconds := v_latency;
+                p.answers_per_second := v_answers / v_window;
+                p.min_latency_seconds := least(coalesce(p.min_latency_seconds, v_latency), v_latency);
+                IF v_latency > 0.5 * extract(epoch FROM p_reply_timeout) THEN
+                    v_adaptive := v_adaptive / 2;
+                ELSIF v_in_flight >= v_adaptive / 2 AND v_latency > 0 THEN
+                    v_queue := v_in_flight * (1 - p.min_latency_seconds / v_latency);
+                    IF v_queue < 1 THEN
+                        v_adaptive := v_adaptive + greatest(1, v_adaptive / 2);
+                    ELSIF v_queue < 3 THEN
+                        v_adaptive := v_adaptive + 1;
+                    ELSIF v_queue > 6 THEN
+                        v_adaptive := v_adaptive - (v_queue - 6) / 2;
+                    END IF;
+                END IF;
+            ELSIF v_acks = 0 AND v_in_flight = 0 AND p.answering
+                  AND v_window >= 3 * extract(epoch FROM p_ack_timeout) THEN
+                v_adaptive := p.min_in_flight;  -- idle: start again from the floor
+                p.answers_per_second := 0;
+            ELSIF v_answers = 0 AND v_acks = 0 AND v_in_flight > 0 AND p.answering THEN
+                EXIT adjust;  -- answers take longer than the window: keep gathering
+            END IF;
+            p.adaptive_limit := least(greatest(v_adaptive, p.min_in_flight, 1), p.max_in_flight);
+            p.adjusted_at := v_now;
+        END;
+    ELSE
+        p.adjusted_at := v_now;
+    END IF;
+    v_limit := CASE WHEN p.pinned_limit IS NOT NULL THEN p.pinned_limit
+                    WHEN p_mode = 'fixed' THEN p_max
+                    ELSE floor(p.adaptive_limit)::integer END;
+    probe := false;
+    IF p_mode = 'auto' AND p.pinned_limit IS NULL AND NOT p.answering THEN
+        IF v_in_flight = 0 AND v_now >= coalesce(
+                p.probe_after, p.silent_since + p_ack_timeout * (1 + p_max_republish)) THEN
+            v_limit := 1;
+            probe := true;
+            p.probe_after := v_now + p_ack_timeout * (1 + p_max_republish);
+        ELSE
+            v_limit := 0;
+        END IF;
+    END IF;
+    UPDATE arm.pipeline_pace SET
+        mode = p.mode, min_in_flight = p.min_in_flight, max_in_flight = p.max_in_flight,
+        adaptive_limit = p.adaptive_limit, latency_seconds = p.latency_seconds,
+        min_latency_seconds = p.min_latency_seconds,
+        answers_per_second = p.answers_per_second, answering = p.answering,
+        silent_since = p.silent_since, probe_after = p.probe_after, adjusted_at = p.adjusted_at
+    WHERE pipeline = p_pipeline;
+    room := greatest(0, v_limit - v_in_flight);
+END;
+$$;
+
+
+ALTER FUNCTION arm._pace_room(p_pipeline arm.pipeline, p_mode text, p_min integer, p_max integer, p_reply_timeout interval, p_ack_timeout interval, p_max_republish integer, OUT room integer, OUT probe boolean) OWNER TO arm_owner;
+
+--
+-- Name: _publish_claimed(uuid[], interval, interval, text, text, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm._publish_claimed(p_ids uuid[], p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, outcome text, subject text, msg_id text, request text, error_message text, queued_seconds double precision)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_ids uuid[] := p_ids;
+BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
+    RETURN QUERY
+    WITH built AS (
+        SELECT j.id, j.file_id, j.attempt, j.requested_at,
+               j.id::text || ':' || j.attempt AS msg_id,
+               CASE j.pipeline WHEN 'tabular' THEN p_tabular_subject
+                               ELSE p_image_subject END AS subject,
+               d.deadline,
+               arm._request_text(j.id, f.id, j.pipeline, f.file_type, f.original_name,
+                                 o.bucket, o.key, d.deadline, j.attempt) AS request
+        FROM arm.recognition_job j
+        JOIN arm.stored_file f ON f.id = j.file_id
+        JOIN arm.s3_object o ON o.id = f.s3_object_id
+        CROSS JOIN LATERAL (
+            SELECT date_trunc('milliseconds', v_now
+                + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
+                                  ELSE p_image_reply_timeout END) AS deadline
+        ) d
+        WHERE j.id = ANY (v_ids)
+    ), sized AS (
+        -- What the server counts against max_payload (00_helpers.sql).
+        SELECT b.*, arm.nats_message_bytes(b.request, b.msg_id) AS bytes
+        FROM built b
+    ), marked AS (
+        UPDATE arm.recognition_job j
+        SET status = CASE WHEN s.bytes <= p_max_bytes THEN 'published'
+                          ELSE 'dlq' END::arm.job_status,
+            published_at = CASE WHEN s.bytes <= p_max_bytes THEN v_now END,
+            last_published_at = CASE WHEN s.bytes <= p_max_bytes THEN v_now END,
+            request_msg_id = CASE WHEN s.bytes <= p_max_bytes THEN s.msg_id END,
+            request_subject = CASE WHEN s.bytes <= p_max_bytes THEN s.subject END,
+            reply_deadline = CASE WHEN s.bytes <= p_max_bytes THEN s.deadline END,
+            error_code = CASE WHEN s.bytes > p_max_bytes THEN 'REQUEST_TOO_LARGE' END,
+            error_message = CASE WHEN s.bytes > p_max_bytes THEN format(
+                'the request is %s bytes; the NATS server accepts at most %s (max_payload)',
+                s.bytes, p_max_bytes) END,
+            finished_at = CASE WHEN s.bytes > p_max_bytes THEN v_now END
+        FROM sized s
+        WHERE j.id = s.id AND j.id = ANY (v_ids)
+        RETURNING j.id, j.status, j.error_message, j.published_at
+    ), files AS (
+        UPDATE arm.stored_file f
+        SET status = 'ERROR'
+        FROM marked m JOIN sized s ON s.id = m.id
+        WHERE m.status = 'dlq' AND f.id = s.file_id AND f.current_recognition_job_id = m.id
+    )
+    SELECT s.id, s.attempt, s.file_id, m.status::text,
+           s.subject, s.msg_id,
+           CASE WHEN m.status = 'published' THEN s.request END,
+           m.error_message,
+           extract(epoch FROM m.published_at - s.requested_at)::float8
+    FROM sized s
+    JOIN marked m ON m.id = s.id
+    ORDER BY s.requested_at, s.id;
+END;
+$$;
+
+
+ALTER FUNCTION arm._publish_claimed(p_ids uuid[], p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) OWNER TO arm_owner;
+
+--
 -- Name: uuid_v7(); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -200,6 +504,7 @@ CREATE TABLE arm.recognition_job (
     result_s3_object_id uuid,
     result_msg_id text,
     group_schema jsonb,
+    lane uuid,
     CONSTRAINT recognition_job_attempt_check CHECK ((attempt >= 1)),
     CONSTRAINT recognition_job_attempt_limit CHECK ((attempt <= max_attempts)),
     CONSTRAINT recognition_job_error_code CHECK (((status = ANY (ARRAY['error'::arm.job_status, 'timeout'::arm.job_status, 'dlq'::arm.job_status])) = (error_code IS NOT NULL))),
@@ -475,7 +780,20 @@ BEGIN
             result_msg_id = ch.r_msg
         FROM changed ch
         WHERE j.id = ch.job_id
-        RETURNING j.id, j.published_at, j.started_at, j.finished_at
+        RETURNING j.id, j.pipeline, j.published_at, j.started_at, j.finished_at
+    ), samples AS (
+        -- What pacing adapts the in-flight limit from (22_pacing.sql): per pipeline, the
+        -- answers and acks applied and how long after the publish they came.
+        INSERT INTO arm.pace_sample (pipeline, answers, answer_seconds, acks, ack_seconds)
+        SELECT u.pipeline,
+               count(*) FILTER (WHERE ch.r_n IS NOT NULL),
+               coalesce(sum(extract(epoch FROM u.finished_at - u.published_at))
+                        FILTER (WHERE ch.r_n IS NOT NULL), 0),
+               count(*) FILTER (WHERE ch.a_n IS NOT NULL),
+               coalesce(sum(extract(epoch FROM u.started_at - u.published_at))
+                        FILTER (WHERE ch.a_n IS NOT NULL), 0)
+        FROM jobs u JOIN changed ch ON ch.job_id = u.id
+        GROUP BY u.pipeline
     ), files AS (
         UPDATE arm.stored_file f
         SET status = CASE WHEN ch.r_status = 'error' THEN 'ERROR'
@@ -818,6 +1136,9 @@ BEGIN
         ON CONFLICT (status) DO UPDATE SET n = c.n + EXCLUDED.n
     )
     SELECT coalesce(sum(s.k), 0) INTO v_files FROM s;
+    -- The inbox's pacing samples that no paced claim took (PACING=off, or a pipeline
+    -- nobody publishes to now): a minute is more than any adjustment window.
+    DELETE FROM arm.pace_sample WHERE at < clock_timestamp() - interval '1 minute';
     RETURN v_jobs + v_files;
 END;
 $$;
@@ -1377,6 +1698,87 @@ $$;
 ALTER FUNCTION arm.nats_message_bytes(p_payload text, p_msg_id text) OWNER TO arm_owner;
 
 --
+-- Name: pace_unheard(arm.pipeline, double precision); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.pace_unheard(p_pipeline arm.pipeline, p_retry_seconds double precision) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+BEGIN
+    UPDATE arm.pipeline_pace
+    SET answering = false,
+        silent_since = coalesce(silent_since, clock_timestamp()),
+        probe_after = clock_timestamp() + make_interval(secs => p_retry_seconds)
+    WHERE pipeline = p_pipeline;
+END;
+$$;
+
+
+ALTER FUNCTION arm.pace_unheard(p_pipeline arm.pipeline, p_retry_seconds double precision) OWNER TO arm_owner;
+
+--
+-- Name: pace_view(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.pace_view() RETURNS TABLE(pipeline arm.pipeline, mode text, in_flight_limit integer, pinned boolean, in_flight bigint, queued bigint, held_back bigint, answering boolean, silent_since timestamp with time zone, latency_seconds double precision, min_latency_seconds double precision, answers_per_second double precision)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH n AS (
+        SELECT p.pipeline,
+               (SELECT count(*) FROM arm.recognition_job j
+                WHERE j.pipeline = p.pipeline
+                  AND j.status IN ('published', 'processing')) AS in_flight,
+               (SELECT coalesce(sum(l.queued), 0) FROM arm.pace_lane l
+                WHERE l.pipeline = p.pipeline)::bigint AS queued,
+               CASE WHEN p.pinned_limit IS NOT NULL THEN p.pinned_limit
+                    WHEN p.mode = 'fixed' THEN p.max_in_flight
+                    WHEN p.mode = 'auto' THEN floor(p.adaptive_limit)::integer END AS lim
+        FROM arm.pipeline_pace p
+    )
+    SELECT p.pipeline, p.mode, n.lim, p.pinned_limit IS NOT NULL, n.in_flight, n.queued,
+           CASE WHEN n.lim IS NULL THEN 0
+                WHEN NOT p.answering AND p.mode = 'auto' AND p.pinned_limit IS NULL
+                    THEN n.queued
+                ELSE greatest(0, n.queued - greatest(0, n.lim - n.in_flight)) END,
+           p.answering, p.silent_since, p.latency_seconds, p.min_latency_seconds,
+           p.answers_per_second
+    FROM arm.pipeline_pace p JOIN n ON n.pipeline = p.pipeline
+    ORDER BY p.pipeline;
+END;
+$$;
+
+
+ALTER FUNCTION arm.pace_view() OWNER TO arm_owner;
+
+--
+-- Name: pin_in_flight_limit(arm.pipeline, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.pin_in_flight_limit(p_pipeline arm.pipeline, p_limit integer) RETURNS TABLE(pipeline arm.pipeline, pinned_limit integer, adaptive_limit double precision)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_limit IS NOT NULL AND p_limit < 1 THEN
+        RAISE EXCEPTION 'an in-flight limit is at least 1, not %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    UPDATE arm.pipeline_pace p SET pinned_limit = p_limit WHERE p.pipeline = p_pipeline
+    RETURNING p.pipeline, p.pinned_limit, p.adaptive_limit;
+END;
+$$;
+
+
+ALTER FUNCTION arm.pin_in_flight_limit(p_pipeline arm.pipeline, p_limit integer) OWNER TO arm_owner;
+
+--
 -- Name: pipeline_for(arm.file_type); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -1401,7 +1803,6 @@ CREATE FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_time
     AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := clock_timestamp();
     v_ids uuid[];
 BEGIN
     -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
@@ -1427,64 +1828,76 @@ BEGIN
         RETURN;
     END IF;
 
-    RETURN QUERY
-    WITH built AS (
-        SELECT j.id, j.file_id, j.attempt, j.requested_at,
-               j.id::text || ':' || j.attempt AS msg_id,
-               CASE j.pipeline WHEN 'tabular' THEN p_tabular_subject
-                               ELSE p_image_subject END AS subject,
-               d.deadline,
-               arm._request_text(j.id, f.id, j.pipeline, f.file_type, f.original_name,
-                                 o.bucket, o.key, d.deadline, j.attempt) AS request
-        FROM arm.recognition_job j
-        JOIN arm.stored_file f ON f.id = j.file_id
-        JOIN arm.s3_object o ON o.id = f.s3_object_id
-        CROSS JOIN LATERAL (
-            SELECT date_trunc('milliseconds', v_now
-                + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
-                                  ELSE p_image_reply_timeout END) AS deadline
-        ) d
-        WHERE j.id = ANY (v_ids)
-    ), sized AS (
-        -- What the server counts against max_payload (00_helpers.sql).
-        SELECT b.*, arm.nats_message_bytes(b.request, b.msg_id) AS bytes
-        FROM built b
-    ), marked AS (
-        UPDATE arm.recognition_job j
-        SET status = CASE WHEN s.bytes <= p_max_bytes THEN 'published'
-                          ELSE 'dlq' END::arm.job_status,
-            published_at = CASE WHEN s.bytes <= p_max_bytes THEN v_now END,
-            last_published_at = CASE WHEN s.bytes <= p_max_bytes THEN v_now END,
-            request_msg_id = CASE WHEN s.bytes <= p_max_bytes THEN s.msg_id END,
-            request_subject = CASE WHEN s.bytes <= p_max_bytes THEN s.subject END,
-            reply_deadline = CASE WHEN s.bytes <= p_max_bytes THEN s.deadline END,
-            error_code = CASE WHEN s.bytes > p_max_bytes THEN 'REQUEST_TOO_LARGE' END,
-            error_message = CASE WHEN s.bytes > p_max_bytes THEN format(
-                'the request is %s bytes; the NATS server accepts at most %s (max_payload)',
-                s.bytes, p_max_bytes) END,
-            finished_at = CASE WHEN s.bytes > p_max_bytes THEN v_now END
-        FROM sized s
-        WHERE j.id = s.id AND j.id = ANY (v_ids)
-        RETURNING j.id, j.status, j.error_message, j.published_at
-    ), files AS (
-        UPDATE arm.stored_file f
-        SET status = 'ERROR'
-        FROM marked m JOIN sized s ON s.id = m.id
-        WHERE m.status = 'dlq' AND f.id = s.file_id AND f.current_recognition_job_id = m.id
-    )
-    SELECT s.id, s.attempt, s.file_id, m.status::text,
-           s.subject, s.msg_id,
-           CASE WHEN m.status = 'published' THEN s.request END,
-           m.error_message,
-           extract(epoch FROM m.published_at - s.requested_at)::float8
-    FROM sized s
-    JOIN marked m ON m.id = s.id
-    ORDER BY s.requested_at, s.id;
+    RETURN QUERY SELECT * FROM arm._publish_claimed(
+        v_ids, p_tabular_reply_timeout, p_image_reply_timeout, p_tabular_subject,
+        p_image_subject, p_max_bytes);
 END;
 $$;
 
 
 ALTER FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) OWNER TO arm_owner;
+
+--
+-- Name: publish_queued_jobs_v3(integer, interval, interval, text, text, integer, text, integer, integer, integer, integer, interval, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.publish_queued_jobs_v3(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer, p_pacing text, p_tabular_min integer, p_tabular_max integer, p_image_min integer, p_image_max integer, p_ack_timeout interval, p_max_republish integer) RETURNS TABLE(job_id uuid, attempt integer, file_id uuid, outcome text, subject text, msg_id text, request text, error_message text, queued_seconds double precision, probe boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids uuid[] := '{}';
+    v_probes uuid[] := '{}';
+    v_got uuid[];
+    v_room record;
+BEGIN
+    IF p_pacing NOT IN ('auto', 'fixed', 'off') THEN
+        RAISE EXCEPTION 'pacing is auto, fixed or off, not %', p_pacing
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_pacing = 'off' THEN
+        RETURN QUERY SELECT v.*, false FROM arm.publish_queued_jobs_v2(
+            p_limit, p_tabular_reply_timeout, p_image_reply_timeout, p_tabular_subject,
+            p_image_subject, p_max_bytes) v;
+        RETURN;
+    END IF;
+    IF least(p_tabular_min, p_image_min) < 1 OR p_tabular_max < p_tabular_min
+       OR p_image_max < p_image_min THEN
+        RAISE EXCEPTION 'in-flight limits: each minimum at least 1 and at most its maximum '
+                        '(tabular %..%, image %..%)',
+            p_tabular_min, p_tabular_max, p_image_min, p_image_max
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_room := arm._pace_room('tabular', p_pacing, p_tabular_min, p_tabular_max,
+                             p_tabular_reply_timeout, p_ack_timeout, p_max_republish);
+    IF v_room.room > 0 THEN
+        v_got := arm._claim_fair('tabular', least(v_room.room, p_limit));
+        v_ids := v_ids || v_got;
+        IF v_room.probe THEN
+            v_probes := v_probes || v_got;
+        END IF;
+    END IF;
+    v_room := arm._pace_room('image', p_pacing, p_image_min, p_image_max,
+                             p_image_reply_timeout, p_ack_timeout, p_max_republish);
+    IF v_room.room > 0 THEN
+        v_got := arm._claim_fair('image', least(v_room.room, p_limit));
+        v_ids := v_ids || v_got;
+        IF v_room.probe THEN
+            v_probes := v_probes || v_got;
+        END IF;
+    END IF;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT c.*, c.job_id = ANY (v_probes) FROM arm._publish_claimed(
+        v_ids, p_tabular_reply_timeout, p_image_reply_timeout, p_tabular_subject,
+        p_image_subject, p_max_bytes) c;
+END;
+$$;
+
+
+ALTER FUNCTION arm.publish_queued_jobs_v3(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer, p_pacing text, p_tabular_min integer, p_tabular_max integer, p_image_min integer, p_image_max integer, p_ack_timeout interval, p_max_republish integer) OWNER TO arm_owner;
 
 --
 -- Name: record_bridge(text, text, timestamp with time zone, text, text, jsonb, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1637,8 +2050,11 @@ BEGIN
         RETURN;
     END IF;
 
-    INSERT INTO arm.recognition_job (file_id, pipeline, attempt, max_attempts, status, requested_at)
-    VALUES (f.id, j.pipeline, j.attempt + 1, j.max_attempts, 'queued', clock_timestamp())
+    -- In the file's lane: a retry counts as its consolidation's (22_pacing.sql).
+    INSERT INTO arm.recognition_job (file_id, pipeline, attempt, max_attempts, status, requested_at,
+                                     lane)
+    VALUES (f.id, j.pipeline, j.attempt + 1, j.max_attempts, 'queued', clock_timestamp(),
+            coalesce(f.consolidation_id, '00000000-0000-0000-0000-000000000000'))
     RETURNING id INTO v_new_id;
 
     UPDATE arm.stored_file
@@ -2075,6 +2491,9 @@ CREATE FUNCTION arm.tg_count_status_row() RETURNS trigger
 BEGIN
     IF TG_TABLE_NAME = 'recognition_job' THEN
         INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
+        IF OLD.status = 'queued' THEN  -- a job leaves the queue (and its lane)
+            PERFORM arm._count_lanes(ARRAY[OLD.pipeline], ARRAY[OLD.lane], ARRAY[-1::bigint]);
+        END IF;
     ELSE
         INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
     END IF;
@@ -2098,6 +2517,9 @@ BEGIN
         IF TG_OP = 'INSERT' THEN
             INSERT INTO arm.job_count_delta (status, n)
             SELECT r.status, count(*) FROM new_rows r GROUP BY r.status;
+            PERFORM arm._count_lanes(array_agg(d.pipeline), array_agg(d.lane), array_agg(d.n))
+            FROM (SELECT r.pipeline, r.lane, count(*) AS n
+                  FROM new_rows r WHERE r.status = 'queued' GROUP BY r.pipeline, r.lane) d;
         ELSIF TG_OP = 'UPDATE' THEN
             INSERT INTO arm.job_count_delta (status, n)
             SELECT c.status, sum(c.n)
@@ -2106,12 +2528,25 @@ BEGIN
                   SELECT r.status, -1 FROM old_rows r) c
             GROUP BY c.status
             HAVING sum(c.n) <> 0;
+            PERFORM arm._count_lanes(array_agg(d.pipeline), array_agg(d.lane), array_agg(d.n))
+            FROM (SELECT c.pipeline, c.lane, sum(c.n)::bigint AS n
+                  FROM (SELECT r.pipeline, r.lane, 1 AS n FROM new_rows r
+                        WHERE r.status = 'queued'
+                        UNION ALL
+                        SELECT r.pipeline, r.lane, -1 FROM old_rows r
+                        WHERE r.status = 'queued') c
+                  GROUP BY c.pipeline, c.lane
+                  HAVING sum(c.n) <> 0) d;
         ELSIF TG_OP = 'DELETE' THEN
             INSERT INTO arm.job_count_delta (status, n)
             SELECT r.status, -count(*) FROM old_rows r GROUP BY r.status;
+            PERFORM arm._count_lanes(array_agg(d.pipeline), array_agg(d.lane), array_agg(d.n))
+            FROM (SELECT r.pipeline, r.lane, -count(*) AS n
+                  FROM old_rows r WHERE r.status = 'queued' GROUP BY r.pipeline, r.lane) d;
         ELSE  -- TRUNCATE
             DELETE FROM arm.job_count_delta;
             UPDATE arm.job_count SET n = 0 WHERE n <> 0;
+            DELETE FROM arm.pace_lane;
         END IF;
     ELSE
         IF TG_OP = 'INSERT' THEN
@@ -2156,6 +2591,13 @@ BEGIN
     END IF;
     IF NEW.max_attempts IS NULL THEN
         NEW.max_attempts := arm.setting_int('default_max_attempts');
+    END IF;
+    IF NEW.lane IS NULL THEN
+        -- The pacing lane (db/functions/22_pacing.sql): the file's consolidation, the
+        -- nil uuid for a file without one.
+        SELECT coalesce(f.consolidation_id, '00000000-0000-0000-0000-000000000000')
+        INTO NEW.lane
+        FROM arm.stored_file f WHERE f.id = NEW.file_id;
     END IF;
     RETURN NEW;
 END;
@@ -2362,9 +2804,10 @@ BEGIN
         FROM o
         RETURNING id
     )
-    INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts)
+    INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts, lane)
     SELECT v_job, f.id, 1, arm.pipeline_for(p_file_type::arm.file_type),
-           arm.setting_int('default_max_attempts')
+           arm.setting_int('default_max_attempts'),
+           coalesce(p_consolidation_id, '00000000-0000-0000-0000-000000000000')
     FROM f;
     RETURN QUERY SELECT v_file, v_job;
 END;
@@ -2449,10 +2892,11 @@ BEGIN
         FROM input JOIN o ON o.id = input.obj_id ORDER BY input.i
         RETURNING id
     ), j AS (
-        -- pipeline and max_attempts given, as the defaults trigger would fill them: it
+        -- pipeline, max_attempts and lane given, as the defaults trigger would fill them: it
         -- then fires for none of the rows.
-        INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts)
-        SELECT input.j_id, input.f_id, 1, arm.pipeline_for(input.file_type), v_max_attempts
+        INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts, lane)
+        SELECT input.j_id, input.f_id, 1, arm.pipeline_for(input.file_type), v_max_attempts,
+               coalesce(input.consolidation_id, '00000000-0000-0000-0000-000000000000')
         FROM input JOIN f ON f.id = input.f_id ORDER BY input.i
         RETURNING id
     )
@@ -2613,6 +3057,7 @@ CREATE TABLE arm.archived_job (
     result_s3_object_id uuid,
     result_msg_id text,
     group_schema jsonb,
+    lane uuid,
     CONSTRAINT recognition_job_attempt_check CHECK ((attempt >= 1)),
     CONSTRAINT recognition_job_attempt_limit CHECK ((attempt <= max_attempts)),
     CONSTRAINT recognition_job_error_code CHECK (((status = ANY (ARRAY['error'::arm.job_status, 'timeout'::arm.job_status, 'dlq'::arm.job_status])) = (error_code IS NOT NULL))),
@@ -2725,6 +3170,51 @@ CREATE TABLE arm.job_count_delta (
 ALTER TABLE arm.job_count_delta OWNER TO arm_owner;
 
 --
+-- Name: pace_lane; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.pace_lane (
+    pipeline arm.pipeline NOT NULL,
+    lane uuid NOT NULL,
+    queued bigint NOT NULL,
+    served_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL
+);
+
+
+ALTER TABLE arm.pace_lane OWNER TO arm_owner;
+
+--
+-- Name: pace_sample; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.pace_sample (
+    id bigint NOT NULL,
+    pipeline arm.pipeline NOT NULL,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    answers integer NOT NULL,
+    answer_seconds double precision NOT NULL,
+    acks integer NOT NULL,
+    ack_seconds double precision NOT NULL
+);
+
+
+ALTER TABLE arm.pace_sample OWNER TO arm_owner;
+
+--
+-- Name: pace_sample_id_seq; Type: SEQUENCE; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE arm.pace_sample ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME arm.pace_sample_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
 -- Name: periodic_task; Type: TABLE; Schema: arm; Owner: arm_owner
 --
 
@@ -2744,6 +3234,34 @@ CREATE TABLE arm.periodic_task (
 
 
 ALTER TABLE arm.periodic_task OWNER TO arm_owner;
+
+--
+-- Name: pipeline_pace; Type: TABLE; Schema: arm; Owner: arm_owner
+--
+
+CREATE TABLE arm.pipeline_pace (
+    pipeline arm.pipeline NOT NULL,
+    mode text DEFAULT 'auto'::text NOT NULL,
+    min_in_flight integer DEFAULT 1 NOT NULL,
+    max_in_flight integer DEFAULT 1000 NOT NULL,
+    adaptive_limit double precision DEFAULT 1 NOT NULL,
+    pinned_limit integer,
+    latency_seconds double precision,
+    min_latency_seconds double precision,
+    answers_per_second double precision,
+    answering boolean DEFAULT true NOT NULL,
+    silent_since timestamp with time zone,
+    probe_after timestamp with time zone,
+    adjusted_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT pipeline_pace_adaptive_limit_check CHECK ((adaptive_limit >= (1)::double precision)),
+    CONSTRAINT pipeline_pace_check CHECK ((max_in_flight >= min_in_flight)),
+    CONSTRAINT pipeline_pace_min_in_flight_check CHECK ((min_in_flight >= 1)),
+    CONSTRAINT pipeline_pace_mode_check CHECK ((mode = ANY (ARRAY['auto'::text, 'fixed'::text, 'off'::text]))),
+    CONSTRAINT pipeline_pace_pinned_limit_check CHECK ((pinned_limit >= 1))
+);
+
+
+ALTER TABLE arm.pipeline_pace OWNER TO arm_owner;
 
 --
 -- Name: retry_audit; Type: TABLE; Schema: arm; Owner: arm_owner
@@ -2888,11 +3406,35 @@ ALTER TABLE ONLY arm.job_count
 
 
 --
+-- Name: pace_lane pace_lane_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.pace_lane
+    ADD CONSTRAINT pace_lane_pkey PRIMARY KEY (pipeline, lane);
+
+
+--
+-- Name: pace_sample pace_sample_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.pace_sample
+    ADD CONSTRAINT pace_sample_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: periodic_task periodic_task_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
 --
 
 ALTER TABLE ONLY arm.periodic_task
     ADD CONSTRAINT periodic_task_pkey PRIMARY KEY (name);
+
+
+--
+-- Name: pipeline_pace pipeline_pace_pkey; Type: CONSTRAINT; Schema: arm; Owner: arm_owner
+--
+
+ALTER TABLE ONLY arm.pipeline_pace
+    ADD CONSTRAINT pipeline_pace_pkey PRIMARY KEY (pipeline);
 
 
 --
@@ -3007,6 +3549,27 @@ CREATE INDEX archived_retry_audit_file_idx ON arm.archived_retry_audit USING btr
 
 
 --
+-- Name: pace_lane_served_idx; Type: INDEX; Schema: arm; Owner: arm_owner
+--
+
+CREATE INDEX pace_lane_served_idx ON arm.pace_lane USING btree (pipeline, served_at, lane);
+
+
+--
+-- Name: pace_sample_pipeline_idx; Type: INDEX; Schema: arm; Owner: arm_owner
+--
+
+CREATE INDEX pace_sample_pipeline_idx ON arm.pace_sample USING btree (pipeline, id);
+
+
+--
+-- Name: recognition_job_in_flight_idx; Type: INDEX; Schema: arm; Owner: arm_owner
+--
+
+CREATE INDEX recognition_job_in_flight_idx ON arm.recognition_job USING btree (pipeline) INCLUDE (status, published_at, last_published_at) WHERE (status = ANY (ARRAY['published'::arm.job_status, 'processing'::arm.job_status]));
+
+
+--
 -- Name: recognition_job_live_deadline_idx; Type: INDEX; Schema: arm; Owner: arm_owner
 --
 
@@ -3025,6 +3588,13 @@ CREATE UNIQUE INDEX recognition_job_one_live_per_file_idx ON arm.recognition_job
 --
 
 CREATE INDEX recognition_job_queued_idx ON arm.recognition_job USING btree (requested_at, id) WHERE (status = 'queued'::arm.job_status);
+
+
+--
+-- Name: recognition_job_queued_lane_idx; Type: INDEX; Schema: arm; Owner: arm_owner
+--
+
+CREATE INDEX recognition_job_queued_lane_idx ON arm.recognition_job USING btree (pipeline, lane, requested_at, id) WHERE (status = 'queued'::arm.job_status);
 
 
 --
@@ -3122,7 +3692,7 @@ CREATE TRIGGER tg_recognition_job__count_update_row AFTER UPDATE ON arm.recognit
 -- Name: recognition_job tg_recognition_job__defaults; Type: TRIGGER; Schema: arm; Owner: arm_owner
 --
 
-CREATE TRIGGER tg_recognition_job__defaults BEFORE INSERT ON arm.recognition_job FOR EACH ROW WHEN (((new.pipeline IS NULL) OR (new.max_attempts IS NULL))) EXECUTE FUNCTION arm.tg_recognition_job__defaults();
+CREATE TRIGGER tg_recognition_job__defaults BEFORE INSERT ON arm.recognition_job FOR EACH ROW WHEN (((new.pipeline IS NULL) OR (new.max_attempts IS NULL) OR (new.lane IS NULL))) EXECUTE FUNCTION arm.tg_recognition_job__defaults();
 
 
 --
@@ -3262,10 +3832,38 @@ GRANT USAGE ON SCHEMA arm TO arm_readonly;
 
 
 --
+-- Name: FUNCTION _claim_fair(p_pipeline arm.pipeline, p_n integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm._claim_fair(p_pipeline arm.pipeline, p_n integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _count_lanes(p_pipelines arm.pipeline[], p_lanes uuid[], p_changes bigint[]); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm._count_lanes(p_pipelines arm.pipeline[], p_lanes uuid[], p_changes bigint[]) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION _dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_error_codes text[], p_error_messages text[]); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
 REVOKE ALL ON FUNCTION arm._dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_error_codes text[], p_error_messages text[]) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _pace_room(p_pipeline arm.pipeline, p_mode text, p_min integer, p_max integer, p_reply_timeout interval, p_ack_timeout interval, p_max_republish integer, OUT room integer, OUT probe boolean); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm._pace_room(p_pipeline arm.pipeline, p_mode text, p_min integer, p_max integer, p_reply_timeout interval, p_ack_timeout interval, p_max_republish integer, OUT room integer, OUT probe boolean) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _publish_claimed(p_ids uuid[], p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm._publish_claimed(p_ids uuid[], p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) FROM PUBLIC;
 
 
 --
@@ -3560,11 +4158,44 @@ GRANT ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) TO arm_bridge;
 
 
 --
+-- Name: FUNCTION pace_unheard(p_pipeline arm.pipeline, p_retry_seconds double precision); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.pace_unheard(p_pipeline arm.pipeline, p_retry_seconds double precision) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.pace_unheard(p_pipeline arm.pipeline, p_retry_seconds double precision) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION pace_view(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.pace_view() FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.pace_view() TO arm_bridge;
+GRANT ALL ON FUNCTION arm.pace_view() TO arm_api;
+GRANT ALL ON FUNCTION arm.pace_view() TO arm_readonly;
+
+
+--
+-- Name: FUNCTION pin_in_flight_limit(p_pipeline arm.pipeline, p_limit integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.pin_in_flight_limit(p_pipeline arm.pipeline, p_limit integer) FROM PUBLIC;
+
+
+--
 -- Name: FUNCTION publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
 REVOKE ALL ON FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.publish_queued_jobs_v2(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION publish_queued_jobs_v3(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer, p_pacing text, p_tabular_min integer, p_tabular_max integer, p_image_min integer, p_image_max integer, p_ack_timeout interval, p_max_republish integer); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.publish_queued_jobs_v3(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer, p_pacing text, p_tabular_min integer, p_tabular_max integer, p_image_min integer, p_image_max integer, p_ack_timeout interval, p_max_republish integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.publish_queued_jobs_v3(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer, p_pacing text, p_tabular_min integer, p_tabular_max integer, p_image_min integer, p_image_max integer, p_ack_timeout interval, p_max_republish integer) TO arm_bridge;
 
 
 --
@@ -3830,10 +4461,31 @@ GRANT SELECT ON TABLE arm.job_count_delta TO arm_readonly;
 
 
 --
+-- Name: TABLE pace_lane; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.pace_lane TO arm_readonly;
+
+
+--
+-- Name: TABLE pace_sample; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.pace_sample TO arm_readonly;
+
+
+--
 -- Name: TABLE periodic_task; Type: ACL; Schema: arm; Owner: arm_owner
 --
 
 GRANT SELECT ON TABLE arm.periodic_task TO arm_readonly;
+
+
+--
+-- Name: TABLE pipeline_pace; Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+GRANT SELECT ON TABLE arm.pipeline_pace TO arm_readonly;
 
 
 --

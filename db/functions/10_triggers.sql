@@ -3,9 +3,9 @@
 
 -- Fills what a plain-SQL upload may leave out (docs/behaviour.md#interfaces): the
 -- pipeline follows the file's type, max_attempts comes from arm.setting
--- 'default_max_attempts'. It fires only for a row that leaves one of them out (its WHEN
+-- 'default_max_attempts', the lane is the file's consolidation. It fires only for a row that leaves one of them out (its WHEN
 -- clause, checked without calling the function): the upload functions and a retry give
--- both, so a bulk upload of 30,000 files calls no function per row. What every new job must be — queued, its pipeline its
+-- all three, so a bulk upload of 30,000 files calls no function per row. What every new job must be — queued, its pipeline its
 -- file's — is checked once per statement for all of them (tg_recognition_job__inserted).
 -- SECURITY DEFINER with a pinned search_path: it reads arm.stored_file and arm.setting,
 -- which the uploader role (INSERT only, docs/dbas.md "Database roles") may not read (so
@@ -29,13 +29,20 @@ BEGIN
     IF NEW.max_attempts IS NULL THEN
         NEW.max_attempts := arm.setting_int('default_max_attempts');
     END IF;
+    IF NEW.lane IS NULL THEN
+        -- The pacing lane (db/functions/22_pacing.sql): the file's consolidation, the
+        -- nil uuid for a file without one.
+        SELECT coalesce(f.consolidation_id, '00000000-0000-0000-0000-000000000000')
+        INTO NEW.lane
+        FROM arm.stored_file f WHERE f.id = NEW.file_id;
+    END IF;
     RETURN NEW;
 END;
 $$;
 
 CREATE OR REPLACE TRIGGER tg_recognition_job__defaults
     BEFORE INSERT ON arm.recognition_job
-    FOR EACH ROW WHEN (NEW.pipeline IS NULL OR NEW.max_attempts IS NULL)
+    FOR EACH ROW WHEN (NEW.pipeline IS NULL OR NEW.max_attempts IS NULL OR NEW.lane IS NULL)
     EXECUTE FUNCTION arm.tg_recognition_job__defaults();
 
 -- The state machine (docs/behaviour.md#state-machine), enforced for every write path:

@@ -93,10 +93,11 @@ BEGIN
         FROM input JOIN o ON o.id = input.obj_id ORDER BY input.i
         RETURNING id
     ), j AS (
-        -- pipeline and max_attempts given, as the defaults trigger would fill them: it
+        -- pipeline, max_attempts and lane given, as the defaults trigger would fill them: it
         -- then fires for none of the rows.
-        INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts)
-        SELECT input.j_id, input.f_id, 1, arm.pipeline_for(input.file_type), v_max_attempts
+        INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts, lane)
+        SELECT input.j_id, input.f_id, 1, arm.pipeline_for(input.file_type), v_max_attempts,
+               coalesce(input.consolidation_id, '00000000-0000-0000-0000-000000000000')
         FROM input JOIN f ON f.id = input.f_id ORDER BY input.i
         RETURNING id
     )
@@ -148,9 +149,10 @@ BEGIN
         FROM o
         RETURNING id
     )
-    INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts)
+    INSERT INTO arm.recognition_job (id, file_id, attempt, pipeline, max_attempts, lane)
     SELECT v_job, f.id, 1, arm.pipeline_for(p_file_type::arm.file_type),
-           arm.setting_int('default_max_attempts')
+           arm.setting_int('default_max_attempts'),
+           coalesce(p_consolidation_id, '00000000-0000-0000-0000-000000000000')
     FROM f;
     RETURN QUERY SELECT v_file, v_job;
 END;

@@ -10,25 +10,12 @@
 -- unless its message reached NATS. published_at is the moment of the claim, a few
 -- milliseconds before the publish.
 
--- Claims up to p_limit queued jobs, oldest first, skipping rows another publisher holds,
--- and in the same statement:
---   * a job whose request fits p_max_bytes (the server's max_payload; the request plus
---     its Nats-Msg-Id header block) is marked published, with its subject, Nats-Msg-Id
---     `<job_id>:<attempt>`, and a reply_deadline from the pipeline's reply timeout;
---   * a job whose request does not fit is moved queued → dlq with error_code
---     REQUEST_TOO_LARGE (nothing was sent), and its file, where current, to ERROR: it can
---     never be published, and it must not hold back the jobs behind it.
--- Returns one row per job: outcome (`published` | `dlq`), the subject, the Nats-Msg-Id
--- and the request as JSON text (to be sent as it is) for published ones, the error for
--- dlq ones, and queued_seconds: how long a published job waited queued (requested_at →
--- published_at, the claim; NULL for a dead-lettered one), for the histogram
--- arm_job_wait_seconds{phase="queued"}. Must run inside the transaction that publishes
--- and then commits.
---
--- _v2: the first version had no queued_seconds (a new result column is a new name,
--- db/README.md). No release called it; migration 0007 drops it.
-CREATE OR REPLACE FUNCTION arm.publish_queued_jobs_v2(
-    p_limit integer,
+-- Builds, sizes and marks the claimed jobs p_ids (locked by the caller, in this
+-- transaction): published, or dlq when the request does not fit p_max_bytes; returns
+-- them as arm.publish_queued_jobs_v2 does, oldest first. The body both claims share
+-- (v2 oldest first, v3 paced: 22_pacing.sql); the owner's alone.
+CREATE OR REPLACE FUNCTION arm._publish_claimed(
+    p_ids uuid[],
     p_tabular_reply_timeout interval,
     p_image_reply_timeout interval,
     p_tabular_subject text,
@@ -53,31 +40,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
-    v_ids uuid[];
+    v_ids uuid[] := p_ids;
 BEGIN
     -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
     PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
-    -- Two steps, like claim_unacked_jobs: 1. lock the batch, oldest first, through
-    -- recognition_job_queued_idx; 2. build, size and mark it by primary key (id = ANY of
-    -- the batch). In one statement the planner could not know the batch was small and,
-    -- at some table sizes, hashed all of recognition_job and stored_file (final jobs
-    -- included) to join a few hundred rows; and the one statement was planned again on
-    -- every call (its generic plan was that hash), about 2 ms a batch. These two plan
-    -- once and read only the batch.
-    SELECT array_agg(q.id ORDER BY q.requested_at, q.id)
-    INTO v_ids
-    FROM (
-        SELECT j.id, j.requested_at
-        FROM arm.recognition_job j
-        WHERE j.status = 'queued'
-        ORDER BY j.requested_at, j.id
-        LIMIT p_limit
-        FOR UPDATE OF j SKIP LOCKED
-    ) q;
-    IF v_ids IS NULL THEN
-        RETURN;
-    END IF;
-
     RETURN QUERY
     WITH built AS (
         SELECT j.id, j.file_id, j.attempt, j.requested_at,
@@ -131,5 +97,79 @@ BEGIN
     FROM sized s
     JOIN marked m ON m.id = s.id
     ORDER BY s.requested_at, s.id;
+END;
+$$;
+
+-- Claims up to p_limit queued jobs, oldest first, skipping rows another publisher holds,
+-- and in the same statement:
+--   * a job whose request fits p_max_bytes (the server's max_payload; the request plus
+--     its Nats-Msg-Id header block) is marked published, with its subject, Nats-Msg-Id
+--     `<job_id>:<attempt>`, and a reply_deadline from the pipeline's reply timeout;
+--   * a job whose request does not fit is moved queued → dlq with error_code
+--     REQUEST_TOO_LARGE (nothing was sent), and its file, where current, to ERROR: it can
+--     never be published, and it must not hold back the jobs behind it.
+-- Returns one row per job: outcome (`published` | `dlq`), the subject, the Nats-Msg-Id
+-- and the request as JSON text (to be sent as it is) for published ones, the error for
+-- dlq ones, and queued_seconds: how long a published job waited queued (requested_at →
+-- published_at, the claim; NULL for a dead-lettered one), for the histogram
+-- arm_job_wait_seconds{phase="queued"}. Must run inside the transaction that publishes
+-- and then commits.
+--
+-- _v2: the first version had no queued_seconds (a new result column is a new name,
+-- db/README.md). No release called it; migration 0007 drops it.
+
+CREATE OR REPLACE FUNCTION arm.publish_queued_jobs_v2(
+    p_limit integer,
+    p_tabular_reply_timeout interval,
+    p_image_reply_timeout interval,
+    p_tabular_subject text,
+    p_image_subject text,
+    p_max_bytes integer
+)
+RETURNS TABLE (
+    job_id uuid,
+    attempt integer,
+    file_id uuid,
+    outcome text,
+    subject text,
+    msg_id text,
+    request text,
+    error_message text,
+    queued_seconds double precision
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids uuid[];
+BEGIN
+    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
+    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
+    -- Two steps, like claim_unacked_jobs: 1. lock the batch, oldest first, through
+    -- recognition_job_queued_idx; 2. build, size and mark it by primary key (id = ANY of
+    -- the batch). In one statement the planner could not know the batch was small and,
+    -- at some table sizes, hashed all of recognition_job and stored_file (final jobs
+    -- included) to join a few hundred rows; and the one statement was planned again on
+    -- every call (its generic plan was that hash), about 2 ms a batch. These two plan
+    -- once and read only the batch.
+    SELECT array_agg(q.id ORDER BY q.requested_at, q.id)
+    INTO v_ids
+    FROM (
+        SELECT j.id, j.requested_at
+        FROM arm.recognition_job j
+        WHERE j.status = 'queued'
+        ORDER BY j.requested_at, j.id
+        LIMIT p_limit
+        FOR UPDATE OF j SKIP LOCKED
+    ) q;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY SELECT * FROM arm._publish_claimed(
+        v_ids, p_tabular_reply_timeout, p_image_reply_timeout, p_tabular_subject,
+        p_image_subject, p_max_bytes);
 END;
 $$;

@@ -334,7 +334,20 @@ BEGIN
             result_msg_id = ch.r_msg
         FROM changed ch
         WHERE j.id = ch.job_id
-        RETURNING j.id, j.published_at, j.started_at, j.finished_at
+        RETURNING j.id, j.pipeline, j.published_at, j.started_at, j.finished_at
+    ), samples AS (
+        -- What pacing adapts the in-flight limit from (22_pacing.sql): per pipeline, the
+        -- answers and acks applied and how long after the publish they came.
+        INSERT INTO arm.pace_sample (pipeline, answers, answer_seconds, acks, ack_seconds)
+        SELECT u.pipeline,
+               count(*) FILTER (WHERE ch.r_n IS NOT NULL),
+               coalesce(sum(extract(epoch FROM u.finished_at - u.published_at))
+                        FILTER (WHERE ch.r_n IS NOT NULL), 0),
+               count(*) FILTER (WHERE ch.a_n IS NOT NULL),
+               coalesce(sum(extract(epoch FROM u.started_at - u.published_at))
+                        FILTER (WHERE ch.a_n IS NOT NULL), 0)
+        FROM jobs u JOIN changed ch ON ch.job_id = u.id
+        GROUP BY u.pipeline
     ), files AS (
         UPDATE arm.stored_file f
         SET status = CASE WHEN ch.r_status = 'error' THEN 'ERROR'

@@ -107,8 +107,11 @@ BEGIN
         RETURN;
     END IF;
 
-    INSERT INTO arm.recognition_job (file_id, pipeline, attempt, max_attempts, status, requested_at)
-    VALUES (f.id, j.pipeline, j.attempt + 1, j.max_attempts, 'queued', clock_timestamp())
+    -- In the file's lane: a retry counts as its consolidation's (22_pacing.sql).
+    INSERT INTO arm.recognition_job (file_id, pipeline, attempt, max_attempts, status, requested_at,
+                                     lane)
+    VALUES (f.id, j.pipeline, j.attempt + 1, j.max_attempts, 'queued', clock_timestamp(),
+            coalesce(f.consolidation_id, '00000000-0000-0000-0000-000000000000'))
     RETURNING id INTO v_new_id;
 
     UPDATE arm.stored_file

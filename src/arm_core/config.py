@@ -82,6 +82,7 @@ __all__ = [
 
 _POSITIVE = number(float, 0.001)
 LOG_FORMATS = ("text", "json")
+PACING_MODES = ("auto", "fixed", "off")
 
 
 @dataclass(frozen=True, repr=False)
@@ -116,6 +117,14 @@ class Settings:
     outbox_publishers: int = env_var("OUTBOX_PUBLISHERS", number(int, 1), 2)
     ack_timeout_seconds: float = env_var("ACK_TIMEOUT_SECONDS", _POSITIVE, 30.0)
     outbox_max_republish: int = env_var("OUTBOX_MAX_REPUBLISH", number(int, 0), 3)
+    # How many jobs of a pipeline are in its service's hands at once (docs/pacing.md):
+    # auto adapts the limit to the service between the pipeline's MIN and MAX; fixed is
+    # MAX; off publishes every queued job at once.
+    pacing: str = env_var("PACING", one_of(PACING_MODES), "off")
+    tabular_min_in_flight: int = env_var("TABULAR_MIN_IN_FLIGHT", number(int, 1), 1)
+    tabular_max_in_flight: int = env_var("TABULAR_MAX_IN_FLIGHT", number(int, 1), 1000)
+    image_min_in_flight: int = env_var("IMAGE_MIN_IN_FLIGHT", number(int, 1), 1)
+    image_max_in_flight: int = env_var("IMAGE_MAX_IN_FLIGHT", number(int, 1), 1000)
     timeout_sweep_seconds: float = env_var("TIMEOUT_SWEEP_SECONDS", number(float, 1), 30.0)
     schedule_tick_seconds: float = env_var("SCHEDULE_TICK_SECONDS", _POSITIVE, 1.0)
     tabular_reply_timeout_seconds: float = env_var(
@@ -245,6 +254,7 @@ class Settings:
         nats_keypair(settings.nats_seed, settings.nats_jwt)
         config_bridge.check_inbox(settings)
         config_bridge.check_liveness(settings)
+        config_bridge.check_pacing(settings)
         settings.check_results_stream()
         settings.pool_max_size()  # too small for the bridge's loops: exit 2 at start
         settings.nats_tls_context()  # every TLS file read and checked now: exit 2 if bad

@@ -140,6 +140,18 @@ def check_inbox(settings: Settings) -> None:
         )
 
 
+def check_pacing(settings: Settings) -> None:
+    """Each pipeline's in-flight floor is at most its ceiling."""
+    for pipeline in ("tabular", "image"):
+        low = getattr(settings, f"{pipeline}_min_in_flight")
+        high = getattr(settings, f"{pipeline}_max_in_flight")
+        if low > high:
+            name = pipeline.upper()
+            raise ConfigError(
+                f"{name}_MIN_IN_FLIGHT: must be at most {name}_MAX_IN_FLIGHT ({high}), got {low}"
+            )
+
+
 def duplicate_window_seconds(settings: Settings) -> float:
     """The results stream's duplicate window: RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS,
     or when not given a third of ACK_TIMEOUT_SECONDS, at most 120 s and the maximum

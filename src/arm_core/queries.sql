@@ -69,6 +69,25 @@ FROM arm.publish_queued_jobs_v2(%(limit)s, make_interval(secs => %(tabular_timeo
                                 make_interval(secs => %(image_timeout)s),
                                 %(tabular_subject)s, %(image_subject)s, %(max_bytes)s);
 
+-- name: publish_paced_jobs
+SELECT job_id, attempt, file_id, outcome, subject, msg_id, request, error_message,
+       queued_seconds, probe
+FROM arm.publish_queued_jobs_v3(%(limit)s, make_interval(secs => %(tabular_timeout)s),
+                                make_interval(secs => %(image_timeout)s),
+                                %(tabular_subject)s, %(image_subject)s, %(max_bytes)s,
+                                %(pacing)s, %(tabular_min)s, %(tabular_max)s,
+                                %(image_min)s, %(image_max)s,
+                                make_interval(secs => %(ack_timeout)s), %(max_republish)s);
+
+-- name: pace_unheard
+SELECT arm.pace_unheard(%(pipeline)s::arm.pipeline, %(retry_seconds)s);
+
+-- name: pace_view
+SELECT pipeline::text AS pipeline, mode, in_flight_limit, pinned, in_flight, queued,
+       held_back, answering, silent_since, latency_seconds, min_latency_seconds,
+       answers_per_second
+FROM arm.pace_view();
+
 -- name: apply_envelopes
 SELECT ord, outcome, attempt, status::text AS status, wait_seconds
 FROM arm.apply_envelopes_v2(%(envelopes)s::jsonb) ORDER BY ord;

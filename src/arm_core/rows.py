@@ -87,6 +87,14 @@ class PublishedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class PacedJob(PublishedJob):
+    """publish_queued_jobs_v3: the same, and whether it is a probe of a service that
+    stopped answering (sent with a reply subject; rolled back when nobody listens)."""
+
+    probe: bool
+
+
+@dataclass(frozen=True, slots=True)
 class AppliedEnvelope:
     """apply_envelopes_v2: one element's outcome (`ord` is its 1-based place in the
     batch), the job's attempt and status after it, and for an applied element the wait it
@@ -111,6 +119,24 @@ class StatusView:
     last_sweep_at: dt.datetime | None
     last_sweep_result: str | None
     last_sweep_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PaceRow:
+    """pace_view: one pipeline's pacing (db/functions/22_pacing.sql)."""
+
+    pipeline: str
+    mode: str
+    in_flight_limit: int | None  # None: PACING=off
+    pinned: bool
+    in_flight: int
+    queued: int
+    held_back: int
+    answering: bool
+    silent_since: dt.datetime | None
+    latency_seconds: float | None
+    min_latency_seconds: float | None
+    answers_per_second: float | None
 
 
 @dataclass(frozen=True, slots=True)

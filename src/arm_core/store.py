@@ -25,6 +25,7 @@ sends, on its connection.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,6 +44,8 @@ from arm_core.rows import (
     FileListItem,
     JsonObject,
     MovedJob,
+    PacedJob,
+    PaceRow,
     PublishedJob,
     RetryResult,
     SeriesPoint,
@@ -55,6 +58,22 @@ from arm_core.statuses import PublishOutcome
 # The publisher's callbacks: publish these jobs' requests and return once NATS has them
 # (raise otherwise). The republishing one returns the jobs it sent.
 SendPublished = Callable[[list[PublishedJob]], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pacing:
+    """The paced claim's settings (arm.publish_queued_jobs_v3): PACING, each pipeline's
+    in-flight bounds, ACK_TIMEOUT_SECONDS and OUTBOX_MAX_REPUBLISH."""
+
+    pacing: str
+    tabular_min: int
+    tabular_max: int
+    image_min: int
+    image_max: int
+    ack_timeout: float
+    max_republish: int
+
+
 SendUnacked = Callable[[list[UnackedJob]], Awaitable[Sequence[UnackedJob]]]
 
 
@@ -112,12 +131,15 @@ class Store(Pooled):
         image_subject: str,
         max_bytes: int,
         send: SendPublished,
+        pacing: Pacing | None = None,
     ) -> list[PublishedJob]:
         """Claims up to `limit` queued jobs, oldest first, marking them published — or
         dlq, when the request exceeds `max_bytes` — in one statement; hands the published
         ones to `send` and commits once it returned. Returns every claimed job. When
-        `send` raises, nothing changed (rolled back) and its exception propagates."""
-        params = {
+        `send` raises, nothing changed (rolled back) and its exception propagates.
+        With `pacing`, each pipeline gives at most what its in-flight limit leaves, round
+        robin over its consolidations (arm.publish_queued_jobs_v3)."""
+        params: dict[str, Any] = {
             "limit": limit,
             "tabular_timeout": tabular_timeout,
             "image_timeout": image_timeout,
@@ -126,9 +148,13 @@ class Store(Pooled):
             "max_bytes": max_bytes,
         }
         name = "publish_queued_jobs"
+        row: type[PublishedJob] = PublishedJob
+        if pacing is not None:
+            name, row = "publish_paced_jobs", PacedJob
+            params.update(dataclasses.asdict(pacing))
         with wrap_db_errors("publish", self.instruments.outage):  # the commit's errors too
             async with self._connection("publish") as conn, conn.transaction():
-                claimed = await self._rows(conn, name, PublishedJob, params, json_as_text=True)
+                claimed = await self._rows(conn, name, row, params, json_as_text=True)
                 sent = [c for c in claimed if c.outcome is PublishOutcome.PUBLISHED]
                 if sent:
                     await send(sent)
@@ -214,6 +240,18 @@ class Store(Pooled):
             "status_view", StatusView, {"ack_timeout": ack_timeout}, within
         )
         return row
+
+    async def pace_unheard(self, pipeline: str, retry_seconds: float) -> None:
+        """Nobody listens on `pipeline`'s request subject: hold it, probe again in
+        `retry_seconds` (arm.pace_unheard)."""
+        await self._pooled_scalar(
+            "pace_unheard", {"pipeline": pipeline, "retry_seconds": retry_seconds}
+        )
+
+    async def pace_view(self, within: float) -> list[PaceRow]:
+        """Each pipeline's pacing (arm.pace_view); `within` bounds the wait for a
+        connection and the statement."""
+        return await self._bounded_rows("pace_view", PaceRow, {}, within)
 
     async def status_series(self, minutes: int, within: float) -> list[SeriesPoint]:
         """The console's charts: the samples of the last `minutes`, oldest first; `within`

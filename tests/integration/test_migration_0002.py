@@ -99,11 +99,15 @@ def _retry_as_0001_did(conn: Conn, file_id: uuid.UUID) -> None:
 def _old_release_with_data(url: str) -> dict[str, Upload]:
     """A database at 0001 with uploads in every state. The functions applied are today's
     (they need nothing of 0002, and every write they make here is one the previous
-    release made too), but for the retry, written as 0001's retry wrote it; the data also
-    holds an upload over the bounds 0002 adds."""
+    release made too, but for the pacing lane, whose column is there only meanwhile), but
+    for the retry, written as 0001's retry wrote it; the data also holds an upload over
+    the bounds 0002 adds."""
     assert _yoyo(url, [M1]) == [M1]
     with psycopg.connect(url, autocommit=True) as plain:
         ensure_roles(plain)  # as migrate does first (on a fresh server there are none)
+        # Today's functions write each new job's pacing lane (a later migration's column):
+        # it is there while they make the data, and goes before the migrations are run.
+        plain.execute("ALTER TABLE arm.recognition_job ADD COLUMN lane uuid")
         apply_functions(plain, SQL_DIR)
     ups: dict[str, Upload] = {}
     with dict_conn(url) as conn:
@@ -122,17 +126,20 @@ def _old_release_with_data(url: str) -> dict[str, Upload]:
         _retry_as_0001_did(conn, ups["timeout"].file_id)
         ups["queued"] = upload(conn, "PDF")
         ups["too_long"] = upload(conn, name=TOO_LONG_NAME, bucket="b" * 70)
+        # With the defaults trigger that reads it (migrate creates it again).
+        conn.execute("ALTER TABLE arm.recognition_job DROP COLUMN lane CASCADE")
     return ups
 
 
 def _data(url: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row, as stored (stored_file.failed, which migration 0008 adds, is derived
     from status: not data of its own; retry_audit.actor_level, which 0015 adds, is NULL
-    in every row written before it, as _no_levels_recorded checks)."""
+    in every row written before it, as _no_levels_recorded checks; recognition_job.lane,
+    which 0016 adds, is the file's consolidation, copied for the queued jobs)."""
     with psycopg.connect(url) as conn:
         return {
             t: conn.execute(
-                f"SELECT to_jsonb(x) - 'failed' - 'actor_level' FROM arm.{t} x ORDER BY id"
+                f"SELECT to_jsonb(x) - 'failed' - 'actor_level' - 'lane' FROM arm.{t} x ORDER BY id"
             ).fetchall()
             for t in TABLES
         }

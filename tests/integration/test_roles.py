@@ -63,6 +63,8 @@ pytestmark = pytest.mark.integration
 # fails until they agree).
 CALLERS: dict[str, set[str]] = {
     "publish_queued_jobs_v2": {"arm_bridge"},
+    "publish_queued_jobs_v3": {"arm_bridge"},
+    "pace_unheard": {"arm_bridge"},
     "claim_unacked_jobs": {"arm_bridge"},
     "mark_republished": {"arm_bridge"},
     "dead_letter_unacked": {"arm_bridge"},
@@ -83,6 +85,7 @@ CALLERS: dict[str, set[str]] = {
     "job_counts": {"arm_api", "arm_readonly"},
     "file_counts": {"arm_readonly"},
     "status_view": {"arm_api", "arm_bridge", "arm_readonly"},
+    "pace_view": {"arm_api", "arm_bridge", "arm_readonly"},
     # the console's charts
     "record_waits": {"arm_bridge"},
     "status_series": {"arm_api", "arm_readonly"},

@@ -34,6 +34,7 @@ from arm_core.rows import (
     BridgeInstance,
     FileListFilter,
     MovedJob,
+    PacedJob,
     PublishedJob,
     RetryResult,
     SeriesPoint,
@@ -48,7 +49,7 @@ from arm_core.statuses import (
     RetryOutcome,
     RetryReason,
 )
-from arm_core.store import Store, SyncStore, file_list_params
+from arm_core.store import Pacing, Store, SyncStore, file_list_params
 from tests.support.bridge import envelope
 from tests.support.sql import (
     DEAD_LETTER_UNPUBLISHABLE,
@@ -145,6 +146,17 @@ PUBLISH: dict[str, Any] = {
     "max_bytes": 1 << 20,
 }
 
+# The paced claim's settings besides (store.publish_queued_jobs' `pacing`).
+PACED = Pacing(
+    pacing="fixed",
+    tabular_min=1,
+    tabular_max=5,
+    image_min=1,
+    image_max=5,
+    ack_timeout=30,
+    max_republish=3,
+)
+
 # Harmless parameters for every query: on a fresh database they change nothing that
 # matters, and they are enough for PostgreSQL to say which columns come back.
 SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
@@ -173,6 +185,9 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "get_file": {"file_id": uuid.uuid4()},
     "list_files": file_list_params(10, FileListFilter()),
     "publish_queued_jobs": PUBLISH,
+    "publish_paced_jobs": {**PUBLISH, **dataclasses.asdict(PACED)},
+    "pace_view": {},
+    "pace_unheard": {"pipeline": "tabular", "retry_seconds": 1.0},
     "apply_envelopes": {"envelopes": Jsonb([])},
     "compact_counts": {},
     "status_view": {"ack_timeout": 30},
@@ -195,6 +210,8 @@ QUERY_ROWS: dict[str, type[Any] | None] = {
     "claim_unacked_jobs": UnackedJob,
     "mark_republished": None,
     "dead_letter_unrepublishable": MovedJob,
+    "publish_paced_jobs": PacedJob,
+    "pace_unheard": None,
 }
 
 
@@ -391,6 +408,13 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     # Nothing left to publish or apply; the counts, the status view
     # (tests/integration/test_metrics_counts.py has their behaviour).
     assert await store.publish_queued_jobs(**PUBLISH, send=send) == []
+    assert await store.publish_queued_jobs(**PUBLISH, send=send, pacing=PACED) == []
+    await store.pace_unheard("image", 30)  # nobody listened to an image probe
+    paced = await store.pace_view(within=5)
+    assert [(p.pipeline, p.mode, p.in_flight_limit, p.queued, p.answering) for p in paced] == [
+        ("tabular", "fixed", 5, 0, True),
+        ("image", "fixed", 5, 0, False),
+    ]
     assert await store.apply_envelopes([]) == []
     view = await store.status_view(ack_timeout=30, within=5)
     assert (view.jobs["done"], view.jobs["error"], view.jobs["dlq"]) == (1, 1, 2)

@@ -300,17 +300,42 @@ ADDED = "sample_status"
 def rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row, as stored (stored_file.failed, which migration 0008 adds, is derived
     from status: not data of its own; retry_audit.actor_level, which 0015 adds, is NULL
-    for every retry the previous release made, as the upgrade test checks), but the
-    periodic task the upgrade adds."""
+    for every retry the previous release made, as the upgrade test checks;
+    recognition_job.lane, which 0016 adds, is the file's consolidation, copied for the
+    queued jobs, as assert_lanes_are_the_queue checks), but the periodic task the upgrade
+    adds."""
     with psycopg.connect(url) as conn:
         return {
             t: conn.execute(
-                f"SELECT to_jsonb(x) - 'failed' - 'actor_level' FROM arm.{t} x "
+                f"SELECT to_jsonb(x) - 'failed' - 'actor_level' - 'lane' FROM arm.{t} x "
                 "WHERE to_jsonb(x) ->> 'name' IS DISTINCT FROM %s ORDER BY 1",
                 (ADDED,),
             ).fetchall()
             for t in TABLES
         }
+
+
+def assert_lanes_are_the_queue(url: str) -> None:
+    """Every queued job is in its file's lane (its consolidation, the nil uuid for none),
+    and arm.pace_lane counts exactly the queue per lane."""
+    with dict_conn(url) as conn:
+        assert (
+            scalar(
+                conn,
+                "SELECT count(*) FROM arm.recognition_job j JOIN arm.stored_file f "
+                "ON f.id = j.file_id WHERE j.status = 'queued' AND j.lane IS DISTINCT FROM "
+                "coalesce(f.consolidation_id, '00000000-0000-0000-0000-000000000000')",
+            )
+            == 0
+        )
+        queue = conn.execute(
+            "SELECT pipeline::text, lane, count(*) AS n FROM arm.recognition_job "
+            "WHERE status = 'queued' GROUP BY 1, 2 ORDER BY 1, 2"
+        ).fetchall()
+        lanes = conn.execute(
+            "SELECT pipeline::text, lane, queued AS n FROM arm.pace_lane ORDER BY 1, 2"
+        ).fetchall()
+        assert lanes == queue and queue
 
 
 def assert_counts_are_real(url: str) -> None:
@@ -357,6 +382,7 @@ def test_the_previous_release_upgrades_with_its_data_intact_to_db_schema_sql(
             len(before["retry_audit"])
         )
     assert_counts_are_real(empty_db_url)  # counted from the rows the upgrade found
+    assert_lanes_are_the_queue(empty_db_url)
     # A parameter added in place shows only here: a fresh database never had the old one.
     found = overloads(empty_db_url)
     assert not found, (
@@ -396,6 +422,7 @@ def test_the_previous_release_bridges_keep_working_after_the_upgrade(empty_db_ur
     migrate(empty_db_url)
     the_previous_release_keeps_working(empty_db_url, ups)
     assert_counts_are_real(empty_db_url)  # the old bridges' writes are counted too
+    assert_lanes_are_the_queue(empty_db_url)
 
 
 def test_after_the_upgrade_the_roles_grants_are_in_place_and_the_new_release_runs_under_them(
