@@ -250,7 +250,7 @@ async def status(request: web.Request) -> web.Response:
     no bridge shows). Bounded reads, shared by the polls of STATUS_CACHE_SECONDS."""
     app = request.app
     settings = app[SETTINGS]
-    view, bridges = await app[METRICS].status_view(settings.ack_timeout_seconds)
+    view, bridges, pacing = await app[METRICS].status_view(settings.ack_timeout_seconds)
     bridge: dict[str, str] | None = None
     if BRIDGE in app:
         own = app[BRIDGE]
@@ -285,8 +285,30 @@ async def status(request: web.Request) -> web.Response:
                 }
                 for b in bridges
             ],
+            # Per pipeline: how many jobs its service may hold at once and holds, what
+            # waits for room, and whether the service answers (docs/pacing.md).
+            "pacing": [
+                {
+                    "pipeline": p.pipeline,
+                    "mode": p.mode,
+                    "in_flight_limit": p.in_flight_limit,
+                    "pinned": p.pinned,
+                    "in_flight": p.in_flight,
+                    "queued": p.queued,
+                    "held_back": p.held_back,
+                    "answering": p.answering,
+                    "silent_since": p.silent_since.isoformat() if p.silent_since else None,
+                    "latency_seconds": _rounded(p.latency_seconds),
+                    "answers_per_second": _rounded(p.answers_per_second),
+                }
+                for p in pacing
+            ],
         }
     )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 SERIES_MINUTES = (1, 1440)  # arm.status_series's window: a minute to the day it keeps

@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable
 from arm_core.instruments import Instruments
-from arm_core.rows import BridgeInstance, SeriesPoint, StatusView
+from arm_core.rows import BridgeInstance, PaceRow, SeriesPoint, StatusView
 from arm_core.statuses import JobStatus
 from arm_core.store import Store
 
@@ -87,7 +87,7 @@ class AppMetrics(Collector):
     _figures: _DbFigures | None = None
     _read_at: float = float("-inf")
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _status: tuple[float, StatusView, list[BridgeInstance]] | None = None
+    _status: tuple[float, StatusView, list[BridgeInstance], list[PaceRow]] | None = None
     _status_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _series: dict[int, tuple[float, list[SeriesPoint]]] = field(default_factory=dict)
     _series_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -95,22 +95,25 @@ class AppMetrics(Collector):
     # variable naming it (Unix time): files are read once, so this is what it serves.
     certificates: dict[str, float] = field(default_factory=dict)
 
-    async def status_view(self, ack_timeout: float) -> tuple[StatusView, list[BridgeInstance]]:
-        """arm.status_view and arm.bridge_instances, read within `timeout` each and reused
-        for status_cache_seconds (polls of many consoles cost one read). Raises
-        DatabaseUnavailable (a 503)."""
+    async def status_view(
+        self, ack_timeout: float
+    ) -> tuple[StatusView, list[BridgeInstance], list[PaceRow]]:
+        """arm.status_view, arm.bridge_instances and arm.pace_view, read within `timeout`
+        each and reused for status_cache_seconds (polls of many consoles cost one read).
+        Raises DatabaseUnavailable (a 503)."""
         async with self._status_lock:
             if self._status is not None:
-                read_at, view, bridges = self._status
+                read_at, view, bridges, pacing = self._status
                 if time.monotonic() - read_at < self.status_cache_seconds:
-                    return view, bridges
+                    return view, bridges, pacing
             store = self.store()
             if store is None:
                 raise DatabaseUnavailable("status_view: no connection pool yet")
             view = await store.status_view(ack_timeout, within=self.timeout)
             bridges = await store.bridge_instances(within=self.timeout)
-            self._status = (time.monotonic(), view, bridges)
-            return view, bridges
+            pacing = await store.pace_view(within=self.timeout)
+            self._status = (time.monotonic(), view, bridges, pacing)
+            return view, bridges, pacing
 
     async def status_series(self, minutes: int) -> list[SeriesPoint]:
         """arm.status_series(minutes), read within `timeout` and reused for
