@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client
-from nats.aio.subscription import Subscription
 
 from arm_core.bridge import events
 from arm_core.bridge.config import PublisherConfig
 from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
+from arm_core.bridge.probes import Probes
 from arm_core.bridge.service import Service
 from arm_core.db import DatabaseError, DatabaseUnavailable
 from arm_core.instruments import Metrics
@@ -48,7 +48,7 @@ class PublishFailed(Exception):
 
 class NoResponders(PublishFailed):
     """Nobody subscribes to the request subject of a probe (the server said so at once):
-    the batch stays queued, and the pipeline waits for a service (arm.pace_unheard)."""
+    the batch stays queued, and the pipeline waits for a service."""
 
     def __init__(self, subjects: set[str]) -> None:
         super().__init__(f"no responders on {', '.join(sorted(subjects))}")
@@ -100,12 +100,11 @@ class Publisher(Service):
     _nats_down_logged: bool = False
     _ack_checked_at: float = float("-inf")
     _active_until: float = float("-inf")
-    # The replies of probes (arm.publish_queued_jobs_v3): the server's "no responders".
-    _unheard: Subscription | None = None
-    _unheard_prefix: str = ""
-    _sent_batches: int = 0
-    # Request subjects nobody listened on at the last probe (logged once per outage).
-    _unheard_subjects: set[str] = field(default_factory=set)
+    # Probes of services that stopped answering, and the server's "no responders".
+    probes: Probes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.probes = Probes(self.config, self.store, self.nats)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Cycles until `stopping` is set; the batch in flight always finishes (commits
@@ -239,11 +238,11 @@ class Publisher(Service):
                 pacing=self._pacing(),
             )
         except NoResponders as exc:
-            await self._hold_unheard(exc.subjects)
+            await self.probes.hold(exc.subjects)
             return _Batch()
         except PublishFailed:
             return _Batch(failed=True)
-        self._heard(claimed)
+        self.probes.heard(claimed)
         sent = [j for j in claimed if j.outcome is PublishOutcome.PUBLISHED]
         if sent:
             events.published(self, sent)
@@ -251,41 +250,6 @@ class Publisher(Service):
             if job.outcome is PublishOutcome.DLQ:
                 events.unpublishable(self, job)
         return _Batch(tuple(claimed))
-
-    async def _hold_unheard(self, subjects: set[str]) -> None:
-        """Nobody listens on `subjects`: their pipelines wait (the probe stays queued) and
-        are probed again in a second, at no cost while nobody listens."""
-        c = self.config
-        pipelines = {c.tabular_request_subject: "tabular", c.image_request_subject: "image"}
-        for subject in sorted(subjects):
-            if subject not in self._unheard_subjects:
-                log.warning(
-                    "nobody listens on %s: its jobs stay queued until a service subscribes",
-                    subject,
-                    extra={"action": "publish", "reason": "no_responders", "subject": subject},
-                )
-                self._unheard_subjects.add(subject)
-            if subject in pipelines:
-                await self.store.pace_unheard(pipelines[subject], UNHEARD_RETRY_SECONDS)
-
-    def _heard(self, claimed: list[PublishedJob]) -> None:
-        """A probe went out to a subscriber: say so once for a subject that had none."""
-        for job in claimed:
-            if isinstance(job, PacedJob) and job.probe and job.subject in self._unheard_subjects:
-                self._unheard_subjects.discard(job.subject)
-                log.info(
-                    "a service listens on %s again",
-                    job.subject,
-                    extra={"action": "publish", "subject": job.subject},
-                )
-
-    async def _unheard_inbox(self) -> tuple[Subscription, str]:
-        """The subscription a probe's reply subject is under (made once; nats-py keeps it
-        across reconnects)."""
-        if self._unheard is None:
-            self._unheard_prefix = self.nats.new_inbox()
-            self._unheard = await self.nats.subscribe(f"{self._unheard_prefix}.>")
-        return self._unheard, self._unheard_prefix
 
     def _pacing(self) -> Pacing | None:
         """The paced claim's settings; None with PACING=off (every queued job at once)."""
@@ -361,11 +325,7 @@ class Publisher(Service):
             reconnects = nc.stats["reconnects"]
             error_before = nc.last_error
             try:
-                replies: dict[int, str] = {}
-                if probes:
-                    _, prefix = await self._unheard_inbox()
-                    self._sent_batches += 1
-                    replies = {i: f"{prefix}.{self._sent_batches}.{i}" for i in probes}
+                replies = await self.probes.replies(probes)
                 for i, (subject, msg_id, body) in enumerate(messages):
                     await nc.publish(
                         subject,
@@ -374,7 +334,7 @@ class Publisher(Service):
                         headers={MSG_ID_HEADER: msg_id},
                     )
                 await confirm(nc)
-                unheard = await self._no_responders(replies)
+                unheard = await self.probes.unheard(replies)
             except Exception as exc:  # nats-py raises several unrelated types here
                 raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
             if not nc.is_connected or nc.stats["reconnects"] != reconnects:
@@ -394,27 +354,6 @@ class Publisher(Service):
             raise
         if unheard:
             raise NoResponders({messages[i][0] for i in unheard})
-
-    async def _no_responders(self, replies: dict[int, str]) -> set[int]:
-        """The probes (by index) the server said nobody listens to: its 503s came ahead
-        of confirm()'s PONG, so they wait in the inbox now."""
-        if not replies or self._unheard is None:
-            return set()
-        index = {reply: i for i, reply in replies.items()}
-        unheard: set[int] = set()
-        while self._unheard.pending_msgs:
-            msg = await self._unheard.next_msg(timeout=1)
-            status = (msg.headers or {}).get("Status")
-            if msg.subject in index and status == NO_RESPONDERS_STATUS:
-                unheard.add(index[msg.subject])
-        return unheard
-
-
-# The status line of the server's answer to a message with a reply subject and no
-# subscriber (the client announced no_responders, which nats-py does).
-NO_RESPONDERS_STATUS = "503"
-# While nobody listens, the next probe after this long (it costs nothing but a publish).
-UNHEARD_RETRY_SECONDS = 1.0
 
 
 def _refused(error: Exception) -> bool:

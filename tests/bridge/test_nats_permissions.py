@@ -46,7 +46,8 @@ INBOXES = {
 }
 STREAM_NAMES = "$JS.API.STREAM.NAMES"
 ALLOWED: dict[str, tuple[set[str], set[tuple[str, str]]]] = {
-    "ARM_CORE_NKEY": (set(REQUESTS), {(RESULTS, "arm-core")}),
+    # Its inbox: the server's "no responders" to a probe (bridge/probes.py).
+    "ARM_CORE_NKEY": (set(REQUESTS), {(RESULTS, "arm-core"), *INBOXES}),
     "TABULAR_PARSER_NKEY": (
         {RESULTS, STREAM_NAMES},
         {("files.tabular_uploaded", "tabular-parser"), *INBOXES},

@@ -47,7 +47,9 @@ CARRIERS_IN = {"publisher": {"_send": 1}}
 # connections and services, the processes, the database, the reference service.
 ACTIONS: dict[str, str] = {
     "publish": "jobs published (a batch, INFO; each job at DEBUG), a failed batch (ERROR: "
-    "the jobs stay queued), NATS gone and back for the publisher",
+    "the jobs stay queued), NATS gone and back for the publisher, nobody listening on a "
+    "request subject when a probe of a silent service went out (`reason=no_responders`: "
+    "the probe stays queued) and a service listening again",
     "republish": "unacked jobs sent again with the same `Nats-Msg-Id`, or a failed republish",
     "publish_cycle": "a publisher cycle failed before sending (the database, usually); "
     "the next one tries again",

@@ -64,6 +64,15 @@ MEANINGS: dict[str, str] = {
     "another waits for its confirmation)",
     "ACK_TIMEOUT_SECONDS": "republish after this long without an ack",
     "OUTBOX_MAX_REPUBLISH": "republishes before `dlq`",
+    "PACING": "how many jobs of a pipeline its service holds at once (docs/pacing.md): "
+    "`auto` adapts the limit to the service's answers between the pipeline's MIN and MAX "
+    "· `fixed`: the pipeline's MAX · `off`: every queued job published at once",
+    "TABULAR_MIN_IN_FLIGHT": "the floor of the tabular pipeline's in-flight limit (`auto`): "
+    "where it starts, and where it falls when the service stops answering",
+    "TABULAR_MAX_IN_FLIGHT": "the ceiling of the tabular pipeline's in-flight limit (`auto`); "
+    "the limit itself with `fixed`; at least its MIN",
+    "IMAGE_MIN_IN_FLIGHT": "as TABULAR_MIN_IN_FLIGHT, for the image pipeline",
+    "IMAGE_MAX_IN_FLIGHT": "as TABULAR_MAX_IN_FLIGHT, for the image pipeline",
     "TIMEOUT_SWEEP_SECONDS": "sweep period; when set, written to `arm.periodic_task` once "
     "the bridge reaches the database (otherwise a DBA's value stands)",
     "SCHEDULE_TICK_SECONDS": "how often a bridge asks the database what is due",
@@ -187,7 +196,12 @@ MEANINGS: dict[str, str] = {
     f"{', '.join(f'`{marker}`' for marker, _ in MARKERS)} in a file's name overrides it for "
     f"that file ({', '.join(f'`{mode}`' for _, mode in MARKERS)}); `{FAIL_ONCE}` fails its "
     "first attempt only",
-    "REFERENCE_DELAY_SECONDS": 'between the ack and the result ("reading S3, recognising")',
+    "REFERENCE_DELAY_SECONDS": 'between the ack and the result ("reading S3, recognising"): '
+    "a worker's time per file",
+    "REFERENCE_WORKERS": "files worked on at once, the service's capacity; the others wait "
+    "in its own queue (unset: every file at once)",
+    "REFERENCE_ACK": "`receipt`: acks a request when it arrives, as the contract asks · "
+    "`start`: when a worker starts on it, as a pull-based pool does (with REFERENCE_WORKERS)",
     "REFERENCE_FAIL_CODE": "`error.code` in mode `fail` and for `[fail]` files (a code of "
     "the result schema)",
     "REFERENCE_RESULTS_DIR": "where the `result.json` files go: the local stand-in for the "

@@ -25,11 +25,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from jsonschema.exceptions import best_match
@@ -40,7 +37,6 @@ from nats.aio.subscription import Subscription
 from arm_core.bridge.contracts import CONTRACT_MAJOR, REQUEST_SCHEMA, other_major, validator
 from arm_core.bridge.nats_client import confirm, connect
 from arm_core.config import Settings
-from arm_core.config_error import ConfigError
 from arm_core.devtools.reference_config import (
     DEFAULT_SUBJECTS,
     ERROR_CODES,
@@ -51,6 +47,7 @@ from arm_core.devtools.reference_config import (
     SCAN,
     TABULAR,
     ReferenceConfig,
+    configs_from_env,
 )
 from arm_core.devtools.reference_contract import (
     Job,
@@ -369,27 +366,6 @@ class ReferenceService(AnswerSender):
             write_json(self.config.results_dir / raw_key, raw)
             fields["raw_s3_key"] = raw_key
         return fields
-
-
-def configs_from_env(
-    settings: Settings, environ: Mapping[str, str] | None = None
-) -> list[ReferenceConfig]:
-    """REFERENCE_SERVICES (default both), subjects from Settings, the rest per from_env."""
-    env = os.environ if environ is None else environ
-    raw = env.get("REFERENCE_SERVICES", "").strip() or f"{TABULAR},{SCAN}"
-    names = list(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))
-    if not names:
-        raise ConfigError(
-            f"REFERENCE_SERVICES: expected {TABULAR}, {SCAN} or both (comma-separated), got {raw!r}"
-        )
-    configs = []
-    for name in names:
-        config = ReferenceConfig.from_env(name, env)
-        subject = settings.subject_for(PIPELINES[name])
-        configs.append(
-            replace(config, request_subject=subject, result_subject=settings.result_subject)
-        )
-    return configs
 
 
 async def run_reference(

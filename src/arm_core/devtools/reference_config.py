@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from arm_core.bridge.contracts import RESULT_SCHEMA, schema
+from arm_core.config import Settings
 from arm_core.config_env import env_var, number, one_of, read_env
 from arm_core.config_error import ConfigError
 
@@ -97,3 +98,24 @@ class ReferenceConfig:
             raise ConfigError(f"REFERENCE_SERVICES: expected {TABULAR} or {SCAN}, got {service!r}")
         values, _given = read_env(cls, os.environ if environ is None else environ)
         return cls(service=service, **values)
+
+
+def configs_from_env(
+    settings: Settings, environ: Mapping[str, str] | None = None
+) -> list[ReferenceConfig]:
+    """REFERENCE_SERVICES (default both), subjects from Settings, the rest per from_env."""
+    env = os.environ if environ is None else environ
+    raw = env.get("REFERENCE_SERVICES", "").strip() or f"{TABULAR},{SCAN}"
+    names = list(dict.fromkeys(name.strip() for name in raw.split(",") if name.strip()))
+    if not names:
+        raise ConfigError(
+            f"REFERENCE_SERVICES: expected {TABULAR}, {SCAN} or both (comma-separated), got {raw!r}"
+        )
+    configs = []
+    for name in names:
+        config = ReferenceConfig.from_env(name, env)
+        subject = settings.subject_for(PIPELINES[name])
+        configs.append(
+            replace(config, request_subject=subject, result_subject=settings.result_subject)
+        )
+    return configs
