@@ -20,6 +20,7 @@ from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from benchmarks import (
     files,
     lifecycle,
+    pacing,
     pgbench,
     pgqueuer_drain,
     publish,
@@ -44,6 +45,7 @@ MODULES: dict[str, ModuleType] = {
     "sweep": sweep,
     "retry": retry,
     "files": files,
+    "pacing": pacing,
 }
 SECTIONS: dict[str, Section] = {name: module.run for name, module in MODULES.items()}
 

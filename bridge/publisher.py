@@ -251,11 +251,10 @@ class Publisher(Service):
                 events.unpublishable(self, job)
         return _Batch(tuple(claimed))
 
-    def _pacing(self) -> Pacing | None:
-        """The paced claim's settings; None with PACING=off (every queued job at once)."""
+    def _pacing(self) -> Pacing:
+        """The paced claim's settings (with PACING=off it claims every queued job at once,
+        as arm.publish_queued_jobs_v2 does, and says so in the pipelines' rows)."""
         c = self.config
-        if c.pacing == "off":
-            return None
         return Pacing(
             pacing=c.pacing,
             tabular_min=c.tabular_min_in_flight,

@@ -1857,6 +1857,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF p_pacing = 'off' THEN
+        -- Said where the status reads it (no write when it says so already).
+        UPDATE arm.pipeline_pace SET mode = 'off' WHERE mode <> 'off';
         RETURN QUERY SELECT v.*, false FROM arm.publish_queued_jobs_v2(
             p_limit, p_tabular_reply_timeout, p_image_reply_timeout, p_tabular_subject,
             p_image_subject, p_max_bytes) v;
@@ -3241,7 +3243,7 @@ ALTER TABLE arm.periodic_task OWNER TO arm_owner;
 
 CREATE TABLE arm.pipeline_pace (
     pipeline arm.pipeline NOT NULL,
-    mode text DEFAULT 'auto'::text NOT NULL,
+    mode text DEFAULT 'off'::text NOT NULL,
     min_in_flight integer DEFAULT 1 NOT NULL,
     max_in_flight integer DEFAULT 1000 NOT NULL,
     adaptive_limit double precision DEFAULT 1 NOT NULL,

@@ -355,6 +355,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF p_pacing = 'off' THEN
+        -- Said where the status reads it (no write when it says so already).
+        UPDATE arm.pipeline_pace SET mode = 'off' WHERE mode <> 'off';
         RETURN QUERY SELECT v.*, false FROM arm.publish_queued_jobs_v2(
             p_limit, p_tabular_reply_timeout, p_image_reply_timeout, p_tabular_subject,
             p_image_subject, p_max_bytes) v;

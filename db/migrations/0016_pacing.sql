@@ -39,7 +39,7 @@ CREATE TABLE arm.pipeline_pace (
     pipeline            arm.pipeline PRIMARY KEY,
     -- As the bridges' last paced claim set them (PACING, <PIPELINE>_MIN_IN_FLIGHT and
     -- <PIPELINE>_MAX_IN_FLIGHT).
-    mode                text NOT NULL DEFAULT 'auto' CHECK (mode IN ('auto', 'fixed', 'off')),
+    mode                text NOT NULL DEFAULT 'off' CHECK (mode IN ('auto', 'fixed', 'off')),
     min_in_flight       integer NOT NULL DEFAULT 1 CHECK (min_in_flight >= 1),
     max_in_flight       integer NOT NULL DEFAULT 1000 CHECK (max_in_flight >= min_in_flight),
     -- The adaptive limit (mode auto); fractional while it grows by parts of a job.

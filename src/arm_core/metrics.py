@@ -68,6 +68,7 @@ class _DbFigures:
     past_deadline_unswept: int = 0
     last_sweep_at: float | None = None  # Unix time
     last_sweep_ok: bool = True
+    pacing: list[PaceRow] = field(default_factory=list)
 
 
 @dataclass(eq=False)  # a collector is registered: hashed by identity
@@ -149,6 +150,7 @@ class AppMetrics(Collector):
                         view.past_deadline_unswept,
                         view.last_sweep_at.timestamp() if view.last_sweep_at else None,
                         view.last_sweep_error is None,
+                        await store.pace_view(within=self.timeout),
                     )
                 except (DatabaseError, TimeoutError) as exc:
                     busy = isinstance(exc, DatabasePoolExhausted)
@@ -192,6 +194,7 @@ class AppMetrics(Collector):
                 "timed out yet",
                 value=self._figures.past_deadline_unswept,
             )
+            yield from _pacing(self._figures.pacing)
             if self._figures.last_sweep_at is not None:
                 yield GaugeMetricFamily(
                     "arm_schedule_last_sweep_timestamp_seconds",
@@ -280,3 +283,38 @@ async def metrics_handler(request: web.Request) -> web.Response:
     """GET /metrics: Prometheus text format (version 0.0.4)."""
     body = await request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _pacing(rows: list[PaceRow]) -> Iterable[Metric]:
+    """Each pipeline's pacing (docs/pacing.md), from arm.pace_view."""
+    gauges = {
+        "limit": GaugeMetricFamily(
+            "arm_pipeline_in_flight_limit",
+            "How many jobs of the pipeline its service may hold at once (absent with PACING=off)",
+            labels=["pipeline"],
+        ),
+        "in_flight": GaugeMetricFamily(
+            "arm_pipeline_in_flight",
+            "Jobs of the pipeline in its service's hands (published or processing)",
+            labels=["pipeline"],
+        ),
+        "held_back": GaugeMetricFamily(
+            "arm_pipeline_held_back",
+            "Queued jobs of the pipeline the limit keeps back now (all of them while its "
+            "service is not answering)",
+            labels=["pipeline"],
+        ),
+        "answering": GaugeMetricFamily(
+            "arm_pipeline_answering",
+            "0 from an ack timeout with nothing heard from the pipeline's service until "
+            "its next ack or answer; 1 otherwise",
+            labels=["pipeline"],
+        ),
+    }
+    for row in rows:
+        if row.in_flight_limit is not None:
+            gauges["limit"].add_metric([row.pipeline], row.in_flight_limit)
+        gauges["in_flight"].add_metric([row.pipeline], row.in_flight)
+        gauges["held_back"].add_metric([row.pipeline], row.held_back)
+        gauges["answering"].add_metric([row.pipeline], 1 if row.answering else 0)
+    yield from gauges.values()
