@@ -362,14 +362,15 @@ BEGIN
             v_limit := 0;
         END IF;
     END IF;
+    room := greatest(0, v_limit - v_in_flight);
     UPDATE arm.pipeline_pace SET
         mode = p.mode, min_in_flight = p.min_in_flight, max_in_flight = p.max_in_flight,
         adaptive_limit = p.adaptive_limit, latency_seconds = p.latency_seconds,
         min_latency_seconds = p.min_latency_seconds,
         answers_per_second = p.answers_per_second, answering = p.answering,
-        silent_since = p.silent_since, probe_after = p.probe_after, adjusted_at = p.adjusted_at
+        silent_since = p.silent_since, probe_after = p.probe_after, adjusted_at = p.adjusted_at,
+        held_at = CASE WHEN room = 0 THEN v_now ELSE p.held_at END
     WHERE pipeline = p_pipeline;
-    room := greatest(0, v_limit - v_in_flight);
 END;
 $$;
 
@@ -1696,6 +1697,33 @@ $$;
 
 
 ALTER FUNCTION arm.nats_message_bytes(p_payload text, p_msg_id text) OWNER TO arm_owner;
+
+--
+-- Name: outbox_waiting_seconds(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.outbox_waiting_seconds() RETURNS double precision
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    RETURN coalesce((
+        SELECT max(extract(epoch FROM v_now - greatest(w.oldest, w.held_at)))
+        FROM (
+            SELECT (SELECT min(j.requested_at) FROM arm.recognition_job j
+                    WHERE j.status = 'queued' AND j.pipeline = p.pipeline) AS oldest,
+                   CASE WHEN p.mode <> 'off' THEN p.held_at END AS held_at
+            FROM arm.pipeline_pace p
+        ) w
+        WHERE w.oldest IS NOT NULL
+    ), 0)::float8;
+END;
+$$;
+
+
+ALTER FUNCTION arm.outbox_waiting_seconds() OWNER TO arm_owner;
 
 --
 -- Name: pace_unheard(arm.pipeline, double precision); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -3254,6 +3282,7 @@ CREATE TABLE arm.pipeline_pace (
     answering boolean DEFAULT true NOT NULL,
     silent_since timestamp with time zone,
     probe_after timestamp with time zone,
+    held_at timestamp with time zone,
     adjusted_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT pipeline_pace_adaptive_limit_check CHECK ((adaptive_limit >= (1)::double precision)),
     CONSTRAINT pipeline_pace_check CHECK ((max_in_flight >= min_in_flight)),
@@ -4157,6 +4186,15 @@ REVOKE ALL ON FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p
 
 REVOKE ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION outbox_waiting_seconds(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.outbox_waiting_seconds() FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.outbox_waiting_seconds() TO arm_bridge;
+GRANT ALL ON FUNCTION arm.outbox_waiting_seconds() TO arm_api;
 
 
 --

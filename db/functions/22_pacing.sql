@@ -231,14 +231,15 @@ BEGIN
             v_limit := 0;
         END IF;
     END IF;
+    room := greatest(0, v_limit - v_in_flight);
     UPDATE arm.pipeline_pace SET
         mode = p.mode, min_in_flight = p.min_in_flight, max_in_flight = p.max_in_flight,
         adaptive_limit = p.adaptive_limit, latency_seconds = p.latency_seconds,
         min_latency_seconds = p.min_latency_seconds,
         answers_per_second = p.answers_per_second, answering = p.answering,
-        silent_since = p.silent_since, probe_after = p.probe_after, adjusted_at = p.adjusted_at
+        silent_since = p.silent_since, probe_after = p.probe_after, adjusted_at = p.adjusted_at,
+        held_at = CASE WHEN room = 0 THEN v_now ELSE p.held_at END
     WHERE pipeline = p_pipeline;
-    room := greatest(0, v_limit - v_in_flight);
 END;
 $$;
 
@@ -433,6 +434,35 @@ BEGIN
     RETURN QUERY
     UPDATE arm.pipeline_pace p SET pinned_limit = p_limit WHERE p.pipeline = p_pipeline
     RETURNING p.pipeline, p.pinned_limit, p.adaptive_limit;
+END;
+$$;
+
+-- How long queued work has waited that pacing does not hold back, in seconds: per
+-- pipeline, since the later of its oldest queued job's upload and the last paced claim
+-- that found no room (held_at); the most of the pipelines; 0 when nothing is queued.
+-- What "outbox stuck" reads (the health check): a paced pipeline at its limit keeps
+-- jobs queued by design, and its claims, each finding no room, say the publisher is
+-- not stuck. With PACING=off it is the oldest queued job's age, as before.
+CREATE OR REPLACE FUNCTION arm.outbox_waiting_seconds()
+RETURNS double precision
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    RETURN coalesce((
+        SELECT max(extract(epoch FROM v_now - greatest(w.oldest, w.held_at)))
+        FROM (
+            SELECT (SELECT min(j.requested_at) FROM arm.recognition_job j
+                    WHERE j.status = 'queued' AND j.pipeline = p.pipeline) AS oldest,
+                   CASE WHEN p.mode <> 'off' THEN p.held_at END AS held_at
+            FROM arm.pipeline_pace p
+        ) w
+        WHERE w.oldest IS NOT NULL
+    ), 0)::float8;
 END;
 $$;
 

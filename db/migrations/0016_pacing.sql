@@ -56,6 +56,9 @@ CREATE TABLE arm.pipeline_pace (
     silent_since        timestamptz,
     -- While not answering: when one job may go out as a probe.
     probe_after         timestamptz,
+    -- The last claim that found no room: jobs queued since wait by design, not because
+    -- the publisher is stuck (arm.outbox_waiting_seconds).
+    held_at             timestamptz,
     adjusted_at         timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO arm.pipeline_pace (pipeline)

@@ -307,6 +307,10 @@ def test_filter_open_retry_and_see_attempt_2(serve: Callable[..., Served], page:
     figures = page.find_element(By.ID, "status").text
     assert "OLDEST QUEUED" in figures and "no bridge has reported in the last day" in figures
     assert "· 0 timed out" in figures  # the last sweep: its time, then what the 0 counts
+    # Each pipeline's service, as pacing sees it (no bridge claimed yet: no limit).
+    service = page.find_element(By.CSS_SELECTOR, '#status [data-pipeline="tabular"]').text
+    assert "TABULAR SERVICE" in service.upper()
+    assert "no limit · in flight 0 · queued 1" in service
     # The live file cannot be retried; a failed one shows attempt n / max and its code.
     assert not row(page, running.file_id).find_element(By.CSS_SELECTOR, "button.retry").is_enabled()
     first = row(page, one.file_id)

@@ -268,3 +268,21 @@ def test_nobody_listening_holds_the_pipeline_and_probes_again_soon(conn: Conn) -
     time.sleep(0.4)
     [probe] = claim(conn, **auto)
     assert probe["probe"] is True
+
+
+def test_jobs_held_back_by_the_limit_are_not_an_outbox_stuck(conn: Conn) -> None:
+    """The health check's figure (arm.outbox_waiting_seconds): queued jobs a paced
+    pipeline keeps back at its limit count from the last claim that found no room; with
+    PACING=off, from the oldest queued job's upload."""
+    uploads(conn, 3, uuid.uuid4())
+    time.sleep(1.2)
+    oldest = scalar(
+        conn,
+        "SELECT extract(epoch FROM clock_timestamp() - min(requested_at)) "
+        "FROM arm.recognition_job WHERE status = 'queued'",
+    )
+    assert len(claim(conn, tabular=(1, 1))) == 1
+    assert claim(conn, tabular=(1, 1)) == []  # at the limit: held back, just now
+    assert scalar(conn, "SELECT arm.outbox_waiting_seconds()") < 1.0 <= oldest
+    claim(conn, pacing="off", limit=1)
+    assert scalar(conn, "SELECT arm.outbox_waiting_seconds()") >= oldest

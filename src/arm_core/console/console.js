@@ -528,7 +528,31 @@ async function loadStatus() {
         : null,
     ),
     bridges(s.bridges || [], bridge),
+    pacing(s.pacing || []),
   );
+}
+
+// Each pipeline's pacing (docs/pacing.md): how many jobs its service may hold and holds,
+// what waits, and whether it answers — which service is the bottleneck.
+function pacing(rows) {
+  const figures = rows.map((p) => {
+    const parts = [
+      p.in_flight_limit == null
+        ? t("status.pacing_off", { in_flight: p.in_flight, queued: p.queued })
+        : t("status.pacing_state", {
+            limit: p.in_flight_limit,
+            in_flight: p.in_flight,
+            queued: p.queued,
+            held: p.held_back,
+          }),
+      p.pinned ? t("status.pacing_pinned") : "",
+      p.answering ? "" : t("status.pacing_silent", { when: p.silent_since ? when(p.silent_since) : "—" }),
+    ];
+    const el = figure(t("status.pacing", { pipeline: p.pipeline }), parts.filter(Boolean).join(" · "), !p.answering);
+    el.dataset.pipeline = p.pipeline;
+    return el;
+  });
+  return h("div", { class: "figures pacing" }, figures);
 }
 
 // Every bridge that says it is alive (arm.bridge_instances), but this process's own,
