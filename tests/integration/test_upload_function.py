@@ -54,9 +54,11 @@ def rows_of(admin: Conn, file_id: uuid.UUID) -> dict[str, Any]:
     [job] = jobs
     assert file["current_recognition_job_id"] == job["id"]
     assert file["created_at"] == file["updated_at"] == source["created_at"] == job["requested_at"]
+    # The job's pacing lane is its file's consolidation, whichever upload wrote it.
+    assert job["lane"] == file["consolidation_id"]
     ignored = {
         "id", "key", "s3_object_id", "current_recognition_job_id", "file_id", "original_name",
-        "consolidation_id", "created_at", "updated_at", "requested_at",
+        "consolidation_id", "created_at", "updated_at", "requested_at", "lane",
     }  # fmt: skip
     return {
         "s3_object": {k: v for k, v in source.items() if k not in ignored},
