@@ -120,10 +120,8 @@ GRANT EXECUTE ON FUNCTION arm.status_series TO arm_api;
 -- GET /api/v1/status: the bridges that say they are alive (a serve that runs none).
 GRANT EXECUTE ON FUNCTION arm.bridge_instances TO arm_api;
 
--- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job
--- that pacing does not hold back.
+-- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job.
 GRANT SELECT (status, requested_at) ON arm.recognition_job TO arm_bridge, arm_api;
-GRANT EXECUTE ON FUNCTION arm.outbox_waiting_seconds TO arm_bridge, arm_api;
 
 -- 6. arm_uploader: the upload (docs/dbas.md) and nothing else. The one-call upload
 -- (db/functions/15_upload.sql, the recommended one), and the plain-SQL upload: a file's

@@ -98,94 +98,66 @@ DECLARE
     v_got uuid[];
     v_lanes integer;
     v_want integer;
+    v_repaired boolean := false;
 BEGIN
-    FOR round IN 1..4 LOOP
+    FOR round IN 1..6 LOOP
         v_want := p_n - cardinality(v_ids);
         EXIT WHEN v_want <= 0;
         SELECT count(*) INTO v_lanes
         FROM (SELECT 1 FROM arm.pace_lane l WHERE l.pipeline = p_pipeline LIMIT v_want) x;
-        EXIT WHEN v_lanes = 0;
-        SELECT array_agg(c.id ORDER BY c.rn, c.lane_rank)
-        INTO v_got
-        FROM (
-            SELECT q.id, q.rn, l.lane_rank
-            FROM (
-                SELECT l.lane, row_number() OVER (ORDER BY l.served_at, l.lane) AS lane_rank
-                FROM arm.pace_lane l
-                WHERE l.pipeline = p_pipeline
-                ORDER BY l.served_at, l.lane
-                LIMIT v_want
-            ) l
-            CROSS JOIN LATERAL (
+        IF v_lanes = 0 THEN
+            EXIT WHEN v_repaired;
+            v_repaired := true;
+            CONTINUE WHEN arm._repair_lanes(p_pipeline) > 0;
+            EXIT;
+        END IF;
+        WITH lanes AS (
+            SELECT l.lane, row_number() OVER (ORDER BY l.served_at, l.lane) AS lane_rank
+            FROM arm.pace_lane l
+            WHERE l.pipeline = p_pipeline
+            ORDER BY l.served_at, l.lane
+            LIMIT v_want
+        ), candidates AS (
+            SELECT lanes.lane, lanes.lane_rank, q.id, q.rn
+            FROM lanes
+            LEFT JOIN LATERAL (
                 SELECT j.id, row_number() OVER (ORDER BY j.requested_at, j.id) AS rn
                 FROM (
                     SELECT j.id, j.requested_at
                     FROM arm.recognition_job j
-                    WHERE j.status = 'queued' AND j.pipeline = p_pipeline AND j.lane = l.lane
-                      AND j.id <> ALL (v_ids)
+                    WHERE j.status = 'queued' AND j.pipeline = p_pipeline
+                      AND j.lane = lanes.lane AND j.id <> ALL (v_ids)
                     ORDER BY j.requested_at, j.id
                     LIMIT ceil(v_want::numeric / v_lanes)::integer
                 ) j
-            ) q
-            ORDER BY q.rn, l.lane_rank
-            LIMIT v_want
-        ) c;
-        EXIT WHEN v_got IS NULL;
+            ) q ON true
+        ), dropped AS (
+            DELETE FROM arm.pace_lane l
+            USING candidates c
+            WHERE l.pipeline = p_pipeline AND l.lane = c.lane AND c.id IS NULL
+        )
+        SELECT array_agg(c.id ORDER BY c.rn, c.lane_rank)
+        INTO v_got
+        FROM (SELECT * FROM candidates c WHERE c.id IS NOT NULL
+              ORDER BY c.rn, c.lane_rank LIMIT v_want) c;
+        IF v_got IS NULL THEN
+            CONTINUE;  -- every lane looked at was empty (dropped): the next ones
+        END IF;
         v_ids := v_ids || v_got;
-        EXIT WHEN cardinality(v_got) < least(v_want, v_lanes);
     END LOOP;
-    RETURN ARRAY(SELECT j.id FROM arm.recognition_job j
-                 WHERE j.id = ANY (v_ids) AND j.status = 'queued'
-                 ORDER BY j.id
-                 FOR UPDATE SKIP LOCKED);
+    v_ids := ARRAY(SELECT j.id FROM arm.recognition_job j
+                   WHERE j.id = ANY (v_ids) AND j.status = 'queued'
+                   ORDER BY j.id
+                   FOR UPDATE SKIP LOCKED);
+    UPDATE arm.pace_lane l SET served_at = clock_timestamp()
+    WHERE l.pipeline = p_pipeline
+      AND l.lane IN (SELECT j.lane FROM arm.recognition_job j WHERE j.id = ANY (v_ids));
+    RETURN v_ids;
 END;
 $$;
 
 
 ALTER FUNCTION arm._claim_fair(p_pipeline arm.pipeline, p_n integer) OWNER TO arm_owner;
-
---
--- Name: _count_lanes(arm.pipeline[], uuid[], bigint[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
---
-
-CREATE FUNCTION arm._count_lanes(p_pipelines arm.pipeline[], p_lanes uuid[], p_changes bigint[]) RETURNS void
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
-    AS $$
-DECLARE
-    v_pipelines arm.pipeline[];
-    v_lanes uuid[];
-BEGIN
-    IF coalesce(cardinality(p_lanes), 0) = 0 THEN
-        RETURN;
-    END IF;
-    WITH up AS (
-        INSERT INTO arm.pace_lane AS l (pipeline, lane, queued, served_at)
-        SELECT d.pipeline, d.lane, d.n,
-               CASE WHEN d.n < 0 THEN clock_timestamp() ELSE '-infinity' END
-        FROM unnest(p_pipelines, p_lanes, p_changes) AS d(pipeline, lane, n)
-        WHERE d.lane IS NOT NULL
-        ORDER BY d.pipeline, d.lane
-        ON CONFLICT (pipeline, lane) DO UPDATE
-        SET queued = l.queued + excluded.queued,
-            served_at = CASE WHEN excluded.queued < 0 THEN excluded.served_at
-                             ELSE l.served_at END
-        RETURNING l.pipeline, l.lane, l.queued
-    )
-    SELECT array_agg(up.pipeline), array_agg(up.lane)
-    INTO v_pipelines, v_lanes
-    FROM up
-    WHERE up.queued <= 0;
-    IF v_lanes IS NOT NULL THEN
-        DELETE FROM arm.pace_lane l
-        USING unnest(v_pipelines, v_lanes) AS e(pipeline, lane)
-        WHERE l.pipeline = e.pipeline AND l.lane = e.lane AND l.queued <= 0;
-    END IF;
-END;
-$$;
-
-
-ALTER FUNCTION arm._count_lanes(p_pipelines arm.pipeline[], p_lanes uuid[], p_changes bigint[]) OWNER TO arm_owner;
 
 --
 -- Name: _dead_letter_jobs(arm.job_status, uuid[], text[], text[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -368,8 +340,7 @@ BEGIN
         adaptive_limit = p.adaptive_limit, latency_seconds = p.latency_seconds,
         min_latency_seconds = p.min_latency_seconds,
         answers_per_second = p.answers_per_second, answering = p.answering,
-        silent_since = p.silent_since, probe_after = p.probe_after, adjusted_at = p.adjusted_at,
-        held_at = CASE WHEN room = 0 THEN v_now ELSE p.held_at END
+        silent_since = p.silent_since, probe_after = p.probe_after, adjusted_at = p.adjusted_at
     WHERE pipeline = p_pipeline;
 END;
 $$;
@@ -450,6 +421,40 @@ $$;
 
 
 ALTER FUNCTION arm._publish_claimed(p_ids uuid[], p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) OWNER TO arm_owner;
+
+--
+-- Name: _repair_lanes(arm.pipeline); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm._repair_lanes(p_pipeline arm.pipeline) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+DECLARE
+    v_added integer;
+BEGIN
+    WITH RECURSIVE l AS (
+        (SELECT j.lane FROM arm.recognition_job j
+         WHERE j.status = 'queued' AND j.pipeline = p_pipeline AND j.lane IS NOT NULL
+         ORDER BY j.lane LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.lane FROM arm.recognition_job j
+                WHERE j.status = 'queued' AND j.pipeline = p_pipeline AND j.lane > l.lane
+                ORDER BY j.lane LIMIT 1)
+        FROM l WHERE l.lane IS NOT NULL
+    ), added AS (
+        INSERT INTO arm.pace_lane (pipeline, lane)
+        SELECT p_pipeline, l.lane FROM l WHERE l.lane IS NOT NULL
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_added FROM added;
+    RETURN v_added;
+END;
+$$;
+
+
+ALTER FUNCTION arm._repair_lanes(p_pipeline arm.pipeline) OWNER TO arm_owner;
 
 --
 -- Name: uuid_v7(); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1699,33 +1704,6 @@ $$;
 ALTER FUNCTION arm.nats_message_bytes(p_payload text, p_msg_id text) OWNER TO arm_owner;
 
 --
--- Name: outbox_waiting_seconds(); Type: FUNCTION; Schema: arm; Owner: arm_owner
---
-
-CREATE FUNCTION arm.outbox_waiting_seconds() RETURNS double precision
-    LANGUAGE plpgsql STABLE SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
-    AS $$
-DECLARE
-    v_now timestamptz := clock_timestamp();
-BEGIN
-    RETURN coalesce((
-        SELECT max(extract(epoch FROM v_now - greatest(w.oldest, w.held_at)))
-        FROM (
-            SELECT (SELECT min(j.requested_at) FROM arm.recognition_job j
-                    WHERE j.status = 'queued' AND j.pipeline = p.pipeline) AS oldest,
-                   CASE WHEN p.mode <> 'off' THEN p.held_at END AS held_at
-            FROM arm.pipeline_pace p
-        ) w
-        WHERE w.oldest IS NOT NULL
-    ), 0)::float8;
-END;
-$$;
-
-
-ALTER FUNCTION arm.outbox_waiting_seconds() OWNER TO arm_owner;
-
---
 -- Name: pace_unheard(arm.pipeline, double precision); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -1761,8 +1739,8 @@ BEGIN
                (SELECT count(*) FROM arm.recognition_job j
                 WHERE j.pipeline = p.pipeline
                   AND j.status IN ('published', 'processing')) AS in_flight,
-               (SELECT coalesce(sum(l.queued), 0) FROM arm.pace_lane l
-                WHERE l.pipeline = p.pipeline)::bigint AS queued,
+               (SELECT count(*) FROM arm.recognition_job j
+                WHERE j.pipeline = p.pipeline AND j.status = 'queued') AS queued,
                CASE WHEN p.pinned_limit IS NOT NULL THEN p.pinned_limit
                     WHEN p.mode = 'fixed' THEN p.max_in_flight
                     WHEN p.mode = 'auto' THEN floor(p.adaptive_limit)::integer END AS lim
@@ -2521,9 +2499,6 @@ CREATE FUNCTION arm.tg_count_status_row() RETURNS trigger
 BEGIN
     IF TG_TABLE_NAME = 'recognition_job' THEN
         INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
-        IF OLD.status = 'queued' THEN  -- a job leaves the queue (and its lane)
-            PERFORM arm._count_lanes(ARRAY[OLD.pipeline], ARRAY[OLD.lane], ARRAY[-1::bigint]);
-        END IF;
     ELSE
         INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
     END IF;
@@ -2547,9 +2522,12 @@ BEGIN
         IF TG_OP = 'INSERT' THEN
             INSERT INTO arm.job_count_delta (status, n)
             SELECT r.status, count(*) FROM new_rows r GROUP BY r.status;
-            PERFORM arm._count_lanes(array_agg(d.pipeline), array_agg(d.lane), array_agg(d.n))
-            FROM (SELECT r.pipeline, r.lane, count(*) AS n
-                  FROM new_rows r WHERE r.status = 'queued' GROUP BY r.pipeline, r.lane) d;
+            -- A new lane of queued jobs (22_pacing.sql); one that exists is left as it is
+            -- (no lock taken: uploads never wait on each other for it).
+            INSERT INTO arm.pace_lane (pipeline, lane)
+            SELECT DISTINCT r.pipeline, r.lane FROM new_rows r
+            WHERE r.status = 'queued' AND r.lane IS NOT NULL
+            ON CONFLICT DO NOTHING;
         ELSIF TG_OP = 'UPDATE' THEN
             INSERT INTO arm.job_count_delta (status, n)
             SELECT c.status, sum(c.n)
@@ -2558,21 +2536,9 @@ BEGIN
                   SELECT r.status, -1 FROM old_rows r) c
             GROUP BY c.status
             HAVING sum(c.n) <> 0;
-            PERFORM arm._count_lanes(array_agg(d.pipeline), array_agg(d.lane), array_agg(d.n))
-            FROM (SELECT c.pipeline, c.lane, sum(c.n)::bigint AS n
-                  FROM (SELECT r.pipeline, r.lane, 1 AS n FROM new_rows r
-                        WHERE r.status = 'queued'
-                        UNION ALL
-                        SELECT r.pipeline, r.lane, -1 FROM old_rows r
-                        WHERE r.status = 'queued') c
-                  GROUP BY c.pipeline, c.lane
-                  HAVING sum(c.n) <> 0) d;
         ELSIF TG_OP = 'DELETE' THEN
             INSERT INTO arm.job_count_delta (status, n)
             SELECT r.status, -count(*) FROM old_rows r GROUP BY r.status;
-            PERFORM arm._count_lanes(array_agg(d.pipeline), array_agg(d.lane), array_agg(d.n))
-            FROM (SELECT r.pipeline, r.lane, -count(*) AS n
-                  FROM old_rows r WHERE r.status = 'queued' GROUP BY r.pipeline, r.lane) d;
         ELSE  -- TRUNCATE
             DELETE FROM arm.job_count_delta;
             UPDATE arm.job_count SET n = 0 WHERE n <> 0;
@@ -3206,7 +3172,6 @@ ALTER TABLE arm.job_count_delta OWNER TO arm_owner;
 CREATE TABLE arm.pace_lane (
     pipeline arm.pipeline NOT NULL,
     lane uuid NOT NULL,
-    queued bigint NOT NULL,
     served_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL
 );
 
@@ -3282,7 +3247,6 @@ CREATE TABLE arm.pipeline_pace (
     answering boolean DEFAULT true NOT NULL,
     silent_since timestamp with time zone,
     probe_after timestamp with time zone,
-    held_at timestamp with time zone,
     adjusted_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT pipeline_pace_adaptive_limit_check CHECK ((adaptive_limit >= (1)::double precision)),
     CONSTRAINT pipeline_pace_check CHECK ((max_in_flight >= min_in_flight)),
@@ -3870,13 +3834,6 @@ REVOKE ALL ON FUNCTION arm._claim_fair(p_pipeline arm.pipeline, p_n integer) FRO
 
 
 --
--- Name: FUNCTION _count_lanes(p_pipelines arm.pipeline[], p_lanes uuid[], p_changes bigint[]); Type: ACL; Schema: arm; Owner: arm_owner
---
-
-REVOKE ALL ON FUNCTION arm._count_lanes(p_pipelines arm.pipeline[], p_lanes uuid[], p_changes bigint[]) FROM PUBLIC;
-
-
---
 -- Name: FUNCTION _dead_letter_jobs(p_from arm.job_status, p_job_ids uuid[], p_error_codes text[], p_error_messages text[]); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
@@ -3895,6 +3852,13 @@ REVOKE ALL ON FUNCTION arm._pace_room(p_pipeline arm.pipeline, p_mode text, p_mi
 --
 
 REVOKE ALL ON FUNCTION arm._publish_claimed(p_ids uuid[], p_tabular_reply_timeout interval, p_image_reply_timeout interval, p_tabular_subject text, p_image_subject text, p_max_bytes integer) FROM PUBLIC;
+
+
+--
+-- Name: FUNCTION _repair_lanes(p_pipeline arm.pipeline); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm._repair_lanes(p_pipeline arm.pipeline) FROM PUBLIC;
 
 
 --
@@ -4186,15 +4150,6 @@ REVOKE ALL ON FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p
 
 REVOKE ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) TO arm_bridge;
-
-
---
--- Name: FUNCTION outbox_waiting_seconds(); Type: ACL; Schema: arm; Owner: arm_owner
---
-
-REVOKE ALL ON FUNCTION arm.outbox_waiting_seconds() FROM PUBLIC;
-GRANT ALL ON FUNCTION arm.outbox_waiting_seconds() TO arm_bridge;
-GRANT ALL ON FUNCTION arm.outbox_waiting_seconds() TO arm_api;
 
 
 --

@@ -20,54 +20,6 @@
 -- above the limit a claim saw; it is above a limit that shrank since, until answers
 -- bring it down.
 
--- The queued count of pacing lanes, as the count triggers (80_status.sql) hand it over
--- for every statement that queues jobs or takes them out of the queue: a lane appears
--- with its first queued job and goes with its last. A lane that loses jobs was served:
--- its served_at is now. Rows are upserted in (pipeline, lane) order, so two statements
--- touching the same lanes cannot deadlock on them; a statement that queues jobs in a
--- lane a claim is taking from waits for that claim's commit (a few milliseconds).
-CREATE OR REPLACE FUNCTION arm._count_lanes(
-    p_pipelines arm.pipeline[],
-    p_lanes uuid[],
-    p_changes bigint[]
-)
-RETURNS void
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, arm, pg_temp
-AS $$
-DECLARE
-    v_pipelines arm.pipeline[];
-    v_lanes uuid[];
-BEGIN
-    IF coalesce(cardinality(p_lanes), 0) = 0 THEN
-        RETURN;
-    END IF;
-    WITH up AS (
-        INSERT INTO arm.pace_lane AS l (pipeline, lane, queued, served_at)
-        SELECT d.pipeline, d.lane, d.n,
-               CASE WHEN d.n < 0 THEN clock_timestamp() ELSE '-infinity' END
-        FROM unnest(p_pipelines, p_lanes, p_changes) AS d(pipeline, lane, n)
-        WHERE d.lane IS NOT NULL
-        ORDER BY d.pipeline, d.lane
-        ON CONFLICT (pipeline, lane) DO UPDATE
-        SET queued = l.queued + excluded.queued,
-            served_at = CASE WHEN excluded.queued < 0 THEN excluded.served_at
-                             ELSE l.served_at END
-        RETURNING l.pipeline, l.lane, l.queued
-    )
-    SELECT array_agg(up.pipeline), array_agg(up.lane)
-    INTO v_pipelines, v_lanes
-    FROM up
-    WHERE up.queued <= 0;
-    IF v_lanes IS NOT NULL THEN
-        DELETE FROM arm.pace_lane l
-        USING unnest(v_pipelines, v_lanes) AS e(pipeline, lane)
-        WHERE l.pipeline = e.pipeline AND l.lane = e.lane AND l.queued <= 0;
-    END IF;
-END;
-$$;
-
 -- The adaptive limit (mode auto): adjusted to what the pipeline's service showed since
 -- the last adjustment, inside the paced claim (arm._pace_room, below), under the
 -- pipeline's row lock, at most once per window (the least publish → answer time seen,
@@ -237,9 +189,41 @@ BEGIN
         adaptive_limit = p.adaptive_limit, latency_seconds = p.latency_seconds,
         min_latency_seconds = p.min_latency_seconds,
         answers_per_second = p.answers_per_second, answering = p.answering,
-        silent_since = p.silent_since, probe_after = p.probe_after, adjusted_at = p.adjusted_at,
-        held_at = CASE WHEN room = 0 THEN v_now ELSE p.held_at END
+        silent_since = p.silent_since, probe_after = p.probe_after, adjusted_at = p.adjusted_at
     WHERE pipeline = p_pipeline;
+END;
+$$;
+
+-- Adds the lanes of p_pipeline's queued jobs that have none (a lane the claim dropped as
+-- empty while an upload into it had not committed yet); returns how many it added. A
+-- loose scan of recognition_job_queued_lane_idx: one descent per lane, whatever the
+-- backlog. The paced claim calls it when its lanes ran dry with room left.
+CREATE OR REPLACE FUNCTION arm._repair_lanes(p_pipeline arm.pipeline)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+DECLARE
+    v_added integer;
+BEGIN
+    WITH RECURSIVE l AS (
+        (SELECT j.lane FROM arm.recognition_job j
+         WHERE j.status = 'queued' AND j.pipeline = p_pipeline AND j.lane IS NOT NULL
+         ORDER BY j.lane LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.lane FROM arm.recognition_job j
+                WHERE j.status = 'queued' AND j.pipeline = p_pipeline AND j.lane > l.lane
+                ORDER BY j.lane LIMIT 1)
+        FROM l WHERE l.lane IS NOT NULL
+    ), added AS (
+        INSERT INTO arm.pace_lane (pipeline, lane)
+        SELECT p_pipeline, l.lane FROM l WHERE l.lane IS NOT NULL
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_added FROM added;
+    RETURN v_added;
 END;
 $$;
 
@@ -248,7 +232,10 @@ $$;
 -- then the second of each, and so on; oldest first within a lane. Reads at most the p_n
 -- least lately served lanes and about p_n jobs from recognition_job_queued_lane_idx
 -- (a lane shorter than its share leaves another round), whatever the backlog or the
--- number of lanes. Locks what it returns (rows another session holds are skipped).
+-- number of lanes. The lanes served get served_at now; a lane found empty is dropped.
+-- Runs under the pipeline's row lock (arm._pace_room): the only writer of served_at and
+-- of the drop, so it waits for no other claim; an upload adding a lane takes no lock on
+-- one that exists. Locks what it returns (rows another session holds are skipped).
 CREATE OR REPLACE FUNCTION arm._claim_fair(p_pipeline arm.pipeline, p_n integer)
 RETURNS uuid[]
 LANGUAGE plpgsql
@@ -260,46 +247,61 @@ DECLARE
     v_got uuid[];
     v_lanes integer;
     v_want integer;
+    v_repaired boolean := false;
 BEGIN
-    FOR round IN 1..4 LOOP
+    FOR round IN 1..6 LOOP
         v_want := p_n - cardinality(v_ids);
         EXIT WHEN v_want <= 0;
         SELECT count(*) INTO v_lanes
         FROM (SELECT 1 FROM arm.pace_lane l WHERE l.pipeline = p_pipeline LIMIT v_want) x;
-        EXIT WHEN v_lanes = 0;
-        SELECT array_agg(c.id ORDER BY c.rn, c.lane_rank)
-        INTO v_got
-        FROM (
-            SELECT q.id, q.rn, l.lane_rank
-            FROM (
-                SELECT l.lane, row_number() OVER (ORDER BY l.served_at, l.lane) AS lane_rank
-                FROM arm.pace_lane l
-                WHERE l.pipeline = p_pipeline
-                ORDER BY l.served_at, l.lane
-                LIMIT v_want
-            ) l
-            CROSS JOIN LATERAL (
+        IF v_lanes = 0 THEN
+            EXIT WHEN v_repaired;
+            v_repaired := true;
+            CONTINUE WHEN arm._repair_lanes(p_pipeline) > 0;
+            EXIT;
+        END IF;
+        WITH lanes AS (
+            SELECT l.lane, row_number() OVER (ORDER BY l.served_at, l.lane) AS lane_rank
+            FROM arm.pace_lane l
+            WHERE l.pipeline = p_pipeline
+            ORDER BY l.served_at, l.lane
+            LIMIT v_want
+        ), candidates AS (
+            SELECT lanes.lane, lanes.lane_rank, q.id, q.rn
+            FROM lanes
+            LEFT JOIN LATERAL (
                 SELECT j.id, row_number() OVER (ORDER BY j.requested_at, j.id) AS rn
                 FROM (
                     SELECT j.id, j.requested_at
                     FROM arm.recognition_job j
-                    WHERE j.status = 'queued' AND j.pipeline = p_pipeline AND j.lane = l.lane
-                      AND j.id <> ALL (v_ids)
+                    WHERE j.status = 'queued' AND j.pipeline = p_pipeline
+                      AND j.lane = lanes.lane AND j.id <> ALL (v_ids)
                     ORDER BY j.requested_at, j.id
                     LIMIT ceil(v_want::numeric / v_lanes)::integer
                 ) j
-            ) q
-            ORDER BY q.rn, l.lane_rank
-            LIMIT v_want
-        ) c;
-        EXIT WHEN v_got IS NULL;
+            ) q ON true
+        ), dropped AS (
+            DELETE FROM arm.pace_lane l
+            USING candidates c
+            WHERE l.pipeline = p_pipeline AND l.lane = c.lane AND c.id IS NULL
+        )
+        SELECT array_agg(c.id ORDER BY c.rn, c.lane_rank)
+        INTO v_got
+        FROM (SELECT * FROM candidates c WHERE c.id IS NOT NULL
+              ORDER BY c.rn, c.lane_rank LIMIT v_want) c;
+        IF v_got IS NULL THEN
+            CONTINUE;  -- every lane looked at was empty (dropped): the next ones
+        END IF;
         v_ids := v_ids || v_got;
-        EXIT WHEN cardinality(v_got) < least(v_want, v_lanes);
     END LOOP;
-    RETURN ARRAY(SELECT j.id FROM arm.recognition_job j
-                 WHERE j.id = ANY (v_ids) AND j.status = 'queued'
-                 ORDER BY j.id
-                 FOR UPDATE SKIP LOCKED);
+    v_ids := ARRAY(SELECT j.id FROM arm.recognition_job j
+                   WHERE j.id = ANY (v_ids) AND j.status = 'queued'
+                   ORDER BY j.id
+                   FOR UPDATE SKIP LOCKED);
+    UPDATE arm.pace_lane l SET served_at = clock_timestamp()
+    WHERE l.pipeline = p_pipeline
+      AND l.lane IN (SELECT j.lane FROM arm.recognition_job j WHERE j.id = ANY (v_ids));
+    RETURN v_ids;
 END;
 $$;
 
@@ -437,35 +439,6 @@ BEGIN
 END;
 $$;
 
--- How long queued work has waited that pacing does not hold back, in seconds: per
--- pipeline, since the later of its oldest queued job's upload and the last paced claim
--- that found no room (held_at); the most of the pipelines; 0 when nothing is queued.
--- What "outbox stuck" reads (the health check): a paced pipeline at its limit keeps
--- jobs queued by design, and its claims, each finding no room, say the publisher is
--- not stuck. With PACING=off it is the oldest queued job's age, as before.
-CREATE OR REPLACE FUNCTION arm.outbox_waiting_seconds()
-RETURNS double precision
-LANGUAGE plpgsql
-STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, arm, pg_temp
-AS $$
-DECLARE
-    v_now timestamptz := clock_timestamp();
-BEGIN
-    RETURN coalesce((
-        SELECT max(extract(epoch FROM v_now - greatest(w.oldest, w.held_at)))
-        FROM (
-            SELECT (SELECT min(j.requested_at) FROM arm.recognition_job j
-                    WHERE j.status = 'queued' AND j.pipeline = p.pipeline) AS oldest,
-                   CASE WHEN p.mode <> 'off' THEN p.held_at END AS held_at
-            FROM arm.pipeline_pace p
-        ) w
-        WHERE w.oldest IS NOT NULL
-    ), 0)::float8;
-END;
-$$;
-
 -- Per pipeline, what pacing is doing (GET /api/v1/status, /metrics, the console):
 -- the mode, the limit in effect (NULL when off), in flight, queued, held back (queued
 -- jobs the limit keeps back now: all of them while the service is not answering, those
@@ -499,8 +472,8 @@ BEGIN
                (SELECT count(*) FROM arm.recognition_job j
                 WHERE j.pipeline = p.pipeline
                   AND j.status IN ('published', 'processing')) AS in_flight,
-               (SELECT coalesce(sum(l.queued), 0) FROM arm.pace_lane l
-                WHERE l.pipeline = p.pipeline)::bigint AS queued,
+               (SELECT count(*) FROM arm.recognition_job j
+                WHERE j.pipeline = p.pipeline AND j.status = 'queued') AS queued,
                CASE WHEN p.pinned_limit IS NOT NULL THEN p.pinned_limit
                     WHEN p.mode = 'fixed' THEN p.max_in_flight
                     WHEN p.mode = 'auto' THEN floor(p.adaptive_limit)::integer END AS lim
@@ -518,31 +491,18 @@ BEGIN
 END;
 $$;
 
--- The lanes start from the queue (migration 0016 counted them; a database whose count
--- triggers did not know lanes yet — the previous release's, while this one migrated —
--- may have queued jobs since, without a lane or a count): in this file's transaction,
--- under the lock 80_status.sql takes too, before the triggers that keep them are
--- replaced there.
+-- Jobs queued without a lane (by the previous release's bridges or API while this one
+-- migrated) get it, in this file's transaction and under the lock 80_status.sql takes
+-- too; the paced claim adds the lanes they need (arm._repair_lanes).
 DO $lanes$
 BEGIN
     IF to_regclass('arm.pace_lane') IS NULL THEN
         RETURN;
     END IF;
     LOCK TABLE arm.recognition_job, arm.stored_file IN SHARE ROW EXCLUSIVE MODE;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-               WHERE p.oid = to_regprocedure('arm.tg_count_statuses()')
-                 AND p.prosrc LIKE '%_count_lanes%') THEN
-        RETURN;  -- the triggers kept the lanes
-    END IF;
     UPDATE arm.recognition_job j
     SET lane = coalesce(f.consolidation_id, '00000000-0000-0000-0000-000000000000')
     FROM arm.stored_file f
     WHERE f.id = j.file_id AND j.status = 'queued' AND j.lane IS NULL;
-    DELETE FROM arm.pace_lane;
-    INSERT INTO arm.pace_lane (pipeline, lane, queued)
-    SELECT j.pipeline, j.lane, count(*)
-    FROM arm.recognition_job j
-    WHERE j.status = 'queued'
-    GROUP BY j.pipeline, j.lane;
 END;
 $lanes$;

@@ -30,8 +30,8 @@
 -- trigger for nothing: about 30 µs of its ~0.8 ms server time (docs/benchmarks.md).
 
 -- The statement-level trigger function (eight triggers: recognition_job and stored_file;
--- INSERT, UPDATE, DELETE with transition tables, and TRUNCATE). For jobs it also keeps
--- the queued count of each pacing lane (arm._count_lanes, 22_pacing.sql). SECURITY DEFINER: the
+-- INSERT, UPDATE, DELETE with transition tables, and TRUNCATE). Jobs queued in a new
+-- pacing lane also add the lane (22_pacing.sql). SECURITY DEFINER: the
 -- uploader's INSERT fires it and may not write the delta tables itself. It fires per
 -- statement, where the SET costs once. This is its only definition: migration 0004
 -- creates the tables it writes, the triggers come below.
@@ -46,9 +46,12 @@ BEGIN
         IF TG_OP = 'INSERT' THEN
             INSERT INTO arm.job_count_delta (status, n)
             SELECT r.status, count(*) FROM new_rows r GROUP BY r.status;
-            PERFORM arm._count_lanes(array_agg(d.pipeline), array_agg(d.lane), array_agg(d.n))
-            FROM (SELECT r.pipeline, r.lane, count(*) AS n
-                  FROM new_rows r WHERE r.status = 'queued' GROUP BY r.pipeline, r.lane) d;
+            -- A new lane of queued jobs (22_pacing.sql); one that exists is left as it is
+            -- (no lock taken: uploads never wait on each other for it).
+            INSERT INTO arm.pace_lane (pipeline, lane)
+            SELECT DISTINCT r.pipeline, r.lane FROM new_rows r
+            WHERE r.status = 'queued' AND r.lane IS NOT NULL
+            ON CONFLICT DO NOTHING;
         ELSIF TG_OP = 'UPDATE' THEN
             INSERT INTO arm.job_count_delta (status, n)
             SELECT c.status, sum(c.n)
@@ -57,21 +60,9 @@ BEGIN
                   SELECT r.status, -1 FROM old_rows r) c
             GROUP BY c.status
             HAVING sum(c.n) <> 0;
-            PERFORM arm._count_lanes(array_agg(d.pipeline), array_agg(d.lane), array_agg(d.n))
-            FROM (SELECT c.pipeline, c.lane, sum(c.n)::bigint AS n
-                  FROM (SELECT r.pipeline, r.lane, 1 AS n FROM new_rows r
-                        WHERE r.status = 'queued'
-                        UNION ALL
-                        SELECT r.pipeline, r.lane, -1 FROM old_rows r
-                        WHERE r.status = 'queued') c
-                  GROUP BY c.pipeline, c.lane
-                  HAVING sum(c.n) <> 0) d;
         ELSIF TG_OP = 'DELETE' THEN
             INSERT INTO arm.job_count_delta (status, n)
             SELECT r.status, -count(*) FROM old_rows r GROUP BY r.status;
-            PERFORM arm._count_lanes(array_agg(d.pipeline), array_agg(d.lane), array_agg(d.n))
-            FROM (SELECT r.pipeline, r.lane, -count(*) AS n
-                  FROM old_rows r WHERE r.status = 'queued' GROUP BY r.pipeline, r.lane) d;
         ELSE  -- TRUNCATE
             DELETE FROM arm.job_count_delta;
             UPDATE arm.job_count SET n = 0 WHERE n <> 0;
@@ -103,8 +94,7 @@ $$;
 
 -- The row-level trigger function (two triggers: UPDATE on both tables), for updates that
 -- are not counted by statement and change a row's status (the WHEN clause): -1 for the
--- old status, +1 for the new, and a job that leaves the queue leaves its lane's count
--- (arm._count_lanes). SECURITY DEFINER as above.
+-- old status, +1 for the new. SECURITY DEFINER as above.
 CREATE OR REPLACE FUNCTION arm.tg_count_status_row()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -114,9 +104,6 @@ AS $$
 BEGIN
     IF TG_TABLE_NAME = 'recognition_job' THEN
         INSERT INTO arm.job_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
-        IF OLD.status = 'queued' THEN  -- a job leaves the queue (and its lane)
-            PERFORM arm._count_lanes(ARRAY[OLD.pipeline], ARRAY[OLD.lane], ARRAY[-1::bigint]);
-        END IF;
     ELSE
         INSERT INTO arm.file_count_delta (status, n) VALUES (OLD.status, -1), (NEW.status, 1);
     END IF;

@@ -6,13 +6,12 @@ DROP FUNCTION IF EXISTS arm.publish_queued_jobs_v3(integer, interval, interval, 
 DROP FUNCTION IF EXISTS arm.pin_in_flight_limit(arm.pipeline, integer);
 DROP FUNCTION IF EXISTS arm.pace_unheard(arm.pipeline, double precision);
 DROP FUNCTION IF EXISTS arm.pace_view();
-DROP FUNCTION IF EXISTS arm.outbox_waiting_seconds();
 DROP FUNCTION IF EXISTS arm._pace_room(arm.pipeline, text, integer, integer, interval,
     interval, integer);
 DROP FUNCTION IF EXISTS arm._claim_fair(arm.pipeline, integer);
 DROP FUNCTION IF EXISTS arm._publish_claimed(uuid[], interval, interval, text, text,
     integer);
-DROP FUNCTION IF EXISTS arm._count_lanes(arm.pipeline[], uuid[], bigint[]);
+DROP FUNCTION IF EXISTS arm._repair_lanes(arm.pipeline);
 DROP TABLE IF EXISTS arm.pace_lane;
 DROP TABLE IF EXISTS arm.pace_sample;
 DROP TABLE IF EXISTS arm.pipeline_pace;

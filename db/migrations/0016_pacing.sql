@@ -7,9 +7,10 @@
 --   a paced pipeline follow one another, each seeing what the one before committed.
 -- * arm.pace_sample: what the inbox applied, per batch and pipeline (answers and acks and
 --   how long they took since the publish); the limit's next adjustment takes them.
--- * arm.pace_lane: the consolidations (lanes) that have queued jobs, per pipeline, with
---   how many and when one of them was last claimed; the claim serves the least recently
---   served lanes first. Kept exact by the count triggers (80_status.sql).
+-- * arm.pace_lane: the consolidations (lanes) that have queued jobs, per pipeline, and
+--   when one of their jobs was last claimed; the claim serves the least recently served
+--   lanes first. A job queued in a new lane adds it (the count triggers, 80_status.sql);
+--   the paced claim drops a lane it finds empty.
 -- * recognition_job.lane: the file's consolidation_id (the nil uuid for a file that has
 --   none), copied when the job is made so that the claim can read a lane's oldest queued
 --   jobs from one index. NULL on jobs that were final before this migration; every job
@@ -56,9 +57,6 @@ CREATE TABLE arm.pipeline_pace (
     silent_since        timestamptz,
     -- While not answering: when one job may go out as a probe.
     probe_after         timestamptz,
-    -- The last claim that found no room: jobs queued since wait by design, not because
-    -- the publisher is stuck (arm.outbox_waiting_seconds).
-    held_at             timestamptz,
     adjusted_at         timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO arm.pipeline_pace (pipeline)
@@ -78,13 +76,11 @@ CREATE INDEX pace_sample_pipeline_idx ON arm.pace_sample (pipeline, id);
 CREATE TABLE arm.pace_lane (
     pipeline  arm.pipeline NOT NULL,
     lane      uuid NOT NULL,
-    queued    bigint NOT NULL,
     served_at timestamptz NOT NULL DEFAULT '-infinity',
     PRIMARY KEY (pipeline, lane)
 );
 CREATE INDEX pace_lane_served_idx ON arm.pace_lane (pipeline, served_at, lane);
-INSERT INTO arm.pace_lane (pipeline, lane, queued)
-SELECT j.pipeline, j.lane, count(*)
+INSERT INTO arm.pace_lane (pipeline, lane)
+SELECT DISTINCT j.pipeline, j.lane
 FROM arm.recognition_job j
-WHERE j.status = 'queued'
-GROUP BY j.pipeline, j.lane;
+WHERE j.status = 'queued';

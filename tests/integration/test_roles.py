@@ -86,7 +86,6 @@ CALLERS: dict[str, set[str]] = {
     "file_counts": {"arm_readonly"},
     "status_view": {"arm_api", "arm_bridge", "arm_readonly"},
     "pace_view": {"arm_api", "arm_bridge", "arm_readonly"},
-    "outbox_waiting_seconds": {"arm_api", "arm_bridge"},
     # the console's charts
     "record_waits": {"arm_bridge"},
     "status_series": {"arm_api", "arm_readonly"},
