@@ -48,8 +48,10 @@ lint: $(LINKS) ## ruff, mypy and the import boundaries (lint-imports)
 	$(BIN)/lint-imports --no-cache
 
 # The suite runs on pytest-xdist workers (tests/conftest.py says what stays together).
-# It mostly waits on servers and processes, so more workers than this machine's 2 cores
-# pay; docs/test-durations.md has the last measurement. TEST_WORKERS=0: one process.
+# Its tests wait on servers and processes, so more workers than a 2-core machine's cores
+# pay, up to 4: by then the servers and processes keep both cores busy, and 6 workers
+# were no faster. docs/test-durations.md has the last measurement. TEST_WORKERS=0: one
+# process.
 TEST_WORKERS ?= 4
 PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
 JUNIT := .dev/junit.xml
