@@ -280,7 +280,13 @@ def test_the_switch_changes_the_language_at_once_and_is_remembered(
     assert page.execute_script("return document.documentElement.lang") == "en"
     assert page.find_element(By.ID, "apply").text == "Apply filters"
     assert page.find_element(By.CSS_SELECTOR, "#filters legend").text == "File status"
-    assert "OLDEST QUEUED" in page.find_element(By.ID, "status").text
+    # The status panel is drawn from fetched data: it follows when the fetch the switch
+    # started has answered (a loaded machine showed it still in Russian just before).
+    base.wait_for(
+        page,
+        "the status in English",
+        lambda d: "OLDEST QUEUED" in d.find_element(By.ID, "status").text,
+    )
     assert page.find_element(By.ID, "who").text.startswith("authentication off")
     assert page.execute_script("return localStorage.getItem('arm-core.lang')") == "en"
 
