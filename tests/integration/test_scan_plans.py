@@ -28,9 +28,9 @@ from tests.support.sql import CLAIM_QUEUED_JOBS, Conn, dict_conn, publish
 
 pytestmark = pytest.mark.integration
 
-HISTORY = 60_000  # final jobs (timeout, dlq), published and finished days ago
-LIVE = 20_000  # published jobs whose reply deadline and ack timeout are far off
-BACKLOG = 20_000  # queued jobs of one upload transaction (one requested_at)
+HISTORY = 30_000  # final jobs (timeout, dlq), published and finished days ago
+LIVE = 10_000  # published jobs whose reply deadline and ack timeout are far off
+BACKLOG = 10_000  # queued jobs of one upload transaction (one requested_at)
 DUE = 5  # published jobs past their reply deadline and their ack timeout
 ACK_TIMEOUT = 1800.0  # seconds; the due jobs went out two hours ago, the live ones now
 # Rows any one scan of the job tables may touch. The due work is a handful of rows; a
