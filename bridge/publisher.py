@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,9 @@ class Cycle:
 
     # False: NATS was not connected, so nothing was tried.
     nats_connected: bool = True
+    # False: the answers' way back was not open yet (RESULTS_STREAM's durable consumer not
+    # made), so nothing was tried.
+    answers_heard: bool = True
     # Published and committed, in claim order.
     published: tuple[PublishedJob, ...] = ()
     # Dead-lettered at once: the request exceeds the server's max_payload.
@@ -102,6 +105,10 @@ class Publisher(Service):
     _active_until: float = float("-inf")
     # Probes of services that stopped answering, and the server's "no responders".
     probes: Probes = field(init=False)
+    # Whether an answer sent now would be received. With RESULTS_STREAM (interest
+    # retention), an answer that reaches the stream before the bridge's durable consumer
+    # exists is dropped at once: nothing goes out until it does (bridge/runner.py).
+    answers_heard: Callable[[], bool] = lambda: True
 
     def __post_init__(self) -> None:
         self.probes = Probes(self.config, self.store, self.nats)
@@ -161,6 +168,8 @@ class Publisher(Service):
                 )
                 self._nats_down_logged = True
             return Cycle(nats_connected=False)
+        if not self.answers_heard():
+            return Cycle(answers_heard=False)
         if self._nats_down_logged:
             log.info("NATS is back; publishing", extra={"action": "publish"})
         self._nats_down_since, self._nats_down_logged = None, False

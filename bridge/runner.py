@@ -108,7 +108,13 @@ class Bridge:
             self._fail,
             metrics=metrics,
         )
-        self.publisher = Publisher(self.config.publisher, self.store, self.nats, metrics=metrics)
+        self.publisher = Publisher(
+            self.config.publisher,
+            self.store,
+            self.nats,
+            metrics=metrics,
+            answers_heard=lambda: not self.config.results_stream or self.consumer is not None,
+        )
         self.inbox = Inbox(
             self.config.inbox, self.store, metrics=metrics, answered=self.publisher.wake
         )

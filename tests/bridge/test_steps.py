@@ -74,6 +74,30 @@ async def test_a_publisher_step_publishes_the_queued_jobs_and_they_arrive(
     assert [m.subject for m in image.messages] == ["files.img_uploaded"]
 
 
+async def test_a_publisher_step_sends_nothing_until_the_answers_way_back_is_open(
+    db_url: str, nats_server: EmbeddedNats, client: Client, pool: AsyncConnectionPool[Any]
+) -> None:
+    """With RESULTS_STREAM (interest retention) an answer that reaches the stream before
+    the bridge's durable consumer exists is dropped at once, and its job would end
+    `timeout`: until the consumer is made the publisher claims nothing; then it
+    publishes as usual."""
+    tabular = await receive(client, "files.tabular_uploaded")
+    with dict_conn(db_url) as conn:
+        up = upload(conn, "XLSX")
+    heard = False
+    async with publisher(db_url, nats_server.url(), pool) as pub:
+        pub.answers_heard = lambda: heard
+        held = await pub.run_once()
+        with dict_conn(db_url) as conn:
+            assert job(conn, up.job_id)["status"] == "queued"
+        heard = True
+        cycle = await pub.run_once()
+
+    assert held.nats_connected and not held.answers_heard and held.published == ()
+    assert cycle.answers_heard and [p.job_id for p in cycle.published] == [up.job_id]
+    assert len(await tabular.take()) == 1
+
+
 async def test_a_publisher_step_dead_letters_a_request_too_large_for_the_server(
     db_url: str, small_nats: EmbeddedNats, pool: AsyncConnectionPool[Any]
 ) -> None:
