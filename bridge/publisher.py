@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +108,7 @@ class Publisher(Service):
     # Whether an answer sent now would be received. With RESULTS_STREAM (interest
     # retention), an answer that reaches the stream before the bridge's durable consumer
     # exists is dropped at once: nothing goes out until it does (bridge/runner.py).
-    answers_heard: Callable[[], bool] = lambda: True
+    answers_open: bool = True
 
     def __post_init__(self) -> None:
         self.probes = Probes(self.config, self.store, self.nats)
@@ -168,7 +168,7 @@ class Publisher(Service):
                 )
                 self._nats_down_logged = True
             return Cycle(nats_connected=False)
-        if not self.answers_heard():
+        if not self.answers_open:
             return Cycle(answers_heard=False)
         if self._nats_down_logged:
             log.info("NATS is back; publishing", extra={"action": "publish"})

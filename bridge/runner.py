@@ -108,13 +108,8 @@ class Bridge:
             self._fail,
             metrics=metrics,
         )
-        self.publisher = Publisher(
-            self.config.publisher,
-            self.store,
-            self.nats,
-            metrics=metrics,
-            answers_heard=lambda: not self.config.results_stream or self.consumer is not None,
-        )
+        self.publisher = Publisher(self.config.publisher, self.store, self.nats, metrics=metrics)
+        self.publisher.answers_open = not self.config.results_stream  # until the consumer exists
         self.inbox = Inbox(
             self.config.inbox, self.store, metrics=metrics, answered=self.publisher.wake
         )
@@ -249,6 +244,7 @@ class Bridge:
                     continue
         self.inbox.acks = True
         self.consumer = consumer
+        self.publisher.answers_open = True
         if c.replay_seconds > 0 and self.recent is None:
             self.recent, self.replayer = await keep_recent_answers(
                 self.nats, c, self.inbox, self.supervisor

@@ -84,13 +84,12 @@ async def test_a_publisher_step_sends_nothing_until_the_answers_way_back_is_open
     tabular = await receive(client, "files.tabular_uploaded")
     with dict_conn(db_url) as conn:
         up = upload(conn, "XLSX")
-    heard = False
     async with publisher(db_url, nats_server.url(), pool) as pub:
-        pub.answers_heard = lambda: heard
+        pub.answers_open = False
         held = await pub.run_once()
         with dict_conn(db_url) as conn:
             assert job(conn, up.job_id)["status"] == "queued"
-        heard = True
+        pub.answers_open = True
         cycle = await pub.run_once()
 
     assert held.nats_connected and not held.answers_heard and held.published == ()
