@@ -93,6 +93,7 @@ GRANT EXECUTE ON FUNCTION
     arm.publish_queued_jobs_v3, -- the same, paced (22_pacing.sql)
     arm.pace_unheard,          -- … and nobody listened to its probe
     arm.pace_view,             -- GET /metrics on the health port: each pipeline's pacing
+    arm.outbox_ready_age,      -- the health check's outbox, and its gauge for the alert
     arm.claim_unacked_jobs,    -- ack-timeout step: republish …
     arm.mark_republished,
     arm.dead_letter_unacked,   -- … and dead-letter
@@ -115,12 +116,15 @@ GRANT EXECUTE ON FUNCTION arm.retry_file_v3, arm.retry_files_v3 TO arm_api;
 GRANT EXECUTE ON FUNCTION arm.list_files TO arm_api;
 -- GET /metrics (arm_jobs{status}) and GET /api/v1/status.
 GRANT EXECUTE ON FUNCTION arm.job_counts, arm.status_view, arm.pace_view TO arm_api;
+-- The health check: how long the oldest job pacing does not hold back has waited.
+GRANT EXECUTE ON FUNCTION arm.outbox_ready_age TO arm_api;
 -- GET /api/v1/status/series: the console's charts of the last hour.
 GRANT EXECUTE ON FUNCTION arm.status_series TO arm_api;
 -- GET /api/v1/status: the bridges that say they are alive (a serve that runs none).
 GRANT EXECUTE ON FUNCTION arm.bridge_instances TO arm_api;
 
--- The health check of both (queries.sql outbox_oldest_queued_age): the oldest queued job.
+-- The health check of the previous release's bridge and API read the oldest queued job
+-- themselves (this one calls arm.outbox_ready_age), so they keep working through an upgrade.
 GRANT SELECT (status, requested_at) ON arm.recognition_job TO arm_bridge, arm_api;
 
 -- 6. arm_uploader: the upload (docs/dbas.md) and nothing else. The one-call upload
@@ -143,7 +147,7 @@ GRANT EXECUTE ON FUNCTION arm.get_file, arm.job_counts, arm.file_counts, arm.sta
     TO arm_readonly;
 GRANT EXECUTE ON FUNCTION arm.list_files, arm.status_series, arm.bridge_instances
     TO arm_readonly;
-GRANT EXECUTE ON FUNCTION arm.pace_view TO arm_readonly;
+GRANT EXECUTE ON FUNCTION arm.pace_view, arm.outbox_ready_age TO arm_readonly;
 
 -- Everything else — set_setting, set_periodic_task, sweep_timeouts, sample_status, claim_queued_jobs,
 -- pin_in_flight_limit,

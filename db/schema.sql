@@ -1704,6 +1704,64 @@ $$;
 ALTER FUNCTION arm.nats_message_bytes(p_payload text, p_msg_id text) OWNER TO arm_owner;
 
 --
+-- Name: outbox_ready_age(); Type: FUNCTION; Schema: arm; Owner: arm_owner
+--
+
+CREATE FUNCTION arm.outbox_ready_age() RETURNS double precision
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
+    AS $$
+DECLARE
+    p record;
+    v_limit integer;
+    v_in_flight integer;
+    v_ready arm.pipeline[] := '{}';
+    v_held boolean := false;
+    v_oldest timestamptz;
+BEGIN
+    FOR p IN SELECT * FROM arm.pipeline_pace LOOP
+        IF p.mode = 'off' THEN
+            v_ready := v_ready || p.pipeline;
+            CONTINUE;
+        END IF;
+        IF p.mode = 'auto' AND p.pinned_limit IS NULL AND NOT p.answering THEN
+            v_held := true;
+            CONTINUE;
+        END IF;
+        v_limit := CASE WHEN p.pinned_limit IS NOT NULL THEN p.pinned_limit
+                        WHEN p.mode = 'fixed' THEN p.max_in_flight
+                        ELSE floor(p.adaptive_limit)::integer END;
+        SELECT count(*)::integer INTO v_in_flight
+        FROM (SELECT 1 FROM arm.recognition_job j
+              WHERE j.pipeline = p.pipeline AND j.status IN ('published', 'processing')
+              LIMIT v_limit) AS f;
+        IF v_in_flight < v_limit THEN
+            v_ready := v_ready || p.pipeline;
+        ELSE
+            v_held := true;
+        END IF;
+    END LOOP;
+    IF NOT v_held THEN
+        SELECT min(j.requested_at) INTO v_oldest
+        FROM arm.recognition_job j WHERE j.status = 'queued';
+    ELSIF cardinality(v_ready) > 0 THEN
+        SELECT min(first.requested_at) INTO v_oldest
+        FROM arm.pace_lane l
+        CROSS JOIN LATERAL (
+            SELECT j.requested_at FROM arm.recognition_job j
+            WHERE j.status = 'queued' AND j.pipeline = l.pipeline AND j.lane = l.lane
+            ORDER BY j.requested_at LIMIT 1
+        ) AS first
+        WHERE l.pipeline = ANY (v_ready);
+    END IF;
+    RETURN coalesce(extract(epoch FROM clock_timestamp() - v_oldest), 0)::float8;
+END;
+$$;
+
+
+ALTER FUNCTION arm.outbox_ready_age() OWNER TO arm_owner;
+
+--
 -- Name: pace_unheard(arm.pipeline, double precision); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -4150,6 +4208,16 @@ REVOKE ALL ON FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p
 
 REVOKE ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.mark_republished(p_job_ids uuid[]) TO arm_bridge;
+
+
+--
+-- Name: FUNCTION outbox_ready_age(); Type: ACL; Schema: arm; Owner: arm_owner
+--
+
+REVOKE ALL ON FUNCTION arm.outbox_ready_age() FROM PUBLIC;
+GRANT ALL ON FUNCTION arm.outbox_ready_age() TO arm_bridge;
+GRANT ALL ON FUNCTION arm.outbox_ready_age() TO arm_api;
+GRANT ALL ON FUNCTION arm.outbox_ready_age() TO arm_readonly;
 
 
 --

@@ -439,6 +439,71 @@ BEGIN
 END;
 $$;
 
+-- How long the oldest job that pacing does not hold back has been queued, in seconds (0
+-- when there is none): a job of a pipeline that is not paced (mode off), or that has room
+-- under its limit while its service answers. What a stuck publisher leaves waiting —
+-- while a paced burst or a service that is away holds jobs back on purpose (pace_view
+-- counts them), which is not stuck. The health check's `outbox` and the gauge
+-- arm_outbox_oldest_ready_age_seconds (the alert ArmCoreOutboxStuck) read it.
+--
+-- Cost: with nothing held back, the first entry of recognition_job_queued_idx; else the
+-- in-flight count of each paced pipeline (at most its limit) and one descent of
+-- recognition_job_queued_lane_idx per lane of the pipelines with room — never the backlog
+-- the limit holds.
+CREATE OR REPLACE FUNCTION arm.outbox_ready_age()
+RETURNS double precision
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, arm, pg_temp
+AS $$
+DECLARE
+    p record;
+    v_limit integer;
+    v_in_flight integer;
+    v_ready arm.pipeline[] := '{}';
+    v_held boolean := false;
+    v_oldest timestamptz;
+BEGIN
+    FOR p IN SELECT * FROM arm.pipeline_pace LOOP
+        IF p.mode = 'off' THEN
+            v_ready := v_ready || p.pipeline;
+            CONTINUE;
+        END IF;
+        IF p.mode = 'auto' AND p.pinned_limit IS NULL AND NOT p.answering THEN
+            v_held := true;
+            CONTINUE;
+        END IF;
+        v_limit := CASE WHEN p.pinned_limit IS NOT NULL THEN p.pinned_limit
+                        WHEN p.mode = 'fixed' THEN p.max_in_flight
+                        ELSE floor(p.adaptive_limit)::integer END;
+        SELECT count(*)::integer INTO v_in_flight
+        FROM (SELECT 1 FROM arm.recognition_job j
+              WHERE j.pipeline = p.pipeline AND j.status IN ('published', 'processing')
+              LIMIT v_limit) AS f;
+        IF v_in_flight < v_limit THEN
+            v_ready := v_ready || p.pipeline;
+        ELSE
+            v_held := true;
+        END IF;
+    END LOOP;
+    IF NOT v_held THEN
+        SELECT min(j.requested_at) INTO v_oldest
+        FROM arm.recognition_job j WHERE j.status = 'queued';
+    ELSIF cardinality(v_ready) > 0 THEN
+        SELECT min(first.requested_at) INTO v_oldest
+        FROM arm.pace_lane l
+        CROSS JOIN LATERAL (
+            SELECT j.requested_at FROM arm.recognition_job j
+            WHERE j.status = 'queued' AND j.pipeline = l.pipeline AND j.lane = l.lane
+            ORDER BY j.requested_at LIMIT 1
+        ) AS first
+        WHERE l.pipeline = ANY (v_ready);
+    END IF;
+    RETURN coalesce(extract(epoch FROM clock_timestamp() - v_oldest), 0)::float8;
+END;
+$$;
+
 -- Per pipeline, what pacing is doing (GET /api/v1/status, /metrics, the console):
 -- the mode, the limit in effect (NULL when off), in flight, queued, held back (queued
 -- jobs the limit keeps back now: all of them while the service is not answering, those

@@ -6,6 +6,7 @@ DROP FUNCTION IF EXISTS arm.publish_queued_jobs_v3(integer, interval, interval, 
 DROP FUNCTION IF EXISTS arm.pin_in_flight_limit(arm.pipeline, integer);
 DROP FUNCTION IF EXISTS arm.pace_unheard(arm.pipeline, double precision);
 DROP FUNCTION IF EXISTS arm.pace_view();
+DROP FUNCTION IF EXISTS arm.outbox_ready_age();
 DROP FUNCTION IF EXISTS arm._pace_room(arm.pipeline, text, integer, integer, interval,
     interval, integer);
 DROP FUNCTION IF EXISTS arm._claim_fair(arm.pipeline, integer);

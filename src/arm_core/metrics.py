@@ -69,6 +69,7 @@ class _DbFigures:
     last_sweep_at: float | None = None  # Unix time
     last_sweep_ok: bool = True
     pacing: list[PaceRow] = field(default_factory=list)
+    ready_age: float = 0.0
 
 
 @dataclass(eq=False)  # a collector is registered: hashed by identity
@@ -152,6 +153,8 @@ class AppMetrics(Collector):
                         view.last_sweep_error is None,
                         await store.pace_view(within=self.timeout),
                     )
+                    async with asyncio.timeout(self.timeout):
+                        figures.ready_age = await store.outbox_ready_age(self.timeout)
                 except (DatabaseError, TimeoutError) as exc:
                     busy = isinstance(exc, DatabasePoolExhausted)
                     log.warning(
@@ -182,6 +185,12 @@ class AppMetrics(Collector):
                 "arm_outbox_oldest_queued_age_seconds",
                 "Seconds the oldest queued job has waited to be published (0 when none)",
                 value=self._figures.oldest_queued_age,
+            )
+            yield GaugeMetricFamily(
+                "arm_outbox_oldest_ready_age_seconds",
+                "Seconds the oldest queued job that pacing does not hold back has waited to "
+                "be published (0 when none): what a stuck publisher leaves waiting",
+                value=self._figures.ready_age,
             )
             yield GaugeMetricFamily(
                 "arm_jobs_unacked_overdue",

@@ -16,9 +16,8 @@ SELECT job_id, attempt, subject, msg_id, republish_count, request,
 FROM arm.claim_unacked_jobs(%(limit)s, make_interval(secs => %(ack_timeout)s),
                             %(max_republish)s);
 
--- name: outbox_oldest_queued_age
-SELECT coalesce(extract(epoch FROM clock_timestamp() - min(requested_at)), 0)::float8 AS age
-FROM arm.recognition_job WHERE status = 'queued';
+-- name: outbox_ready_age
+SELECT arm.outbox_ready_age() AS age;
 
 -- name: mark_republished
 SELECT arm.mark_republished(%(job_ids)s::uuid[]) AS marked;

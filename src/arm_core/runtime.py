@@ -130,14 +130,16 @@ async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
     (`db: unavailable: …`) or no connection of the pool came free in time (`db: pool
     exhausted: …`).
 
-    `outbox` says "stuck: …" when the oldest queued job has waited longer than
+    `outbox` says "stuck: …" when the oldest job ready to publish has waited longer than
     OUTBOX_STUCK_SECONDS although NATS is up (or this process runs no bridge and so
-    cannot tell): a job the publisher cannot get out is then visible to any monitor."""
+    cannot tell): a job the publisher cannot get out is then visible to any monitor. A
+    job pacing holds back (its pipeline at its limit, or its service away) is not ready
+    (arm.outbox_ready_age); a long burst is not stuck."""
     settings = app[SETTINGS]
     db, outbox = "ok", "ok"
     age: float | None = None
     try:
-        age = await app[STORE].outbox_oldest_queued_age(
+        age = await app[STORE].outbox_ready_age(
             pool_timeout=min(2.0, settings.db_pool_timeout_seconds)
         )
     except DatabasePoolExhausted as exc:
@@ -156,7 +158,7 @@ async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
         nats = "starting"
     if age is not None and age > settings.outbox_stuck_seconds and nats in (NatsState.OK, "off"):
         outbox = (
-            f"stuck: the oldest queued job has waited {age:.0f} s "
+            f"stuck: the oldest job ready to publish has waited {age:.0f} s "
             f"(OUTBOX_STUCK_SECONDS={settings.outbox_stuck_seconds:g})"
         )
     ok = db == "ok" and nats in (NatsState.OK, "off") and outbox == "ok"
@@ -197,9 +199,7 @@ async def check_ready(app: web.Application) -> tuple[int, dict[str, Any]]:
     503 with what is missing otherwise. Nothing a restart would fix."""
     settings = app[SETTINGS]
     try:
-        await app[STORE].outbox_oldest_queued_age(
-            pool_timeout=min(2.0, settings.db_pool_timeout_seconds)
-        )
+        await app[STORE].outbox_ready_age(pool_timeout=min(2.0, settings.db_pool_timeout_seconds))
         db = "ok"
     except Exception as exc:
         cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc

@@ -212,10 +212,11 @@ class Store(Pooled):
         params = {"ack_timeout": ack_timeout, "max_republish": max_republish}
         return await self._pooled_rows("dead_letter_unacked", DeadLetteredJob, params)
 
-    async def outbox_oldest_queued_age(self, pool_timeout: float | None = None) -> float:
-        """Seconds the oldest queued job has waited (0 when none is queued);
-        `pool_timeout` bounds the wait for a connection of the pool."""
-        age = await self._pooled_scalar("outbox_oldest_queued_age", pool_timeout=pool_timeout)
+    async def outbox_ready_age(self, pool_timeout: float | None = None) -> float:
+        """Seconds the oldest queued job that pacing does not hold back has waited (0 when
+        there is none; arm.outbox_ready_age); `pool_timeout` bounds the wait for a
+        connection of the pool."""
+        age = await self._pooled_scalar("outbox_ready_age", pool_timeout=pool_timeout)
         return float(age) if age is not None else 0.0
 
     async def apply_envelopes(self, answers: Sequence[Answer]) -> list[AppliedEnvelope]:

@@ -401,7 +401,7 @@ async def test_health_says_degraded_while_the_outbox_is_stuck_and_ok_after(
             await wait_for(stuck, 15, "outbox reported stuck")
             body = await health()
             assert body["status"] == "degraded" and body["nats"] == "ok"
-            assert body["outbox"].startswith("stuck: the oldest queued job has waited")
+            assert body["outbox"].startswith("stuck: the oldest job ready to publish has waited")
         with dict_conn(db_url) as conn:
             await wait_for(lambda: job(conn, up.job_id)["status"] == "published", 10)
         assert await health() == {"status": "ok", "db": "ok", "nats": "ok", "outbox": "ok"}

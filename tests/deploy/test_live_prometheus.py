@@ -250,7 +250,7 @@ async def test_alerts_fire_and_resolve_against_a_live_prometheus(
     assert alert["annotations"]["runbook_url"] == "docs/runbooks.md#armcorenatsdisconnected"
     with psycopg.connect(stack.db_url, autocommit=True) as dba:
         upload_many(dba, 3)
-        old = "max(arm_outbox_oldest_queued_age_seconds) > 6"
+        old = "max(arm_outbox_oldest_ready_age_seconds) > 6"
         await wait_for(
             lambda: bool(prometheus.get("/api/v1/query", query=old)["result"]), 60, "an old queue"
         )
@@ -265,6 +265,6 @@ async def test_alerts_fire_and_resolve_against_a_live_prometheus(
             )
             await wait_for(lambda: firing("ArmCoreOutboxStuck"), 60, "outbox alert")
             [alert] = prometheus.alerts("ArmCoreOutboxStuck")
-            assert "to be published while NATS is connected" in alert["annotations"]["summary"]
+            assert "ready to publish" in alert["annotations"]["summary"]
         # Released: the publisher sends them, the age falls to 0, the alert resolves.
         await wait_for(lambda: not prometheus.alerts("ArmCoreOutboxStuck"), 60, "outbox resolved")

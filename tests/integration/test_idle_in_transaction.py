@@ -62,7 +62,7 @@ async def test_a_pooled_session_left_idle_in_a_transaction_is_ended_and_replaced
             with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
                 await conn.execute("SELECT 1")
         # The pool gave the broken connection up and made another: the next call works.
-        assert await Store(pool).outbox_oldest_queued_age() == 0
+        assert await Store(pool).outbox_ready_age() == 0
     finally:
         await pool.close()
 

@@ -287,3 +287,42 @@ def test_a_lane_dropped_while_an_upload_into_it_was_open_is_found_again(db_url: 
             assert scalar(conn, "SELECT count(*) FROM arm.pace_lane") == 0
         answer(conn, first.job_id)
         assert [r["job_id"] for r in claim(conn)] == [late.job_id]
+
+
+READY_AGE = "SELECT arm.outbox_ready_age()"
+
+
+def backdate(conn: Conn, seconds: float, job_ids: list[uuid.UUID]) -> None:
+    """Moves jobs' requested_at back, as if uploaded `seconds` earlier (a job's
+    requested_at never changes: the guard trigger is left out for this one statement)."""
+    conn.execute("SET session_replication_role = replica")
+    conn.execute(
+        "UPDATE arm.recognition_job SET requested_at = requested_at - make_interval(secs => %s) "
+        "WHERE id = ANY(%s)",
+        (seconds, job_ids),
+    )
+    conn.execute("RESET session_replication_role")
+
+
+def test_the_ready_age_leaves_out_what_pacing_holds_back(conn: Conn) -> None:
+    """arm.outbox_ready_age, what the health check's `outbox` and ArmCoreOutboxStuck read:
+    a job its pipeline's limit holds back is not ready to publish (a long paced burst is
+    not a stuck publisher); one of a pipeline with room is, and so is every queued job
+    when pacing is off."""
+    tabular = uploads(conn, 5, uuid.uuid4())
+    backdate(conn, 600, [u.job_id for u in tabular])
+    assert 599 < scalar(conn, READY_AGE) < 660  # off, as migrated: the oldest queued job
+    first = claim(conn)  # fixed, at most 3 tabular in flight: two held back
+    assert len(first) == 3 and scalar(conn, READY_AGE) == 0
+    [scan] = uploads(conn, 1, uuid.uuid4(), "PDF")
+    backdate(conn, 120, [scan.job_id])
+    assert 119 < scalar(conn, READY_AGE) < 180  # the image pipeline has room
+    assert [r["job_id"] for r in claim(conn)] == [scan.job_id]
+    assert scalar(conn, READY_AGE) == 0
+    answer(conn, first[0]["job_id"])  # room for one tabular job: the two are ready again
+    assert 599 < scalar(conn, READY_AGE) < 660
+    # A service that stopped answering holds back its whole pipeline (auto).
+    conn.execute(
+        "UPDATE arm.pipeline_pace SET mode = 'auto', answering = false WHERE pipeline = 'tabular'"
+    )
+    assert scalar(conn, READY_AGE) == 0

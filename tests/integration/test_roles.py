@@ -86,6 +86,7 @@ CALLERS: dict[str, set[str]] = {
     "file_counts": {"arm_readonly"},
     "status_view": {"arm_api", "arm_bridge", "arm_readonly"},
     "pace_view": {"arm_api", "arm_bridge", "arm_readonly"},
+    "outbox_ready_age": {"arm_api", "arm_bridge", "arm_readonly"},
     # the console's charts
     "record_waits": {"arm_bridge"},
     "status_series": {"arm_api", "arm_readonly"},
@@ -383,7 +384,7 @@ def test_the_bridge_role_does_everything_the_bridge_sends(db_url: str) -> None:
         admin.execute("UPDATE arm.periodic_task SET enabled = false")  # a DBA's choice
     with connect(db_url, BRIDGE_LOGIN) as bridge:
         bridge.execute("LISTEN arm_recognition_job_queued")
-        assert scalar(bridge, query("outbox_oldest_queued_age")) > 0
+        assert scalar(bridge, query("outbox_ready_age")) > 0
         params = {
             "limit": 10,
             "tabular_timeout": 600,
@@ -480,7 +481,7 @@ def test_the_api_role_retries_reads_and_checks_health(db_url: str) -> None:
         assert {r["outcome"] for r in rows} == {"not_retryable"}
         document = api.execute(query("get_file"), {"file_id": failed.file_id}).fetchone()
         assert document is not None and len(document["file"]["attempts"]) == 2
-        assert scalar(api, query("outbox_oldest_queued_age")) >= 0
+        assert scalar(api, query("outbox_ready_age")) >= 0
 
 
 @pytest.mark.parametrize("role", ["results", "raw"])

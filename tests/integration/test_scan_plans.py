@@ -133,15 +133,20 @@ def loaded_db(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[str]:
         yield url
 
 
-def explained(url: str, sql: str, params: dict[str, Any] | None = None) -> tuple[list, list]:
-    """Runs sql (rolled back afterwards) under auto_explain; returns its rows and the plan
-    of every statement it ran, the functions' own statements included."""
+def explained(
+    url: str, sql: str, params: dict[str, Any] | None = None, setup: tuple[str, ...] = ()
+) -> tuple[list, list]:
+    """Runs sql (rolled back afterwards, with the `setup` statements before it) under
+    auto_explain; returns its rows and the plan of every statement it ran, the functions'
+    own statements included."""
     notices: list[str] = []
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
         for setting in AUTO_EXPLAIN:
             conn.execute(setting)
         with conn.transaction(force_rollback=True):
+            for statement in setup:
+                conn.execute(statement)
+            conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
             rows = conn.execute(sql, params).fetchall()
     plans = [json.loads(n.split("plan:", 1)[1])["Plan"] for n in notices if "plan:" in n]
     assert plans, "auto_explain logged nothing"
@@ -265,11 +270,33 @@ def test_claim_queued_reads_only_the_claimed_jobs(loaded_db: str) -> None:
 
 
 def test_oldest_queued_age_reads_one_index_entry(loaded_db: str) -> None:
-    rows, plans = explained(loaded_db, query("outbox_oldest_queued_age"))
+    rows, plans = explained(loaded_db, query("outbox_ready_age"))
     assert rows[0][0] > 0
     assert_bounded(plans)
     scan = the_scan_of(plans, "recognition_job_queued_idx")
     assert scan["Actual Rows"] == 1
+
+
+def test_the_ready_age_of_a_held_back_pipeline_reads_neither_its_backlog_nor_its_flight(
+    loaded_db: str,
+) -> None:
+    """The tabular pipeline at its limit (paced, a DBA's limit of 50 under the LIVE jobs in
+    flight) holds back the whole BACKLOG: the ready age counts at most the limit's jobs in
+    flight and descends the image pipeline's lanes (none), never the backlog."""
+    rows, plans = explained(
+        loaded_db,
+        query("outbox_ready_age"),
+        setup=(
+            "UPDATE arm.pipeline_pace SET mode = 'fixed'",
+            "UPDATE arm.pipeline_pace SET pinned_limit = 50 WHERE pipeline = 'tabular'",
+        ),
+    )
+    assert rows == [(0.0,)]
+    assert_bounded(plans)
+    counted = [
+        s for s in table_scans(plans) if s.get("Index Name") == "recognition_job_in_flight_idx"
+    ]
+    assert sorted(s["Actual Rows"] for s in counted) == [0, 50]  # image's none, tabular's limit
 
 
 # The sweep, the dead-lettering and the unacked claim lock what is due in batches of

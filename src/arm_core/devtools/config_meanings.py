@@ -100,8 +100,8 @@ MEANINGS: dict[str, str] = {
     "a job's envelopes always go to the same worker (order per job holds) and each has its "
     "share of `INBOX_BUFFER_SIZE` and `INBOX_BUFFER_BYTES`",
     "INBOX_BATCH_SIZE": "most envelopes applied in one transaction",
-    "OUTBOX_STUCK_SECONDS": "oldest queued job older than this (NATS up) → health "
-    "`degraded`, `outbox: stuck: …`",
+    "OUTBOX_STUCK_SECONDS": "oldest job ready to publish (not held back by pacing) older "
+    "than this (NATS up) → health `degraded`, `outbox: stuck: …`",
     "RETRY_BATCH_MAX": "most file ids in one batch retry",
     "HTTP_MAX_BODY_BYTES": "larger request bodies get 413",
     "HTTP_HEADER_TIMEOUT_SECONDS": "a connection must deliver a complete request line and "
