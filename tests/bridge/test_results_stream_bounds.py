@@ -208,7 +208,10 @@ async def test_an_unbounded_stream_an_earlier_arm_core_made_is_bounded_in_place(
             await wait_for(emptied, 30, "the stream holds nothing applied")
             await js_ack(js, jobs[8])
             await wait_for(lambda: scalar(conn, PROCESSING) == 4, 30, "a new answer applied")
-        assert bridge.inbox.counts["acked"] == 4
+        # Each message is acked to the stream after its outcome committed: a moment later.
+        await wait_for(
+            lambda: bridge.inbox.counts["acked"] == 4, 30, lambda: f"{bridge.inbox.counts}"
+        )
     assert len(logged(caplog.records, action="stream_updated")) == 4  # nothing more to do
     assert logged(caplog.records, action="stream_differs") == []
 
