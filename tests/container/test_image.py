@@ -190,7 +190,18 @@ async def test_sigterm_with_work_in_flight_exits_0_and_loses_nothing(
             await wait_for(lambda: asyncio.to_thread(shared), 60, "the flow in both bridges")
             code, took = await asyncio.to_thread(ctr.stop, "SIGTERM", 60)
             seen = scalar(conn, DONE)
-            await wait_for(lambda: scalar(conn, DONE) >= seen + 150, 60, "flow goes on")
+
+            def stalled() -> str:  # what a failure needs to name its cause
+                rows = conn.execute(
+                    "SELECT status, count(*) AS n FROM arm.recognition_job GROUP BY status"
+                ).fetchall()
+                counts = {r["status"]: r["n"] for r in rows}
+                return (
+                    f"flow goes on ({seen} done at the stop, now {counts}): "
+                    + (host_bridge.log()[-3000:])
+                )
+
+            await wait_for(lambda: scalar(conn, DONE) >= seen + 150, 60, stalled)
             n = flow.stop()
         with dict_conn(stack.db_url) as conn:
             await wait_for(lambda: scalar(conn, DONE) == n, 120, lambda: f"{n} jobs done")

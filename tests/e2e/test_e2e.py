@@ -72,7 +72,7 @@ async def test_never_acked_dead_letters_then_http_retry_succeeds(stack: Stack) -
     """No ack → republished OUTBOX_MAX_REPUBLISH times → dlq/NO_ACK → retry through
     HTTP → done on attempt 2 once a healthy service is there."""
     _, api = stack.serve(OUTBOX_MAX_REPUBLISH=2)
-    deaf = stack.reference(REFERENCE_MODE="never_ack")
+    deaf = await listening(stack.reference(REFERENCE_MODE="never_ack"))
     with dict_conn(stack.db_url) as conn:
         up = upload(conn)
     await until(stack.db_url, up.file_id, (1, "dlq"), 30)
@@ -129,7 +129,7 @@ async def test_S_OUT_2_S_RT_3_nats_restarted_mid_flow(stack: Stack) -> None:
     # the service, reconnecting too, may take seconds to subscribe again on a loaded
     # machine; with the default three the fresh job could be dead-lettered meanwhile.
     serve, api = stack.serve(OUTBOX_MAX_REPUBLISH=10)
-    deaf = stack.reference(REFERENCE_MODE="never_ack")
+    deaf = await listening(stack.reference(REFERENCE_MODE="never_ack"))
     with dict_conn(stack.db_url) as conn:
         failed = upload(conn)
     await until(stack.db_url, failed.file_id, (1, "dlq"), 60)

@@ -185,6 +185,10 @@ class TcpProxy:
         except OSError:
             writer.close()
             return
+        if self.blocked:  # blocked while this connection was being made: cut it too
+            writer.transport.abort()
+            up_writer.transport.abort()
+            return
         self._writers |= {writer, up_writer}
         to_server = self._to_server(up_writer)
 
