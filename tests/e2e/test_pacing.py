@@ -21,6 +21,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.support.bridge import wait_for
+from tests.support.processes import log_lines
 from tests.support.sql import Conn, dict_conn, scalar
 from tests.support.stack import Stack, listening
 
@@ -141,3 +142,38 @@ async def test_a_service_away_holds_the_uploads_queued_and_they_flow_when_it_is_
             lambda: f"every job final: {statuses(conn, jobs)}",
         )
         assert statuses(conn, jobs)["dlq"] <= 1
+
+
+async def test_two_bridges_share_one_limit_and_never_exceed_it(stack: Stack) -> None:
+    """Two bridge processes, PACING=fixed at 6 in flight, against a service of 4 workers:
+    sampled from the database all through a burst, the pipeline's in flight never passes
+    the limit, though both bridges publish and the limit is reached."""
+    limit, n = 6, 200
+    paced = {**env("fixed"), "TABULAR_MAX_IN_FLIGHT": limit, "OUTBOX_BATCH_SIZE": 50}
+    await listening(stack.reference(REFERENCE_WORKERS=WORKERS, REFERENCE_DELAY_SECONDS=0.05))
+    bridges = [await asyncio.to_thread(stack.bridge, **paced) for _ in range(2)]
+    in_flight = (
+        "SELECT count(*) FROM arm.recognition_job "
+        "WHERE pipeline = 'tabular' AND status IN ('published', 'processing')"
+    )
+    samples: list[int] = []
+    with dict_conn(stack.db_url) as conn, dict_conn(stack.db_url) as watch:
+        jobs = burst(conn, n, uuid.uuid4())
+
+        def sampled_until_done() -> bool:
+            samples.append(scalar(watch, in_flight))
+            return statuses(conn, jobs)["done"] == n
+
+        await wait_for(
+            sampled_until_done, 120, lambda: f"every job done: {statuses(conn, jobs)}", every=0.02
+        )
+    assert max(samples) <= limit, sorted(samples)[-10:]
+    assert max(samples) == limit, samples  # the limit was used, not avoided
+    shares = [published(b.log()) for b in bridges]
+    assert sum(shares) == n and min(shares) > 0, shares
+
+
+def published(log: str) -> int:
+    """Jobs a bridge's log says it published (its `published N jobs` lines)."""
+    lines = [line for line in log_lines(log, action="publish") if "published " in line]
+    return sum(int(line.split(" count=")[1].split()[0]) for line in lines)
