@@ -120,7 +120,7 @@ class Settings:
     # How many jobs of a pipeline are in its service's hands at once (docs/pacing.md):
     # auto adapts the limit to the service between the pipeline's MIN and MAX; fixed is
     # MAX; off publishes every queued job at once.
-    pacing: str = env_var("PACING", one_of(PACING_MODES), "off")
+    pacing: str = env_var("PACING", one_of(PACING_MODES), "auto")
     tabular_min_in_flight: int = env_var("TABULAR_MIN_IN_FLIGHT", number(int, 1), 1)
     tabular_max_in_flight: int = env_var("TABULAR_MAX_IN_FLIGHT", number(int, 1), 1000)
     image_min_in_flight: int = env_var("IMAGE_MIN_IN_FLIGHT", number(int, 1), 1)

@@ -116,12 +116,13 @@ async def test_a_job_through_the_bridge_moves_its_counters_and_both_ports_show_t
                 # overdue here.
                 for gauge in ("arm_jobs_unacked_overdue", "arm_jobs_past_deadline_unswept"):
                     assert (gauge, frozenset()) in samples and sample(samples, gauge) == 0
-                # Each pipeline's pacing (PACING=off here: no limit, nothing held back).
+                # Each pipeline's pacing (PACING=auto, the default: a limit between the
+                # floor and the ceiling, nothing held back).
                 for pipeline in ("tabular", "image"):
                     assert sample(samples, "arm_pipeline_answering", pipeline=pipeline) == 1
                     assert sample(samples, "arm_pipeline_held_back", pipeline=pipeline) == 0
-                    limit = ("arm_pipeline_in_flight_limit", frozenset({("pipeline", pipeline)}))
-                    assert limit not in samples
+                    limit = sample(samples, "arm_pipeline_in_flight_limit", pipeline=pipeline)
+                    assert 1 <= limit <= 1000, (pipeline, limit)
             bridge_after = await scrape(bridge_http)
             api_after = await scrape(api_http)
             assert sample(bridge_after, "arm_nats_connected") == 1

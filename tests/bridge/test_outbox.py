@@ -154,7 +154,8 @@ async def test_a_job_that_joins_the_queue_while_others_go_out_is_not_left_to_the
     was not empty); the publisher's short polling after a cycle that claimed jobs
     finds it, long before the timed poll (here every 60 s)."""
     requests = await collect(client, "files.tabular_uploaded")
-    settings = fast_settings(db_url, nats_server.url(), outbox_poll_seconds=60)
+    # Unpaced: paced, the second job would wait for the first one's answer, not the poll.
+    settings = fast_settings(db_url, nats_server.url(), outbox_poll_seconds=60, pacing="off")
     async with running_bridge(settings) as bridge:
         # Short polling for 30 s after a claim (1 s by default): the test's own steps
         # may take longer than a second on a loaded machine.
@@ -221,7 +222,10 @@ async def test_S_OUT_2_nats_cut_after_part_of_a_batch_marks_none_of_it_published
     with dict_conn(db_url) as conn:
         upload_many(conn, 10)
     before = jobs_by_id(db_url)
-    async with publisher(db_url, proxied(nats_proxy), pool, outbox_batch_size=10) as pub:
+    # Unpaced: one claim takes the whole batch (paced, nobody answers: the floor).
+    async with publisher(
+        db_url, proxied(nats_proxy), pool, outbox_batch_size=10, pacing="off"
+    ) as pub:
         nats_proxy.cut_after(4)
         cycle = await pub.run_once()
         connected = pub.nats.is_connected
@@ -250,7 +254,10 @@ async def test_S_OUT_2_connection_dropped_and_back_mid_batch_then_published_once
     with dict_conn(db_url) as conn:
         upload_many(conn, 10)
     before = jobs_by_id(db_url)
-    async with publisher(db_url, proxied(nats_proxy), pool, outbox_batch_size=10) as pub:
+    # Unpaced: one claim takes the whole batch (paced, nobody answers: the floor).
+    async with publisher(
+        db_url, proxied(nats_proxy), pool, outbox_batch_size=10, pacing="off"
+    ) as pub:
         nats_proxy.cut_after(4, reconnect=True)
         failed = await pub.run_once()
         after_failure = jobs_by_id(db_url)
@@ -389,7 +396,10 @@ async def test_publish_burst_arrives_exactly_once_in_few_transactions(
     with dict_conn(db_url) as conn:
         upload_many(conn, n, mixed=True)
         queued = {r["id"] for r in conn.execute("SELECT id FROM arm.recognition_job")}
-    async with publisher(db_url, nats_server.url(), pool, outbox_batch_size=500) as pub:
+    # Unpaced: the step publishes every queued job (paced, nobody answers: the floor).
+    async with publisher(
+        db_url, nats_server.url(), pool, outbox_batch_size=500, pacing="off"
+    ) as pub:
         cycle = await pub.run_once()
         again = await pub.run_once()
         batches, publishers = pub.counts["batches"], pub.config.publishers

@@ -97,7 +97,9 @@ async def test_sigterm_mid_burst_leaves_nothing_half_done(
     proxy = await NatsProxy(nats_server.port).start()
     proxy.hold_after(250)  # the first batch of 100 goes through, the burst stops in the third
     port = free_port()
-    proxied = bridge_env(db_url, f"nats://127.0.0.1:{proxy.port}", port, OUTBOX_BATCH_SIZE="100")
+    proxied = bridge_env(  # unpaced: the burst goes out in full batches, nobody answers
+        db_url, f"nats://127.0.0.1:{proxy.port}", port, OUTBOX_BATCH_SIZE="100", PACING="off"
+    )
     proc = ArmProcess("bridge", proxied, tmp_path / "b.log")
     published = "SELECT count(*) FROM arm.recognition_job WHERE status = 'published'"
     listening = (
@@ -139,7 +141,9 @@ async def test_sigterm_mid_burst_leaves_nothing_half_done(
             )
             assert half_done == 0
             assert scalar(conn, "SELECT count(*) FROM arm.recognition_job") == n
-            direct = bridge_env(db_url, nats_server.url(), port, OUTBOX_BATCH_SIZE="100")
+            direct = bridge_env(
+                db_url, nats_server.url(), port, OUTBOX_BATCH_SIZE="100", PACING="off"
+            )
             again = ArmProcess("bridge", direct, tmp_path / "b2.log")
             try:
                 again.wait_healthy(port)

@@ -46,7 +46,9 @@ async def test_a_publisher_step_publishes_the_queued_jobs_and_they_arrive(
     image = await receive(client, "files.img_uploaded")
     with dict_conn(db_url) as conn:
         ups = [upload(conn, "XLSX"), upload(conn, "PDF"), upload(conn, "XLSB")]
-    async with publisher(db_url, nats_server.url(), pool) as pub:
+    # Unpaced: one step publishes every queued job (paced, each pipeline starts at its
+    # floor of one; tests/integration/test_pacing.py has the paced claim).
+    async with publisher(db_url, nats_server.url(), pool, pacing="off") as pub:
         cycle = await pub.run_once()
         again = await pub.run_once()
 
@@ -106,7 +108,7 @@ async def test_a_publisher_step_dead_letters_a_request_too_large_for_the_server(
         with dict_conn(db_url) as conn:
             big = upload(conn, name="Ж" * 965 + ".xlsx")  # about 4 KB of request
             small = [upload(conn), upload(conn)]
-        async with publisher(db_url, small_nats.url(), pool) as pub:
+        async with publisher(db_url, small_nats.url(), pool, pacing="off") as pub:  # all three
             cycle = await pub.run_once()
         assert len(await seen.take()) == 2  # the two that fit
     finally:
@@ -432,7 +434,7 @@ async def test_the_schedule_hands_the_waits_the_steps_observed_to_the_database(
     with dict_conn(db_url) as conn:
         for _ in range(3):
             upload(conn)
-    async with publisher(db_url, nats_server.url(), pool) as pub:
+    async with publisher(db_url, nats_server.url(), pool, pacing="off") as pub:  # all three
         assert len((await pub.run_once()).published) == 3
     # The process's metrics, as a bridge hands them to both.
     scheduler = Scheduler(

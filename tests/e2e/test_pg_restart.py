@@ -89,7 +89,9 @@ async def start_flood(stack: Stack) -> tuple[ArmProcess, str, Any]:
     # DEBUG: a log line per envelope applied. A short pool timeout: the API's 503 comes
     # within seconds while the database is down. ACK_TIMEOUT_SECONDS as in production:
     # every request is acked at once, none is to be republished for a slow machine.
-    serve, api = stack.serve(DEBUG="true", DATABASE_POOL_TIMEOUT_SECONDS=2, ACK_TIMEOUT_SECONDS=30)
+    serve, api = stack.serve(  # unpaced: the whole burst answered at once, a flood
+        DEBUG="true", DATABASE_POOL_TIMEOUT_SECONDS=2, ACK_TIMEOUT_SECONDS=30, PACING="off"
+    )
     service = await instant_service(stack.nats.url(), answer_first=ANSWERED_BEFORE)
     url = stack.db_url
     await wait_for(

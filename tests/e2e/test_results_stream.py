@@ -92,6 +92,7 @@ async def test_kill_9_of_the_only_bridge_loses_nothing_with_the_results_stream(
         # Long: an answer lost would leave its job `processing`, never a quiet timeout.
         "TABULAR_REPLY_TIMEOUT_SECONDS": 600,
         "ACK_TIMEOUT_SECONDS": 30,
+        "PACING": "off",  # unpaced: hundreds of answers on their way when the bridge dies
     }
     done = "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'"
     try:

@@ -218,7 +218,13 @@ async def serve_dev(settings: Settings, root: Path) -> None:
     runner = web.AppRunner(create_app(settings), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.http_host, settings.http_port).start()
-    env = {"REFERENCE_RESULTS_DIR": str(root / "results"), "REFERENCE_DELAY_SECONDS": "2"}
+    # A service of 2 workers × 2 s a file: a capacity for pacing (PACING=auto) to find,
+    # shown in the console's pacing panel as files are uploaded.
+    env = {
+        "REFERENCE_RESULTS_DIR": str(root / "results"),
+        "REFERENCE_DELAY_SECONDS": "2",
+        "REFERENCE_WORKERS": "2",
+    }
     configs = configs_from_env(settings, {**env, **os.environ})
     reference = asyncio.create_task(run_reference(settings, configs, stopping))
     try:
