@@ -21,6 +21,7 @@ from benchmarks import (
     files,
     lifecycle,
     pacing,
+    pacing_claim,
     pgbench,
     pgqueuer_drain,
     publish,
@@ -46,6 +47,7 @@ MODULES: dict[str, ModuleType] = {
     "retry": retry,
     "files": files,
     "pacing": pacing,
+    "claim": pacing_claim,
 }
 SECTIONS: dict[str, Section] = {name: module.run for name, module in MODULES.items()}
 

@@ -9,7 +9,10 @@ it. The reply deadline is DEADLINE seconds, so capacity × deadline files fit in
     file ÷ (workers × that time)). 5 s into the paced burst another consolidation uploads
     5 files: their worst upload → done, against 3 × the time per file + 2 s;
 (b) the same paced with 10 × (capacity × deadline) files;
-(c) the service away for 4 republish budgets (ACK_TIMEOUT_SECONDS × (1 +
+(c) the burst of (a), paced, through two bridges: in flight against the limit, sampled
+    every 0.1 s (the limit is shared through the database: never above it but for the
+    limit shrinking under what is already in flight, and by no more than a batch);
+(d) the service away for 4 republish budgets (ACK_TIMEOUT_SECONDS × (1 +
     OUTBOX_MAX_REPUBLISH)) while 300 files are uploaded, then back: the jobs dead-lettered,
     against the floor (TABULAR_MIN_IN_FLIGHT).
 
@@ -29,6 +32,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from arm_core.config import Settings
 from arm_core.devtools.embedded import free_port
 from benchmarks.harness import Bench, connect, progress
 from benchmarks.report import Report
@@ -42,6 +46,7 @@ DEADLINE = 20  # seconds: 800 files of its work fit in it
 FLOOR = 1
 TRACE = Path(__file__).resolve().parents[1] / "docs" / "pacing-trace.svg"
 LIVE = ("queued", "published", "processing")
+BATCH = Settings.outbox_batch_size  # the default OUTBOX_BATCH_SIZE
 
 
 def capacity() -> float:
@@ -112,12 +117,20 @@ def core_env(pacing: str, **extra: Any) -> dict[str, str]:
 
 
 async def burst(
-    bench: Bench, pacing: str, n: int, trace: list[tuple[float, Any]] | None = None
+    bench: Bench,
+    pacing: str,
+    n: int,
+    trace: list[tuple[float, Any]] | None = None,
+    bridges: int = 1,
 ) -> dict[str, Any]:
-    """One burst of n files on a fresh database; what became of them, how long it took,
-    and the few files of another consolidation uploaded 5 s in (paced runs)."""
-    url = bench.fresh_database(f"pacing_{pacing}_{n}")
-    async with service(bench), bench.bridge(url, **core_env(pacing)):
+    """One burst of n files on a fresh database through `bridges` bridges; what became
+    of them, how long it took, and the few files of another consolidation uploaded 5 s
+    in (paced runs)."""
+    url = bench.fresh_database(f"pacing_{pacing}_{n}_{bridges}")
+    async with contextlib.AsyncExitStack() as running:
+        await running.enter_async_context(service(bench))
+        for _ in range(bridges):
+            await running.enter_async_context(bench.bridge(url, **core_env(pacing)))
         jobs, started = upload(url, n, uuid.uuid4())
         few: list[uuid.UUID] = []
         few_at = 0.0
@@ -144,7 +157,7 @@ async def burst(
                         done_at.setdefault(job_id, float(at))
             if final(url, jobs) and (not few or final(url, few)):
                 break
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5 if bridges == 1 else 0.1)  # two: sampled finer
         with connect(url) as conn:
             last = conn.execute(
                 "SELECT extract(epoch FROM max(finished_at)) FROM arm.recognition_job "
@@ -238,6 +251,10 @@ async def run(bench: Bench, report: Report) -> None:
     chart(trace, TRACE)
     progress(f"pacing: {big} files at once, PACING=auto")
     large = await burst(bench, "auto", big)
+    progress(f"pacing: {int(1.5 * fits)} files at once, PACING=auto, two bridges")
+    shared: list[tuple[float, Any]] = []
+    two = await burst(bench, "auto", int(1.5 * fits), shared, bridges=2)
+    over = max((r[1] - r[0] for _, r in shared if r is not None), default=0)
     progress("pacing: the service away while 300 files are uploaded")
     away = await outage(bench)
 
@@ -312,6 +329,19 @@ async def run(bench: Bench, report: Report) -> None:
         text=f"{large['failed']} (until final {large['took']:.0f} s, "
         f"{big / capacity():.0f} s of work)",
     )
+    report.add(
+        "pacing.batch", SECTION, "OUTBOX_BATCH_SIZE: one batch", BATCH, "jobs", short="one batch"
+    )
+    report.add(
+        "pacing.two",
+        SECTION,
+        f"the same burst through two bridges: in flight above the limit, the most of "
+        f"{len(shared)} samples (0.1 s apart)",
+        over,
+        "jobs",
+        ref="pacing.batch",
+        text=f"{over} ({two['failed']} ended timeout or dlq)",
+    )
     report.add("pacing.floor", SECTION, "TABULAR_MIN_IN_FLIGHT", FLOOR, "jobs", short="the floor")
     report.add(
         "pacing.away",
@@ -325,5 +355,6 @@ async def run(bench: Bench, report: Report) -> None:
     report.note(
         f"Pacing: PACING=off ended {off['counts']}; PACING=auto {auto['counts']} in "
         f"{auto['took']:.1f} s; {big:,} files {large['counts']}; after the outage "
-        f"{away['counts']}. The limit's trace over the paced burst: docs/pacing-trace.svg."
+        f"{away['counts']}; through two bridges {two['counts']}. The limit's trace over "
+        "the paced burst: docs/pacing-trace.svg."
     )
