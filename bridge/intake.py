@@ -189,7 +189,7 @@ class Intake(Service):
         when it does, the inbox takes answers again."""
         try:
             async with asyncio.timeout(within):
-                await self.store.outbox_ready_age(pool_timeout=within / 2)
+                await self.store.answers(pool_timeout=within / 2)
         except (DatabaseError, TimeoutError):
             return False
         self.reachable()

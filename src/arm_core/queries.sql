@@ -19,6 +19,9 @@ FROM arm.claim_unacked_jobs(%(limit)s, make_interval(secs => %(ack_timeout)s),
 -- name: outbox_ready_age
 SELECT arm.outbox_ready_age() AS age;
 
+-- name: answers
+SELECT true AS answers;
+
 -- name: mark_republished
 SELECT arm.mark_republished(%(job_ids)s::uuid[]) AS marked;
 

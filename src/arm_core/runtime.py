@@ -199,7 +199,7 @@ async def check_ready(app: web.Application) -> tuple[int, dict[str, Any]]:
     503 with what is missing otherwise. Nothing a restart would fix."""
     settings = app[SETTINGS]
     try:
-        await app[STORE].outbox_ready_age(pool_timeout=min(2.0, settings.db_pool_timeout_seconds))
+        await app[STORE].answers(pool_timeout=min(2.0, settings.db_pool_timeout_seconds))
         db = "ok"
     except Exception as exc:
         cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc

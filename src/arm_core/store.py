@@ -212,6 +212,11 @@ class Store(Pooled):
         params = {"ack_timeout": ack_timeout, "max_republish": max_republish}
         return await self._pooled_rows("dead_letter_unacked", DeadLetteredJob, params)
 
+    async def answers(self, pool_timeout: float | None = None) -> None:
+        """Returns once the database answered one trivial statement; raises as every
+        call does when it does not (`pool_timeout` bounds the wait for a connection)."""
+        await self._pooled_scalar("answers", pool_timeout=pool_timeout)
+
     async def outbox_ready_age(self, pool_timeout: float | None = None) -> float:
         """Seconds the oldest queued job that pacing does not hold back has waited (0 when
         there is none; arm.outbox_ready_age); `pool_timeout` bounds the wait for a
