@@ -64,7 +64,7 @@ class Cycle:
     nats_connected: bool = True
     # False: the answers' way back was not open yet (RESULTS_STREAM's durable consumer not
     # made), so nothing was tried.
-    answers_heard: bool = True
+    answers_open: bool = True
     # Published and committed, in claim order.
     published: tuple[PublishedJob, ...] = ()
     # Dead-lettered at once: the request exceeds the server's max_payload.
@@ -169,7 +169,7 @@ class Publisher(Service):
                 self._nats_down_logged = True
             return Cycle(nats_connected=False)
         if not self.answers_open:
-            return Cycle(answers_heard=False)
+            return Cycle(answers_open=False)
         if self._nats_down_logged:
             log.info("NATS is back; publishing", extra={"action": "publish"})
         self._nats_down_since, self._nats_down_logged = None, False

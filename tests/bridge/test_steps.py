@@ -94,8 +94,8 @@ async def test_a_publisher_step_sends_nothing_until_the_answers_way_back_is_open
         pub.answers_open = True
         cycle = await pub.run_once()
 
-    assert held.nats_connected and not held.answers_heard and held.published == ()
-    assert cycle.answers_heard and [p.job_id for p in cycle.published] == [up.job_id]
+    assert held.nats_connected and not held.answers_open and held.published == ()
+    assert cycle.answers_open and [p.job_id for p in cycle.published] == [up.job_id]
     assert len(await tabular.take()) == 1
 
 
