@@ -7,7 +7,13 @@ a request that reads the database through the same pool (the oldest queued job's
 writes nothing, so the ratio is what a retry's transaction costs over the HTTP and pool
 round trip every request pays. Failed files come through the functions:
 uploads, arm.claim_queued_jobs + arm.mark_published with a deadline of now, then
-arm.sweep_timeouts() (attempt 1 of 3 timed out, so each file may be retried)."""
+arm.sweep_timeouts() (attempt 1 of 3 timed out, so each file may be retried).
+
+Two guards on the same run: the retries' throughput at 32 in flight against `pgbench -N`
+at 16 clients (the uploads section's, same cluster), and retries offered open-loop at a
+fixed OPEN_RATE a second, each sent at its time whatever the answers before it did, on
+other failed files: their p99, timed from when each was due (no coordinated omission),
+against OPEN_P99_MS."""
 
 from __future__ import annotations
 
@@ -25,6 +31,9 @@ from benchmarks.uploads import publish_in_sql, upload_files
 from tests.support.processes import serve_env
 
 SECTION = "8 retry API"
+OPEN_RATE = 100  # retries a second, offered open-loop
+OPEN_SECONDS = 10
+OPEN_P99_MS = 25.0
 
 
 def _failed_files(url: str, n: int) -> list[uuid.UUID]:
@@ -40,7 +49,8 @@ def _failed_files(url: str, n: int) -> list[uuid.UUID]:
 async def run(bench: Bench, report: Report) -> None:
     s = bench.sizes
     url = bench.fresh_database("retry")
-    files = await asyncio.to_thread(_failed_files, url, s.retry_files)
+    failed = await asyncio.to_thread(_failed_files, url, s.retry_files + OPEN_RATE * OPEN_SECONDS)
+    files, open_files = failed[: s.retry_files], failed[s.retry_files :]
     port = free_port()
     with bench.arm_core("serve", serve_env(url, port), port) as serve:
         base = f"http://127.0.0.1:{port}"
@@ -53,6 +63,9 @@ async def run(bench: Bench, report: Report) -> None:
             s.retry_concurrency,
         )
         meter.stop()
+        offered = await _offer(
+            [f"{base}/api/v1/files/{file_id}/retry" for file_id in open_files], OPEN_RATE
+        )
     health_latencies.sort()
     report.add(
         "retry.health",
@@ -85,6 +98,38 @@ async def run(bench: Bench, report: Report) -> None:
         "    latency p50 · p99 · answers",
         text=f"{_pct(latencies, 0.5):,.1f} ms · {_pct(latencies, 0.99):,.1f} ms"
         f" · {_answers(statuses)}",
+    )
+    report.add(
+        "retry.vs_pgbench",
+        SECTION,
+        "    the same retries/s against pgbench -N at 16 clients (guard ≥ 0.2)",
+        len(files) / seconds,
+        "req/s",
+        ref="uploads.N16",
+        short=f"retries/s at {s.retry_concurrency} in flight",
+    )
+    open_latencies, open_statuses = offered
+    open_latencies.sort()
+    report.add(
+        "retry.open.bound",
+        SECTION,
+        "open-loop retries: the p99 they must stay under",
+        OPEN_P99_MS,
+        "ms",
+        digits=1,
+        short="the bound",
+    )
+    report.add(
+        "retry.open",
+        SECTION,
+        f"POST /files/{{id}}/retry offered open-loop at {OPEN_RATE}/s for {OPEN_SECONDS} s "
+        f"({len(open_latencies):,} files): p99 from when each was due",
+        _pct(open_latencies, 0.99),
+        "ms",
+        ref="retry.open.bound",
+        digits=1,
+        text=f"{_pct(open_latencies, 0.99):,.1f} ms (p50 {_pct(open_latencies, 0.5):,.1f} ms;"
+        f" {_answers(open_statuses)})",
     )
     report.add(
         "retry.cpu",
@@ -126,3 +171,22 @@ async def _hammer(
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         seconds = time.perf_counter() - started
     return latencies, statuses, seconds
+
+
+async def _offer(urls: list[str], rate: float) -> tuple[list[float], Counter[int]]:
+    """POSTs each of `urls` at its own time, `rate` a second from now, whatever the
+    answers before it did; each latency from when the request was due."""
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one(url: str, due: float) -> None:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            async with session.post(url) as resp:
+                await resp.read()
+                statuses[resp.status] += 1
+            latencies.append(time.perf_counter() - due)
+
+        start = time.perf_counter() + 0.1
+        await asyncio.gather(*(one(url, start + i / rate) for i, url in enumerate(urls)))
+    return latencies, statuses

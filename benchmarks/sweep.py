@@ -88,6 +88,22 @@ def run(bench: Bench, report: Report) -> None:
             s,
             ref="sweep.base",
         )
+        # The guard: what the sweep touches, not its milliseconds, against 100 × history.
+        for key, sweep, where in (
+            ("sweep.touched.base", base, f"{live_small:,} live, {hist_small:,} history"),
+            ("sweep.touched.history", more_history, f"{live_now:,} live, {history_now:,} history"),
+        ):
+            report.add(
+                key,
+                SECTION,
+                f"    sweep_timeouts() among {where}: buffers it touched (hit + read), and "
+                "rows read (guard ≤ 1.2×)",
+                sweep.blocks_touched,
+                "blocks",
+                ref="sweep.touched.base" if key.endswith("history") else None,
+                text=f"{sweep.blocks_touched or 0:,.0f} blocks · {sweep.rows_read:,} rows",
+                short=f"touched among {where}",
+            )
 
         large_where = f"{live_now:,} live, {history_now:,} history"
         large_batches = _batches(conn, s.sweep_repeats)
@@ -276,6 +292,7 @@ class Sweep:
     rows_read: int  # job and file rows its scans returned (pg_stat_xact_user_tables)
     wal_bytes: float | None = None  # median WAL it wrote (full-page images included)
     blocks_read: float | None = None  # median blocks of arm it read from outside the cache
+    blocks_touched: float | None = None  # median blocks of arm it touched: hit + read
 
 
 def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
@@ -290,6 +307,7 @@ def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
     timings: list[float] = []
     wal: list[float] = []
     blocks: list[float] = []
+    touched: list[float] = []
     rows_read = 0
     for _ in range(repeats):
         chosen = random.sample(live, due)
@@ -311,24 +329,27 @@ def _measure(conn: psycopg.Connection[Any], due: int, repeats: int) -> Sweep:
                 rows_read = _rows_read(conn) - before
                 wal.append(io_after[0] - io_before[0])
                 blocks.append(io_after[1] - io_before[1])
+                touched.append(io_after[2] - io_before[2])
                 if row is None or row[0] != due:
                     raise RuntimeError(f"the sweep timed out {row and row[0]} jobs, not {due}")
                 raise psycopg.Rollback
         except psycopg.Rollback:
             pass
-    return Sweep(median(timings), rows_read, median(wal), median(blocks))
+    return Sweep(median(timings), rows_read, median(wal), median(blocks), median(touched))
 
 
-def _io(conn: psycopg.Connection[Any]) -> tuple[int, int]:
-    """WAL inserted so far (bytes) and the blocks of arm's tables and indexes this
-    transaction read from outside the buffer cache so far."""
+def _io(conn: psycopg.Connection[Any]) -> tuple[int, int, int]:
+    """WAL inserted so far (bytes), and the blocks of arm's tables and indexes this
+    transaction read from outside the buffer cache, and touched (hit + read), so far."""
     row = conn.execute(
         "SELECT pg_current_wal_insert_lsn() - '0/0', "
         "(SELECT sum(pg_stat_get_xact_blocks_fetched(c.oid) - pg_stat_get_xact_blocks_hit(c.oid)) "
+        " FROM pg_class c WHERE c.relnamespace = 'arm'::regnamespace), "
+        "(SELECT sum(pg_stat_get_xact_blocks_fetched(c.oid)) "
         " FROM pg_class c WHERE c.relnamespace = 'arm'::regnamespace)"
     ).fetchone()
     assert row is not None
-    return int(row[0]), int(row[1] or 0)
+    return int(row[0]), int(row[1] or 0), int(row[2] or 0)
 
 
 def _rows_read(conn: psycopg.Connection[Any]) -> int:
