@@ -230,6 +230,7 @@ CREATE FUNCTION arm._pace_room(p_pipeline arm.pipeline, p_mode text, p_min integ
     AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
+    c_base_floor CONSTANT double precision := 0.5;  -- seconds: see "queue" above
     -- The pipeline's row of arm.pipeline_pace; a record, as the table's type would have
     -- to exist when this function is made (a test applies these to an older schema).
     p record;
@@ -298,7 +299,8 @@ BEGIN
                 IF v_latency > 0.5 * extract(epoch FROM p_reply_timeout) THEN
                     v_adaptive := v_adaptive / 2;
                 ELSIF v_in_flight >= v_adaptive / 2 AND v_latency > 0 THEN
-                    v_queue := v_in_flight * (1 - p.min_latency_seconds / v_latency);
+                    v_queue := v_in_flight
+                        * (1 - greatest(p.min_latency_seconds, c_base_floor) / v_latency);
                     IF v_queue < 1 THEN
                         v_adaptive := v_adaptive + greatest(1, v_adaptive / 2);
                     ELSIF v_queue < 3 THEN

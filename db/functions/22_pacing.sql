@@ -29,7 +29,13 @@
 -- remote service: compare the answers' latency with the least latency seen (the
 -- service's own time per file, nothing queued in front of it); their ratio says how many
 -- of the jobs in flight are waiting in the service's queue:
---   queue = in flight × (1 - least latency / latency).
+--   queue = in flight × (1 - base / latency),  base = the least latency, at least 0.5 s.
+-- Below half a second a latency says nothing of the service's queue: arm-core's own
+-- round trip (a publish batch confirmed, the answers' batch applied and committed) grows
+-- with the jobs in flight when the service answers at once, and taken for queueing it
+-- held the limit near a batch of a dozen, a fifth of what the bridge carries unpaced.
+-- Half a second of a recognition service's queue costs nothing against a reply
+-- deadline of minutes.
 -- A few waiting (3 to 6) keep every worker busy across the time an answer takes to come
 -- back and the next request to go out; more only add to every job's wait. So:
 --   * queue below 1: grow by half (at least 1) — a slow start that doubles in a couple
@@ -79,6 +85,7 @@ SET search_path = pg_catalog, arm, pg_temp
 AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
+    c_base_floor CONSTANT double precision := 0.5;  -- seconds: see "queue" above
     -- The pipeline's row of arm.pipeline_pace; a record, as the table's type would have
     -- to exist when this function is made (a test applies these to an older schema).
     p record;
@@ -147,7 +154,8 @@ BEGIN
                 IF v_latency > 0.5 * extract(epoch FROM p_reply_timeout) THEN
                     v_adaptive := v_adaptive / 2;
                 ELSIF v_in_flight >= v_adaptive / 2 AND v_latency > 0 THEN
-                    v_queue := v_in_flight * (1 - p.min_latency_seconds / v_latency);
+                    v_queue := v_in_flight
+                        * (1 - greatest(p.min_latency_seconds, c_base_floor) / v_latency);
                     IF v_queue < 1 THEN
                         v_adaptive := v_adaptive + greatest(1, v_adaptive / 2);
                     ELSIF v_queue < 3 THEN
