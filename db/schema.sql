@@ -301,12 +301,16 @@ BEGIN
                 ELSIF v_in_flight >= v_adaptive / 2 AND v_latency > 0 THEN
                     v_queue := v_in_flight
                         * (1 - greatest(p.min_latency_seconds, c_base_floor) / v_latency);
-                    IF v_queue < 1 THEN
-                        v_adaptive := v_adaptive + greatest(1, v_adaptive / 2);
+                    IF v_queue < 1 THEN  -- by half per latency, as the shrink below
+                        v_adaptive := v_adaptive
+                            + greatest(1, v_adaptive / 2 * least(1.0, v_window / v_latency));
                     ELSIF v_queue < 3 THEN
                         v_adaptive := v_adaptive + 1;
                     ELSIF v_queue > 6 THEN
-                        v_adaptive := v_adaptive - (v_queue - 6) / 2;
+                        -- Half the excess per latency, spread over the windows in it: the
+                        -- answers of a window left the service's queue a latency ago.
+                        v_adaptive := v_adaptive
+                            - (v_queue - 6) / 2 * least(1.0, v_window / v_latency);
                     END IF;
                 END IF;
             ELSIF v_acks = 0 AND v_in_flight = 0 AND p.answering

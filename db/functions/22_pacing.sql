@@ -38,9 +38,13 @@
 -- deadline of minutes.
 -- A few waiting (3 to 6) keep every worker busy across the time an answer takes to come
 -- back and the next request to go out; more only add to every job's wait. So:
---   * queue below 1: grow by half (at least 1) — a slow start that doubles in a couple
---     of windows (the limit starts at the floor);
---   * queue below 3: grow by 1;  above 6: shrink by half the excess;
+--   * queue below 1: grow by half per latency (at least 1 a window) — a slow start
+--     that doubles in a couple of latencies (the limit starts at the floor); grown
+--     faster, it outruns the answers that would show the queue it builds;
+--   * queue below 3: grow by 1;  above 6: shrink by half the excess per latency (a
+--     window shorter than the latency takes its share: the answers it saw reflect the
+--     queue as it was a latency ago, and shrinking by half the excess in every 0.1 s
+--     window drove the limit to the floor and back, a sawtooth);
 --   * answers taking more than half the reply deadline: halve — whatever the queue
 --     says, jobs are about to time out;
 --   * the limit not in use (in flight below half of it): unchanged — an idle service
@@ -156,12 +160,16 @@ BEGIN
                 ELSIF v_in_flight >= v_adaptive / 2 AND v_latency > 0 THEN
                     v_queue := v_in_flight
                         * (1 - greatest(p.min_latency_seconds, c_base_floor) / v_latency);
-                    IF v_queue < 1 THEN
-                        v_adaptive := v_adaptive + greatest(1, v_adaptive / 2);
+                    IF v_queue < 1 THEN  -- by half per latency, as the shrink below
+                        v_adaptive := v_adaptive
+                            + greatest(1, v_adaptive / 2 * least(1.0, v_window / v_latency));
                     ELSIF v_queue < 3 THEN
                         v_adaptive := v_adaptive + 1;
                     ELSIF v_queue > 6 THEN
-                        v_adaptive := v_adaptive - (v_queue - 6) / 2;
+                        -- Half the excess per latency, spread over the windows in it: the
+                        -- answers of a window left the service's queue a latency ago.
+                        v_adaptive := v_adaptive
+                            - (v_queue - 6) / 2 * least(1.0, v_window / v_latency);
                     END IF;
                 END IF;
             ELSIF v_acks = 0 AND v_in_flight = 0 AND p.answering
