@@ -163,6 +163,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "dead_letter_unacked": {"ack_timeout": 3600, "max_republish": 3},
     "claim_unacked_jobs": {"limit": 10, "ack_timeout": 3600, "max_republish": 3},
     "outbox_ready_age": {},
+    "answers": {},
     "mark_republished": {"job_ids": []},
     "run_due_tasks": {},
     "dead_letter_unrepublishable": {"job_ids": [], "error_codes": [], "error_messages": []},
@@ -383,6 +384,7 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
     )
 
     # b's new attempt is queued: it waits, then a DBA dead-letters it.
+    await store.answers()  # the probes' trivial statement: the database answers
     assert await store.outbox_ready_age() >= 0.0
     with dict_conn(db_url) as conn:
         params = {"job_ids": [retried.job_id], "error_codes": ["X"], "error_messages": [None]}
