@@ -168,7 +168,9 @@ async def test_what_a_bridge_hands_back_reaches_the_other_at_once(
                 # Off the event loop, which serves A's proxy: A's /metrics reads through it.
                 held = partial(metric, both.port, "arm_inbox_buffered")
                 await wait_for(
-                    lambda: asyncio.to_thread(lambda: held() > 0), 60, "A holding answers"
+                    lambda: asyncio.to_thread(lambda: held() > 0),
+                    60,
+                    lambda: f"A holding answers: {by_status(db_url)}\n{a.log()[-3000:]}",
                 )
                 both.proxy.block()  # A took them in less than a second ago
                 refused = time.monotonic()
