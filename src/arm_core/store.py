@@ -90,6 +90,30 @@ class Answer(Protocol):
     def row_json(self) -> str: ...
 
 
+def publish_params(
+    *,
+    limit: int,
+    tabular_timeout: float,
+    image_timeout: float,
+    tabular_subject: str,
+    image_subject: str,
+    max_bytes: int,
+    pacing: Pacing | None = None,
+) -> dict[str, Any]:
+    """The parameters of the publisher's claim as Store.publish_queued_jobs sends it
+    (the publish_paced_jobs query with `pacing`, publish_queued_jobs without); tests and
+    the benchmark send the claim with these."""
+    params: dict[str, Any] = {
+        "limit": limit,
+        "tabular_timeout": tabular_timeout,
+        "image_timeout": image_timeout,
+        "tabular_subject": tabular_subject,
+        "image_subject": image_subject,
+        "max_bytes": max_bytes,
+    }
+    return params if pacing is None else params | dataclasses.asdict(pacing)
+
+
 def file_list_params(
     limit: int, where: FileListFilter, after: tuple[dt.datetime, uuid.UUID] | None = None
 ) -> dict[str, Any]:
@@ -139,19 +163,19 @@ class Store(Pooled):
         `send` raises, nothing changed (rolled back) and its exception propagates.
         With `pacing`, each pipeline gives at most what its in-flight limit leaves, round
         robin over its consolidations (arm.publish_queued_jobs_v3)."""
-        params: dict[str, Any] = {
-            "limit": limit,
-            "tabular_timeout": tabular_timeout,
-            "image_timeout": image_timeout,
-            "tabular_subject": tabular_subject,
-            "image_subject": image_subject,
-            "max_bytes": max_bytes,
-        }
+        params = publish_params(
+            limit=limit,
+            tabular_timeout=tabular_timeout,
+            image_timeout=image_timeout,
+            tabular_subject=tabular_subject,
+            image_subject=image_subject,
+            max_bytes=max_bytes,
+            pacing=pacing,
+        )
         name = "publish_queued_jobs"
         row: type[PublishedJob] = PublishedJob
         if pacing is not None:
             name, row = "publish_paced_jobs", PacedJob
-            params.update(dataclasses.asdict(pacing))
         with wrap_db_errors("publish", self.instruments.outage):  # the commit's errors too
             async with self._connection("publish") as conn, conn.transaction():
                 claimed = await self._rows(conn, name, row, params, json_as_text=True)

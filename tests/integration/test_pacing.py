@@ -15,6 +15,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from arm_core.db import query
+from arm_core.store import Pacing, publish_params
 from tests.support.sql import Conn, ack, result, scalar, upload
 
 pytestmark = pytest.mark.integration
@@ -36,21 +37,23 @@ def claim(
 ) -> list[dict[str, Any]]:
     """One paced claim in its own transaction, committed: what a bridge's publisher does
     (the publish to NATS between the two aside)."""
-    params = {
-        "limit": limit,
-        "tabular_timeout": 600,
-        "image_timeout": 1800,
-        "tabular_subject": "files.tabular_uploaded",
-        "image_subject": "files.img_uploaded",
-        "max_bytes": 1 << 20,
-        "pacing": pacing,
-        "tabular_min": tabular[0],
-        "tabular_max": tabular[1],
-        "image_min": image[0],
-        "image_max": image[1],
-        "ack_timeout": ack_timeout,
-        "max_republish": max_republish,
-    }
+    params = publish_params(
+        limit=limit,
+        tabular_timeout=600,
+        image_timeout=1800,
+        tabular_subject="files.tabular_uploaded",
+        image_subject="files.img_uploaded",
+        max_bytes=1 << 20,
+        pacing=Pacing(
+            pacing=pacing,
+            tabular_min=tabular[0],
+            tabular_max=tabular[1],
+            image_min=image[0],
+            image_max=image[1],
+            ack_timeout=ack_timeout,
+            max_republish=max_republish,
+        ),
+    )
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query("publish_paced_jobs"), params).fetchall()
 

@@ -49,7 +49,7 @@ from arm_core.statuses import (
     RetryOutcome,
     RetryReason,
 )
-from arm_core.store import Pacing, Store, SyncStore, file_list_params
+from arm_core.store import Pacing, Store, SyncStore, file_list_params, publish_params
 from tests.support.bridge import envelope
 from tests.support.sql import (
     DEAD_LETTER_UNPUBLISHABLE,
@@ -186,7 +186,7 @@ SAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "get_file": {"file_id": uuid.uuid4()},
     "list_files": file_list_params(10, FileListFilter()),
     "publish_queued_jobs": PUBLISH,
-    "publish_paced_jobs": {**PUBLISH, **dataclasses.asdict(PACED)},
+    "publish_paced_jobs": publish_params(**PUBLISH, pacing=PACED),
     "pace_view": {},
     "pace_unheard": {"pipeline": "tabular", "retry_seconds": 1.0},
     "apply_envelopes": {"envelopes": Jsonb([])},
