@@ -13,7 +13,6 @@ statistics say, so the data here has more history than live jobs."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.databases import clone
+from tests.support.plans import explained
 from tests.support.sql import CLAIM_QUEUED_JOBS, Conn, dict_conn, publish
 
 pytestmark = pytest.mark.integration
@@ -37,15 +37,6 @@ ACK_TIMEOUT = 1800.0  # seconds; the due jobs went out two hours ago, the live o
 # scan proportional to the live jobs or the backlog would touch thousands.
 EXAMINED_MAX = 100
 TABLES = {"recognition_job", "stored_file", "s3_object"}
-
-AUTO_EXPLAIN = (
-    "LOAD 'auto_explain'",
-    "SET auto_explain.log_min_duration = 0",
-    "SET auto_explain.log_nested_statements = on",
-    "SET auto_explain.log_analyze = on",
-    "SET auto_explain.log_format = json",
-    "SET auto_explain.log_level = notice",
-)
 
 
 def _bulk_upload(conn: Conn, n: int) -> None:
@@ -131,26 +122,6 @@ def loaded_db(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[str]:
             for table in ("arm.recognition_job", "arm.stored_file", "arm.s3_object"):
                 conn.execute(f"VACUUM ANALYZE {table}")
         yield url
-
-
-def explained(
-    url: str, sql: str, params: dict[str, Any] | None = None, setup: tuple[str, ...] = ()
-) -> tuple[list, list]:
-    """Runs sql (rolled back afterwards, with the `setup` statements before it) under
-    auto_explain; returns its rows and the plan of every statement it ran, the functions'
-    own statements included."""
-    notices: list[str] = []
-    with psycopg.connect(url, autocommit=True) as conn:
-        for setting in AUTO_EXPLAIN:
-            conn.execute(setting)
-        with conn.transaction(force_rollback=True):
-            for statement in setup:
-                conn.execute(statement)
-            conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-            rows = conn.execute(sql, params).fetchall()
-    plans = [json.loads(n.split("plan:", 1)[1])["Plan"] for n in notices if "plan:" in n]
-    assert plans, "auto_explain logged nothing"
-    return rows, plans
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
