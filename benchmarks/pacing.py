@@ -30,14 +30,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from psycopg.types.json import Jsonb
-
 from arm_core.config import Settings
 from arm_core.devtools.embedded import free_port
 from benchmarks.harness import Bench, connect, progress
 from benchmarks.report import Report
 from tests.support.polling import wait_for
 from tests.support.processes import ArmProcess, log_lines
+from tests.support.sql import upload_consolidations
 
 SECTION = "10 pacing"
 WORKERS = 4
@@ -56,19 +55,9 @@ def capacity() -> float:
 def upload(url: str, n: int, consolidation: uuid.UUID) -> tuple[list[uuid.UUID], float]:
     """n files of one consolidation in one call of arm.upload_files; their job ids and
     the moment the upload committed."""
-    files = [
-        {
-            "bucket": "arm-ka",
-            "key": f"uploads/{uuid.uuid4()}/ОСВ {i}.xlsx",
-            "original_name": f"ОСВ {i}.xlsx",
-            "file_type": "XLSX",
-            "consolidation_id": str(consolidation),
-        }
-        for i in range(n)
-    ]
     with connect(url) as conn:
-        rows = conn.execute("SELECT job_id FROM arm.upload_files(%s)", (Jsonb(files),)).fetchall()
-    return [r[0] for r in rows], time.time()
+        jobs = upload_consolidations(conn, n, [consolidation])
+    return jobs, time.time()
 
 
 def counts(url: str, jobs: list[uuid.UUID] | None = None) -> dict[str, int]:

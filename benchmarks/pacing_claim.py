@@ -16,66 +16,49 @@ counts every statement the functions ran under it). O(batch), not O(backlog): (b
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 import uuid
-from typing import Any
 
-from psycopg.types.json import Jsonb
-
+from arm_core.config import Settings
 from arm_core.db import query
+from arm_core.store import Pacing, publish_params
 from benchmarks.harness import Bench, connect, progress
 from benchmarks.report import Report
+from tests.support.plans import buffers, explained
+from tests.support.sql import upload_consolidations
 
 SECTION = "11 paced claim"
-BATCH = 500
+BATCH = Settings.outbox_batch_size  # what a bridge claims at once
 REPEAT = 7
 UPLOAD_CHUNK = 10_000
-AUTO_EXPLAIN = (
-    "LOAD 'auto_explain'",
-    "SET auto_explain.log_min_duration = 0",
-    "SET auto_explain.log_nested_statements = on",
-    "SET auto_explain.log_analyze = on",
-    "SET auto_explain.log_buffers = on",
-    "SET auto_explain.log_timing = off",
-    "SET auto_explain.log_format = json",
-    "SET auto_explain.log_level = notice",
+# The tabular pipeline's room holds a whole batch (PACING=fixed, ceiling 10 batches).
+PARAMS = publish_params(
+    limit=BATCH,
+    tabular_timeout=600,
+    image_timeout=1800,
+    tabular_subject="files.tabular_uploaded",
+    image_subject="files.img_uploaded",
+    max_bytes=1 << 20,
+    pacing=Pacing(
+        pacing="fixed",
+        tabular_min=1,
+        tabular_max=10 * BATCH,
+        image_min=1,
+        image_max=10 * BATCH,
+        ack_timeout=30.0,
+        max_republish=3,
+    ),
 )
-PARAMS: dict[str, Any] = {
-    "limit": BATCH,
-    "tabular_timeout": 600,
-    "image_timeout": 1800,
-    "tabular_subject": "files.tabular_uploaded",
-    "image_subject": "files.img_uploaded",
-    "max_bytes": 1 << 20,
-    "pacing": "fixed",
-    "tabular_min": 1,
-    "tabular_max": 10 * BATCH,
-    "image_min": 1,
-    "image_max": 10 * BATCH,
-    "ack_timeout": 30.0,
-    "max_republish": 3,
-}
 
 
 def backlog(url: str, n: int, lanes: int) -> None:
     """n queued tabular jobs, spread evenly over `lanes` consolidations, through
     arm.upload_files in chunks; then VACUUM ANALYZE, as autovacuum would have by then."""
-    consolidations = [str(uuid.uuid4()) for _ in range(lanes)]
+    consolidations = [uuid.uuid4() for _ in range(lanes)]
     with connect(url) as conn:
-        for start in range(0, n, UPLOAD_CHUNK):
-            files = [
-                {
-                    "bucket": "arm-ka",
-                    "key": f"uploads/{uuid.uuid4()}/ОСВ {i}.xlsx",
-                    "original_name": f"ОСВ {i}.xlsx",
-                    "file_type": "XLSX",
-                    "consolidation_id": consolidations[i % lanes],
-                }
-                for i in range(start, min(start + UPLOAD_CHUNK, n))
-            ]
-            conn.execute("SELECT count(*) FROM arm.upload_files(%s)", (Jsonb(files),))
+        for first in range(0, n, UPLOAD_CHUNK):
+            upload_consolidations(conn, min(UPLOAD_CHUNK, n - first), consolidations, first)
         conn.execute("VACUUM ANALYZE")
 
 
@@ -88,18 +71,8 @@ def claim_cost(url: str) -> tuple[float, int, int]:
                 began = time.perf_counter()
                 claimed = len(conn.execute(query("publish_paced_jobs"), PARAMS).fetchall())
                 times.append(time.perf_counter() - began)
-        for setting in AUTO_EXPLAIN:
-            conn.execute(setting)
-        notices: list[str] = []
-        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        with conn.transaction(force_rollback=True):
-            conn.execute(query("publish_paced_jobs"), PARAMS).fetchall()
-    plans = [json.loads(n.split("plan:", 1)[1])["Plan"] for n in notices if "plan:" in n]
-    # Logged as each statement ends, so the outermost last; its buffers count those of
-    # every statement the functions ran under it.
-    outer = plans[-1]
-    blocks = int(outer.get("Shared Hit Blocks", 0) + outer.get("Shared Read Blocks", 0))
-    return statistics.median(times), blocks, claimed
+    _, plans = explained(url, query("publish_paced_jobs"), PARAMS)
+    return statistics.median(times), buffers(plans[-1]), claimed
 
 
 def measured(bench: Bench, name: str, n: int, lanes: int) -> tuple[float, int, int]:

@@ -18,11 +18,10 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from psycopg.types.json import Jsonb
 
 from tests.support.bridge import wait_for
 from tests.support.processes import log_lines
-from tests.support.sql import Conn, dict_conn, scalar
+from tests.support.sql import Conn, dict_conn, scalar, upload_consolidations
 from tests.support.stack import Stack, listening
 
 pytestmark = pytest.mark.e2e
@@ -34,18 +33,7 @@ DEADLINE = 8  # seconds of reply deadline: 320 files of the service's work fit i
 
 def burst(conn: Conn, n: int, consolidation: uuid.UUID) -> list[uuid.UUID]:
     """n files of one consolidation in one call of arm.upload_files (one statement)."""
-    files = [
-        {
-            "bucket": "arm-ka",
-            "key": f"uploads/{uuid.uuid4()}/ОСВ {i}.xlsx",
-            "original_name": f"ОСВ {i}.xlsx",
-            "file_type": "XLSX",
-            "consolidation_id": str(consolidation),
-        }
-        for i in range(n)
-    ]
-    rows = conn.execute("SELECT job_id FROM arm.upload_files(%s)", (Jsonb(files),)).fetchall()
-    return [r["job_id"] for r in rows]
+    return upload_consolidations(conn, n, [consolidation])
 
 
 def statuses(conn: Conn, jobs: list[uuid.UUID] | None = None) -> Counter[str]:

@@ -12,6 +12,7 @@ setup code keeps the superuser (or the uploader's login)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,27 @@ def upload_many(
     (a reference service's marker: `[fail-once]`)."""
     with conn.transaction():
         _upload_many(conn, n, file_type, mixed, name_suffix)
+
+
+def upload_consolidations(
+    conn: Conn, n: int, consolidations: Sequence[uuid.UUID], first: int = 0
+) -> list[uuid.UUID]:
+    """n spreadsheets uploaded in one call of arm.upload_files (one statement, as the
+    workstation's batch upload): file i (from `first`) belongs to consolidation i modulo
+    their number. Their job ids, in order."""
+    files = [
+        {
+            "bucket": "arm-ka",
+            "key": f"uploads/{uuid.uuid4()}/ОСВ {i}.xlsx",
+            "original_name": f"ОСВ {i}.xlsx",
+            "file_type": "XLSX",
+            "consolidation_id": str(consolidations[i % len(consolidations)]),
+        }
+        for i in range(first, first + n)
+    ]
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute("SELECT job_id FROM arm.upload_files(%s)", (Jsonb(files),))
+        return [r[0] for r in rows.fetchall()]
 
 
 def _upload_many(conn: Conn, n: int, file_type: str, mixed: bool, suffix: str = "") -> None:
