@@ -33,11 +33,11 @@ class Folder:
     slowest: list[tuple[float, str]] = field(default_factory=list)
 
 
-def folders(junit: Path) -> dict[str, Folder]:
+def folders(report: ET.Element) -> dict[str, Folder]:
     """tests/<folder>/ → its tests' count, summed time (setup, call and teardown, as JUnit
     records them) and failures."""
     found: dict[str, Folder] = defaultdict(Folder)
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    for case in report.iter("testcase"):
         # tests.e2e.test_soak_sampler; a module skipped whole has only a name.
         classname = case.get("classname") or case.get("name") or ""
         parts = classname.split(".")
@@ -60,11 +60,11 @@ class Worker:
     last_test: str = ""
 
 
-def workers_of(junit: Path) -> dict[str, Worker]:
+def workers_of(report: ET.Element) -> dict[str, Worker]:
     """Each pytest-xdist worker's tests, from the properties tests/conftest.py records
     (which worker, when the test started); empty for a report without them."""
     found: dict[str, Worker] = defaultdict(Worker)
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    for case in report.iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         if "worker" not in props or "started" not in props:
             continue
@@ -78,10 +78,10 @@ def workers_of(junit: Path) -> dict[str, Worker]:
     return dict(found)
 
 
-def worker_lines(junit: Path) -> list[str]:
+def worker_lines(report: ET.Element) -> list[str]:
     """When each worker ran out of work: the wall-clock time is the last one's end, so a
     worker that ends early while another runs a long group is time the order could save."""
-    found = workers_of(junit)
+    found = workers_of(report)
     if not found:
         return []
     start = min(w.first for w in found.values())
@@ -98,9 +98,10 @@ def worker_lines(junit: Path) -> list[str]:
 
 
 def section(title: str, junit: Path, workers: int) -> str:
-    found = folders(junit)
+    report = ET.parse(junit).getroot()
+    found = folders(report)
     # The run's own length (pytest's, from its start to its end), as the report says it.
-    wall = float(ET.parse(junit).getroot().iter("testsuite").__next__().get("time", "0"))
+    wall = float(next(report.iter("testsuite")).get("time", "0"))
     total = sum(f.seconds for f in found.values())
     lines = [
         title,
@@ -118,7 +119,7 @@ def section(title: str, junit: Path, workers: int) -> str:
             f"| {name} | {f.tests} | {f.seconds:.0f} | {f.seconds / total:.0%} | {f.failed} "
             f"| {f.skipped} | `{top}` ({top_seconds:.0f}) |"
         )
-    lines += worker_lines(junit)
+    lines += worker_lines(report)
     slowest = sorted(((s, name) for f in found.values() for s, name in f.slowest), reverse=True)[
         :15
     ]

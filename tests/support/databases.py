@@ -53,5 +53,4 @@ def clone(
     try:
         yield server.url(name)
     finally:
-        with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+        server.drop_database(name)

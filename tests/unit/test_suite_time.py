@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import xml.etree.ElementTree as ET
 
 from benchmarks.suite_time import worker_lines, workers_of
 
@@ -23,9 +23,8 @@ REPORT = """<?xml version="1.0" encoding="utf-8"?>
 """
 
 
-def test_each_workers_busy_time_end_and_last_test(tmp_path: Path) -> None:
-    junit = tmp_path / "junit.xml"
-    junit.write_text(REPORT)
+def test_each_workers_busy_time_end_and_last_test() -> None:
+    junit = ET.fromstring(REPORT)
     found = workers_of(junit)
     assert sorted(found) == ["gw0", "gw1"]
     assert (found["gw0"].busy, found["gw0"].last) == (20.0, 1020.0)
@@ -42,7 +41,6 @@ def test_each_workers_busy_time_end_and_last_test(tmp_path: Path) -> None:
     ]
 
 
-def test_a_report_without_the_properties_has_no_worker_table(tmp_path: Path) -> None:
-    junit = tmp_path / "junit.xml"
-    junit.write_text(REPORT.replace('name="worker"', 'name="other"'))
+def test_a_report_without_the_properties_has_no_worker_table() -> None:
+    junit = ET.fromstring(REPORT.replace('name="worker"', 'name="other"'))
     assert worker_lines(junit) == []
