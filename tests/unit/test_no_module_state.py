@@ -7,9 +7,7 @@ cannot change — a number, a string, a path, a tuple or frozenset of such, a re
 mapping, a frozen dataclass or NamedTuple, an enum, a class, a function, a compiled
 pattern, or one of the process-wide handles that are meant to be (a logger, an aiohttp
 key, a context variable, a type alias) — or be a table written as a dict, list or set
-literal that no code of the package ever changes. No function declares a `global`.
-
-And no module grows past 400 lines."""
+literal that no code of the package ever changes. No function declares a `global`."""
 
 from __future__ import annotations
 
@@ -176,19 +174,6 @@ def _globals_found() -> list[str]:
 def test_no_module_of_the_package_keeps_mutable_state() -> None:
     found = _globals_found()
     assert not found, "module-level mutable state:\n" + "\n".join(found)
-
-
-MAX_LINES = 400
-
-
-def test_every_module_of_the_package_stays_under_400_lines() -> None:
-    """A module past this is two concerns: split it by what the code is."""
-    long = {
-        m: n
-        for m, p in _modules()
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) >= MAX_LINES
-    }
-    assert not long, long
 
 
 def test_the_check_sees_mutable_state() -> None:
