@@ -84,7 +84,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]' $(EDITABLE)
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) $(LINKS) ## figures next to same-run references, durable PostgreSQL (BENCH_ARGS=--quick, --only sweep,retry, --durability off)
+bench: $(BENCH_STAMP) $(LINKS) ## figures next to same-run references, durable PostgreSQL, to docs/benchmarks.md (BENCH_ARGS=--quick, --only sweep,retry or --durability off: printed only, or to --doc PATH)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 chaos: $(STAMP) $(LINKS) ## faults against real processes; exit 1 on a broken promise (CHAOS_ARGS=--quick, or --nemesis --seeds 20)
