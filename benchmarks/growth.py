@@ -107,6 +107,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--files", type=int, default=200_000, help="history files to load")
     args = parser.parse_args(argv)
     n = args.files
+    began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="arm-growth-") as tmp:
         pg = EmbeddedPostgres(base_dir=Path(tmp) / "pg", durable=True)
         pg.start()
@@ -143,7 +144,8 @@ def main(argv: list[str]) -> int:
         "",
         "Written by `python -m benchmarks.growth` (overwritten); how it measures is at the end.",
         "",
-        f"Command: `{shlex.join(['python', '-m', 'benchmarks.growth', *argv])}`.",
+        f"Command: `{shlex.join(['python', '-m', 'benchmarks.growth', *argv])}`; the whole "
+        f"run took {time.perf_counter() - began:.0f} s.",
         "",
         "## Machine",
         "",
@@ -156,7 +158,8 @@ def main(argv: list[str]) -> int:
             cold,
         ),
         "The source and result objects (`arm.s3_object`) stay in the hot table: the archived "
-        "rows name them.",
+        "rows name them, until a DBA deletes archived files for good with their objects "
+        "(docs/dbas.md, Retiring old history).",
         "",
         f"## The hot paths, without history and with {moved:,} files archived",
         "",

@@ -72,6 +72,9 @@ class Bench:
     nats: EmbeddedNats
     workdir: Path
     sizes: Sizes
+    # Where the pacing section draws its trace: docs/pacing-trace.svg on a full run, beside
+    # a given --doc otherwise, nowhere (None) when the run writes no report.
+    pacing_trace: Path | None = None
     _databases: list[str] = field(default_factory=list)
 
     @property

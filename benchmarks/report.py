@@ -195,7 +195,9 @@ def markdown(
     parts = [
         "# Benchmarks",
         "",
-        "Written by `make bench` at the end of every run (overwritten). Each figure stands "
+        "Written by `make bench` at the end of every full run at production durability "
+        "(overwritten; a run with `--quick`, `--only` or `--durability off` only prints its "
+        "table, or writes it to its `--doc`). Each figure stands "
         "next to the reference it is read against, measured in the same run on the same "
         "PostgreSQL cluster: the machine varies about two-fold from run to run, so read the "
         "ratios, not the absolute numbers.",

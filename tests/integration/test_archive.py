@@ -5,8 +5,10 @@ retry of an archived file is refused with its reason; the file view reads the ar
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,9 +16,11 @@ import pytest
 
 from tests.support.polling import wait_for_sync
 from tests.support.sql import (
+    OWNER_LOGIN,
     Conn,
     age,
     archive,
+    as_login,
     dict_conn,
     fail_by_no_ack,
     publish,
@@ -29,6 +33,7 @@ from tests.support.sql import (
 pytestmark = pytest.mark.integration
 
 ERROR = ("UNSUPPORTED_FORMAT", "not a balance sheet")
+DBAS = Path(__file__).resolve().parents[2] / "docs" / "dbas.md"
 
 
 def where(conn: Conn, file_id: uuid.UUID) -> tuple[int, int, int, int]:
@@ -213,6 +218,69 @@ def test_the_archive_keeps_the_level_each_retry_was_made_with(db_url: str) -> No
         ("ivanova", "operator", 2),
         ("dba", None, 3),
     ]
+
+
+def documented_purge() -> str:
+    """docs/dbas.md's SQL that deletes archived files for good, with their objects."""
+    section = DBAS.read_text(encoding="utf-8").split("## Retiring old history", 1)[1]
+    [block] = [
+        b for b in re.findall(r"```sql\n(.*?)```", section, flags=re.S) if "arm.s3_object" in b
+    ]
+    return block
+
+
+def objects_of(conn: Conn, file_id: uuid.UUID) -> int:
+    """The arm.s3_object rows a file's source and its jobs' results name, hot or archived."""
+    return scalar(
+        conn,
+        "SELECT count(*) FROM arm.s3_object o WHERE o.id IN ("
+        " SELECT s3_object_id FROM arm.stored_file WHERE id = %s"
+        " UNION SELECT s3_object_id FROM arm.archived_file WHERE id = %s"
+        " UNION SELECT result_s3_object_id FROM arm.recognition_job WHERE file_id = %s"
+        " UNION SELECT result_s3_object_id FROM arm.archived_job WHERE file_id = %s)",
+        (file_id,) * 4,
+    )
+
+
+def test_the_documented_purge_deletes_old_archived_files_and_their_objects(
+    db_url: str,
+) -> None:
+    """docs/dbas.md's block, as arm_owner: files archived before the retention go with
+    their jobs, retries and s3_object rows; files archived since, and hot ones, keep
+    theirs; run again, it deletes nothing."""
+    with dict_conn(db_url) as conn:
+        expired, kept, hot = (upload(conn) for _ in range(3))
+        publish(conn)
+        result(conn, expired.job_id, expired.file_id, "error", error=ERROR)
+        second = retry(conn, expired.file_id)
+        publish(conn)
+        result(conn, second["job_id"], expired.file_id, "done", attempt=2)
+        result(conn, kept.job_id, kept.file_id, "done")
+        result(conn, hot.job_id, hot.file_id, "done")
+        sources = [up.file_id for up in (expired, kept, hot)]
+        assert [objects_of(conn, f) for f in sources] == [2, 2, 2]  # a source, a result
+        for up in (expired, kept):
+            age(conn, up.file_id, 60)
+        assert archive(conn)["files"] == 2
+        conn.execute(
+            "UPDATE arm.archived_file SET archived_at = now() - interval '8 years' WHERE id = %s",
+            (expired.file_id,),
+        )
+        objects_before = scalar(conn, "SELECT count(*) FROM arm.s3_object")
+
+        with psycopg.connect(as_login(db_url, OWNER_LOGIN), autocommit=True) as dba:
+            [said] = dba.execute(documented_purge()).fetchall()
+            [again] = dba.execute(documented_purge()).fetchall()
+
+        assert said == (1, 2, 1, 2)  # files, jobs, retries, objects
+        assert again == (0, 0, 0, 0)
+        assert where(conn, expired.file_id) == (0, 0, 0, 0)
+        assert where(conn, kept.file_id) == (0, 0, 1, 1)
+        assert where(conn, hot.file_id) == (1, 1, 0, 0)
+        assert scalar(conn, "SELECT count(*) FROM arm.s3_object") == objects_before - 2
+        assert [objects_of(conn, f) for f in (kept.file_id, hot.file_id)] == [2, 2]
+        archived = scalar(conn, "SELECT arm.get_file(%s)", (kept.file_id,))
+        assert archived["attempts"][0]["result"] is not None
 
 
 def test_a_late_answer_for_an_archived_job_changes_nothing(db_url: str) -> None:

@@ -14,6 +14,7 @@ roles or is not a member of arm_owner, changes nothing and prints the SQL a DBA 
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import shutil
 import subprocess
 import threading
@@ -29,7 +30,7 @@ from psycopg.types.json import Jsonb
 
 from arm_core.db import query
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.embedded_postgres import EmbeddedPostgres, find_pg_bindir
 from arm_core.migrate import ROLES, SQL_DIR, RolesMissing, apply_functions, migrate
 from arm_core.runtime import POOL
 from tests.support.api import api_settings, running_api
@@ -1059,6 +1060,56 @@ def test_migrate_without_createrole_prints_the_sql_a_dba_runs_once_and_changes_n
     assert done.returncode == 0, done
     with dict_conn(url) as conn:
         assert functions(conn)["apply_envelopes_v2"]["callers"] == ["arm_bridge"]
+
+
+def dbas_migrating_login_sql() -> str:
+    """docs/dbas.md's block that makes the migrating login and its database, but for its
+    `\\password` line (psql asks for a password on a terminal)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "dbas.md").read_text()
+    section = page.split('<a id="the-migrating-login"></a>', 1)[1]
+    found = re.search(r"```sql\n(.*?)```", section, flags=re.S)
+    assert found, "dbas.md: no SQL under The migrating login"
+    return "\n".join(line for line in found[1].splitlines() if not line.startswith("\\password"))
+
+
+def test_the_dbas_migrating_login_migrates_once_the_roles_are_made(
+    no_roles: EmbeddedPostgres,
+) -> None:
+    """The login and database of docs/dbas.md, made by its SQL in psql as a superuser:
+    migrate as that login prints the DBA's SQL, and once it ran, migrates."""
+    block = dbas_migrating_login_sql()
+    assert "CREATE ROLE arm_migrator LOGIN" in block
+    psql = [str(find_pg_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1"]
+    try:
+        made = subprocess.run(
+            [*psql, no_roles.url()], input=block, capture_output=True, text=True, timeout=60
+        )
+        assert made.returncode == 0, made.stderr
+        url = as_login(no_roles.url("arm"), Login("arm_migrator", ()))
+        env = {"DATABASE_URL": url, "PATH": "/usr/bin:/bin"}
+        refused = subprocess.run(
+            [ARM_CORE, "migrate"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode == 1, refused
+        with psycopg.connect(no_roles.url(), autocommit=True) as dba:
+            dba.execute(_dba_sql(refused.stderr))
+        done = subprocess.run(
+            [ARM_CORE, "migrate"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done
+        with dict_conn(url) as conn:
+            me = conn.execute(
+                "SELECT rolsuper, rolcreaterole, pg_has_role('arm_owner', 'USAGE') AS owner,"
+                " (SELECT datdba::regrole::text FROM pg_database WHERE datname = 'arm') AS db"
+                " FROM pg_roles WHERE rolname = current_user"
+            ).fetchone()
+            assert me == {"rolsuper": False, "rolcreaterole": False, "owner": True,
+                          "db": "arm_migrator"}  # fmt: skip
+            assert functions(conn)["apply_envelopes_v2"]["callers"] == ["arm_bridge"]
+    finally:
+        with psycopg.connect(no_roles.url(), autocommit=True) as admin:
+            admin.execute("DROP DATABASE IF EXISTS arm WITH (FORCE)")
+            admin.execute("DROP ROLE IF EXISTS arm_migrator")
 
 
 def test_migrate_with_createrole_creates_the_roles_itself(no_roles: EmbeddedPostgres) -> None:

@@ -69,6 +69,16 @@ def test_the_wheel_has_no_other_top_level_package(wheel_names: set[str]) -> None
     assert not {"arm_core/http/README.md", "arm_core/sql/schema.sql"} & wheel_names
 
 
+def test_the_wheel_carries_the_licence_and_notice(wheel_names: set[str]) -> None:
+    licences = {
+        PurePosixPath(name).name
+        for name in wheel_names
+        if PurePosixPath(name).parent.name == "licenses"
+        and PurePosixPath(name).parent.parent.name.endswith(".dist-info")
+    }
+    assert licences == {"LICENSE", "NOTICE"}
+
+
 def test_http_from_the_root_is_the_standard_library() -> None:
     # http/ has no __init__.py on purpose: the standard library's regular package wins
     # over a namespace folder, so `http` is never this project's API.

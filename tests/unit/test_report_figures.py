@@ -5,7 +5,7 @@ docs/reliability.md by `make chaos`, docs/soak.md by `make soak`, docs/growth.md
 `python -m benchmarks.growth`, docs/container-figures.md by `make container-figures`),
 each with the commit and date it measured in its Machine section.
 
-In the pages that quote figures (docs/capacity.md, docs/performance.md), every number
+In the page that quotes figures (docs/capacity.md), every number
 with a decimal point, a thousands separator, a % or × or a unit (ms, s, B, KiB, MB/s,
 files/s, jobs/s, …) must be in one of the reports, as it is written there — or be one of
 the few below: a setting or limit (read from the code where it lives), an assumption
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 REPORTS = ["benchmarks.md", "reliability.md", "soak.md", "growth.md", "container-figures.md"]
 # Pages that quote the reports' figures.
-PAGES = ["capacity.md", "performance.md"]
+PAGES = ["capacity.md"]
 # Pages that state settings, limits and examples, and quote no measurement: no rate, no
 # share of a core may appear in them (a figure there belongs in capacity.md, checked).
 NO_MEASUREMENTS = ["README.md", "docs/operators.md"]
