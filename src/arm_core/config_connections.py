@@ -114,13 +114,14 @@ def listen_url(settings: Settings) -> str:
     Through a transaction pooler a LISTEN lasts one transaction and its session then
     serves another client, so DATABASE_LISTEN_URL is required there (ConfigError, exit 2
     at the start of `serve` and `bridge`)."""
-    if settings.database_listen_url:
-        return settings.database_listen_url
+    given = settings.database_listen_url
+    if given and not (settings.transaction_pooler and given == settings.database_url):
+        return given
     if settings.transaction_pooler:
         raise ConfigError(
-            "DATABASE_LISTEN_URL: required with DATABASE_POOLER=transaction: the bridge's "
-            "LISTEN needs a session of its own, direct to PostgreSQL; through a transaction "
-            "pooler it would hear no NOTIFY"
+            "DATABASE_LISTEN_URL: required with DATABASE_POOLER=transaction, and not "
+            "DATABASE_URL: the bridge's LISTEN needs a session of its own, direct to "
+            "PostgreSQL; through a transaction pooler it would hear no NOTIFY"
         )
     return settings.require_database_url()
 

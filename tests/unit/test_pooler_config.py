@@ -79,6 +79,9 @@ def test_through_a_transaction_pooler_listen_needs_its_own_url() -> None:
         s.listen_url()
     given = Settings.from_env({**TRANSACTION, "DATABASE_LISTEN_URL": DIRECT})
     assert given.listen_url() == DIRECT
+    same = Settings.from_env({**TRANSACTION, "DATABASE_LISTEN_URL": POOL})
+    with pytest.raises(ConfigError, match=r"^DATABASE_LISTEN_URL: required .*, and not DATA"):
+        same.listen_url()
 
 
 @pytest.mark.parametrize("command", ["migrate", "rollback"])
