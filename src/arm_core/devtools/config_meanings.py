@@ -35,8 +35,8 @@ MEANINGS: dict[str, str] = {
     "`idle_transaction_timeout` does that) and options in `DATABASE_URL` or `PGOPTIONS` "
     "stop the process at start; `DATABASE_LISTEN_URL` is required (not the same URL); "
     "`migrate` and `rollback` refuse to run (exit 2): run them direct. Said, not "
-    "detected: a pooler does not tell its clients it is there. `statement` (cannot work) and `session` (leave it "
-    "`none`) are refused: "
+    "detected: a pooler does not tell its clients it is there. `statement` (cannot work) "
+    "and `session` (leave it `none`) are refused: "
     "[Through PgBouncer](dbas.md#through-pgbouncer)",
     "DATABASE_POOL_TIMEOUT_SECONDS": "how long a request waits for a database connection "
     "before 503",
