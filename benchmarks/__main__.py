@@ -29,6 +29,7 @@ from benchmarks import (
     pacing_claim,
     pgbench,
     pgqueuer_drain,
+    pooler,
     publish,
     retry,
     sweep,
@@ -54,6 +55,7 @@ MODULES: dict[str, ModuleType] = {
     "files": files,
     "pacing": pacing,
     "claim": pacing_claim,
+    "pgbouncer": pooler,
 }
 SECTIONS: dict[str, Section] = {name: module.run for name, module in MODULES.items()}
 

@@ -49,8 +49,8 @@ class Listener(Service):
     name = "listen"
 
     def conninfo(self) -> str:
-        """The LISTEN connection's: DATABASE_URL with the options of every session
-        (arm_core.db.connection_options)."""
+        """The LISTEN connection's: its URL (DATABASE_LISTEN_URL, or DATABASE_URL) with
+        the options of every session (arm_core.db.connection_options)."""
         options = connection_options(
             self.database_url, idle_in_transaction=self.idle_in_transaction
         )

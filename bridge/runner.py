@@ -35,7 +35,7 @@ from arm_core.bridge.scheduler import Scheduler
 from arm_core.bridge.service import Fatal, FaultPoints, LoopState, Supervisor, cancel_all
 from arm_core.bridge.stream import StreamConsumer
 from arm_core.config import Settings
-from arm_core.db import DatabaseError
+from arm_core.db import DatabaseError, Outage
 from arm_core.metrics import BridgeState
 from arm_core.redaction import mask_url
 from arm_core.rows import BridgeInstance
@@ -63,7 +63,7 @@ class Bridge:
     store: Store
     # The NATS connection's settings (servers, credentials: bridge/nats_client.py; the
     # results stream's options: bridge/results_stream.py) and the database URL of the
-    # LISTEN connection.
+    # LISTEN connection (DATABASE_LISTEN_URL, or DATABASE_URL).
     settings: Settings
     # Told once when the bridge cannot go on: RESULTS_STREAM set but the server cannot
     # hold the stream (exit 2), or a loop that crashed past SERVICE_RESTART_LIMIT (exit
@@ -116,11 +116,13 @@ class Bridge:
         self.scheduler = Scheduler(
             self.config.scheduler, self.store, report=self.instance, metrics=metrics
         )
+        listen_url = self.settings.listen_url()
         self.listener = Listener(
-            self.settings.require_database_url(),
+            listen_url,
             self.publisher.wake,
             idle_in_transaction=self.settings.db_idle_in_transaction_timeout_seconds,
-            outage=instruments.outage,
+            # Another way in (DATABASE_LISTEN_URL): an outage the pool's answers do not end.
+            outage=instruments.outage if listen_url == self.settings.database_url else Outage(),
         )
 
     def _fail(self, fatal: Fatal) -> None:

@@ -20,7 +20,7 @@ def cmd_migrate(settings: Settings) -> int:
     from arm_core.migrate import RolesMissing, migrate
 
     try:
-        report = migrate(settings.require_database_url(), settings)
+        report = migrate(settings.require_session_url("migrate"), settings)
     except RolesMissing as exc:
         # The SQL is ours (db/roles.sql, a quoted role name): printed as it is, to be run.
         print(f"arm-core: {escape(exc)}\n\n{exc.sql}", file=sys.stderr, end="")
@@ -34,7 +34,7 @@ def cmd_rollback(settings: Settings, migration: str) -> int:
     from arm_core.migrate import UnknownMigration, rollback_to
 
     try:
-        done = rollback_to(settings.require_database_url(), migration)
+        done = rollback_to(settings.require_session_url("rollback"), migration)
     except UnknownMigration as exc:
         print(f"arm-core: {escape(exc)}", file=sys.stderr)
         return 2
@@ -74,6 +74,8 @@ def cmd_serve(settings: Settings) -> int:
 
     defer_stop_signals()
     settings.require_database_url()
+    if settings.nats_enabled:
+        settings.listen_url()  # DATABASE_LISTEN_URL, when it is required: exit 2 now
     settings.require_safe_exposure()  # AUTH_MODE=none off loopback needs AUTH_ALLOW_ANONYMOUS
     if settings.auth_mode == "none" and not is_loopback(settings.http_host):
         log.warning(
@@ -110,6 +112,7 @@ def cmd_bridge(settings: Settings) -> int:
     settings.require_database_url()
     if not settings.nats_enabled:
         raise ConfigError("NATS_ENABLED: is false, so `arm-core bridge` has nothing to do")
+    settings.listen_url()  # DATABASE_LISTEN_URL, when it is required: exit 2 now
     log.info(
         "bridge health on %s://%s:%d/healthcheck",
         "https" if settings.http_tls_cert_file else "http",
@@ -224,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument(
         "--ready",
         action="store_true",
-        help="ask /readyz instead: the database, NATS and not stopping",
+        help="ask /readyz instead: the database, NATS, the LISTEN session, not stopping",
     )
     args = parser.parse_args(argv)
 

@@ -47,9 +47,11 @@ from arm_core.config_bridge import (
     parse_stream_name,
 )
 from arm_core.config_connections import (
+    check_pooler,
     parse_database_url,
     parse_nats_urls,
     parse_path,
+    parse_pooler,
     parse_port,
     parse_subject,
 )
@@ -91,6 +93,13 @@ class Settings:
     (docs/behaviour.md#configuration)."""
 
     database_url: str | None = env_var("DATABASE_URL", parse_database_url, None)
+    # The bridge's LISTEN session's own URL (listen_url()): a session of its own, so direct
+    # to PostgreSQL when DATABASE_URL goes through a transaction pooler. None: DATABASE_URL.
+    database_listen_url: str | None = env_var("DATABASE_LISTEN_URL", parse_database_url, None)
+    # What DATABASE_URL goes through (arm_core.config_connections.POOLERS): with
+    # "transaction" the pool's connections prepare no statement and send no startup
+    # options, LISTEN needs DATABASE_LISTEN_URL, and `migrate` refuses to run.
+    database_pooler: str = env_var("DATABASE_POOLER", parse_pooler, "none")
     db_pool_timeout_seconds: float = env_var("DATABASE_POOL_TIMEOUT_SECONDS", _POSITIVE, 5.0)
     # The most connections the process's pool opens; None: enough for the bridge's loops
     # and POOL_RESERVE (pool_max_size()).
@@ -248,8 +257,10 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Reads every variable; raises ConfigError naming the first bad one."""
-        values, given = read_env(cls, os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
+        values, given = read_env(cls, environ)
         settings = cls(**values, explicit=given)
+        check_pooler(settings, environ.get("PGOPTIONS", ""))
         config_access.check_access(settings)
         nats_keypair(settings.nats_seed, settings.nats_jwt)
         config_bridge.check_inbox(settings)
@@ -307,8 +318,9 @@ class Settings:
     def __repr__(self) -> str:
         """Every field, with passwords, tokens, the seed and the JWT as ***."""
         shown: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if self.database_url:
-            shown["database_url"] = mask_url(self.database_url)
+        for name in ("database_url", "database_listen_url"):
+            if shown[name]:
+                shown[name] = mask_url(shown[name])
         shown["nats_urls"] = tuple(mask_url(u, bare_user_is_secret=True) for u in self.nats_urls)
         for name in ("nats_seed", "nats_jwt"):
             shown[name] = "***" if shown[name] else ""
@@ -320,10 +332,12 @@ class Settings:
         written and percent-decoded), a token in a NATS URL, the NATS seed and JWT, the
         API tokens — for arm_core.logs.Redactor to keep out of every line."""
         found: list[str] = []
-        if self.database_url:
-            found += url_secrets(self.database_url, bare_user_is_secret=False)
+        for url in (self.database_url, self.database_listen_url):
+            if not url:
+                continue
+            found += url_secrets(url, bare_user_is_secret=False)
             with contextlib.suppress(psycopg.Error):
-                params = conninfo_to_dict(self.database_url)
+                params = conninfo_to_dict(url)
                 found += [str(params[k]) for k in ("password", "sslpassword") if params.get(k)]
         for url in self.nats_urls:
             found += url_secrets(url, bare_user_is_secret=True)
@@ -350,6 +364,20 @@ class Settings:
                 "?target_session_attrs=read-write)"
             )
         return self.database_url
+
+    @property
+    def transaction_pooler(self) -> bool:
+        """DATABASE_URL goes through a transaction pooler (DATABASE_POOLER=transaction)."""
+        return self.database_pooler == "transaction"
+
+    def listen_url(self) -> str:
+        """The bridge's LISTEN URL (arm_core.config_connections.listen_url)."""
+        return config_connections.listen_url(self)
+
+    def require_session_url(self, command: str) -> str:
+        """DATABASE_URL for `command`, which needs a session of its own for its whole run
+        (arm_core.config_connections.session_url)."""
+        return config_connections.session_url(self, command)
 
     def subject_for(self, pipeline: str) -> str:
         """The request subject of a pipeline: tabular → files.tabular_uploaded, image → …"""

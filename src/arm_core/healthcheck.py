@@ -5,11 +5,11 @@ It asks the running `arm-core serve` (HTTP_PORT) or `arm-core bridge`
 when the answer is 200 — the event loop answers and every loop of the bridge runs — and
 1 otherwise (a loop failed or is stuck, or no answer): what a restart fixes. An
 unreachable database or NATS is not a reason to restart, and does not fail it; `--ready`
-asks GET /readyz instead (the database, NATS, not stopping). Which command runs is named
-as the argument, or read from the container's PID 1 (`arm-core bridge`, or an init such
-as `podman run --init` running it), so the image needs one HEALTHCHECK line for every
-command. Commands without a health endpoint (migrate, reference) have nothing to check
-and exit 0."""
+asks GET /readyz instead (the database, NATS, the LISTEN session, not stopping). Which
+command runs is named as the argument, or read from the container's PID 1 (`arm-core
+bridge`, or an init such as `podman run --init` running it), so the image needs one
+HEALTHCHECK line for every command. Commands without a health endpoint (migrate,
+reference) have nothing to check and exit 0."""
 
 from __future__ import annotations
 

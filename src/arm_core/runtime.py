@@ -15,6 +15,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.config import bridge_config
+from arm_core.bridge.listener import ListenerState
 from arm_core.bridge.runner import Bridge, NatsState
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
@@ -64,9 +65,17 @@ def make_pool(
     connection ends the instruments' outage (pool_ctx also routes the pool's failed
     attempts there). It is named `arm-core`, or `arm-core-2`, … while another pool of
     the process routes its failures under that name. (The bridge's LISTEN connection is
-    its own.)"""
+    its own.)
+
+    Through a transaction pooler (DATABASE_POOLER=transaction) each transaction may run
+    on another server session, so its connections prepare no statement (psycopg's
+    prepare_threshold=None: a statement prepared on one session is unknown to the next)
+    and send no startup options (the idle-in-transaction timeout is then the pooler's
+    and the login's to set: docs/dbas.md#through-pgbouncer)."""
     url = settings.require_database_url()
     outage = (instruments or Instruments()).outage
+    transaction = settings.transaction_pooler
+    idle = 0.0 if transaction else settings.db_idle_in_transaction_timeout_seconds
 
     async def connected(conn: AsyncConnection[Any]) -> None:
         outage.available()  # every new connection: the database is reachable
@@ -79,9 +88,8 @@ def make_pool(
         timeout=settings.db_pool_timeout_seconds,
         kwargs={
             "autocommit": True,
-            **connection_options(
-                url, idle_in_transaction=settings.db_idle_in_transaction_timeout_seconds
-            ),
+            **({"prepare_threshold": None} if transaction else {}),
+            **connection_options(url, idle_in_transaction=idle),
         },
         check=_writable,
         configure=connected,
@@ -194,9 +202,11 @@ async def livez(request: web.Request) -> web.Response:
 
 
 async def check_ready(app: web.Application) -> tuple[int, dict[str, Any]]:
-    """GET /readyz: 200 when the process can do its work now — the database answers,
-    NATS is connected and subscribed (when the bridge runs), and it is not stopping;
-    503 with what is missing otherwise. Nothing a restart would fix."""
+    """GET /readyz: 200 when the process can do its work now — the database answers;
+    when the bridge runs, NATS is connected and subscribed and its LISTEN session is in
+    place (`listen`: without it the publisher still runs, but a job waits for the next
+    OUTBOX_POLL_SECONDS poll instead of going out at once); and it is not stopping. 503
+    with what is missing otherwise. Nothing a restart would fix."""
     settings = app[SETTINGS]
     try:
         await app[STORE].answers(pool_timeout=min(2.0, settings.db_pool_timeout_seconds))
@@ -206,13 +216,21 @@ async def check_ready(app: web.Application) -> tuple[int, dict[str, Any]]:
         db = f"unavailable: {type(cause).__name__}"
     if not settings.nats_enabled:
         nats: str = "off"
+        listen: str = "off"
     elif BRIDGE in app:
         nats = app[BRIDGE].nats_state()
+        listen = app[BRIDGE].listener_status()
     else:
-        nats = "starting"
+        nats = listen = "starting"
     draining = app[SHUTDOWN].is_set()
-    ok = db == "ok" and nats in (NatsState.OK, "off") and not draining
+    ok = (
+        db == "ok"
+        and nats in (NatsState.OK, "off")
+        and listen in (ListenerState.OK, "off")
+        and not draining
+    )
     body: dict[str, Any] = {"status": "ready" if ok else "not_ready", "db": db, "nats": nats}
+    body["listen"] = listen
     body["draining"] = draining
     return (200 if ok else 503), body
 

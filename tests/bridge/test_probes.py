@@ -12,13 +12,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from arm_core.bridge.listener import NOTIFY_CHANNEL
 from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.http.app import create_app
-from arm_core.runtime import SHUTDOWN, bridge_app
+from arm_core.runtime import BRIDGE, SHUTDOWN, bridge_app
 from tests.support.bridge import LOOPS, TcpProxy, fast_settings, wait_for
-from tests.support.sql import SERVE_LOGIN, as_login, dict_conn
+from tests.support.sql import BRIDGE_LOGIN, SERVE_LOGIN, as_login, dict_conn
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,7 @@ async def test_alive_and_ready_then_a_stuck_loop_is_not_alive_until_it_moves(
         assert body["loops"]["publisher"] == "running"
         assert (await probe(http, "/readyz")) == (
             200,
-            {"status": "ready", "db": "ok", "nats": "ok", "draining": False},
+            {"status": "ready", "db": "ok", "nats": "ok", "listen": "ok", "draining": False},
         )
         with dict_conn(db_url) as dba:
             dba.execute("BEGIN")
@@ -119,6 +120,66 @@ async def test_database_or_nats_away_is_not_ready_but_alive(
             await wait_for(nats_away, 15, "not ready: NATS")
             status, body = await probe(http, "/livez")
             assert status == 200, body
+    finally:
+        await proxy.close()
+
+
+async def test_without_its_listen_session_the_process_is_not_ready_until_it_is_back(
+    db_url: str,
+    pg_server: EmbeddedPostgres,
+    nats_server: EmbeddedNats,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """DATABASE_LISTEN_URL through a proxy that cuts it off, the pool direct: /readyz 503
+    with `listen` reconnecting while the database and NATS are fine (jobs would wait for
+    the poll), 200 once the listener is back; and a LISTEN session the server ends
+    (pg_terminate_backend) is opened again. Its failed attempts are one outage of its
+    own, logged once: the pool's answers meanwhile do not end it."""
+    assert pg_server.port is not None
+    proxy = await TcpProxy(pg_server.port).start()
+    listen_url = as_login(db_url, BRIDGE_LOGIN).replace(f":{pg_server.port}/", f":{proxy.port}/")
+    settings = fast_settings(db_url, nats_server.url(), database_listen_url=listen_url)
+    app = bridge_app(settings)
+    try:
+        async with serving(app) as http:
+            await wait_for(lambda: ready(http), 15, "ready")
+            assert (await probe(http, "/readyz"))[1]["listen"] == "ok"
+            caplog.clear()
+            proxy.block()
+
+            async def listen_away() -> bool:
+                status, body = await probe(http, "/readyz")
+                return status == 503 and body["listen"] == "reconnecting"
+
+            await wait_for(listen_away, 15, "not ready: the LISTEN session")
+            body = (await probe(http, "/readyz"))[1]
+            assert (body["db"], body["nats"], body["draining"]) == ("ok", "ok", False), body
+            assert (await probe(http, "/livez"))[0] == 200
+            listener = app[BRIDGE].listener
+            await wait_for(lambda: listener.outage.failures >= 3, 15, "three failed attempts")
+            said = [r for r in caplog.records if r.getMessage().startswith("database unavailable")]
+            assert len(said) == 1 and "listen: " in said[0].getMessage(), said
+            proxy.unblock()
+            await wait_for(lambda: ready(http), 20, "ready again")
+
+            def listening() -> list[int]:
+                with dict_conn(db_url) as dba:
+                    rows = dba.execute(
+                        "SELECT pid FROM pg_stat_activity "
+                        "WHERE query = %s AND datname = current_database()",
+                        (f"LISTEN {NOTIFY_CHANNEL}",),
+                    ).fetchall()
+                return [row["pid"] for row in rows]
+
+            [before] = listening()
+            with dict_conn(db_url) as dba:
+                dba.execute("SELECT pg_terminate_backend(%s)", (before,))
+
+            async def listening_again() -> bool:
+                now = listening()
+                return len(now) == 1 and now[0] != before and await ready(http)
+
+            await wait_for(listening_again, 20, "LISTEN in place again after its session ended")
     finally:
         await proxy.close()
 

@@ -46,12 +46,12 @@ and its meaning: every `arm-core` command reads the first table, `arm-core refer
 
 Everything comes from the environment; a bad value stops the process at start (exit
 code 2) with a message naming the variable. Checked at start, before anything connects:
-`DATABASE_URL` as libpq reads it; `NATS_URL` (scheme, host, port; `ws`/`wss` not mixed
-with `nats`/`tls`); `OPENBAO__NATS__NATS_SEED` is a *user* nkey seed (58 characters,
-`SU…`, its CRC-16 checksum right); `OPENBAO__NATS__NATS_JWT` has a JWT's shape (three
-base64url parts, the header and payload JSON objects), comes with a seed, and was issued
-to that seed's key (`sub`). So a typo in a seed is an exit at start, not a bridge that
-stays `connecting`.
+`DATABASE_URL` and `DATABASE_LISTEN_URL` as libpq reads them; `NATS_URL` (scheme, host,
+port; `ws`/`wss` not mixed with `nats`/`tls`); `OPENBAO__NATS__NATS_SEED` is a *user*
+nkey seed (58 characters, `SU…`, its CRC-16 checksum right); `OPENBAO__NATS__NATS_JWT`
+has a JWT's shape (three base64url parts, the header and payload JSON objects), comes
+with a seed, and was issued to that seed's key (`sub`). So a typo in a seed is an exit at
+start, not a bridge that stays `connecting`.
 
 **No secret is printed.** Messages and logs show URLs as `postgresql://admin:***@host/db`
 (a `password=` parameter and a NATS token `nats://***@host` as well), name a bad

@@ -21,6 +21,23 @@ MEANINGS: dict[str, str] = {
     "over the network add `?sslmode=verify-full&sslrootcert=/path/ca.crt` (and "
     "`sslcert`, `sslkey` where the server asks for client certificates): "
     "[Encryption in transit](security.md#encryption-in-transit)",
+    "DATABASE_LISTEN_URL": "the URL of the bridge's LISTEN session (of `serve` with "
+    "`NATS_ENABLED=true` and of `bridge`), which wakes the publisher on a `NOTIFY`: a "
+    "session of its own, so direct to PostgreSQL when "
+    "`DATABASE_URL` goes through a transaction pooler; checked as `DATABASE_URL`. Unset: "
+    "`DATABASE_URL`. While it is down `/readyz` says `listen` and jobs go out at each "
+    "`OUTBOX_POLL_SECONDS` poll: [Through PgBouncer](dbas.md#through-pgbouncer)",
+    "DATABASE_POOLER": "what `DATABASE_URL` goes through: `none` (PostgreSQL itself, or "
+    "a pooler in session mode, the same to arm-core) · `transaction` (PgBouncer's "
+    "`pool_mode = transaction`, a server session per transaction): the pool's connections "
+    "prepare no statement (psycopg's `prepare_threshold=None`) and send no startup option, "
+    "so `DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS` does not reach them (the pooler's "
+    "`idle_transaction_timeout` does that) and options in `DATABASE_URL` or `PGOPTIONS` "
+    "stop the process at start; `DATABASE_LISTEN_URL` is required (not the same URL); "
+    "`migrate` and `rollback` refuse to run (exit 2): run them direct. Said, not "
+    "detected: a pooler does not tell its clients it is there. `statement` (cannot work) "
+    "and `session` (leave it `none`) are refused: "
+    "[Through PgBouncer](dbas.md#through-pgbouncer)",
     "DATABASE_POOL_TIMEOUT_SECONDS": "how long a request waits for a database connection "
     "before 503",
     "DATABASE_POOL_MAX_SIZE": "the most connections the process's pool opens, shared by "
@@ -38,7 +55,8 @@ MEANINGS: dict[str, str] = {
     "many sessions plus its LISTEN one: keep their sum under the server's "
     "`max_connections`",
     "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS": "every session the processes open (the "
-    "pool's, the bridge's LISTEN connection, `arm-core migrate`'s) sets PostgreSQL's "
+    "pool's — not through a transaction pooler: `DATABASE_POOLER` —, the bridge's LISTEN "
+    "connection, `arm-core migrate`'s) sets PostgreSQL's "
     "`idle_in_transaction_session_timeout` to this, so the server ends a session left "
     "idle inside a transaction that long (a process whose network path to PostgreSQL went "
     "silent mid-transaction no longer holds its snapshot and row locks for hours); above "
