@@ -10,9 +10,7 @@ runs those processes themselves."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +31,8 @@ from tests.integration.test_roles import (
     assert_table_privileges,
 )
 from tests.integration.test_schema_snapshot import assert_matches_snapshot
-from tests.support.previous_release import argv, environment, names, read, unpacked
+from tests.support.previous_release import migrate as migrate_previous
+from tests.support.previous_release import names, read, unpacked
 from tests.support.sql import (
     API_LOGIN,
     BRIDGE_LOGIN,
@@ -68,20 +67,6 @@ def _migration_ids(files: list[str]) -> list[str]:
 
 NEW_MIGRATIONS = _migration_ids([p.name for p in (SQL_DIR / "migrations").glob("*.sql")])
 OLD_MIGRATIONS = _migration_ids(names("arm_core/sql/migrations/"))
-
-
-def install_previous_release(url: str, site: Path) -> None:
-    """The previous release's `arm-core migrate` on `url`: its migrations, its function
-    files and its grants, as it did."""
-    done = subprocess.run(
-        argv("migrate"),
-        env={**os.environ, **environment(site), "DATABASE_URL": url},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert done.returncode == 0, f"the previous release's migrate: {done.stdout}{done.stderr}"
 
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -277,7 +262,7 @@ def swept(bridge: OldBridge) -> list[tuple[str, str, str | None]]:
 def previous_release_with_data(url: str, site: Path, as_roles: bool = True) -> dict[str, Upload]:
     """The previous release installed, with jobs in every state its bridges, API and
     schedule reach, all written through its own queries (uploads as plain SQL)."""
-    install_previous_release(url, site)
+    migrate_previous(url, site)
     ups: dict[str, Upload] = {}
     with old_bridge(url, as_roles) as bridge:
         conn = bridge.conn

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -39,9 +40,23 @@ def unpacked(folder: Path) -> Path:
     return folder
 
 
-def argv(command: str) -> list[str]:
-    """The previous release's `arm-core <command>` (with :func:`environment`)."""
-    return [sys.executable, "-m", "arm_core.cli", command]
+# The previous release's `arm-core` (with :func:`environment`). -P: the working directory
+# is not put first on sys.path, where a checkout's arm_core.egg-info would say its version.
+PROGRAM = (sys.executable, "-P", "-m", "arm_core.cli")
+
+
+def migrate(url: str, site: Path) -> None:
+    """The previous release's `arm-core migrate` on `url`: its migrations, its function
+    files and its grants, as it did."""
+    done = subprocess.run(
+        [*PROGRAM, "migrate"],
+        env={**os.environ, **environment(site), "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"the previous release's migrate: {done.stdout}{done.stderr}"
 
 
 def environment(site: Path) -> dict[str, str]:

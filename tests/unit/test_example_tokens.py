@@ -24,7 +24,7 @@ from arm_core.access import EVERY_LEVEL, LEVELS
 from arm_core.config_access import parse_tokens
 from arm_core.devtools.release import release_of, wheel_version
 from arm_core.version import installed
-from tests.support.previous_release import argv, environment, previous_wheel, unpacked
+from tests.support.previous_release import PROGRAM, environment, previous_wheel, unpacked
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -118,7 +118,7 @@ def this_tree_grants(raw: str) -> Grants:
 
 def previous_grants(site: Path, raw: str) -> Grants:
     done = subprocess.run(
-        [argv("")[0], "-c", PARSE],
+        [PROGRAM[0], "-c", PARSE],
         input=raw,
         capture_output=True,
         text=True,
