@@ -23,6 +23,7 @@ from arm_core.devtools.release import (
     release,
     release_of,
     wheel_version,
+    with_api_version,
     with_label,
     with_version,
 )
@@ -41,6 +42,10 @@ LOG = textwrap.dedent("""\
     The first.
     """)
 DAY = dt.date(2026, 12, 20)
+OPENAPI = (
+    '{{\n  "openapi": "3.1.0",\n  "info": {{\n    "title": "t",\n    "version": "{version}",\n'
+    '    "description": "d"\n  }},\n  "paths": {{"/x": {{"get": {{"version": "9"}}}}}}\n}}\n'
+)
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -102,6 +107,8 @@ def test_version_and_label_rewrites_change_one_line_each() -> None:
     assert with_label(label, "1.1.0") == label.replace("1.1.0.dev0", "1.1.0")
     with pytest.raises(ReleaseError, match="0 matches"):
         with_label("FROM x\n", "1.1.0")
+    api = OPENAPI.format(version="1.1.0.dev0")
+    assert with_api_version(api, "1.1.0") == api.replace("1.1.0.dev0", "1.1.0")
 
 
 def git(root: Path, *args: str) -> str:
@@ -130,6 +137,8 @@ def project(root: Path) -> Path:
     (root / "release_test_project").mkdir()
     (root / "release_test_project" / "__init__.py").write_text("")
     (root / "Containerfile").write_text('LABEL org.opencontainers.image.version="2.3.0.dev0"\n')
+    (root / "http").mkdir()
+    (root / "http" / "openapi.json").write_text(OPENAPI.format(version="2.3.0.dev0"))
     (root / "CHANGELOG.md").write_text(
         "# Changelog\n\n## Unreleased (2.3.0)\n\n- a change\n\n"
         "## 2.2.0 — 2026-11-01, commit 0123456789ab\n"
@@ -155,6 +164,10 @@ def test_a_release_makes_the_release_commit_its_tag_and_the_commit_that_opens_th
     assert git(root, "rev-parse", "v2.3.0^{commit}") == released
     assert 'version = "2.3.0"' in git(root, "show", f"{released}:pyproject.toml")
     assert 'version="2.3.0"' in git(root, "show", f"{released}:Containerfile")
+    assert (
+        git(root, "show", f"{released}:http/openapi.json")
+        == OPENAPI.format(version="2.3.0").strip()
+    )
     assert entries(git(root, "show", f"{released}:CHANGELOG.md"))[0] == Entry(
         "2.3.0", "2026-12-20", None
     )
@@ -164,6 +177,7 @@ def test_a_release_makes_the_release_commit_its_tag_and_the_commit_that_opens_th
     assert git(root, "status", "--porcelain") == ""
     assert 'version = "2.4.0.dev0"' in (root / "pyproject.toml").read_text()
     assert 'version="2.4.0.dev0"' in (root / "Containerfile").read_text()
+    assert (root / "http" / "openapi.json").read_text() == OPENAPI.format(version="2.4.0.dev0")
     assert entries((root / "CHANGELOG.md").read_text())[:2] == [
         Entry("2.4.0", None, None),
         Entry("2.3.0", "2026-12-20", released[:12]),

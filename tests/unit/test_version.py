@@ -7,6 +7,7 @@ previous-release fixture is the newest of them, built from that commit."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -58,6 +59,12 @@ def test_the_image_label_says_it() -> None:
     containerfile = (ROOT / "Containerfile").read_text(encoding="utf-8")
     [label] = re.findall(r'org\.opencontainers\.image\.version="([^"]+)"', containerfile)
     assert label == project_version()
+
+
+def test_the_http_api_document_says_it() -> None:
+    """GET /api/v1/openapi.json's info.version: the document changes with the release."""
+    document = json.loads((ROOT / "http" / "openapi.json").read_text(encoding="utf-8"))
+    assert document["info"]["version"] == project_version()
 
 
 def test_the_changelog_s_newest_entry_is_it() -> None:

@@ -6,7 +6,8 @@
 
 It makes two commits and a tag:
 
-1. "Version X.Y.Z": pyproject.toml's version and the Containerfile's label become X.Y.Z,
+1. "Version X.Y.Z": pyproject.toml's version, the Containerfile's label and
+   http/openapi.json's info.version become X.Y.Z,
    and the CHANGELOG's "## Unreleased (X.Y.Z)" becomes "## X.Y.Z — <today>". That commit
    is the release: the tag `vX.Y.Z` goes on it.
 2. "Open X.Y+1.0.dev0": the version becomes the next MINOR as a pre-release, the
@@ -123,6 +124,16 @@ def with_label(containerfile: str, version: str) -> str:
     )
 
 
+def with_api_version(openapi: str, version: str) -> str:
+    """http/openapi.json's info.version: the document changes with the release."""
+    return _replace_one(
+        openapi,
+        r'^(  "info": \{\n    "title": "[^"\n]*",\n    "version": ")[^"]+"',
+        rf'\g<1>{version}"',
+        "openapi.json",
+    )
+
+
 def _replace_one(text: str, pattern: str, new: str, name: str) -> str:
     changed, n = re.subn(pattern, new, text, flags=re.MULTILINE)
     if n != 1:
@@ -213,9 +224,10 @@ def release(root: Path, version: str, day: dt.date) -> tuple[str, str]:
     """The two commits and the tag (module docstring); returns the commits' hashes."""
     if git(root, "status", "--porcelain"):
         raise ReleaseError("the checkout has changes: commit or stash them first")
-    pyproject, containerfile, changelog = (
+    pyproject, containerfile, openapi, changelog = (
         root / "pyproject.toml",
         root / "Containerfile",
+        root / "http" / "openapi.json",
         root / "CHANGELOG.md",
     )
     current = re.search(r'^version = "([^"]+)"$', pyproject.read_text("utf-8"), re.MULTILINE)
@@ -230,6 +242,7 @@ def release(root: Path, version: str, day: dt.date) -> tuple[str, str]:
     def rewrite(version_now: str, log: str) -> None:
         pyproject.write_text(with_version(pyproject.read_text("utf-8"), version_now), "utf-8")
         containerfile.write_text(with_label(containerfile.read_text("utf-8"), version_now))
+        openapi.write_text(with_api_version(openapi.read_text("utf-8"), version_now), "utf-8")
         changelog.write_text(log, "utf-8")
 
     rewrite(version, dated(changelog.read_text("utf-8"), version, day))
