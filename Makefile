@@ -108,4 +108,10 @@ docs: $(STAMP) $(LINKS) ## render docs/architecture.svg (needs graphviz), write 
 	$(BIN)/python -m arm_core.devtools.roles_doc --write
 	$(BIN)/python -m arm_core.devtools.actions_doc --write
 
-.PHONY: help install run lint check check-pg18 test test-durations bench chaos nemesis soak container-figures schema docs
+# Two commits and a tag (src/arm_core/devtools/release.py says what each holds); run it on
+# a clean checkout of main, then push with `git push --follow-tags`.
+release: $(LINKS) ## cut release VERSION (X.Y.Z): version, CHANGELOG date, tag vX.Y.Z, next .dev0, upgrade fixture
+	@test -n "$(VERSION)" || { echo "make release VERSION=X.Y.Z"; exit 2; }
+	$(BIN)/python -m arm_core.devtools.release $(VERSION)
+
+.PHONY: help install run lint check check-pg18 test test-durations bench chaos nemesis soak container-figures schema docs release

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import importlib.metadata
 import logging
 import os
 import socket
@@ -40,10 +39,9 @@ from arm_core.metrics import BridgeState
 from arm_core.redaction import mask_url
 from arm_core.rows import BridgeInstance
 from arm_core.store import Store
+from arm_core.version import installed
 
 log = logging.getLogger(__name__)
-
-_VERSION = importlib.metadata.version("arm-core")
 
 
 class NatsState(StrEnum):
@@ -298,7 +296,7 @@ class Bridge:
         states = self.supervisor.states()
         return BridgeInstance(
             name=self.name,
-            version=_VERSION,
+            version=installed(),
             started_at=self.started_at,
             seen_seconds_ago=0.0,
             nats=self.nats_state(),

@@ -139,14 +139,14 @@ def require(caller: Caller, permission: str) -> None:
 
 def warn_unlevelled_tokens(settings: Settings) -> None:
     """Logs once, at start, the API_TOKENS entries that name no level: each still holds
-    every level, as before levels existed, for this release only (CHANGELOG)."""
+    every level, as before levels existed, until 2.0 refuses it (CHANGELOG)."""
     unlevelled = settings.unlevelled_tokens()
     if not unlevelled:
         return
     actors = ", ".join(t.actor for t in unlevelled)
     log.warning(
         "API_TOKENS: %d of %d entries name no access level (actors: %s); each holds every "
-        "level (viewer, operator, metrics) for this release only. Name one per entry: "
+        "level (viewer, operator, metrics) until 2.0, which refuses it. Name one per entry: "
         "actor:viewer=…, actor:operator=… or actor:metrics=… (docs/security.md)",
         len(unlevelled),
         len(settings.api_tokens),

@@ -18,6 +18,7 @@ from arm_core.metrics import METRICS
 from arm_core.rows import RetryResult
 from arm_core.runtime import BRIDGE, INSTRUMENTS, SETTINGS, STORE
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
+from arm_core.version import installed
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,7 @@ async def status(request: web.Request) -> web.Response:
                 "result": view.last_sweep_result,
                 "error": view.last_sweep_error,
             },
+            "version": installed(),
             "bridge": bridge,
             "bridges": [
                 {

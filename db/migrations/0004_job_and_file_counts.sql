@@ -15,6 +15,7 @@
 -- follows the migrations, under a lock that holds writers back (the previous release's
 -- bridges keep writing while migrate runs): not a change can fall between the counts and
 -- the first counted statement, and the triggers never fire a stand-in body.
+-- locks: the first migrate after it counts every job and file under that lock
 -- depends: 0003_stored_file_fillfactor
 
 CREATE TABLE arm.job_count (

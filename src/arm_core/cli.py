@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -12,6 +11,7 @@ from arm_core.config import Settings, is_loopback
 from arm_core.config_error import ConfigError
 from arm_core.db import DatabaseError
 from arm_core.logs import Redactor, escape, setup_logging
+from arm_core.version import installed
 
 log = logging.getLogger("arm_core")
 
@@ -177,12 +177,6 @@ COMMANDS: dict[str, tuple[str, Callable[[Settings], int]]] = {
 }
 
 
-def version() -> str:
-    """The installed distribution's version (pyproject.toml's; the CHANGELOG says what
-    each one may change)."""
-    return importlib.metadata.version("arm-core")
-
-
 class _Version(argparse.Action):
     """--version, reading the installed version only when asked (argparse's own
     "version" action wants the text when the parser is built, at every command)."""
@@ -193,7 +187,7 @@ class _Version(argparse.Action):
         )
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        print(f"arm-core {version()}")
+        print(f"arm-core {installed()}")
         parser.exit()
 
 

@@ -346,7 +346,7 @@ class Settings:
         return tuple(dict.fromkeys(found))
 
     def unlevelled_tokens(self) -> tuple[ApiToken, ...]:
-        """API_TOKENS entries that name no level (each holds every level, for now)."""
+        """API_TOKENS entries that name no level (each holds every level until 2.0)."""
         if self.auth_mode != "token":
             return ()
         return tuple(t for t in self.api_tokens if t.level is None)

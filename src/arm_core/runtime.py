@@ -31,6 +31,7 @@ from arm_core.instruments import Instruments
 from arm_core.metrics import METRICS, AppMetrics, BridgeState, metrics_handler
 from arm_core.store import Store
 from arm_core.tls import expires_at
+from arm_core.version import installed
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
     OUTBOX_STUCK_SECONDS although NATS is up (or this process runs no bridge and so
     cannot tell): a job the publisher cannot get out is then visible to any monitor. A
     job pacing holds back (its pipeline at its limit, or its service away) is not ready
-    (arm.outbox_ready_age); a long burst is not stuck."""
+    (arm.outbox_ready_age); a long burst is not stuck. `version`: the arm-core version
+    the process runs."""
     settings = app[SETTINGS]
     db, outbox = "ok", "ok"
     age: float | None = None
@@ -175,6 +177,7 @@ async def check_health(app: web.Application) -> tuple[int, dict[str, str]]:
         "db": db,
         "nats": nats,
         "outbox": outbox,
+        "version": installed(),
     }
 
 

@@ -30,6 +30,7 @@ from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.runtime import bridge_app
 from arm_core.statuses import ApplyOutcome, JobStatus
+from arm_core.version import installed
 from tests.bridge.test_processes import bridge_env
 from tests.support.bridge import (
     TcpProxy,
@@ -405,7 +406,13 @@ async def test_health_says_degraded_while_the_outbox_is_stuck_and_ok_after(
             assert body["outbox"].startswith("stuck: the oldest job ready to publish has waited")
         with dict_conn(db_url) as conn:
             await wait_for(lambda: job(conn, up.job_id)["status"] == "published", 10)
-        assert await health() == {"status": "ok", "db": "ok", "nats": "ok", "outbox": "ok"}
+        assert await health() == {
+            "status": "ok",
+            "db": "ok",
+            "nats": "ok",
+            "outbox": "ok",
+            "version": installed(),
+        }
 
 
 async def test_an_early_answer_waits_as_busy_and_is_applied_after_the_commit(

@@ -25,6 +25,7 @@ from arm_core.devtools.reference import (
     ReferenceService,
 )
 from arm_core.http.app import create_app
+from arm_core.version import installed
 from tests.support.bridge import fast_settings, logged, running_bridge, wait_for
 from tests.support.natsauth import NkeyUsers, nkey_users
 from tests.support.sql import dict_conn, job, stored_file, upload
@@ -233,7 +234,13 @@ async def test_a_bridge_whose_subscription_is_refused_says_so_and_is_not_healthy
             await wait_for(refused, 10, lambda: f"health says nats: refused: {seen[-1:]}")
     assert seen[-1] == (
         200,
-        {"status": "degraded", "db": "ok", "nats": "refused", "outbox": "ok"},
+        {
+            "status": "degraded",
+            "db": "ok",
+            "nats": "refused",
+            "outbox": "ok",
+            "version": installed(),
+        },
     )
     refusals = logged(caplog.records, action="nats_subscribe_refused")
     assert [r.levelno for r in refusals] == [logging.ERROR]

@@ -21,6 +21,7 @@ from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.http.app import create_app
 from arm_core.runtime import BRIDGE
+from arm_core.version import installed
 from tests.support.bridge import LOOPS, envelope, fast_settings, running_bridge, send, wait_for
 from tests.support.natsauth import operator_mode
 from tests.support.sql import (
@@ -99,7 +100,13 @@ async def test_S_NATS_1_debug_without_credentials_against_plain_nats(
 
         await wait_for(healthy, 10, "nats = ok")
         body = await (await http.get("/healthcheck")).json()
-        assert body == {"status": "ok", "db": "ok", "nats": "ok", "outbox": "ok"}
+        assert body == {
+            "status": "ok",
+            "db": "ok",
+            "nats": "ok",
+            "outbox": "ok",
+            "version": installed(),
+        }
         bridge = app[BRIDGE]
         assert bridge.subscription is not None
         assert bridge.subscription.subject == "files.tabular_parsed"
@@ -133,7 +140,13 @@ async def test_S_NATS_3_nats_disabled_starts_without_background_tasks(db_url: st
     async with api(settings) as (http, app):
         resp = await http.get("/healthcheck")
         assert resp.status == 200
-        assert await resp.json() == {"status": "ok", "db": "ok", "nats": "off", "outbox": "ok"}
+        assert await resp.json() == {
+            "status": "ok",
+            "db": "ok",
+            "nats": "off",
+            "outbox": "ok",
+            "version": installed(),
+        }
         assert BRIDGE not in app
         running = {t.get_name() for t in asyncio.all_tasks()}
         assert not running & set(LOOPS)

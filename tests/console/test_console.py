@@ -32,9 +32,9 @@ from cryptography.hazmat.primitives import serialization
 from psycopg.types.json import Jsonb
 
 from arm_core import instruments
-from arm_core.cli import version
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.version import installed
 from tests.support.processes import ArmProcess, serve_env
 from tests.support.sql import (
     Upload,
@@ -723,7 +723,8 @@ def test_a_console_without_a_bridge_shows_each_bridge_and_one_gone_silent(
     """The deployment's shape: `serve` runs no bridge (NATS_ENABLED=false) and a bridge
     runs apart. The console shows that bridge from the row it writes every few seconds
     (arm.bridge_instances); paused (SIGSTOP), it shows it silent; stopped cleanly, the
-    bridge removes its row and the console says no bridge has reported."""
+    bridge removes its row and the console says no bridge has reported. The footer names
+    the version the console's process runs."""
     server = serve()
     env = {
         "DATABASE_URL": server.db_url,
@@ -749,7 +750,11 @@ def test_a_console_without_a_bridge_shows_each_bridge_and_one_gone_silent(
 
         wait_for(page, "the bridge, alive", lambda d: "seen" in figure(d)[0])
         text, classes = figure(page)
-        assert "nats ok · listener ok" in text and f"({version()})" in text, text
+        # The label is shown upper-case (console.css): 1.1.0.dev0 reads 1.1.0.DEV0.
+        assert "nats ok · listener ok" in text, text
+        assert f"({installed()})".upper() in text.upper(), text
+        # The footer says which version the console's own process runs.
+        assert page.find_element(By.ID, "footer").text == f"arm-core {installed()}"
         assert "warn" not in classes, (text, classes)
         os.kill(bridge.proc.pid, signal.SIGSTOP)
         try:

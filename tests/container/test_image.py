@@ -19,9 +19,9 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from arm_core.cli import version
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.version import installed
 from tests.support.bridge import TcpProxy, instant_service, wait_for
 from tests.support.containers import Container, inspect_image, run_once
 from tests.support.flow import DONE, Flow, applied_results
@@ -63,7 +63,7 @@ def test_the_image_is_arm_core_as_a_non_root_user_with_a_healthcheck(image: str)
     meta = inspect_image(image)
     config = meta["Config"]
     assert config["User"] == "10001:10001"
-    assert config["Labels"]["org.opencontainers.image.version"] == version()
+    assert config["Labels"]["org.opencontainers.image.version"] == installed()
     assert config["Entrypoint"] == ["arm-core"] and config["Cmd"] == ["bridge"]
     assert config["StopSignal"] in ("SIGTERM", "15")
     assert meta["Healthcheck"]["Test"] == ["CMD", "arm-core", "healthcheck"]
@@ -76,7 +76,7 @@ def test_the_image_is_arm_core_as_a_non_root_user_with_a_healthcheck(image: str)
     )  # fmt: skip
     assert leftovers.returncode == 1, leftovers
     told = run_once(image, ["--version"], {})
-    assert told.returncode == 0 and told.stdout.strip() == f"arm-core {version()}", told
+    assert told.returncode == 0 and told.stdout.strip() == f"arm-core {installed()}", told
     helped = run_once(image, ["--help"], {})
     assert helped.returncode == 0 and "healthcheck" in helped.stdout
     print(f"\nFIGURE image size: {meta['Size'] / 1e6:.0f} MB ({image})")

@@ -19,11 +19,14 @@ from tests.support.stack import Stack, listening
 pytestmark = pytest.mark.e2e
 
 
-def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+def http(
+    method: str, url: str, body: dict[str, Any] | None = None, token: str | None = None
+) -> tuple[int, dict[str, Any]]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read())

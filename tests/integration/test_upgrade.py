@@ -1,15 +1,12 @@
-"""An upgrade from the previous release (tests/fixtures/previous_release): a database
-created by that release's migrations and functions, holding jobs in every state written
-through that release's own queries, is migrated to the current release. The migration
-succeeds, no row changes, the schema is db/schema.sql (owners and grants included), and
-the previous release's named queries — what its bridges send — still prepare with the
-same result columns and still do their work: during a rolling deploy `arm-core migrate`
-runs first, while bridges of the previous release are still running (db/README.md).
-
-The previous release had no roles: everything ran as the user that owned the schema.
-After the upgrade the roles' grants are in place and the new release runs under them,
-while the old bridges, still connected as that user, keep working — as a superuser, and
-as an ordinary owner login, which the DBA makes a member of arm_owner once."""
+"""An upgrade from the previous release (tests/fixtures/previous_release, the wheel of its
+commit): a database created by that release's own `arm-core migrate`, holding jobs in
+every state written through that release's own queries, is migrated to this tree. The
+migration succeeds, no row changes, the schema is db/schema.sql (owners and grants
+included), and the previous release's named queries — what its bridges and API send,
+each as the login of its role — still prepare with the same result columns and still do
+their work: during a rolling deploy `arm-core migrate` runs first, while the previous
+release's processes are still running (docs/upgrading.md). tests/e2e/test_rolling_deploy.py
+runs those processes themselves."""
 
 from __future__ import annotations
 
@@ -18,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +22,17 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from yoyo import get_backend, read_migrations
 
 from arm_core.db import query
 from arm_core.devtools.schema_snapshot import overloads
-from arm_core.migrate import SQL_DIR, RolesMissing, migrate
+from arm_core.migrate import SQL_DIR, migrate
 from tests.integration.test_roles import (
     assert_functions_owned_pinned_and_granted,
     assert_table_privileges,
 )
 from tests.integration.test_schema_snapshot import assert_matches_snapshot
+from tests.support.previous_release import migrate as migrate_previous
+from tests.support.previous_release import names, read, unpacked
 from tests.support.sql import (
     API_LOGIN,
     BRIDGE_LOGIN,
@@ -50,33 +47,26 @@ from tests.support.sql import upload as new_upload
 
 pytestmark = pytest.mark.integration
 
-PREVIOUS = Path(__file__).resolve().parents[1] / "fixtures" / "previous_release"
 TABLES = ("setting", "periodic_task", "s3_object", "stored_file", "recognition_job", "retry_audit")
 DictConn = psycopg.Connection[dict[str, Any]]
 
 
-# --- the previous release, installed as its `arm-core migrate` installed it --------------
+# --- the previous release, installed by its own `arm-core migrate` ------------------------
 
 
-def _migration_ids(migrations_dir: Path) -> list[str]:
-    return sorted(p.stem for p in migrations_dir.glob("*.sql") if ".rollback" not in p.name)
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous release's wheel, unpacked: its `arm-core` runs from here."""
+    return unpacked(tmp_path_factory.mktemp("previous_release"))
 
 
-def install_previous_release(url: str) -> None:
-    """yoyo applies the previous release's migrations, then its function files run in name
-    order in one transaction: what that release's `arm-core migrate` did."""
-    scheme, _, rest = url.partition("://")
-    assert scheme in ("postgresql", "postgres")
-    backend = get_backend(f"postgresql+psycopg://{rest}")
-    try:
-        with backend.lock():
-            migrations = read_migrations(str(PREVIOUS / "db" / "migrations"))
-            backend.apply_migrations(backend.to_apply(migrations))
-    finally:
-        backend.connection.close()
-    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
-        for path in sorted((PREVIOUS / "db" / "functions").glob("*.sql")):
-            conn.execute(path.read_text(encoding="utf-8"))
+def _migration_ids(files: list[str]) -> list[str]:
+    stems = (Path(f).stem for f in files if f.endswith(".sql"))
+    return sorted(s for s in stems if not s.endswith(".rollback"))
+
+
+NEW_MIGRATIONS = _migration_ids([p.name for p in (SQL_DIR / "migrations").glob("*.sql")])
+OLD_MIGRATIONS = _migration_ids(names("arm_core/sql/migrations/"))
 
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -85,26 +75,41 @@ _PARAM = re.compile(r"%\((\w+)\)s")
 
 def previous_queries() -> dict[str, str]:
     """The named queries of the previous release's arm_core/queries.sql."""
-    chunks = _NAME.split((PREVIOUS / "queries.sql").read_text(encoding="utf-8"))
+    chunks = _NAME.split(read("arm_core/queries.sql"))
     found = {name: body.strip() for name, body in zip(chunks[1::2], chunks[2::2], strict=True)}
-    assert found, "tests/fixtures/previous_release/queries.sql holds no named queries"
+    assert found, "the previous release's arm_core/queries.sql holds no named queries"
     return found
 
 
 OLD = previous_queries()
+# What the previous release's `serve` sends as the login of arm_api, and its `migrate` as
+# the migrating login (the URL's user); its bridges send the rest as arm_bridge's login.
+API_QUERIES = frozenset(
+    {"retry_file", "retry_files", "get_file", "list_files", "status_view", "status_series"}
+)
+MIGRATE_QUERIES = frozenset({"set_setting"})
 
 
 class OldBridge:
-    """Sends the previous release's queries, as its bridges and API do, and records which."""
+    """Sends the previous release's queries, each as the login its process uses (`serve`'s
+    as arm_api's, `migrate`'s as the URL's user, the bridges' as arm_bridge's), and
+    records which. `conn` is the URL's user's, also for what upstream and a DBA do."""
 
-    def __init__(self, conn: DictConn) -> None:
-        self.conn = conn
+    def __init__(self, conn: DictConn, bridge: DictConn, api: DictConn) -> None:
+        self.conn, self.bridge_conn, self.api_conn = conn, bridge, api
         self.sent: set[str] = set()
 
     def __call__(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
         self.sent.add(query)
+        conn = (
+            self.api_conn
+            if query in API_QUERIES
+            else self.conn
+            if query in MIGRATE_QUERIES
+            else self.bridge_conn
+        )
         try:
-            return self.conn.execute(OLD[query], params).fetchall()
+            return conn.execute(OLD[query], params).fetchall()
         except psycopg.Error as exc:
             raise AssertionError(
                 f"the previous release's query {query!r} fails here: {exc}\n{OLD[query]}"
@@ -112,9 +117,18 @@ class OldBridge:
 
 
 @contextmanager
-def old_bridge(url: str) -> Iterator[OldBridge]:
-    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        yield OldBridge(conn)
+def old_bridge(url: str, as_roles: bool = True) -> Iterator[OldBridge]:
+    """`as_roles=False`: every query as the URL's own user (a deployment whose processes
+    ran as one login)."""
+    ensure_logins(url)
+    bridge_url = as_login(url, BRIDGE_LOGIN) if as_roles else url
+    api_url = as_login(url, API_LOGIN) if as_roles else url
+    with (
+        psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn,
+        psycopg.connect(bridge_url, autocommit=True, row_factory=dict_row) as bridge,
+        psycopg.connect(api_url, autocommit=True, row_factory=dict_row) as api,
+    ):
+        yield OldBridge(conn, bridge, api)
 
 
 def describe(conn: DictConn, text: str) -> list[tuple[str, str]] | str:
@@ -155,7 +169,7 @@ class Upload:
 
 
 def upload(conn: DictConn, file_type: str = "XLSX") -> Upload:
-    """An upload as the previous release's README has upstream make it: plain INSERTs of
+    """The plain-SQL upload the previous release documents for upstream: INSERTs of
     s3_object, stored_file and a queued job, then the file's current job."""
     pipeline = "image" if file_type in ("PDF", "PNG", "JPG") else "tabular"
     with conn.transaction():
@@ -185,52 +199,45 @@ def upload(conn: DictConn, file_type: str = "XLSX") -> Upload:
     return Upload(file_id=file["id"], job_id=job["id"])
 
 
-def publish(bridge: OldBridge, deadline: timedelta = timedelta(minutes=10)) -> list[uuid.UUID]:
-    """The previous release's publisher: claim, (send), mark published, in one transaction."""
-    with bridge.conn.transaction():
-        claimed = bridge("claim_queued_jobs", limit=100, tabular_timeout=600, image_timeout=1800)
-        ids = [row["job_id"] for row in claimed]
-        subjects = [
-            "files.img_uploaded" if row["pipeline"] == "image" else "files.tabular_uploaded"
-            for row in claimed
-        ]
-        deadlines = [datetime.now(UTC) + deadline] * len(ids)
-        [marked] = bridge(
-            "mark_published", job_ids=ids, subjects=subjects, reply_deadlines=deadlines
-        )
-        assert marked["marked"] == len(ids)
-    return ids
-
-
-def ack(bridge: OldBridge, up: Upload) -> str:
-    [row] = bridge(
-        "apply_ack",
-        job_id=up.job_id,
-        file_id=up.file_id,
-        service_name="tabular-parser",
-        service_version="1.0",
+def publish(bridge: OldBridge, reply_seconds: float = 600) -> list[uuid.UUID]:
+    """The previous release's publisher: claim and mark published in one call (the
+    sending is the bridge's). A negative `reply_seconds`: a deadline already past."""
+    sent = bridge(
+        "publish_queued_jobs_v2",
+        limit=100,
+        tabular_timeout=reply_seconds,
+        image_timeout=reply_seconds,
+        tabular_subject="files.tabular_uploaded",
+        image_subject="files.img_uploaded",
+        max_bytes=1 << 20,
     )
-    return str(row["outcome"])
+    assert {row["outcome"] for row in sent} <= {"published"}, sent
+    return [row["job_id"] for row in sent]
 
 
-def result(bridge: OldBridge, up: Upload, status: str) -> str:
+def envelope(up: Upload, status: str) -> dict[str, Any]:
+    """An answer as the previous release's inbox hands it to apply_envelopes_v2."""
     done = status in ("done", "needs_check")
-    [row] = bridge(
-        "apply_result",
-        job_id=up.job_id,
-        file_id=up.file_id,
-        msg_id=f"result:{up.job_id}",
-        status=status,
-        service_name="tabular-parser",
-        service_version="1.0",
-        result_bucket="arm-results" if done else None,
-        result_key=f"results/{up.job_id}/result.json" if done else None,
-        result_schema_version="1.0" if done else None,
-        error_code=None if done else "UNREADABLE",
-        error_message=None if done else "not a spreadsheet",
-        metrics=Jsonb({"rows": 3}) if done else None,
-    )
-    return str(row["outcome"])
+    failed = status == "error"
+    return {
+        "job_id": str(up.job_id),
+        "file_id": str(up.file_id),
+        "msg_id": f"ack:{up.job_id}:1" if status == "processing" else f"result:{up.job_id}",
+        "status": status,
+        "service_name": "tabular-parser",
+        "service_version": "1.0",
+        "result_bucket": "arm-results" if done else None,
+        "result_key": f"results/{up.job_id}/result.json" if done else None,
+        "result_schema_version": "1.0" if done else None,
+        "error_code": "UNREADABLE" if failed else None,
+        "error_message": "not a spreadsheet" if failed else None,
+        "metrics": {"rows": 3} if done else None,
+    }
+
+
+def apply(bridge: OldBridge, *answers: tuple[Upload, str]) -> list[str]:
+    rows = bridge("apply_envelopes_v2", envelopes=Jsonb([envelope(u, s) for u, s in answers]))
+    return [str(row["outcome"]) for row in rows]
 
 
 def retried(rows: list[dict[str, Any]]) -> Upload:
@@ -247,12 +254,17 @@ def status(conn: DictConn, up: Upload) -> str:
     return str(row["status"])
 
 
-def previous_release_with_data(url: str) -> dict[str, Upload]:
+def swept(bridge: OldBridge) -> list[tuple[str, str, str | None]]:
+    ran = bridge("run_due_tasks")
+    return [(r["task"], r["result"], r["error"]) for r in ran if r["task"] == "sweep_timeouts"]
+
+
+def previous_release_with_data(url: str, site: Path, as_roles: bool = True) -> dict[str, Upload]:
     """The previous release installed, with jobs in every state its bridges, API and
     schedule reach, all written through its own queries (uploads as plain SQL)."""
-    install_previous_release(url)
+    migrate_previous(url, site)
     ups: dict[str, Upload] = {}
-    with old_bridge(url) as bridge:
+    with old_bridge(url, as_roles) as bridge:
         conn = bridge.conn
         ups["dlq"] = upload(conn)
         assert publish(bridge) == [ups["dlq"].job_id]
@@ -260,23 +272,28 @@ def previous_release_with_data(url: str) -> dict[str, Upload]:
         assert [row["job_id"] for row in dead] == [ups["dlq"].job_id]
 
         ups["timeout"] = upload(conn)
-        assert publish(bridge, deadline=timedelta(seconds=-1)) == [ups["timeout"].job_id]
-        ran = bridge("run_due_tasks")
-        assert [
-            (r["task"], r["result"], r["error"]) for r in ran if r["task"] != "sample_status"
-        ] == [("sweep_timeouts", "1", None)]
+        assert publish(bridge, reply_seconds=-1) == [ups["timeout"].job_id]
+        assert swept(bridge) == [("sweep_timeouts", "1", None)]
         # Past its deadline, but the next sweep is not due yet.
         ups["overdue"] = upload(conn)
-        assert publish(bridge, deadline=timedelta(seconds=-1)) == [ups["overdue"].job_id]
+        assert publish(bridge, reply_seconds=-1) == [ups["overdue"].job_id]
 
         for name in ("published", "processing", "done", "error"):
             ups[name] = upload(conn, "PDF" if name == "published" else "XLSX")
         assert len(publish(bridge)) == 4
-        assert ack(bridge, ups["processing"]) == "applied"
-        assert ack(bridge, ups["done"]) == "applied"
-        assert result(bridge, ups["done"], "done") == "applied"
-        assert result(bridge, ups["error"], "error") == "applied"
-        ups["retried"] = retried(bridge("retry_file", file_id=ups["error"].file_id, actor="ops"))
+        assert (
+            apply(
+                bridge,
+                (ups["processing"], "processing"),
+                (ups["done"], "processing"),
+                (ups["done"], "done"),
+                (ups["error"], "error"),
+            )
+            == ["applied"] * 4
+        )
+        ups["retried"] = retried(
+            bridge("retry_file", file_id=ups["error"].file_id, actor="ops", expected_job_id=None)
+        )
         ups["queued"] = upload(conn)
 
         assert {name: status(conn, up) for name, up in ups.items()} == {
@@ -293,23 +310,15 @@ def previous_release_with_data(url: str) -> dict[str, Upload]:
     return ups
 
 
-# The periodic task an upgrade adds: the samples of the console's charts (0010).
-ADDED = "sample_status"
-
-
 def rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row, as stored (stored_file.failed, which migration 0008 adds, is derived
-    from status: not data of its own; retry_audit.actor_level, which 0015 adds, is NULL
-    for every retry the previous release made, as the upgrade test checks;
-    recognition_job.lane, which 0016 adds, is the file's consolidation, copied for the
-    queued jobs, as assert_lanes_are_the_queue checks), but the periodic task the upgrade
-    adds."""
+    """Every row, as stored (retry_audit.actor_level, which 0015 adds, is NULL for every
+    retry the previous release made, as the upgrade test checks; recognition_job.lane,
+    which 0016 adds, is the file's consolidation, copied for the queued jobs, as
+    assert_lanes_are_the_queue checks)."""
     with psycopg.connect(url) as conn:
         return {
             t: conn.execute(
-                f"SELECT to_jsonb(x) - 'failed' - 'actor_level' - 'lane' FROM arm.{t} x "
-                "WHERE to_jsonb(x) ->> 'name' IS DISTINCT FROM %s ORDER BY 1",
-                (ADDED,),
+                f"SELECT to_jsonb(x) - 'actor_level' - 'lane' FROM arm.{t} x ORDER BY 1"
             ).fetchall()
             for t in TABLES
         }
@@ -362,19 +371,17 @@ def result_columns(url: str) -> dict[str, list[tuple[str, str]] | str]:
 
 
 def test_the_previous_release_upgrades_with_its_data_intact_to_db_schema_sql(
-    empty_db_url: str,
+    empty_db_url: str, site: Path
 ) -> None:
-    previous_release_with_data(empty_db_url)
+    previous_release_with_data(empty_db_url, site)
     before = rows(empty_db_url)
 
     report = migrate(empty_db_url)
 
-    new = _migration_ids(SQL_DIR / "migrations")
-    old = _migration_ids(PREVIOUS / "db" / "migrations")
-    assert report.applied_migrations == [m for m in new if m not in old]
+    assert set(OLD_MIGRATIONS) < set(NEW_MIGRATIONS)
+    assert report.applied_migrations == [m for m in NEW_MIGRATIONS if m not in OLD_MIGRATIONS]
     assert rows(empty_db_url) == before
-    with dict_conn(empty_db_url) as conn:  # the row it adds (rows() leaves it out)
-        assert scalar(conn, "SELECT count(*) FROM arm.periodic_task WHERE name = %s", (ADDED,)) == 1
+    with dict_conn(empty_db_url) as conn:
         # The previous release's retries record no level (rows() leaves the column out).
         assert scalar(conn, "SELECT count(*) FROM arm.retry_audit WHERE actor_level IS NULL") == (
             len(before["retry_audit"])
@@ -391,11 +398,11 @@ def test_the_previous_release_upgrades_with_its_data_intact_to_db_schema_sql(
 
 
 def test_the_previous_release_queries_prepare_with_the_same_columns_after_the_upgrade(
-    empty_db_url: str,
+    empty_db_url: str, site: Path
 ) -> None:
     """Every statement an older bridge sends still resolves (functions, argument types)
     and returns the columns, names and types, its code reads."""
-    previous_release_with_data(empty_db_url)
+    previous_release_with_data(empty_db_url, site)
     before = result_columns(empty_db_url)
     assert not [v for v in before.values() if isinstance(v, str)], before
     migrate(empty_db_url)
@@ -412,11 +419,13 @@ def test_the_previous_release_queries_prepare_with_the_same_columns_after_the_up
     )
 
 
-def test_the_previous_release_bridges_keep_working_after_the_upgrade(empty_db_url: str) -> None:
-    """A rolling deploy: migrate has run, bridges of the previous release are still up.
-    They carry the jobs they left on (ack, result, republish, dead-letter, timeout, retry)
-    and new uploads, with every query of their queries.sql."""
-    ups = previous_release_with_data(empty_db_url)
+def test_the_previous_release_bridges_keep_working_after_the_upgrade(
+    empty_db_url: str, site: Path
+) -> None:
+    """A rolling deploy: migrate has run, the previous release's bridges and API are still
+    up. They carry the jobs they left on (ack, result, republish, dead-letter, timeout,
+    retry) and new uploads, with every query of their queries.sql, as their roles."""
+    ups = previous_release_with_data(empty_db_url, site)
     migrate(empty_db_url)
     the_previous_release_keeps_working(empty_db_url, ups)
     assert_counts_are_real(empty_db_url)  # the old bridges' writes are counted too
@@ -424,9 +433,9 @@ def test_the_previous_release_bridges_keep_working_after_the_upgrade(empty_db_ur
 
 
 def test_after_the_upgrade_the_roles_grants_are_in_place_and_the_new_release_runs_under_them(
-    empty_db_url: str,
+    empty_db_url: str, site: Path
 ) -> None:
-    previous_release_with_data(empty_db_url)
+    previous_release_with_data(empty_db_url, site)
     migrate(empty_db_url)
     with dict_conn(empty_db_url) as conn:
         assert_functions_owned_pinned_and_granted(conn)
@@ -434,36 +443,27 @@ def test_after_the_upgrade_the_roles_grants_are_in_place_and_the_new_release_run
     the_new_release_runs_under_its_roles(empty_db_url)
 
 
-def test_a_deployment_that_ran_as_the_schema_owner_keeps_its_old_bridges_through_the_upgrade(
-    empty_db_url: str,
+def test_a_deployment_that_migrates_as_an_owner_login_upgrades_and_keeps_its_processes(
+    empty_db_url: str, site: Path
 ) -> None:
-    """The previous release installed and run by one ordinary login that owns the
-    database (no superuser, no CREATEROLE) — what the issue calls every deployment. Its
-    migrate stops, changing nothing, until the DBA's one GRANT; then it migrates, the old
-    bridges on that login keep working through the membership, and the new release runs
-    under the roles."""
+    """The previous release installed by an ordinary login that owns the database (no
+    superuser, no CREATEROLE), a member of arm_owner as that release asked, and its
+    processes run as that one login: this tree's migrate, by the same login, upgrades it
+    with every row kept, and the old processes on that login keep working."""
     app = f"arm_app_{uuid.uuid4().hex[:8]}"
     dbname = empty_db_url.rsplit("/", 1)[1]
     with psycopg.connect(empty_db_url, autocommit=True) as admin:
         admin.execute(f'CREATE ROLE "{app}" LOGIN')
         admin.execute(f'ALTER DATABASE "{dbname}" OWNER TO "{app}"')
+        admin.execute(f'GRANT arm_owner TO "{app}"')
     app_url = as_login(empty_db_url, Login(app, ()))
-    ups = previous_release_with_data(app_url)
+    ups = previous_release_with_data(app_url, site, as_roles=False)
     before = rows(empty_db_url)
-
-    with pytest.raises(RolesMissing) as refused:
-        migrate(app_url)
-    assert rows(empty_db_url) == before
-    with psycopg.connect(empty_db_url, autocommit=True) as dba:
-        assert dba.execute(
-            "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'arm'"
-        ).fetchone() == (app,)
-        dba.execute(refused.value.sql)  # GRANT arm_owner TO <app>, once
 
     migrate(app_url)
     assert rows(empty_db_url) == before
     assert_matches_snapshot(empty_db_url, "a database upgraded by its owner login")
-    the_previous_release_keeps_working(app_url, ups)
+    the_previous_release_keeps_working(app_url, ups, as_roles=False)
     the_new_release_runs_under_its_roles(empty_db_url)
 
 
@@ -515,43 +515,64 @@ def the_new_release_runs_under_its_roles(url: str) -> None:
         assert [r["actor_level"] for r in document["file"]["retries"]] == ["operator"]
 
 
-def the_previous_release_keeps_working(url: str, ups: dict[str, Upload]) -> None:
-    """The previous release's bridges, connected as `url`'s user, after the upgrade."""
-    with old_bridge(url) as bridge:
+def the_previous_release_keeps_working(
+    url: str, ups: dict[str, Upload], as_roles: bool = True
+) -> None:
+    """The previous release's bridges and API, after the upgrade: every query of its
+    queries.sql."""
+    with old_bridge(url, as_roles) as bridge:
         conn = bridge.conn
         # Jobs published by the previous release: acked, finished.
-        assert ack(bridge, ups["published"]) == "applied"
-        assert result(bridge, ups["published"], "error") == "applied"
-        assert result(bridge, ups["processing"], "needs_check") == "applied"
+        assert (
+            apply(
+                bridge,
+                (ups["published"], "processing"),
+                (ups["published"], "error"),
+                (ups["processing"], "needs_check"),
+            )
+            == ["applied"] * 3
+        )
         # The schedule: the sweep (a DBA makes it due now) times the overdue job out.
         bridge("set_sweep_interval", seconds=30)
         conn.execute("UPDATE arm.periodic_task SET next_run_at = now()")
-        ran = bridge("run_due_tasks")
-        assert [
-            (r["task"], r["result"], r["error"]) for r in ran if r["task"] != "sample_status"
-        ] == [("sweep_timeouts", "1", None)]
+        assert swept(bridge) == [("sweep_timeouts", "1", None)]
         # Jobs queued before the upgrade and an upload after it go out.
         ups["new"] = upload(conn, "PNG")
+        [age] = bridge("outbox_oldest_queued_age")
+        assert age["age"] > 0
         assert set(publish(bridge)) == {
             ups["queued"].job_id,
             ups["retried"].job_id,
             ups["new"].job_id,
         }
-        # No ack: republished once, then dead-lettered.
-        with conn.transaction():
+        # No ack: one cannot be republished (dead-lettered as such), the other two are
+        # republished once, then dead-lettered.
+        with bridge.bridge_conn.transaction():
             claimed = bridge("claim_unacked_jobs", limit=100, ack_timeout=0, max_republish=1)
             ids = [row["job_id"] for row in claimed]
             assert len(ids) == 3
             assert all(row["request"]["attempt"] == row["attempt"] for row in claimed)
-            [marked] = bridge("mark_republished", job_ids=ids)
-            assert marked["marked"] == 3
+            [marked] = bridge("mark_republished", job_ids=ids[:2])
+            assert marked["marked"] == 2
+            gone = bridge(
+                "dead_letter_unrepublishable",
+                job_ids=ids[2:],
+                error_codes=["PAYLOAD_TOO_LARGE"],
+                error_messages=["larger than the server's max_payload"],
+            )
+            assert [row["job_id"] for row in gone] == ids[2:]
         dead = bridge("dead_letter_unacked", ack_timeout=0, max_republish=1)
-        assert {row["job_id"] for row in dead} == set(ids)
+        assert {row["job_id"] for row in dead} == set(ids[:2])
         # The API's retries and reads.
-        again = retried(bridge("retry_file", file_id=ups["new"].file_id, actor="ops"))
+        again = retried(
+            bridge("retry_file", file_id=ups["new"].file_id, actor="ops", expected_job_id=None)
+        )
         assert again.job_id != ups["new"].job_id
         many = bridge(
-            "retry_files", file_ids=[ups["dlq"].file_id, ups["done"].file_id], actor="ops"
+            "retry_files",
+            file_ids=[ups["dlq"].file_id, ups["done"].file_id],
+            actor="ops",
+            expected_job_ids=None,
         )
         assert {r["file_id"]: r["outcome"] for r in many} == {
             ups["dlq"].file_id: "retried",
@@ -559,9 +580,28 @@ def the_previous_release_keeps_working(url: str, ups: dict[str, Upload]) -> None
         }
         [file] = bridge("get_file", file_id=ups["done"].file_id)
         assert file["file"]["file"]["id"] == str(ups["done"].file_id)
-        # Settings and the health check.
+        listed = bridge(
+            "list_files",
+            limit=100,
+            after_created_at=None,
+            after_id=None,
+            statuses=None,
+            job_statuses=None,
+            consolidation_id=None,
+            file_types=None,
+            q=None,
+            updated_after=None,
+            updated_before=None,
+        )
+        assert ups["done"].file_id in {row["id"] for row in listed}
+        # The status, its series and what the bridges add to them.
+        [view] = bridge("status_view", ack_timeout=30)
+        assert view["jobs"] is not None
+        bridge("record_waits", phase="queued", counts=[0] * 16 + [1])
+        bridge("compact_counts")
+        bridge("status_series", minutes=60)
+        # What migrate sets.
         bridge("set_setting", name="default_max_attempts", value="3")
-        assert bridge("ping") == [{"ok": 1}]
 
         assert status(conn, ups["published"]) == "error"
         assert status(conn, ups["processing"]) == "needs_check"

@@ -16,7 +16,7 @@ import ssl
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +47,23 @@ def runtime_env(command: str, env: dict[str, str]) -> dict[str, str]:
 
 
 class ArmProcess:
-    def __init__(self, command: str, env: dict[str, str], log_path: Path) -> None:
+    """`program command`: this tree's `arm-core` unless `program` says another (the
+    previous release's, tests/support/previous_release.py)."""
+
+    def __init__(
+        self,
+        command: str,
+        env: dict[str, str],
+        log_path: Path,
+        program: Sequence[str] = (ARM_CORE,),
+    ) -> None:
         self.command = command
         self.log_path = log_path
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "OUTBOX_"))}
         full_env.update(runtime_env(command, env))
         self._log = open(log_path, "ab")  # closed in stop() or kill()
         self.proc = subprocess.Popen(
-            [ARM_CORE, command],
+            [*program, command],
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -4,7 +4,7 @@ and a real nats-server (or a cluster of them)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats, EmbeddedNatsCluster
 from tests.support.bridge import wait_for
-from tests.support.processes import ArmProcess, log_lines
+from tests.support.processes import ARM_CORE, ArmProcess, log_lines
 
 
 @dataclass
@@ -52,21 +52,31 @@ class Stack:
 
     def start(self, command: str, **env: Any) -> ArmProcess:
         """`arm-core command`, its log `<command>-<n>.log` in `tmp`."""
+        return self.start_as((ARM_CORE,), command, **env)
+
+    def start_as(self, program: Sequence[str], command: str, /, **env: Any) -> ArmProcess:
+        """`program command`: another release's `arm-core` (its environment in `env`)."""
         name = f"{command}-{self.started}"
         self.started += 1
-        proc = ArmProcess(command, self.env(**env), self.tmp / f"{name}.log")
+        proc = ArmProcess(command, self.env(**env), self.tmp / f"{name}.log", program)
         self.procs.append(proc)
         return proc
 
     def serve(self, **env: Any) -> tuple[ArmProcess, str]:
+        return self.serve_as((ARM_CORE,), **env)
+
+    def serve_as(self, program: Sequence[str], /, **env: Any) -> tuple[ArmProcess, str]:
         port = free_port()
-        proc = self.start("serve", HTTP_PORT=port, **env)
+        proc = self.start_as(program, "serve", HTTP_PORT=port, **env)
         proc.wait_healthy(port, self.healthy_within)
         return proc, f"http://127.0.0.1:{port}"
 
     def bridge(self, **env: Any) -> ArmProcess:
+        return self.bridge_as((ARM_CORE,), **env)
+
+    def bridge_as(self, program: Sequence[str], /, **env: Any) -> ArmProcess:
         port = free_port()
-        proc = self.start("bridge", BRIDGE_HEALTH_PORT=port, **env)
+        proc = self.start_as(program, "bridge", BRIDGE_HEALTH_PORT=port, **env)
         proc.wait_healthy(port, self.healthy_within)
         return proc
 

@@ -396,7 +396,7 @@ def test_the_manifests_run_arm_core_commands_with_variables_they_read() -> None:
         where: str(c["args"][0]) for where, pod in pod_specs(docs) for c in pod["containers"]
     }
     assert commands == {
-        "Job arm-core-migrate-1-0-0": "migrate",
+        "Job arm-core-migrate-1-1-0": "migrate",
         "Deployment arm-core-serve": "serve",
         "Deployment arm-core-bridge": "bridge",
     }
@@ -466,7 +466,7 @@ def test_a_misspelled_variable_command_probe_or_secret_in_a_manifest_is_caught()
     serve = pods["Deployment arm-core-serve"]["containers"][0]
     serve["readinessProbe"]["httpGet"]["path"] = "/api/v1/status"
     serve["env"][0]["valueFrom"]["secretKeyRef"]["key"] = "serve-url"
-    migrate = pods["Job arm-core-migrate-1-0-0"]["containers"][0]
+    migrate = pods["Job arm-core-migrate-1-1-0"]["containers"][0]
     migrate["args"] = ["migrat"]
     pods["Deployment arm-core-bridge"]["volumes"][0]["secret"]["items"] = [
         {"key": "pg-ca.crt", "path": "pg-ca.crt"}
@@ -483,7 +483,7 @@ def test_a_misspelled_variable_command_probe_or_secret_in_a_manifest_is_caught()
         "arm-core bridge",
         "Deployment arm-core-bridge/bridge: readinessProbe asks port 8080; "
         "BRIDGE_HEALTH_PORT is 8081",
-        "Job arm-core-migrate-1-0-0/migrate: args ['migrat'] name no arm-core command",
+        "Job arm-core-migrate-1-1-0/migrate: args ['migrat'] name no arm-core command",
         "Deployment arm-core-serve/serve: DATABASE_URL: Secret arm-core has no key serve-url",
         "Deployment arm-core-serve/serve: readinessProbe path /api/v1/status needs the API's token",
     ]

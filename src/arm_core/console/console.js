@@ -497,6 +497,7 @@ async function loadStatus() {
     return;
   }
   const s = resp.body;
+  $("footer").textContent = t("footer.version", { version: s.version });
   const sweep = s.last_sweep || {};
   const bridge = s.bridge;
   el.replaceChildren(

@@ -136,8 +136,8 @@ MEANINGS: dict[str, str] = {
     "holds; `none`: everyone holds every level",
     "API_TOKENS": "`actor:level=token,actor2:level=token2` for `AUTH_MODE=token`: level "
     f"{', '.join(f'`{level}`' for level in LEVELS)}, tokens of 16+ characters, no token "
-    "twice. An entry without `:level` holds every level for this release only (logged at "
-    "start, `action=deprecated`); the next refuses it "
+    "twice. An entry without `:level` holds every level (logged at start, "
+    "`action=deprecated`) until 2.0, which refuses it "
     "([Access levels](security.md#access-levels))",
     "AUTH_HEADER": "identity header set by an authenticating proxy, for `AUTH_MODE=header` "
     "(only behind such a proxy: anyone reaching the port directly can claim any identity)",
