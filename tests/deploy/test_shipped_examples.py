@@ -226,6 +226,10 @@ async def test_the_examples_carry_jobs_to_done_through_the_stream_on_three_repli
     deployment: Deployment, flavour: str
 ) -> None:
     d = deployment
+    # Each node writes every message to disk before the stream acknowledges it.
+    for port in d.cluster.monitor_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as resp:
+            assert json.loads(resp.read())["jetstream"]["config"]["sync_always"] is True
     envs = examples(flavour, d)
     assert envs["bridge"]["RESULTS_STREAM"] == "ARM_RESULTS"
     assert envs["bridge"]["RESULTS_STREAM_REPLICAS"] == "3"
