@@ -310,6 +310,69 @@ def test_the_deployments_probe_livez_and_readyz_and_ask_for_resources() -> None:
         assert pod["securityContext"]["runAsNonRoot"] is True, where
 
 
+def named_peer(peer: dict[str, Any]) -> bool:
+    """An address block, or a selector that names labels (an empty one selects all)."""
+    selectors = [v for k, v in peer.items() if k.endswith("Selector")]
+    return bool(peer.get("ipBlock")) or any(
+        s.get("matchLabels") or s.get("matchExpressions") for s in selectors
+    )
+
+
+def policy_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """The bridge's port serves /metrics without a token: a NetworkPolicy must select
+    each bridge pod, govern its ingress, and let in only named peers (a selector or an
+    address block each; an empty `from` is everyone) on the health port only."""
+    found: list[str] = []
+    policies = [d for d in docs if d.get("kind") == "NetworkPolicy"]
+    for where, pod in pod_specs(docs):
+        [container] = pod["containers"]
+        if container.get("args", [""])[0] != "bridge":
+            continue
+        [doc] = [d for d in docs if f"{d.get('kind')} {d['metadata']['name']}" == where]
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        ports = {p["name"] for p in container["ports"]} | {
+            p["containerPort"] for p in container["ports"]
+        }
+        covering = [
+            p
+            for p in policies
+            if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+            and "Ingress" in p["spec"].get("policyTypes", [])
+        ]
+        if not covering:
+            found.append(f"{where}: no NetworkPolicy governs its ingress")
+        for policy in covering:
+            name = f"NetworkPolicy {policy['metadata']['name']}"
+            for rule in policy["spec"].get("ingress", []):
+                peers = rule.get("from") or []
+                if not peers or not all(map(named_peer, peers)):
+                    found.append(f"{name}: a rule lets every peer in")
+                opened = {port.get("port") for port in rule.get("ports") or [{}]}
+                if not opened or not opened <= ports:
+                    found.append(f"{name}: opens {sorted(map(str, opened))}, not the health port")
+    return found
+
+
+def test_a_network_policy_opens_the_bridges_port_to_named_peers_only() -> None:
+    assert policy_problems(load_manifests()) == []
+
+
+def test_a_missing_or_open_network_policy_is_caught() -> None:
+    docs = copy.deepcopy(load_manifests())
+    [policy] = [d for d in docs if d.get("kind") == "NetworkPolicy"]
+    policy["spec"]["ingress"][0]["from"] = []
+    policy["spec"]["ingress"].append({"from": [{"podSelector": {}}], "ports": [{"port": 5432}]})
+    assert policy_problems(docs) == [
+        "NetworkPolicy arm-core-bridge: a rule lets every peer in",
+        "NetworkPolicy arm-core-bridge: a rule lets every peer in",
+        "NetworkPolicy arm-core-bridge: opens ['5432'], not the health port",
+    ]
+    docs.remove(policy)
+    assert policy_problems(docs) == [
+        "Deployment arm-core-bridge: no NetworkPolicy governs its ingress"
+    ]
+
+
 def test_the_example_secret_holds_placeholders_only() -> None:
     for name, keys in secret_keys(load_manifests()).items():
         for key, value in keys.items():
