@@ -16,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
+from arm_core.bridge.nats_client import auth_options
 from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.reference import (
@@ -27,7 +28,7 @@ from arm_core.devtools.reference import (
 )
 from arm_core.http.app import create_app
 from tests.support.bridge import fast_settings, logged, running_bridge, wait_for
-from tests.support.natsauth import NkeyUsers, nkey_users
+from tests.support.natsauth import NkeyUsers, nkey_users, user_jwt_for
 from tests.support.shipped_nats import CORE_PERMISSIONS, STREAM_PERMISSIONS
 from tests.support.sql import dict_conn, job, stored_file, upload
 
@@ -314,3 +315,22 @@ async def test_a_refused_publish_leaves_the_jobs_queued_and_says_why(
     message = refusals[0].getMessage()
     assert "NATS refused the publish" in message
     assert "files.img_uploaded" in message
+
+
+async def test_a_seed_with_a_jwt_is_refused_by_the_shipped_users(tmp_path: Path) -> None:
+    """The shipped server file defines nkey users, no operator: a client that signs in
+    with a JWT beside its seed (operator mode's way) is refused, the seed alone is let in.
+    So the deploy examples give the seed only."""
+    async with permissioned_server(tmp_path, documented("stream")) as (server, users):
+        seed = users.seeds["ARM_CORE_NKEY"]
+        jwt = user_jwt_for(seed)
+        refused = Client()
+        with pytest.raises(Exception, match="Authorization Violation"):
+            await refused.connect(
+                server.url(),
+                allow_reconnect=False,
+                **auth_options(Settings(nats_seed=seed, nats_jwt=jwt)),
+            )
+        let_in = await Watched().connect(server.url(), seed)
+        assert let_in.client.is_connected
+        await let_in.client.close()

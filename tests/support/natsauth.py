@@ -95,6 +95,15 @@ def operator_mode() -> OperatorMode:
     return OperatorMode(config, user_seed, user_jwt)
 
 
+def user_jwt_for(seed: str) -> str:
+    """A user JWT for the user of `seed`, issued by an account of its own (operator
+    mode's credential, which a server of nkey users does not take)."""
+    user = nkeys.from_seed(seed.encode())
+    _, account = _key(nkeys.PREFIX_BYTE_ACCOUNT)
+    claims = {"type": "user", "pub": {}, "sub": {}}
+    return _jwt(account, user.public_key.decode(), "arm-core", claims)
+
+
 @dataclass(frozen=True)
 class NkeyUsers:
     """A nats-server configuration: `snippet` verbatim, after a fresh nkey user for each
