@@ -35,10 +35,11 @@ or, with `REFERENCE_PUBLISH=core`, with core NATS, as a service that has not ado
 the bridges keep what core NATS brings them for 15 s and apply it again when the stream
 elects a leader (bridge/replay.py), except in the row that turns it off.
 The faults: kill -9 of the node that leads the stream (the fault lasts until the two
-others have elected a new leader; the node stays down), and a lame-duck rolling restart (`nats-server --signal
-ldm=<pid>` of each node in turn, started again once it has exited, the next once the
-stream is current on it again). Their uploads come as a steady flow (5 every 50 ms)
-rather than at once: answers are on their way when the fault lands.
+others have elected a new leader; the node stays down), and a lame-duck rolling restart
+(`nats-server --signal ldm=<pid>` of each node in turn, started again once it has
+exited, the next once the stream is current on it again). Their uploads come as a
+steady flow (5 every 50 ms) rather than at once: answers are on their way when the fault
+lands.
 
 Per fault:
 

@@ -197,6 +197,12 @@ def reference(d: Deployment, service: str, user: str) -> ArmProcess:
     return d.start("reference", env, f"reference-{service}")
 
 
+def varz(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as resp:
+        loaded: dict[str, Any] = json.loads(resp.read())
+    return loaded
+
+
 def api_get(base: str, path: str, token: str | None) -> tuple[int, dict[str, Any]]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(base + path, headers=headers)
@@ -228,8 +234,7 @@ async def test_the_examples_carry_jobs_to_done_through_the_stream_on_three_repli
     d = deployment
     # Each node writes every message to disk before the stream acknowledges it.
     for port in d.cluster.monitor_ports:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as resp:
-            assert json.loads(resp.read())["jetstream"]["config"]["sync_always"] is True
+        assert varz(port)["jetstream"]["config"]["sync_always"] is True
     envs = examples(flavour, d)
     assert envs["bridge"]["RESULTS_STREAM"] == "ARM_RESULTS"
     assert envs["bridge"]["RESULTS_STREAM_REPLICAS"] == "3"
