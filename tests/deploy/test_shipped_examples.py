@@ -16,6 +16,7 @@ before they were made to fit, and what this test would catch."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -197,6 +198,11 @@ def reference(d: Deployment, service: str, user: str) -> ArmProcess:
     return d.start("reference", env, f"reference-{service}")
 
 
+def on_the_stream(service: ArmProcess) -> bool:
+    """A reference service listens and answers through JetStream publish."""
+    return bool(log_lines(service.log(), action="ref_start", stream="ARM_RESULTS"))
+
+
 def varz(port: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as resp:
         loaded: dict[str, Any] = json.loads(resp.read())
@@ -251,11 +257,8 @@ async def test_the_examples_carry_jobs_to_done_through_the_stream_on_three_repli
         reference(d, "scan-gateway", "SCAN_GATEWAY_NKEY"),
     ]
     for service in services:
-        service.wait_until(
-            lambda s=service: bool(log_lines(s.log(), action="ref_start", stream="ARM_RESULTS")),
-            60,
-            "listening, answering through the stream ARM_RESULTS",
-        )
+        on_stream = functools.partial(on_the_stream, service)
+        service.wait_until(on_stream, 60, "listening, answering through the stream ARM_RESULTS")
     with dict_conn(d.db_url) as conn:
         uploads = [upload(conn, "XLSX"), upload(conn, "PDF")]
 
