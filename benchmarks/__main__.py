@@ -26,6 +26,7 @@ from benchmarks import (
     pgqueuer_drain,
     publish,
     retry,
+    stream_sync,
     sweep,
     upload_scaling,
     wal,
@@ -48,6 +49,7 @@ MODULES: dict[str, ModuleType] = {
     "files": files,
     "pacing": pacing,
     "claim": pacing_claim,
+    "stream": stream_sync,
 }
 SECTIONS: dict[str, Section] = {name: module.run for name, module in MODULES.items()}
 
