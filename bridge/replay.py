@@ -2,7 +2,7 @@
 RESULTS_STREAM did not store what services published.
 
 A stream captures a core NATS publish only through its leader. When the leadership
-moves — the leader's node dies (the others wait 4–9 s before electing), or a planned
+moves — the leader's node dies (the others take seconds to elect), or a planned
 restart hands it over (tens of milliseconds) — what services publish with core NATS in
 between is stored by no one. Services that publish through JetStream retry until the
 stream has their answer; services that publish with core NATS do not know.
