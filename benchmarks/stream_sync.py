@@ -142,5 +142,5 @@ async def run(bench: Bench, report: Report) -> None:
          "stream.alone.default"),
     ]  # fmt: skip
     for key, measure, value, ref in rows:
-        short = "the same with sync_interval default" if ref is None else ""
+        short = "sync_interval default" if ref is None else ""
         report.add(key, SECTION, measure, value, "/s", ref=ref, short=short)
