@@ -32,6 +32,7 @@ from benchmarks import (
     pooler,
     publish,
     retry,
+    stream_sync,
     sweep,
     upload_scaling,
     wal,
@@ -56,6 +57,7 @@ MODULES: dict[str, ModuleType] = {
     "pacing": pacing,
     "claim": pacing_claim,
     "pgbouncer": pooler,
+    "stream": stream_sync,
 }
 SECTIONS: dict[str, Section] = {name: module.run for name, module in MODULES.items()}
 

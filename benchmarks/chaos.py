@@ -34,14 +34,17 @@ publish (each answer waits for the stream's PubAck and is sent again until it ge
 or, with `REFERENCE_PUBLISH=core`, with core NATS, as a service that has not adopted it;
 the bridges keep what core NATS brings them for 15 s and apply it again when the stream
 elects a leader (bridge/replay.py), except in the row that turns it off.
-The faults: kill -9 of the node that leads the stream (the two others elect a new leader
-after 4–9 s; the node stays down), and a lame-duck rolling restart (`nats-server --signal
-ldm=<pid>` of each node in turn, started again once it has exited, the next once the
-stream is current on it again). Their uploads come as a steady flow (5 every 50 ms)
-rather than at once: answers are on their way when the fault lands.
+The faults: kill -9 of the node that leads the stream (the fault lasts until the two
+others have elected a new leader; the node stays down), and a lame-duck rolling restart
+(`nats-server --signal ldm=<pid>` of each node in turn, started again once it has
+exited, the next once the stream is current on it again). Their uploads come as a
+steady flow (5 every 50 ms) rather than at once: answers are on their way when the fault
+lands.
 
 Per fault:
 
+- **fault**: seconds from injecting the fault until it ends: the process or server back,
+  the promotion done, the stream's new leader elected (a kill that nothing follows: 0);
 - **lost**: jobs that did not end `done` (an answer that never reached the database
   leaves its job `processing` until the reply deadline, 120 s here, then `timeout`; a lost request
   is republished after ACK_TIMEOUT_SECONDS, 30 s, before that);
@@ -114,6 +117,7 @@ class Outcome:
     # is a broken promise, and `make chaos` fails. Otherwise the row measures a limit.
     promise: bool = False
     faults: int = 0
+    fault_seconds: float | None = None
     lost: int = 0
     applied_twice: int = 0
     sent_twice: int = 0
@@ -254,6 +258,7 @@ async def run_fault(
             injected = time.monotonic()
             ended = await fault(world)
             out.faults = 1
+            out.fault_seconds = ended - injected
             before = final(world.db_url)
             with contextlib.suppress(NotWithin):  # never recovered: out.recover stays None
                 await wait_for(
@@ -498,18 +503,19 @@ def table(outcomes: list[Outcome]) -> str:
         return "—" if value is None else f"{value:.1f} s"
 
     lines = [
-        "| fault | lossless? | jobs | faults injected | lost | applied twice | sent twice "
-        "| stuck | recover | drain |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| fault | lossless? | jobs | faults injected | fault | lost | applied twice "
+        "| sent twice | stuck | recover | drain |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for o in outcomes:
         kind = ("promised; **broken**" if broken(o) else "promised") if o.promise else "a limit"
         if o.error:
-            lines.append(f"| {o.fault} | {kind} | {o.jobs:,} | failed to run: {o.error} ||||||| ")
+            lines.append(f"| {o.fault} | {kind} | {o.jobs:,} | failed to run: {o.error} |||||||| ")
             continue
         lines.append(
-            f"| {o.fault} | {kind} | {o.jobs:,} | {o.faults} | {o.lost:,} | {o.applied_twice:,} "
-            f"| {o.sent_twice:,} | {o.stuck:,} | {sec(o.recover)} | {sec(o.drain)} |"
+            f"| {o.fault} | {kind} | {o.jobs:,} | {o.faults} | {sec(o.fault_seconds)} | {o.lost:,} "
+            f"| {o.applied_twice:,} | {o.sent_twice:,} | {o.stuck:,} | {sec(o.recover)} "
+            f"| {sec(o.drain)} |"
         )
     return "\n".join(lines)
 

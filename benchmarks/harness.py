@@ -43,6 +43,7 @@ class Sizes:
     retry_concurrency: int = 32
     file_list: tuple[int, int] = (10_000, 1_000_000)
     wal_files: int = 10_000
+    stream_jobs: int = 3_000  # benchmarks/stream_sync.py, each setting
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -61,6 +62,7 @@ class Sizes:
             retry_files=500,
             file_list=(10_000, 100_000),
             wal_files=2_000,
+            stream_jobs=500,
         )
 
 

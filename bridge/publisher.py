@@ -355,7 +355,7 @@ class Publisher(Service):
             if error is not None and error is not error_before and _refused(error):
                 raise PublishFailed(
                     f"NATS refused the publish ({error}): allow this bridge's user to "
-                    "publish on the request subjects (docs/nats-permissions.conf)"
+                    "publish on the request subjects (deploy/nats/nats-permissions.conf)"
                 )
         except PublishFailed as exc:
             events.batch_failed(self, action, len(messages), str(exc))

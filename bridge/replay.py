@@ -2,7 +2,7 @@
 RESULTS_STREAM did not store what services published.
 
 A stream captures a core NATS publish only through its leader. When the leadership
-moves — the leader's node dies (the others wait 4–9 s before electing), or a planned
+moves — the leader's node dies (the others take seconds to elect), or a planned
 restart hands it over (tens of milliseconds) — what services publish with core NATS in
 between is stored by no one. Services that publish through JetStream retry until the
 stream has their answer; services that publish with core NATS do not know.
@@ -142,7 +142,7 @@ async def keep_recent_answers(
     """RESULTS_STREAM: also receive the answers by core NATS (queue group), keep them for
     RESULTS_STREAM_REPLAY_SECONDS, and apply them again when the stream elects a leader;
     the replay's loop runs under `supervisor`. Without the permissions for it (the user's
-    subscribe allow list, docs/nats-permissions.conf) the server refuses the SUBs:
+    subscribe allow list, deploy/nats/nats-permissions.conf) the server refuses the SUBs:
     logged, and the bridge goes on without."""
     stream = c.results_stream or ""
     # A quarter of INBOX_BUFFER_BYTES for the copies, and as much for nats-py's queue in
@@ -163,7 +163,7 @@ async def keep_recent_answers(
         log.warning(
             "NATS refused a subscription (%s): the answers services publish with core "
             "NATS while stream %s has no leader are not kept (allow the subscriptions "
-            "of docs/nats-permissions.conf's RESULTS_STREAM variant)",
+            "of deploy/nats/nats-permissions.conf)",
             error,
             stream,
             extra={"action": "stream_replay_refused"},

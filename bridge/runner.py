@@ -186,7 +186,7 @@ class Bridge:
             log.error(
                 "NATS refused the subscription to %s in queue group %s (%s): this bridge "
                 'receives no acks and no results; allow its user to subscribe to "%s %s" '
-                "(docs/nats-permissions.conf) and restart it",
+                "(deploy/nats/nats-permissions.conf) and restart it",
                 c.result_subject,
                 c.queue_group,
                 error,
@@ -230,7 +230,7 @@ class Bridge:
             except Exception as exc:
                 # No answer from the JetStream API: a cluster electing its leader, a
                 # connection moving, or a user not allowed $JS.API (the server refuses
-                # silently; docs/nats-permissions.conf has the RESULTS_STREAM variant).
+                # silently; deploy/nats/nats-permissions.conf allows what it needs).
                 log.warning(
                     "JetStream does not answer for stream %s yet (%s); trying again",
                     c.results_stream,

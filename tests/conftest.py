@@ -61,6 +61,8 @@ XDIST_GROUPS = {
     "tests/e2e/test_nats_cluster.py": "nats-cluster",
     "tests/e2e/test_nats_lame_duck.py": "nats-cluster",
     "tests/e2e/test_stream_leader.py": "nats-cluster",
+    "tests/e2e/test_stream_all_nodes_killed.py": "nats-cluster",
+    "tests/deploy/test_shipped_examples.py": "nats-cluster",
     "tests/e2e/test_nemesis.py": "machine",
     "tests/e2e/test_memory_bound.py": "machine",
     # A module that builds something slow once (a fixture of scope module: a loaded

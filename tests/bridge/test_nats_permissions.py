@@ -1,7 +1,8 @@
-"""NATS permissions: docs/nats-permissions.conf, quoted in
-docs/service-teams.md, is the least the core and the two recognition services need. A
-real nats-server runs on that block verbatim: a job goes from queued to done through it,
-and every user is refused everything else. A bridge whose subscription is refused says so
+"""NATS permissions: deploy/nats/nats-permissions.conf (the results stream, quoted in
+docs/service-teams.md) and nats-permissions-core.conf (core NATS only) are the least the
+core and the two recognition services need. A real nats-server runs on each verbatim: a
+job goes from queued to done through it, and every user is refused everything else; the
+two files differ in arm-core's user only. A bridge whose subscription is refused says so
 and reports it in the health check instead of running deaf."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
+from arm_core.bridge.nats_client import auth_options
 from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.reference import (
@@ -27,13 +29,14 @@ from arm_core.devtools.reference import (
 from arm_core.http.app import create_app
 from arm_core.version import installed
 from tests.support.bridge import fast_settings, logged, running_bridge, wait_for
-from tests.support.natsauth import NkeyUsers, nkey_users
+from tests.support.natsauth import NkeyUsers, nkey_users, user_jwt_for
+from tests.support.shipped_nats import CORE_PERMISSIONS, STREAM_PERMISSIONS
 from tests.support.sql import dict_conn, job, stored_file, upload
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTED = ROOT / "docs" / "nats-permissions.conf"
+FILES = {"core": CORE_PERMISSIONS, "stream": STREAM_PERMISSIONS}
 
 REQUESTS = ("files.tabular_uploaded", "files.img_uploaded")
 RESULTS = "files.tabular_parsed"
@@ -46,6 +49,7 @@ INBOXES = {
     ("_INBOX.>", queue) for queue in ("", "arm-core", "tabular-parser", "scan-gateway", "other")
 }
 STREAM_NAMES = "$JS.API.STREAM.NAMES"
+JS_INFO = "$JS.API.INFO"
 ALLOWED: dict[str, tuple[set[str], set[tuple[str, str]]]] = {
     # Its inbox: the server's "no responders" to a probe (bridge/probes.py).
     "ARM_CORE_NKEY": (set(REQUESTS), {(RESULTS, "arm-core"), *INBOXES}),
@@ -60,13 +64,22 @@ ALLOWED: dict[str, tuple[set[str], set[tuple[str, str]]]] = {
 }
 # Everything else each user is refused: the exchange's subjects and some others, with
 # every queue group and none.
-PUBLISH_TO = (*REQUESTS, RESULTS, "files.other", "_INBOX.x", "$JS.API.INFO", STREAM_NAMES)
+PUBLISH_TO = (*REQUESTS, RESULTS, "files.other", "_INBOX.x", JS_INFO, STREAM_NAMES)
 SUBSCRIBE_TO = (*REQUESTS, RESULTS, "files.other", "files.>", ">", "_INBOX.>")
 QUEUES = ("", "arm-core", "tabular-parser", "scan-gateway", "other")
 
 
-def documented() -> str:
-    return DOCUMENTED.read_text()
+def allowed(shape: str, user: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """What `user` may do under the `shape` file: with the stream, arm-core also calls
+    the JetStream API (of which PUBLISH_TO holds $JS.API.INFO)."""
+    publish, subscribe = ALLOWED[user]
+    if shape == "stream" and user == "ARM_CORE_NKEY":
+        return publish | {JS_INFO}, subscribe
+    return publish, subscribe
+
+
+def documented(shape: str = "core") -> str:
+    return FILES[shape].read_text()
 
 
 @asynccontextmanager
@@ -111,27 +124,47 @@ class Watched:
 
 
 def test_the_service_teams_page_quotes_the_file_and_the_file_names_the_defaults() -> None:
-    snippet = documented()
     page = (ROOT / "docs" / "service-teams.md").read_text()
-    assert f"```text\n{snippet}```" in page, (
-        "docs/service-teams.md must quote docs/nats-permissions.conf"
+    assert f"```text\n{documented('stream')}```" in page, (
+        "docs/service-teams.md must quote deploy/nats/nats-permissions.conf"
     )
     s = Settings()
-    for subject in (s.tabular_request_subject, s.image_request_subject, s.result_subject):
-        assert f'"{subject}"' in snippet
-    assert f'"{s.result_subject} {s.nats_queue_group}"' in snippet
-    for service in (TABULAR, SCAN):
-        config = ReferenceConfig(service)
-        assert f'"{DEFAULT_SUBJECTS[service]} {config.queue}"' in snippet
+    for snippet in map(documented, FILES):
+        for subject in (s.tabular_request_subject, s.image_request_subject, s.result_subject):
+            assert f'"{subject}"' in snippet
+        assert f'"{s.result_subject} {s.nats_queue_group}"' in snippet
+        for service in (TABULAR, SCAN):
+            config = ReferenceConfig(service)
+            assert f'"{DEFAULT_SUBJECTS[service]} {config.queue}"' in snippet
 
 
+def users_block(snippet: str, user: str) -> str:
+    """The `{ nkey: $user … }` entry of a file, its comment lines left out."""
+    lines = [line for line in snippet.splitlines() if not line.lstrip().startswith("#")]
+    start = lines.index(f"      nkey: ${user}") - 1
+    end = lines.index("    }", start)
+    return "\n".join(lines[start : end + 1])
+
+
+def test_the_two_files_differ_in_arm_cores_user_only() -> None:
+    """The services' users are the same in both: a change to one is made to the other."""
+    core, stream = documented("core"), documented("stream")
+    for user in ("TABULAR_PARSER_NKEY", "SCAN_GATEWAY_NKEY"):
+        assert users_block(core, user) == users_block(stream, user), user
+    assert users_block(core, "ARM_CORE_NKEY") != users_block(stream, "ARM_CORE_NKEY")
+    # The stream's name and the durable consumer are the deploy examples' and the defaults'.
+    assert '"$JS.API.STREAM.CREATE.ARM_RESULTS"' in stream
+    assert f'"$JS.API.CONSUMER.INFO.ARM_RESULTS.{Settings().nats_queue_group}"' in stream
+
+
+@pytest.mark.parametrize("shape", sorted(FILES))
 async def test_a_job_goes_through_a_server_with_exactly_the_documented_permissions(
-    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, shape: str
 ) -> None:
     """The bridge as the core user, each reference service as its own user: a tabular
     and an image upload end `done`, and nobody is refused anything on the way."""
     caplog.set_level(logging.INFO)
-    async with permissioned_server(tmp_path, documented()) as (server, users):
+    async with permissioned_server(tmp_path, documented(shape)) as (server, users):
         settings = fast_settings(db_url, server.url(), nats_seed=users.seeds["ARM_CORE_NKEY"])
         services: list[tuple[Watched, ReferenceService]] = []
         for service, user in ((TABULAR, "TABULAR_PARSER_NKEY"), (SCAN, "SCAN_GATEWAY_NKEY")):
@@ -164,13 +197,16 @@ async def test_a_job_goes_through_a_server_with_exactly_the_documented_permissio
     assert "Violation" not in server.log_path.read_text()
 
 
+@pytest.mark.parametrize("shape", sorted(FILES))
 @pytest.mark.parametrize("user", sorted(ALLOWED))
-async def test_each_user_is_refused_everything_it_is_not_allowed(user: str, tmp_path: Path) -> None:
+async def test_each_user_is_refused_everything_it_is_not_allowed(
+    user: str, shape: str, tmp_path: Path
+) -> None:
     """Every publish and every subscription (any queue group or none) outside the user's
     allowance gets a permissions violation; those inside get nothing; the connection
     stays up throughout (a refusal closes nothing)."""
-    publish, subscribe = ALLOWED[user]
-    async with permissioned_server(tmp_path, documented()) as (server, users):
+    publish, subscribe = allowed(shape, user)
+    async with permissioned_server(tmp_path, documented(shape)) as (server, users):
         watched = await Watched().connect(server.url(), users.seeds[user])
         nc = watched.client
         try:
@@ -209,7 +245,7 @@ def _without_subscribe(snippet: str) -> str:
     live = [
         i for i, line in enumerate(lines) if right in line and not line.lstrip().startswith("#")
     ]
-    assert len(live) == 1  # the RESULTS_STREAM variant below it is a comment
+    assert len(live) == 1
     lines[live[0]] = lines[live[0]].replace(right, '"files.tabular_parsed arm_core"')
     return "".join(lines)
 
@@ -286,3 +322,22 @@ async def test_a_refused_publish_leaves_the_jobs_queued_and_says_why(
     message = refusals[0].getMessage()
     assert "NATS refused the publish" in message
     assert "files.img_uploaded" in message
+
+
+async def test_a_seed_with_a_jwt_is_refused_by_the_shipped_users(tmp_path: Path) -> None:
+    """The shipped server file defines nkey users, no operator: a client that signs in
+    with a JWT beside its seed (operator mode's way) is refused, the seed alone is let in.
+    So the deploy examples give the seed only."""
+    async with permissioned_server(tmp_path, documented("stream")) as (server, users):
+        seed = users.seeds["ARM_CORE_NKEY"]
+        jwt = user_jwt_for(seed)
+        refused = Client()
+        with pytest.raises(Exception, match="Authorization Violation"):
+            await refused.connect(
+                server.url(),
+                allow_reconnect=False,
+                **auth_options(Settings(nats_seed=seed, nats_jwt=jwt)),
+            )
+        let_in = await Watched().connect(server.url(), seed)
+        assert let_in.client.is_connected
+        await let_in.client.close()

@@ -34,13 +34,14 @@ from tests.support.bridge import (
     send,
     wait_for,
 )
+from tests.support.natsauth import nkey_users
 from tests.support.processes import ArmProcess
+from tests.support.shipped_nats import STREAM_PERMISSIONS
 from tests.support.sql import dict_conn, scalar
 from tests.support.stream import STREAM, published_jobs, stream_settings
 
 pytestmark = pytest.mark.integration
 
-PERMISSIONS = Path(__file__).resolve().parents[2] / "docs" / "nats-permissions.conf"
 SUBJECT = "files.tabular_parsed"
 
 
@@ -375,31 +376,16 @@ async def test_server_not_there_yet_keeps_connecting(db_url: str, tmp_path: Path
     assert code == 0
 
 
-def stream_variant(snippet: str) -> str:
-    """docs/nats-permissions.conf with arm-core's permissions replaced by the commented
-    RESULTS_STREAM variant below them."""
-    lines = snippet.splitlines()
-    start = lines.index("#     permissions {")
-    variant = [line[1:] for line in lines[start:] if line.startswith("#  ")]
-    core_start = next(i for i, line in enumerate(lines) if "nkey: $ARM_CORE_NKEY" in line) + 1
-    core_end = next(i for i in range(core_start, len(lines)) if lines[i].strip() == "}")
-    return "\n".join(lines[:core_start] + variant + lines[core_end + 1 :]) + "\n"
-
-
 async def test_documented_stream_permissions_are_enough(
     db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A jetstream server with exactly the documented RESULTS_STREAM variant for arm-core:
-    the bridge makes the stream and the consumer, keeps the answers for a replay (its
-    two SUBs are not refused), and a job goes through; a bridge configured with another
-    byte limit then sets it on the stream."""
-    from tests.support.natsauth import nkey_users
-
-    users = nkey_users(stream_variant(PERMISSIONS.read_text()))
+    """A jetstream server with exactly the shipped RESULTS_STREAM permissions
+    (deploy/nats/nats-permissions.conf): the bridge makes the stream and the consumer,
+    keeps the answers for a replay (its two SUBs are not refused), and a job goes
+    through; a bridge configured with another byte limit then sets it on the stream."""
+    users = nkey_users(STREAM_PERMISSIONS.read_text())
     config = users.write_config(tmp_path)
-    # nkey_users takes the $JS of the API subjects for a variable: not one.
-    text = "".join(line for line in config.open() if not line.startswith("JS: "))
-    config.write_text(text + f'\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n')
+    config.write_text(config.read_text() + f'\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n')
     server = EmbeddedNats(extra_args=["-c", str(config)], log_dir=tmp_path / "nats").start()
     service = Client()
     try:

@@ -245,9 +245,12 @@ async def start_bridge(stack: Stack, cluster: EmbeddedNatsCluster, **env: Any) -
 async def reference_on_stream(
     stack: Stack, cluster: EmbeddedNatsCluster, stream: str, **env: Any
 ) -> ArmProcess:
-    """The real `arm-core reference` on every node (NATS_URL), 50 ms per file, once both
-    its services have found `stream` and answer through JetStream publish."""
-    reference = stack.reference(NATS_URL=cluster.url(), REFERENCE_DELAY_SECONDS=0.05, **env)
+    """The real `arm-core reference` on every node (NATS_URL), 50 ms per file unless
+    `env` says otherwise, once both its services have found `stream` and answer through
+    JetStream publish."""
+    reference = stack.reference(
+        **{"NATS_URL": cluster.url(), "REFERENCE_DELAY_SECONDS": 0.05, **env}
+    )
     await wait_for(
         lambda: len(log_lines(reference.log(), action="ref_stream")) >= 2,
         30,

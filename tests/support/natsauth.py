@@ -1,6 +1,6 @@
 """Credentials for a real nats-server in operator (decentralised JWT) mode: an operator,
 an account and a user, each an nkey, with JWTs signed by hand as nsc would sign them; and
-nkey users for a configuration file's `authorization` block (docs/nats-permissions.conf)."""
+nkey users for a configuration file's `authorization` block (deploy/nats/)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ def _b64(raw: bytes) -> str:
 def _key(prefix: int) -> tuple[str, nkeys.KeyPair]:
     seed = nkeys.encode_seed(os.urandom(32), prefix)
     return seed.decode(), nkeys.from_seed(seed)
+
+
+def user_nkey() -> tuple[str, str]:
+    """A fresh NATS user's nkey: its seed (SU…) and its public key (U…)."""
+    seed, user = _key(nkeys.PREFIX_BYTE_USER)
+    return seed, user.public_key.decode()
 
 
 def _jwt(issuer: nkeys.KeyPair, subject: str, name: str, claims: dict[str, Any]) -> str:
@@ -89,6 +95,15 @@ def operator_mode() -> OperatorMode:
     return OperatorMode(config, user_seed, user_jwt)
 
 
+def user_jwt_for(seed: str) -> str:
+    """A user JWT for the user of `seed`, issued by an account of its own (operator
+    mode's credential, which a server of nkey users does not take)."""
+    user = nkeys.from_seed(seed.encode())
+    _, account = _key(nkeys.PREFIX_BYTE_ACCOUNT)
+    claims = {"type": "user", "pub": {}, "sub": {}}
+    return _jwt(account, user.public_key.decode(), "arm-core", claims)
+
+
 @dataclass(frozen=True)
 class NkeyUsers:
     """A nats-server configuration: `snippet` verbatim, after a fresh nkey user for each
@@ -108,7 +123,6 @@ def nkey_users(snippet: str) -> NkeyUsers:
     names = sorted(set(re.findall(r"nkey:\s*\$([A-Za-z_][A-Za-z0-9_]*)", "\n".join(lines))))
     seeds, defined = {}, []
     for name in names:
-        seed, user = _key(nkeys.PREFIX_BYTE_USER)
-        seeds[name] = seed
-        defined.append(f'{name}: "{user.public_key.decode()}"\n')
+        seeds[name], public = user_nkey()
+        defined.append(f'{name}: "{public}"\n')
     return NkeyUsers("".join(defined) + snippet, seeds)

@@ -145,6 +145,13 @@ def serve_env(db_url: str, port: int, **env: str) -> dict[str, str]:
     }
 
 
+def json_log_records(text: str, **fields: str) -> list[dict[str, Any]]:
+    """The records of a LOG_FORMAT=json log (one JSON object a line) that carry all of
+    `fields`; a line that is no JSON object (a crash's traceback) fails the caller."""
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [r for r in records if all(r.get(k) == v for k, v in fields.items())]
+
+
 def log_lines(text: str, **fields: str) -> list[str]:
     """Lines of a key=value log that carry all of `fields`."""
     return [

@@ -22,19 +22,15 @@ The tests at the end prove that each check catches the typo it is there for."""
 from __future__ import annotations
 
 import copy
-import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import yaml
 
 from arm_core.cli import COMMANDS, main
 from arm_core.config import Settings
@@ -42,10 +38,21 @@ from arm_core.http.app import create_app
 from arm_core.http.auth import PUBLIC_PATHS
 from arm_core.runtime import bridge_app
 from tests.support.compose import variables_read_by
+from tests.support.deploy_examples import (
+    CREDENTIAL,
+    ROOT,
+    SYSTEMD,
+    Unit,
+    env_file_names,
+    example_of,
+    image_env,
+    load_manifests,
+    load_units,
+    mounted_files,
+    pod_specs,
+    secret_keys,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-SYSTEMD = ROOT / "deploy" / "systemd"
-KUBERNETES = ROOT / "deploy" / "kubernetes"
 EXECUTABLE = "/opt/arm-core/bin/arm-core"
 # The argparse commands of arm_core.cli.main (test_the_known_commands_are_the_clis).
 CLI_COMMANDS = frozenset(COMMANDS) | {"healthcheck", "rollback"}
@@ -53,68 +60,6 @@ CLI_COMMANDS = frozenset(COMMANDS) | {"healthcheck", "rollback"}
 PORT_VARIABLE = {"serve": "HTTP_PORT", "bridge": "BRIDGE_HEALTH_PORT"}
 
 # --- systemd ----------------------------------------------------------------------------
-
-# A directive, or one commented out: `Key=value` or `#Key=value` (not prose in a comment).
-DIRECTIVE = re.compile(r"^(?P<commented>#)?(?P<key>[A-Z][A-Za-z]+)=(?P<value>.*)$")
-CREDENTIAL = re.compile(r"%d/([^\s/]+)")
-
-
-@dataclass
-class Unit:
-    name: str
-    # (section, key, value, commented out) in file order.
-    directives: list[tuple[str, str, str, bool]]
-    # EnvironmentFile= path → its example's text (tests may replace it).
-    env_files: dict[str, str] = field(default_factory=dict)
-
-    def values(self, key: str, commented: bool = True) -> list[str]:
-        return [v for _, k, v, c in self.directives if k == key and (commented or not c)]
-
-    def value(self, key: str) -> str:
-        """The one value of `key` in effect (not commented out)."""
-        [found] = self.values(key, commented=False)
-        return found
-
-
-def parse_unit(text: str, name: str) -> Unit:
-    section, found = "", []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("[") and stripped.endswith("]"):
-            section = stripped[1:-1]
-            continue
-        m = DIRECTIVE.match(stripped)
-        if m and section:
-            found.append((section, m["key"], m["value"].strip(), bool(m["commented"])))
-    return Unit(name, found)
-
-
-def example_of(env_file: str) -> Path:
-    """/etc/arm-core/serve.env (or -/etc/…: optional) → deploy/systemd/serve.env.example."""
-    return SYSTEMD / (PurePosixPath(env_file.lstrip("-")).name + ".example")
-
-
-def load_units() -> list[Unit]:
-    units = []
-    for path in sorted(SYSTEMD.glob("*.service")):
-        unit = parse_unit(path.read_text(encoding="utf-8"), path.name)
-        for env_file in unit.values("EnvironmentFile"):
-            example = example_of(env_file)
-            unit.env_files[env_file] = (
-                example.read_text(encoding="utf-8") if example.is_file() else ""
-            )
-        units.append(unit)
-    return units
-
-
-def env_file_names(text: str) -> list[str]:
-    """The variables an EnvironmentFile sets (NAME=value lines; # starts a comment)."""
-    names = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            names.append(line.split("=", 1)[0].strip())
-    return names
 
 
 def unit_problems(unit: Unit) -> list[str]:
@@ -238,25 +183,6 @@ def test_systemd_analyze_verify_catches_a_misspelled_key(tmp_path: Path) -> None
 # --- Kubernetes -------------------------------------------------------------------------
 
 
-def load_manifests() -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for path in sorted(KUBERNETES.glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
-    return docs
-
-
-def image_env() -> dict[str, str]:
-    """The ENV of the Containerfile's runtime stage (its defaults: HTTP_PORT, …)."""
-    text = (ROOT / "Containerfile").read_text(encoding="utf-8").replace("\\\n", " ")
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("ENV "):
-            for word in shlex.split(line[4:]):
-                name, _, value = word.partition("=")
-                found[name] = value
-    return found
-
-
 @cache
 def served_paths(command: str) -> frozenset[str]:
     """The GET paths `arm-core <command>`'s app serves (none: it has no HTTP server)."""
@@ -266,37 +192,6 @@ def served_paths(command: str) -> frozenset[str]:
         return frozenset()
     app = apps[command](settings)
     return frozenset(r.resource.canonical for r in app.router.routes() if r.resource)
-
-
-def pod_specs(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
-    for doc in docs:
-        if doc.get("kind") in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
-            yield f"{doc['kind']} {doc['metadata']['name']}", doc["spec"]["template"]["spec"]
-
-
-def secret_keys(docs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
-    return {
-        d["metadata"]["name"]: {**d.get("stringData", {}), **d.get("data", {})}
-        for d in docs
-        if d.get("kind") == "Secret"
-    }
-
-
-def mounted_files(
-    container: dict[str, Any], pod: dict[str, Any], secrets: dict[str, dict[str, str]]
-) -> set[str]:
-    """The paths of the files the container's Secret volumes put in it."""
-    volumes = {v["name"]: v for v in pod.get("volumes", [])}
-    files = set()
-    for mount in container.get("volumeMounts", []):
-        secret = volumes.get(mount["name"], {}).get("secret")
-        if not secret:
-            continue
-        items = secret.get("items") or [
-            {"key": k, "path": k} for k in secrets.get(secret["secretName"], {})
-        ]
-        files |= {f"{mount['mountPath'].rstrip('/')}/{item['path']}" for item in items}
-    return files
 
 
 def container_problems(
@@ -413,6 +308,69 @@ def test_the_deployments_probe_livez_and_readyz_and_ask_for_resources() -> None:
                 # More than the bridge's 10 s drain.
                 assert pod["terminationGracePeriodSeconds"] >= 20, where
         assert pod["securityContext"]["runAsNonRoot"] is True, where
+
+
+def named_peer(peer: dict[str, Any]) -> bool:
+    """An address block, or a selector that names labels (an empty one selects all)."""
+    selectors = [v for k, v in peer.items() if k.endswith("Selector")]
+    return bool(peer.get("ipBlock")) or any(
+        s.get("matchLabels") or s.get("matchExpressions") for s in selectors
+    )
+
+
+def policy_problems(docs: list[dict[str, Any]]) -> list[str]:
+    """The bridge's port serves /metrics without a token: a NetworkPolicy must select
+    each bridge pod, govern its ingress, and let in only named peers (a selector or an
+    address block each; an empty `from` is everyone) on the health port only."""
+    found: list[str] = []
+    policies = [d for d in docs if d.get("kind") == "NetworkPolicy"]
+    for where, pod in pod_specs(docs):
+        [container] = pod["containers"]
+        if container.get("args", [""])[0] != "bridge":
+            continue
+        [doc] = [d for d in docs if f"{d.get('kind')} {d['metadata']['name']}" == where]
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        ports = {p["name"] for p in container["ports"]} | {
+            p["containerPort"] for p in container["ports"]
+        }
+        covering = [
+            p
+            for p in policies
+            if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+            and "Ingress" in p["spec"].get("policyTypes", [])
+        ]
+        if not covering:
+            found.append(f"{where}: no NetworkPolicy governs its ingress")
+        for policy in covering:
+            name = f"NetworkPolicy {policy['metadata']['name']}"
+            for rule in policy["spec"].get("ingress", []):
+                peers = rule.get("from") or []
+                if not peers or not all(map(named_peer, peers)):
+                    found.append(f"{name}: a rule lets every peer in")
+                opened = {port.get("port") for port in rule.get("ports") or [{}]}
+                if not opened or not opened <= ports:
+                    found.append(f"{name}: opens {sorted(map(str, opened))}, not the health port")
+    return found
+
+
+def test_a_network_policy_opens_the_bridges_port_to_named_peers_only() -> None:
+    assert policy_problems(load_manifests()) == []
+
+
+def test_a_missing_or_open_network_policy_is_caught() -> None:
+    docs = copy.deepcopy(load_manifests())
+    [policy] = [d for d in docs if d.get("kind") == "NetworkPolicy"]
+    policy["spec"]["ingress"][0]["from"] = []
+    policy["spec"]["ingress"].append({"from": [{"podSelector": {}}], "ports": [{"port": 5432}]})
+    assert policy_problems(docs) == [
+        "NetworkPolicy arm-core-bridge: a rule lets every peer in",
+        "NetworkPolicy arm-core-bridge: a rule lets every peer in",
+        "NetworkPolicy arm-core-bridge: opens ['5432'], not the health port",
+    ]
+    docs.remove(policy)
+    assert policy_problems(docs) == [
+        "Deployment arm-core-bridge: no NetworkPolicy governs its ingress"
+    ]
 
 
 def test_the_example_secret_holds_placeholders_only() -> None:

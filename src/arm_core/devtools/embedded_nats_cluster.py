@@ -60,6 +60,10 @@ class EmbeddedNatsCluster(Server):
     binary: str | None = None
     extra_args: list[str] = field(default_factory=list)
     lame_duck_grace: float = 1.0
+    # JetStream's sync_interval: `always` writes each message to disk (fsync) before the
+    # stream acknowledges it, as deploy/nats/nats-server.conf does; nats-server's own
+    # default (None here) syncs every 2 minutes: a power loss loses what it stored since.
+    sync_interval: str | None = "always"
     nodes: list[EmbeddedNats] = field(default_factory=list, init=False)
     monitor_ports: list[int] = field(default_factory=list, init=False)
     cluster_ports: list[int] = field(default_factory=list, init=False)
@@ -104,12 +108,18 @@ class EmbeddedNatsCluster(Server):
         args += ["-routes", seed]
         if self.jetstream:
             args += ["-js", "-sd", str(log_dir / "jetstream")]
-        # Lame-duck timings exist only as configuration-file options; the flags above
-        # and the node's own (port, log) take precedence over anything in it.
+        # Lame-duck timings and JetStream's sync_interval exist only as configuration-file
+        # options; the flags above and the node's own (port, log) take precedence over
+        # anything in it.
         log_dir.mkdir(parents=True, exist_ok=True)
         config = log_dir / "node.conf"
         config.write_text(
             f'lame_duck_duration: "30s"\nlame_duck_grace_period: "{self.lame_duck_grace}s"\n'
+            + (
+                f"jetstream {{ sync_interval: {self.sync_interval} }}\n"
+                if self.jetstream and self.sync_interval is not None
+                else ""
+            )
         )
         args = ["-c", str(config), *args]
         return EmbeddedNats(

@@ -51,6 +51,9 @@ class EmbeddedNats(Server):
     port: int | None = None
     extra_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
+    # Variables added to the server's environment (a configuration file's $NAME: the
+    # server name, users' nkeys).
+    env: dict[str, str] = field(default_factory=dict)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _own_log_dir: bool = field(default=False, init=False, repr=False)
 
@@ -85,7 +88,12 @@ class EmbeddedNats(Server):
         # before the owner has shut down its clients.
         with log_path.open("ab") as out:
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
             )
         try:
             self._wait_ready(log_path, offset, timeout)
