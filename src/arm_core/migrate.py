@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import psycopg
-from psycopg import sql
+from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from yoyo import get_backend, read_migrations
 
@@ -46,6 +47,19 @@ class MigrateReport:
     applied_migrations: list[str]
     function_files: list[str]
 
+
+# The tables the function files (re)create triggers on (10_triggers.sql, 80_status.sql):
+# CREATE TRIGGER takes each one's SHARE ROW EXCLUSIVE lock, which every write waits for.
+# Taken one after the other while the flow goes on, a write holding the second and
+# waiting for the first (an upload writes stored_file before recognition_job) is a
+# deadlock, and PostgreSQL kills one of the two: a rolling deploy's uploads failed so.
+# So the functions' transaction first takes both at once, without waiting (NOWAIT):
+# while it waits for nothing it is in no deadlock; refused, it tries again a moment later,
+# until TRIGGER_LOCK_PATIENCE_SECONDS. Writes then wait for the transaction (well under a
+# second) and go on.
+TRIGGER_TABLES = ("arm.recognition_job", "arm.stored_file")
+TRIGGER_LOCK_PATIENCE_SECONDS = 60.0
+TRIGGER_LOCK_RETRY_SECONDS = 0.02
 
 # db/, mapped to arm_core.sql by setuptools' package-dir (pyproject.toml): a copy in a
 # wheel, a tree of links in the editable install (so not resolve(): that would follow a
@@ -181,13 +195,43 @@ def ensure_roles(conn: psycopg.Connection) -> list[str]:
     return missing
 
 
-def apply_functions(conn: psycopg.Connection, root: Path) -> list[str]:
+def apply_functions(
+    conn: psycopg.Connection, root: Path, patience: float = TRIGGER_LOCK_PATIENCE_SECONDS
+) -> list[str]:
     """Applies every db/functions file, in name order, then db/grants.sql (owners and
     privileges), in one transaction, with search_path = pg_catalog, pg_temp: the
-    migrating user's own path cannot change what they mean. Needs db/roles.sql's roles."""
+    migrating user's own path cannot change what they mean. Needs db/roles.sql's roles.
+    The transaction starts with TRIGGER_TABLES' locks, taken together when no write
+    holds them (tried again until `patience` seconds have passed; then LockNotAvailable)."""
+    deadline = time.monotonic() + patience
+    refused = 0
+    while True:
+        try:
+            return _apply_functions(conn, root)
+        except errors.LockNotAvailable:
+            refused += 1
+            if time.monotonic() >= deadline:
+                log.error(
+                    "no moment without writes on %s in %.0f s (%d tries): functions not "
+                    "applied; run migrate again",
+                    ", ".join(TRIGGER_TABLES),
+                    patience,
+                    refused,
+                    extra={"action": "migrate"},
+                )
+                raise
+            time.sleep(TRIGGER_LOCK_RETRY_SECONDS)
+
+
+def _apply_functions(conn: psycopg.Connection, root: Path) -> list[str]:
     names = []
     with conn.transaction():
         conn.execute("SET LOCAL search_path = pg_catalog, pg_temp")
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE NOWAIT").format(
+                sql.SQL(", ").join(sql.Identifier(*name.split(".")) for name in TRIGGER_TABLES)
+            )
+        )
         for path in function_files(root):
             conn.execute(path.read_text(encoding="utf-8"))
             names.append(path.name)
