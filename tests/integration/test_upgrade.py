@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 
 from arm_core.db import query
 from arm_core.devtools.schema_snapshot import overloads
-from arm_core.migrate import SQL_DIR, migrate
+from arm_core.migrate import SQL_DIR, ensure_roles, migrate
 from tests.integration.test_roles import (
     assert_functions_owned_pinned_and_granted,
     assert_table_privileges,
@@ -453,9 +453,13 @@ def test_a_deployment_that_migrates_as_an_owner_login_upgrades_and_keeps_its_pro
     app = f"arm_app_{uuid.uuid4().hex[:8]}"
     dbname = empty_db_url.rsplit("/", 1)[1]
     with psycopg.connect(empty_db_url, autocommit=True) as admin:
+        # Cluster-wide, and the app login may make neither: this may be the server's first
+        # migrated database.
+        ensure_roles(admin)
         admin.execute(f'CREATE ROLE "{app}" LOGIN')
         admin.execute(f'ALTER DATABASE "{dbname}" OWNER TO "{app}"')
         admin.execute(f'GRANT arm_owner TO "{app}"')
+    ensure_logins(empty_db_url)
     app_url = as_login(empty_db_url, Login(app, ()))
     ups = previous_release_with_data(app_url, site, as_roles=False)
     before = rows(empty_db_url)
