@@ -368,8 +368,14 @@ async def test_server_not_there_yet_keeps_connecting(db_url: str, tmp_path: Path
         )
         assert proc.proc.poll() is None
         server.start()
-        await wait_for(lambda: (proc.health(health) or {}).get("nats") == "ok", 30, "consuming")
-        assert "consuming files.tabular_parsed from stream ARM_RESULTS" in proc.log()
+        await wait_for(lambda: (proc.health(health) or {}).get("nats") == "ok", 30, "connected")
+        # The health says ok once the consumer is bound; the line follows the replay's
+        # subscription, a moment later.
+        await wait_for(
+            lambda: "consuming files.tabular_parsed from stream ARM_RESULTS" in proc.log(),
+            30,
+            "consuming",
+        )
     finally:
         code = proc.stop()
         server.stop()
