@@ -101,8 +101,6 @@ class InboxConfig:
     # doubling up to the maximum; at shutdown it is dropped once past the maximum.
     backoff_seconds: float = 0.2
     backoff_max_seconds: float = 5.0
-    # A batch that meets a deadlock or serialization failure is tried this often more.
-    conflict_retries: int = 3
     # An answer for a job that is still queued (`not_published`: the transaction that sent
     # its request had not committed, and rolled back) is applied again every
     # not_published_retry_seconds for up to not_published_patience_seconds after it came:

@@ -51,7 +51,7 @@ from arm_core.bridge import events
 from arm_core.bridge.envelope import Envelope
 from arm_core.bridge.intake import Intake
 from arm_core.bridge.service import Loop
-from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable, is_transient
+from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable
 from arm_core.statuses import ApplyOutcome, JobStatus
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,6 @@ class Inbox(Intake):
         aside, bridge/stream.py stops fetching); the others are dropped at shutdown."""
         c = self.config
         backoff = c.backoff_seconds
-        conflicts = 0
         gone: list[Envelope] = []
         while True:
             try:
@@ -247,13 +246,9 @@ class Inbox(Intake):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, c.backoff_max_seconds)
             except DatabaseError as exc:
+                # A deadlock or serialization failure was tried again by the store
+                # (arm_core.pooled) before it came here.
                 self.reachable()
-                if (
-                    is_transient(exc) and conflicts < c.conflict_retries
-                ):  # deadlock, serialization: again
-                    conflicts += 1
-                    await asyncio.sleep(0.05 * conflicts)
-                    continue
                 if len(batch) > 1:
                     log.warning(
                         "a batch of %d envelopes failed as a whole; applying them one by one: %s",

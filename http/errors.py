@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from arm_core.db import DatabasePoolExhausted, DatabaseUnavailable
+from arm_core.db import DatabaseConflict, DatabasePoolExhausted, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # request.
         log.debug("database unavailable: %s", exc, extra={"action": "http"})
         return error_response(503, "DATABASE_UNAVAILABLE", "the database cannot be reached")
+    except DatabaseConflict as exc:
+        # Rolled back by a concurrent transaction after every try the store makes
+        # (arm_core.pooled); nothing of the request was done.
+        log.warning("database conflict: %s", exc, extra={"action": "http"})
+        return error_response(
+            503,
+            "DATABASE_CONFLICT",
+            "a concurrent change got in the way and nothing was done; try again",
+            headers={"Retry-After": "1"},
+        )
     except DatabasePoolExhausted as exc:
         # The database answers; every connection of this process is busy. Logged once by
         # the process's PoolExhaustion (action=db_pool_exhausted), not once per request.

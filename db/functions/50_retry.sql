@@ -8,8 +8,12 @@
 -- Lock order: retry locks only the file (and creates a row nobody else can see yet);
 -- it reads the current job without locking it. Final jobs never change, and a live job
 -- makes the file not retryable either way, so that read cannot go stale in a way that
--- matters, and retry cannot deadlock with the inbox or the sweep (which lock the job,
--- then the file).
+-- matters, and a retry of one file cannot deadlock with the inbox or the sweep (which
+-- lock the job, then the file). A retry of many files (retry_files_v3) can: it holds the
+-- files it has passed while it waits for the next, and a batch of the inbox updates its
+-- files in no set order. PostgreSQL then rolls one of the two back; the API's store and
+-- the bridge's send that call again (src/arm_core/pooled.py), a DBA's SQL sees the
+-- error (40P01) and runs it again.
 --
 -- Outcomes: retried | not_found | not_retryable, with a reason for not_retryable:
 --   not_failed          the current job is live (queued, published, processing) or
@@ -176,7 +180,8 @@ $$;
 -- ignored); p_expected_job_ids[i] is the job the caller saw for p_file_ids[i] (NULL, or
 -- a shorter or NULL array: whichever; a file named twice keeps its first). A file that
 -- cannot be retried is reported, the rest go on. Files are locked in id order, so
--- concurrent batches with overlapping files cannot deadlock. p_actor_level is recorded
+-- concurrent retries with overlapping files cannot deadlock with each other (with a
+-- batch of the inbox they can: above). p_actor_level is recorded
 -- for every file retried; retry_file_v3 checks it first thing, so a bad one fails the
 -- whole batch at its first file, having written nothing.
 CREATE OR REPLACE FUNCTION arm.retry_files_v3(

@@ -5,10 +5,12 @@ Python never writes the job tables itself; every query here calls a function of
 db/functions. The runtime sends them only through arm_core.store, which types their
 parameters and rows; query(name) is for the store (and for tests that run a query as
 it is). Driver errors become :class:`DatabaseUnavailable` (the server cannot be reached,
-or is read-only — a standby: retrying later makes sense) or :class:`DatabaseError`
-(anything else). A wait for a connection of the pool that ran out while every
-connection was in use is neither: :class:`DatabasePoolExhausted` (the store tells the
-two apart, :meth:`PoolFigures.full`), logged as its own event by :class:`PoolExhaustion`.
+or is read-only — a standby: retrying later makes sense), :class:`DatabaseConflict` (the
+server answered and rolled the call back because a concurrent transaction got in the
+way: a second try may pass at once) or :class:`DatabaseError` (anything else). A wait
+for a connection of the pool that ran out while every connection was in use is neither:
+:class:`DatabasePoolExhausted` (the store tells the two apart, :meth:`PoolFigures.full`),
+logged as its own event by :class:`PoolExhaustion`.
 
 An outage is one event for the operator, however many connections and tasks meet it:
 the process's :class:`Outage` (on its arm_core.instruments.Instruments) logs it once
@@ -47,6 +49,12 @@ class DatabaseError(Exception):
 
 class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached right now (connection refused, lost, timed out)."""
+
+
+class DatabaseConflict(DatabaseError):
+    """The database answered and rolled the call back because a concurrent transaction
+    got in the way: a deadlock, a serialization failure, a lock not available. Nothing
+    of the call was done; the same call again may pass (is_transient)."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +114,11 @@ log = logging.getLogger(__name__)
 def is_unavailable(exc: BaseException) -> bool:
     """Whether a psycopg error means the server is unreachable (worth waiting for). A
     read-only server counts: a standby, or a primary being demoted, while the writable
-    one is elsewhere (a failover in progress)."""
+    one is elsewhere (a failover in progress). A conflict with another transaction (a
+    deadlock, a serialization failure), which psycopg also makes an OperationalError,
+    does not: the server answered (is_transient)."""
+    if is_transient(exc):
+        return False
     return isinstance(
         exc,
         psycopg.OperationalError
@@ -306,6 +318,9 @@ def wrap_db_errors(action: str, outage: Outage) -> Iterator[None]:
     except psycopg.Error as exc:
         # libpq may quote the connection string it could not use: never its password.
         said = mask_urls_in(str(exc))
+        if is_transient(exc):  # psycopg makes these OperationalErrors too: not an outage
+            outage.available()
+            raise DatabaseConflict(f"{action}: {said}") from exc
         if is_unavailable(exc):
             outage.failed(f"{action}: {said}")
             raise DatabaseUnavailable(f"{action}: database unavailable: {said}") from exc

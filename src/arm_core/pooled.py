@@ -1,13 +1,14 @@
 """How the store sends a query: a connection of the process's pool, typed rows, a bound
-on the wait, driver errors translated (arm_core.db), and a wait that ran out on a full
-pool told apart from an outage. :class:`Pooled` is the store's base; every operation is
-arm_core.store's."""
+on the wait, driver errors translated (arm_core.db), a wait that ran out on a full pool
+told apart from an outage, and a call a concurrent transaction rolled back sent again.
+:class:`Pooled` is the store's base; every operation is arm_core.store's."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -16,11 +17,28 @@ from psycopg.rows import scalar_row
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from arm_core.db import DatabaseUnavailable, PoolFigures, query, wrap_db_errors
+from arm_core.db import (
+    DatabaseConflict,
+    DatabaseUnavailable,
+    PoolFigures,
+    query,
+    wrap_db_errors,
+)
 from arm_core.instruments import Instruments
 from arm_core.rows import typed_row
 
+log = logging.getLogger(__name__)
+
 R = TypeVar("R")
+T = TypeVar("T")
+
+# A call that a concurrent transaction rolled back (a deadlock, a serialization failure:
+# DatabaseConflict) goes again this many times, after 50 ms, 100 ms, 150 ms. Every call
+# of the store is one function call in one transaction, so nothing of the first try
+# stays behind. Two multi-row writers can meet in opposite orders — a retry of many
+# files and a batch of answers applied to some of the same files — and PostgreSQL then
+# rolls one of them back; the second try finds the other committed.
+CONFLICT_RETRIES = 3
 
 
 class Pooled:
@@ -105,16 +123,44 @@ class Pooled:
     async def _pooled_rows(
         self, name: str, row: type[R], params: dict[str, Any] | None = None
     ) -> list[R]:
-        with wrap_db_errors(name, self.instruments.outage):
-            async with self._connection(name) as conn:
-                return await self._rows(conn, name, row, params)
+        async def call() -> list[R]:
+            with wrap_db_errors(name, self.instruments.outage):
+                async with self._connection(name) as conn:
+                    return await self._rows(conn, name, row, params)
+
+        return await self._again_on_conflict(name, call)
 
     async def _pooled_scalar(
         self, name: str, params: dict[str, Any] | None = None, pool_timeout: float | None = None
     ) -> Any:
-        with wrap_db_errors(name, self.instruments.outage):
-            async with self._connection(name, pool_timeout) as conn:
-                return await self._scalar(conn, name, params)
+        async def call() -> Any:
+            with wrap_db_errors(name, self.instruments.outage):
+                async with self._connection(name, pool_timeout) as conn:
+                    return await self._scalar(conn, name, params)
+
+        return await self._again_on_conflict(name, call)
+
+    @staticmethod
+    async def _again_on_conflict(name: str, call: Callable[[], Awaitable[T]]) -> T:
+        """`call`, again after a short pause when a concurrent transaction rolled it back,
+        up to CONFLICT_RETRIES times; the last DatabaseConflict goes to the caller."""
+        tries = 0
+        while True:
+            try:
+                return await call()
+            except DatabaseConflict as exc:
+                if tries == CONFLICT_RETRIES:
+                    raise
+                tries += 1
+                log.info(
+                    "%s: trying again (%d of %d): %s",
+                    name,
+                    tries,
+                    CONFLICT_RETRIES,
+                    exc,
+                    extra={"action": "db_conflict", "count": tries},
+                )
+                await asyncio.sleep(0.05 * tries)
 
     async def _bounded_rows(
         self, name: str, row: type[R], params: dict[str, Any] | None, within: float

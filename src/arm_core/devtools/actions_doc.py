@@ -117,6 +117,8 @@ ACTIONS: dict[str, str] = {
     "without the expiry of a certificate file `DATABASE_URL` names (unreadable at start)",
     "migrate": "`arm-core migrate` or `rollback`: a migration applied or rolled back, "
     "roles made, function files applied",
+    "db_conflict": "a call PostgreSQL rolled back for a concurrent transaction (a deadlock), "
+    "sent again; `count` is the try",
     "db_outage": "the database unreachable: `state` started, ongoing (every 30 s), ended",
     "db_pool_exhausted": "every pool connection in use past `DATABASE_POOL_TIMEOUT_SECONDS`: "
     "`state` started, ongoing, ended",
