@@ -1,11 +1,14 @@
-"""The aiohttp application of `arm-core serve`: the HTTP API, plus the bridge's tasks
-when NATS_ENABLED=true. Routes, middlewares and lifecycle in one place."""
+"""The aiohttp applications: the API of `arm-core serve` and the health port of
+`arm-core bridge`. Routes and middlewares in one place; the process's pool, store and
+bridge are added by arm_core.runtime, which runs them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -19,7 +22,9 @@ from arm_core.http.auth import (
     warn_unlevelled_tokens,
 )
 from arm_core.http.errors import error_middleware
-from arm_core.runtime import bridge_ctx, install_metrics, install_probes, new_app, pool_ctx
+from arm_core.http.health import install_health
+from arm_core.http.keys import INSTRUMENTS, SETTINGS, SHUTDOWN
+from arm_core.instruments import Instruments
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 # The operator console: static files, no build step. index.html at /, the rest
@@ -84,9 +89,26 @@ PERMISSIONS: dict[Callable[..., object], str] = {
 }
 
 
-def create_app(settings: Settings) -> web.Application:
+def _new_app(settings: Settings, **kwargs: Any) -> web.Application:
+    """An application with its settings, its instruments and its shutdown event, and
+    GET /healthcheck, /livez, /readyz and /metrics."""
+    app = web.Application(**kwargs)
+    app[SETTINGS] = settings
+    app[INSTRUMENTS] = Instruments()
+    app[SHUTDOWN] = asyncio.Event()
+    install_health(app)
+    return app
+
+
+def health_app(settings: Settings) -> web.Application:
+    """`arm-core bridge`'s own small health port (its errors JSON like the API's)."""
+    return _new_app(settings, middlewares=[error_middleware])
+
+
+def api_app(settings: Settings) -> web.Application:
+    """`arm-core serve`'s API, console and health endpoints."""
     warn_unlevelled_tokens(settings)
-    app = new_app(
+    app = _new_app(
         settings,
         middlewares=[error_middleware, auth_middleware(settings, PERMISSIONS)],
         client_max_size=settings.http_max_body_bytes,
@@ -94,9 +116,6 @@ def create_app(settings: Settings) -> web.Application:
     app[TOKEN_DIGESTS] = TokenDigests.of(settings.api_tokens)
     app[handlers.OPENAPI] = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
     app[CONSOLE] = _console_files()
-    app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
-    install_probes(app)  # GET /healthcheck, /livez, /readyz
-    install_metrics(app)  # GET /metrics
     app.router.add_get("/api/v1/status", handlers.status)
     app.router.add_get("/api/v1/status/series", handlers.status_series)
     app.router.add_get("/api/v1/openapi.json", handlers.openapi)

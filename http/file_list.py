@@ -30,8 +30,8 @@ from aiohttp import web
 from multidict import MultiDict
 
 from arm_core.http.errors import ApiError
+from arm_core.http.keys import STORE
 from arm_core.rows import FileListFilter, FileListItem
-from arm_core.runtime import STORE
 from arm_core.statuses import FileStatus, FileType, JobStatus
 
 DEFAULT_LIMIT = 50

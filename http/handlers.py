@@ -14,9 +14,8 @@ from aiohttp import web
 
 from arm_core.http.auth import CALLER, Caller, authenticate
 from arm_core.http.errors import ApiError, RequestTimeout
-from arm_core.metrics import METRICS
+from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, STORE
 from arm_core.rows import RetryResult
-from arm_core.runtime import BRIDGE, INSTRUMENTS, SETTINGS, STORE
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
 from arm_core.version import installed
 
@@ -253,8 +252,8 @@ async def status(request: web.Request) -> web.Response:
     settings = app[SETTINGS]
     view, bridges, pacing = await app[METRICS].status_view(settings.ack_timeout_seconds)
     bridge: dict[str, str] | None = None
-    if BRIDGE in app:
-        own = app[BRIDGE]
+    if BRIDGE_VIEW in app:
+        own = app[BRIDGE_VIEW]
         bridge = {"name": own.name, "nats": own.nats_state(), "listener": own.listener_status()}
     elif settings.nats_enabled:
         bridge = {"nats": "starting", "listener": "starting"}

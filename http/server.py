@@ -37,7 +37,7 @@ from aiohttp import web
 from aiohttp.http import HttpProcessingError
 
 from arm_core.config import Settings
-from arm_core.runtime import SETTINGS, SHUTDOWN
+from arm_core.http.keys import SETTINGS, SHUTDOWN
 
 # The parser's limits (aiohttp's defaults, stated here so the documented numbers are ours).
 MAX_LINE_BYTES = 8190

@@ -69,8 +69,8 @@ def _run(app: object, host: str, port: int) -> int:
 
 
 def cmd_serve(settings: Settings) -> int:
-    from arm_core.http.app import create_app
     from arm_core.http.server import defer_stop_signals
+    from arm_core.runtime import create_app
 
     defer_stop_signals()
     settings.require_database_url()

@@ -4,8 +4,8 @@ the wait tally the console's chart is fed from), the database outage it logs as 
 and the exhausted pool it logs the same way.
 
 `arm-core serve` and `arm-core bridge` make one :class:`Instruments` per application
-(arm_core.runtime) and hand it to the Store, which hands it to the bridge and its
-services. Two bridges in one test process therefore count, tally and log apart; a
+(arm_core.http.app) and hand it to the Store (arm_core.runtime), which hands it to the
+bridge and its services. Two bridges in one test process therefore count, tally and log apart; a
 service or a Store built without one gets a fresh one of its own.
 
 docs/logs-and-metrics.md "Metrics" lists every name, label and meaning."""

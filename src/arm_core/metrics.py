@@ -1,5 +1,6 @@
-"""Prometheus metrics: `GET /metrics` of `arm-core serve` and of the bridge's
-health port (docs/logs-and-metrics.md "Metrics" lists every name, label and meaning).
+"""Prometheus metrics: what `GET /metrics` of `arm-core serve` and of the bridge's
+health port answers (arm_core.http.health serves it; docs/logs-and-metrics.md "Metrics"
+lists every name, label and meaning).
 
 Two kinds:
 
@@ -26,16 +27,18 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from arm_core.config import Settings
+from arm_core.config_error import ConfigError
 from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable
 from arm_core.instruments import Instruments
 from arm_core.rows import BridgeInstance, PaceRow, SeriesPoint, StatusView
 from arm_core.statuses import JobStatus
 from arm_core.store import Store
+from arm_core.tls import expires_at
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +48,6 @@ DB_READ_TIMEOUT_SECONDS = 1.0
 DB_CACHE_SECONDS = 5.0
 # GET /api/v1/status is polled by consoles every few seconds: one read serves them all.
 STATUS_CACHE_SECONDS = 2.0
-# What generate_latest writes: the text format 0.0.4, which every Prometheus reads.
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass
@@ -285,13 +286,18 @@ class AppMetrics(Collector):
         return generate_latest(self.instruments.metrics.registry) + generate_latest(registry)
 
 
-METRICS = web.AppKey("metrics", AppMetrics)
-
-
-async def metrics_handler(request: web.Request) -> web.Response:
-    """GET /metrics: Prometheus text format (version 0.0.4)."""
-    body = await request.app[METRICS].exposition()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+def certificate_expiries(settings: Settings) -> dict[str, float]:
+    """arm_tls_certificate_expiry_timestamp_seconds: when each certificate file expires
+    first. The NATS and HTTPS files were checked at start (a bad one stops it); a file
+    DATABASE_URL names is libpq's to judge, so one that cannot be read is left out, and
+    logged."""
+    found: dict[str, float] = {}
+    for variable, path in settings.certificate_files().items():
+        try:
+            found[variable] = expires_at(variable, path).timestamp()
+        except ConfigError as exc:
+            log.warning("no expiry metric for %s", exc, extra={"action": "metrics"})
+    return found
 
 
 def _pacing(rows: list[PaceRow]) -> Iterable[Metric]:

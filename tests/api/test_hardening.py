@@ -25,9 +25,8 @@ import pytest
 
 from arm_core.config import Settings
 from arm_core.devtools.embedded import free_port
-from arm_core.http.app import create_app
 from arm_core.http.server import PROTOCOL_LOG, serving
-from arm_core.runtime import bridge_app
+from arm_core.runtime import bridge_app, create_app
 from tests.support.api import api_settings
 from tests.support.processes import ArmProcess, serve_env
 from tests.support.sql import Upload, dict_conn, fail_by_no_ack, jobs_of, publish, upload

@@ -15,7 +15,8 @@ from jsonschema import Draft202012Validator
 
 from arm_core.access import ApiToken, Level
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from arm_core.http.app import OPENAPI_PATH, create_app
+from arm_core.http.app import OPENAPI_PATH
+from arm_core.runtime import create_app
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import TcpProxy, wait_for
 from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from arm_core.metrics import METRICS
+from arm_core.http.keys import METRICS
 from arm_core.runtime import BRIDGE
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import fast_settings, wait_for

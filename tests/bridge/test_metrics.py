@@ -19,9 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from arm_core.http.app import create_app
-from arm_core.metrics import METRICS
-from arm_core.runtime import bridge_app
+from arm_core.http.keys import METRICS
+from arm_core.runtime import bridge_app, create_app
 from tests.support.api import api_settings
 from tests.support.bridge import (
     TcpProxy,

@@ -26,7 +26,7 @@ from arm_core.devtools.reference import (
     ReferenceConfig,
     ReferenceService,
 )
-from arm_core.http.app import create_app
+from arm_core.runtime import create_app
 from arm_core.version import installed
 from tests.support.bridge import fast_settings, logged, running_bridge, wait_for
 from tests.support.natsauth import NkeyUsers, nkey_users, user_jwt_for

@@ -16,8 +16,8 @@ from arm_core.bridge.listener import NOTIFY_CHANNEL
 from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from arm_core.http.app import create_app
-from arm_core.runtime import BRIDGE, SHUTDOWN, bridge_app
+from arm_core.http.keys import SHUTDOWN
+from arm_core.runtime import BRIDGE, bridge_app, create_app
 from tests.support.bridge import LOOPS, TcpProxy, fast_settings, wait_for
 from tests.support.sql import BRIDGE_LOGIN, SERVE_LOGIN, as_login, dict_conn
 

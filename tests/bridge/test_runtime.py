@@ -19,8 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from arm_core.bridge.nats_client import auth_options
 from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from arm_core.http.app import create_app
-from arm_core.runtime import BRIDGE
+from arm_core.runtime import BRIDGE, create_app
 from arm_core.version import installed
 from tests.support.bridge import LOOPS, envelope, fast_settings, running_bridge, send, wait_for
 from tests.support.natsauth import operator_mode

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from arm_core.config import Settings
-from arm_core.http.app import create_app
+from arm_core.runtime import create_app
 from tests.support.sql import API_LOGIN, SERVE_LOGIN, as_login
 
 

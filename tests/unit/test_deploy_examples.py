@@ -10,7 +10,7 @@ variables_read_by: Settings' fields, and REFERENCE_* for `reference`), and —
   one starts no broken unit; and `systemd-analyze verify` finds nothing to say about the
   units (an unknown key, a bad value, a missing dependency).
 - Kubernetes: the image's entrypoint is `arm-core`, so `args[0]` is the command; every
-  probe asks a path the command's app serves (arm_core.http.app.create_app for `serve`,
+  probe asks a path the command's app serves (arm_core.runtime.create_app for `serve`,
   arm_core.runtime.bridge_app for `bridge`), public under `serve`'s token, on the port
   the command listens on (its variable in the manifest, else the Containerfile's ENV);
   every `secretKeyRef` is a key of the example Secret; every file a variable names
@@ -34,9 +34,8 @@ import pytest
 
 from arm_core.cli import COMMANDS, main
 from arm_core.config import Settings
-from arm_core.http.app import create_app
 from arm_core.http.auth import PUBLIC_PATHS
-from arm_core.runtime import bridge_app
+from arm_core.runtime import bridge_app, create_app
 from tests.support.compose import variables_read_by
 from tests.support.deploy_examples import (
     CREDENTIAL,

@@ -1,11 +1,12 @@
 """docs/architecture.md stays true: its picture is the render of its checked-in source,
-and every path it names exists."""
+every path it names exists, and its layers are the import contract's."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,16 @@ def test_every_path_the_architecture_page_names_exists() -> None:
     assert named, "the page names no paths"
     missing = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists())
     assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_the_architecture_page_lists_the_layers_the_contract_enforces() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    [layers] = [
+        contract["layers"]
+        for contract in pyproject["tool"]["importlinter"]["contracts"]
+        if contract["type"] == "layers"
+    ]
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    block = text[text.index("```text\n", text.index("\n## Modules\n")) :]
+    listed = block.split("\n```")[0].splitlines()[1:]
+    assert listed == layers, "docs/architecture.md's layers are not pyproject.toml's contract"

@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import serialization
 
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
+from arm_core.metrics import certificate_expiries
 from arm_core.redaction import mask_url
-from arm_core.runtime import certificate_expiries
 from tests.support.tls import Pki, assert_no_key_material
 
 NOW = dt.datetime.now(dt.UTC)

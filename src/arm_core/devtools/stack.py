@@ -208,7 +208,7 @@ def embedded_servers(settings: Settings, root: Path) -> Iterator[tuple[str, str]
 
 async def serve_dev(settings: Settings, root: Path) -> None:
     from arm_core.devtools.reference import configs_from_env, run_reference
-    from arm_core.http.app import create_app
+    from arm_core.runtime import create_app
 
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
