@@ -18,8 +18,7 @@ from arm_core.config import Settings
 
 def _env(name: str) -> Any:
     """The default of Settings' field `name` (an environment variable's)."""
-    [default] = [f.default for f in fields(Settings) if f.name == name]
-    return default
+    return Settings.model_fields[name].default
 
 
 def _check_positive(config: object, *zero_allowed: str) -> None:
