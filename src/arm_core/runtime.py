@@ -14,7 +14,7 @@ from aiohttp import web
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.config import bridge_config
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.listener import ListenerState
 from arm_core.bridge.runner import Bridge, NatsState
 from arm_core.config import Settings
@@ -125,9 +125,7 @@ async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     shutdown = app[SHUTDOWN]
-    bridge = Bridge(
-        bridge_config(settings), app[STORE], settings, on_fatal=lambda fatal: shutdown.set()
-    )
+    bridge = Bridge(BridgeConfig(settings), app[STORE], on_fatal=lambda fatal: shutdown.set())
     await bridge.start()
     app[BRIDGE] = bridge
     yield
