@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The full run's trace, beside docs/benchmarks.md (benchmarks/__main__.py says where others go).
 TRACE = ROOT / "docs" / "pacing-trace.svg"
 LIVE = ("queued", "published", "processing")
-BATCH = Settings.outbox_batch_size  # the default OUTBOX_BATCH_SIZE
+BATCH = Settings().outbox_batch_size  # the default OUTBOX_BATCH_SIZE
 
 
 def capacity() -> float:

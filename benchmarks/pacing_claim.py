@@ -29,7 +29,7 @@ from tests.support.plans import buffers, explained
 from tests.support.sql import upload_consolidations
 
 SECTION = "11 paced claim"
-BATCH = Settings.outbox_batch_size  # what a bridge claims at once
+BATCH = Settings().outbox_batch_size  # what a bridge claims at once
 REPEAT = 7
 UPLOAD_CHUNK = 10_000
 # The tabular pipeline's room holds a whole batch (PACING=fixed, ceiling 10 batches).

@@ -14,11 +14,11 @@ transaction per file), N transactions from 1 client as `arm_test_uploader` (memb
 `arm_uploader`).
 
 Processing: in SQL, through the functions the bridge calls, with its default batch sizes
-(bridge/config.py) and no NATS: `arm.publish_queued_jobs_v2` (src/arm_core/queries.sql,
-as the publisher sends it), PublisherConfig.batch_size (500) jobs per transaction, then
+(src/arm_core/config.py) and no NATS: `arm.publish_queued_jobs_v2` (src/arm_core/queries.sql,
+as the publisher sends it), OUTBOX_BATCH_SIZE (500) jobs per transaction, then
 for each published job an ack (`processing`) and a result (`done`, with result_s3 and
 the metrics of docs/contracts/examples/result-done.json) as the service sends them, in
-order, InboxConfig.batch_size (500) envelopes per `arm.apply_envelopes_v2` call (one
+order, INBOX_BATCH_SIZE (500) envelopes per `arm.apply_envelopes_v2` call (one
 transaction, as the inbox batches them), and one `arm.compact_counts()` at the end (the
 bridge folds the count deltas every 5 s; this folds the upload's and the processing's).
 All as `arm_test_bridge` (member of `arm_bridge`). The bridge's other ticks (the
@@ -43,7 +43,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from arm_core.bridge.config import InboxConfig, PublisherConfig
+from arm_core.config import Settings
 from arm_core.db import query
 from arm_core.devtools.embedded_postgres import find_pg_bindir
 from benchmarks.harness import Bench, connect, progress, scalar
@@ -54,8 +54,8 @@ from tests.support.polling import NotWithin, wait_for_sync
 from tests.support.sql import BRIDGE_LOGIN, UPLOADER_LOGIN, as_login, ensure_logins
 
 SECTION = "3 WAL"
-PUBLISH_BATCH = PublisherConfig().batch_size  # the bridge's defaults (bridge/config.py)
-INBOX_BATCH = InboxConfig().batch_size
+PUBLISH_BATCH = Settings().outbox_batch_size  # the bridge's defaults (src/arm_core/config.py)
+INBOX_BATCH = Settings().inbox_batch_size
 MAX_BYTES = 1 << 20  # nats-server's default max_payload
 METRICS = {"rows": 412, "duration_ms": 1830}  # docs/contracts/examples/result-done.json
 # A pg_waldump --stats line: name, N (%), record size (%), FPI size (%), combined (%).

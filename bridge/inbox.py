@@ -119,7 +119,7 @@ class Inbox(Intake):
             for w in range(len(self.queues)):
                 step += await self.run_once(w, stopping)
             return step
-        queue, limit = self.queues[worker], self.config.batch_size
+        queue, limit = self.queues[worker], self.config.settings.inbox_batch_size
         # The batch stays in `_leading` until its outcomes are known: a crash leaves it
         # there for the restarted loop. Answers waiting for their job to be published
         # again come first once their time has come.

@@ -72,9 +72,11 @@ class Intake(Service):
     _suspect: list[bool] = field(init=False)
 
     def __post_init__(self) -> None:
-        n, c = self.config.workers, self.config
+        s = self.config.settings
+        n = s.inbox_workers
         self.queues = [
-            Buffer(max(1, c.buffer_size // n), max(1, c.buffer_bytes // n)) for _ in range(n)
+            Buffer(max(1, s.inbox_buffer_size // n), max(1, s.inbox_buffer_bytes // n))
+            for _ in range(n)
         ]
         self._leading = [[] for _ in range(n)]
         self._waiting = [Waiting() for _ in range(n)]
@@ -121,7 +123,9 @@ class Intake(Service):
         settle = settle and self.acks
         self.counts["received"] += 1
         try:
-            parsed = parse_envelope(msg.data, msg.headers, self.config.max_payload_bytes)
+            parsed = parse_envelope(
+                msg.data, msg.headers, self.config.settings.inbox_max_payload_bytes
+            )
         except Exception as exc:  # a bug here must not kill the subscription
             parsed = Rejected("parse_error", f"{type(exc).__name__}: {exc}")
         if isinstance(parsed, Rejected):
@@ -164,10 +168,9 @@ class Intake(Service):
         returned = [e for e in envelopes if e.msg is not None]
         for envelope in envelopes:
             if envelope.msg is None:
-                c, why = self.config, events.DROPPED_BECAUSE.get(reason, reason)
-                self.drops.dropped(
-                    envelope, reason, why.format(size=c.buffer_size, bytes=c.buffer_bytes)
-                )
+                s, why = self.config.settings, events.DROPPED_BECAUSE.get(reason, reason)
+                said = why.format(size=s.inbox_buffer_size, bytes=s.inbox_buffer_bytes)
+                self.drops.dropped(envelope, reason, said)
                 events.dropped(self, envelope, reason)
         for envelope in returned:
             assert envelope.msg is not None

@@ -90,7 +90,7 @@ def auth_options(settings: Settings) -> dict[str, Any]:
     seed or JWT that cannot work); the same check runs here for Settings built in code,
     so a bad seed is a ConfigError naming the variable, never a connection that retries
     forever."""
-    seed, jwt = settings.nats_seed, settings.nats_jwt
+    seed, jwt = settings.nats_seed.get_secret_value(), settings.nats_jwt.get_secret_value()
     keypair = nats_keypair(seed, jwt)
     if keypair is None:
         return {}

@@ -67,7 +67,7 @@ class Probes:
     async def hold(self, subjects: set[str]) -> None:
         """Nobody listens on `subjects`: their pipelines wait (the probe stays queued) and
         are probed again in a second, at no cost while nobody listens."""
-        c = self.config
+        c = self.config.settings
         pipelines = {c.tabular_request_subject: "tabular", c.image_request_subject: "image"}
         for subject in sorted(subjects):
             if subject not in self._unheard:

@@ -137,7 +137,7 @@ class Publisher(Service):
         10_triggers.sql), poll_seconds otherwise."""
         if time.monotonic() < self._active_until:
             return self.config.active_poll_seconds
-        return self.config.poll_seconds
+        return self.config.settings.outbox_poll_seconds
 
     async def _sleep(self, stopping: asyncio.Event, seconds: float) -> None:
         waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stopping.wait())]
@@ -176,8 +176,9 @@ class Publisher(Service):
         # One batch first; only a full one means a backlog worth more batches in flight
         # (under a steady trickle the others would claim nothing, a wasted round trip).
         batches = [await self._publish_batch()]
-        if len(batches[0].claimed) == self.config.batch_size:
-            drained = await asyncio.gather(*(self._drain() for _ in range(self.config.publishers)))
+        s = self.config.settings
+        if len(batches[0].claimed) == s.outbox_batch_size:
+            drained = await asyncio.gather(*(self._drain() for _ in range(s.outbox_publishers)))
             batches += [b for d in drained for b in d]
         claimed = [c for b in batches for c in b.claimed]
         published = Cycle(
@@ -192,12 +193,14 @@ class Publisher(Service):
         # each time would only delay the next publish.
         now = time.monotonic()
         c = self.config
-        if now - self._ack_checked_at < min(c.ack_check_seconds, c.ack_timeout_seconds / 4):
+        if now - self._ack_checked_at < min(
+            c.ack_check_seconds, c.settings.ack_timeout_seconds / 4
+        ):
             return published
         self._ack_checked_at = now
         dead = await self._dead_letter()
         republished: list[UnackedJob] = []
-        full, failed = self.config.batch_size, published.failed_batches
+        full, failed = self.config.settings.outbox_batch_size, published.failed_batches
         while True:
             sent, batch_failed = await self._republish_batch()
             republished += sent
@@ -217,7 +220,7 @@ class Publisher(Service):
         """Publishes full batches until the queue is empty. OUTBOX_PUBLISHERS of these run
         at once: SKIP LOCKED gives each its own jobs, and while one batch waits for the
         server's confirmation or its commit, another is being claimed."""
-        full = self.config.batch_size
+        full = self.config.settings.outbox_batch_size
         batches = [await self._publish_batch()]
         while len(batches[-1].claimed) == full and not self._stopping.is_set():
             self.beat()  # a backlog of millions takes minutes: still alive
@@ -229,7 +232,7 @@ class Publisher(Service):
         (nothing when the batch failed). arm.publish_queued_jobs_v2 claims and marks them in
         one statement and dead-letters, in the same statement, any whose request exceeds
         the server's max_payload, so one such job never holds back the others."""
-        c = self.config
+        c = self.config.settings
 
         async def send(jobs: list[PublishedJob]) -> None:
             probes = {i for i, j in enumerate(jobs) if isinstance(j, PacedJob) and j.probe}
@@ -237,7 +240,7 @@ class Publisher(Service):
 
         try:
             claimed = await self.store.publish_queued_jobs(
-                limit=c.batch_size,
+                limit=c.outbox_batch_size,
                 tabular_timeout=c.tabular_reply_timeout_seconds,
                 image_timeout=c.image_reply_timeout_seconds,
                 tabular_subject=c.tabular_request_subject,
@@ -263,7 +266,7 @@ class Publisher(Service):
     def _pacing(self) -> Pacing:
         """The paced claim's settings (with PACING=off it claims every queued job at once,
         as arm.publish_queued_jobs_v2 does, and says so in the pipelines' rows)."""
-        c = self.config
+        c = self.config.settings
         return Pacing(
             pacing=c.pacing,
             tabular_min=c.tabular_min_in_flight,
@@ -271,7 +274,7 @@ class Publisher(Service):
             image_min=c.image_min_in_flight,
             image_max=c.image_max_in_flight,
             ack_timeout=c.ack_timeout_seconds,
-            max_republish=c.max_republish,
+            max_republish=c.outbox_max_republish,
         )
 
     async def _republish_batch(self) -> tuple[list[UnackedJob], bool]:
@@ -279,7 +282,7 @@ class Publisher(Service):
         went out and whether the batch failed. A request that no longer fits the server's
         max_payload (it was lowered) is dead-lettered at once, REQUEST_TOO_LARGE, in the
         same transaction, and logged once: every overdue job ends."""
-        c, limit = self.config, self.nats.max_payload
+        c, limit = self.config.settings, self.nats.max_payload
 
         async def send(fits: list[UnackedJob]) -> list[UnackedJob]:
             await self._send([(j.subject, j.msg_id, j.request) for j in fits], "republish")
@@ -287,9 +290,9 @@ class Publisher(Service):
 
         try:
             sent, too_large = await self.store.republish_unacked_jobs(
-                limit=c.batch_size,
+                limit=c.outbox_batch_size,
                 ack_timeout=c.ack_timeout_seconds,
-                max_republish=c.max_republish,
+                max_republish=c.outbox_max_republish,
                 max_bytes=limit,
                 send=send,
             )
@@ -302,8 +305,9 @@ class Publisher(Service):
         return sent, False
 
     async def _dead_letter(self) -> list[DeadLetteredJob]:
+        s = self.config.settings
         dead = await self.store.dead_letter_unacked(
-            ack_timeout=self.config.ack_timeout_seconds, max_republish=self.config.max_republish
+            ack_timeout=s.ack_timeout_seconds, max_republish=s.outbox_max_republish
         )
         if dead:
             events.dead_lettered(self, dead)

@@ -144,17 +144,18 @@ async def keep_recent_answers(
     the replay's loop runs under `supervisor`. Without the permissions for it (the user's
     subscribe allow list, deploy/nats/nats-permissions.conf) the server refuses the SUBs:
     logged, and the bridge goes on without."""
-    stream = c.results_stream or ""
+    s = c.settings
+    stream = s.results_stream
     # A quarter of INBOX_BUFFER_BYTES for the copies, and as much for nats-py's queue in
     # front of them.
-    share = max(1, c.inbox.buffer_bytes // 4)
-    recent = Recent(c.replay_seconds, max_bytes=share)
+    share = max(1, s.inbox_buffer_bytes // 4)
+    recent = Recent(s.results_stream_replay_seconds, max_bytes=share)
     replayer = Replayer(recent, inbox, stream, c.replay_delay_seconds)
     replayer.start(supervisor)
     elected = f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"
     error_before = nats.last_error
     await nats.subscribe(
-        c.result_subject, queue=c.queue_group, cb=recent.keep, pending_bytes_limit=share
+        s.result_subject, queue=s.nats_queue_group, cb=recent.keep, pending_bytes_limit=share
     )
     await nats.subscribe(elected, cb=replayer.on_advisory)
     await confirm(nats)

@@ -33,7 +33,6 @@ from arm_core.bridge.results_stream import (
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.bridge.service import Fatal, FaultPoints, LoopState, Supervisor, cancel_all
 from arm_core.bridge.stream import StreamConsumer
-from arm_core.config import Settings
 from arm_core.db import DatabaseError, Outage
 from arm_core.metrics import BridgeState
 from arm_core.redaction import mask_url
@@ -57,12 +56,11 @@ class NatsState(StrEnum):
 
 @dataclass(eq=False)
 class Bridge:
+    # Its settings (config.settings: the NATS connection's servers and credentials,
+    # bridge/nats_client.py; the results stream's options, bridge/results_stream.py; the
+    # LISTEN connection's URL, DATABASE_LISTEN_URL or DATABASE_URL) and its services'.
     config: BridgeConfig
     store: Store
-    # The NATS connection's settings (servers, credentials: bridge/nats_client.py; the
-    # results stream's options: bridge/results_stream.py) and the database URL of the
-    # LISTEN connection (DATABASE_LISTEN_URL, or DATABASE_URL).
-    settings: Settings
     # Told once when the bridge cannot go on: RESULTS_STREAM set but the server cannot
     # hold the stream (exit 2), or a loop that crashed past SERVICE_RESTART_LIMIT (exit
     # 1). `arm-core bridge`/`serve` then stop as on SIGTERM and exit with its code.
@@ -102,25 +100,26 @@ class Bridge:
         metrics = instruments.metrics
         self.supervisor = Supervisor(
             self.config.restarts,
-            FaultPoints(self.settings.test_faults),
+            FaultPoints(self.config.settings.test_faults),
             self._fail,
             metrics=metrics,
         )
         self.publisher = Publisher(self.config.publisher, self.store, self.nats, metrics=metrics)
-        self.publisher.answers_open = not self.config.results_stream  # until the consumer exists
+        self.publisher.answers_open = not self.config.settings.results_stream  # until it exists
         self.inbox = Inbox(
             self.config.inbox, self.store, metrics=metrics, answered=self.publisher.wake
         )
         self.scheduler = Scheduler(
             self.config.scheduler, self.store, report=self.instance, metrics=metrics
         )
-        listen_url = self.settings.listen_url()
+        s = self.config.settings
+        listen_url = s.listen_url()
         self.listener = Listener(
             listen_url,
             self.publisher.wake,
-            idle_in_transaction=self.settings.db_idle_in_transaction_timeout_seconds,
+            idle_in_transaction=s.db_idle_in_transaction_timeout_seconds,
             # Another way in (DATABASE_LISTEN_URL): an outage the pool's answers do not end.
-            outage=instruments.outage if listen_url == self.settings.database_url else Outage(),
+            outage=instruments.outage if listen_url == s.database_url else Outage(),
         )
 
     def _fail(self, fatal: Fatal) -> None:
@@ -146,7 +145,7 @@ class Bridge:
         """Connects (once), then subscribes to the result subject or opens the results
         stream; started again by the supervisor should anything unexpected end it, it
         picks up where it was."""
-        s, c = self.settings, self.config
+        s = self.config.settings
 
         async def on_state(event: str) -> None:
             if event == "reconnected":
@@ -160,38 +159,38 @@ class Bridge:
             self.fault_point("connect")
             await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
             self._connected = True
-        if c.results_stream:
+        if s.results_stream:
             await self._open_stream()
             return
         if self.subscription is not None:
             return
         error_before = self.nats.last_error
         self.subscription = await self.nats.subscribe(
-            c.result_subject,
-            queue=c.queue_group,
+            s.result_subject,
+            queue=s.nats_queue_group,
             cb=self.inbox.on_message,
             # nats-py's own queue in front of the callback, bounded in bytes as the inbox's
             # buffer is (INBOX_BUFFER_BYTES). It fills only while the inbox waits for
             # room in its buffer, i.e. while the database is reachable but behind; past
             # it nats-py drops and the inbox counts each as `slow_consumer`.
-            pending_bytes_limit=c.inbox.buffer_bytes,
+            pending_bytes_limit=s.inbox_buffer_bytes,
         )
         await confirm(self.nats)  # the server has the SUB before we say we are subscribed
         # A refused SUB leaves the connection up; the server's -ERR comes before the PONG
         # and nats-py only passes it to the error callback (and keeps it as last_error).
         error = self.nats.last_error
-        refusal = f'permissions violation for subscription to "{c.result_subject}"'.lower()
+        refusal = f'permissions violation for subscription to "{s.result_subject}"'.lower()
         if error is not None and error is not error_before and refusal in str(error).lower():
             self.subscription_refused = str(error)
             log.error(
                 "NATS refused the subscription to %s in queue group %s (%s): this bridge "
                 'receives no acks and no results; allow its user to subscribe to "%s %s" '
                 "(deploy/nats/nats-permissions.conf) and restart it",
-                c.result_subject,
-                c.queue_group,
+                s.result_subject,
+                s.nats_queue_group,
                 error,
-                c.result_subject,
-                c.queue_group,
+                s.result_subject,
+                s.nats_queue_group,
                 extra={"action": "nats_subscribe_refused"},
             )
             return
@@ -199,8 +198,8 @@ class Bridge:
             "connected to NATS %s, subscribed to %s in queue group %s",
             # user:password@host:port as nats-py has it: the password (or token) masked
             mask_url(self.nats.connected_url.netloc) if self.nats.connected_url else "?",
-            c.result_subject,
-            c.queue_group,
+            s.result_subject,
+            s.nats_queue_group,
             extra={"action": "nats_connected"},
         )
         self.publisher.wake.set()
@@ -213,14 +212,15 @@ class Bridge:
         the loop that fetches from it into the inbox (bridge/stream.py) and the replay's.
         The inbox acks each message once its envelope's outcome is final (committed);
         what it never settles comes again."""
-        s, c = self.settings, self.config
+        c = self.config
+        s = c.settings
         if self.stream is not None:
             return
         while True:
             try:
                 js = await ensure_results_stream(self.nats, s)
                 consumer = self.consumer or await results_consumer(
-                    js, s, pending_bytes_limit=c.inbox.buffer_bytes
+                    js, s, pending_bytes_limit=s.inbox_buffer_bytes
                 )
                 break
             except StreamUnavailable as exc:
@@ -233,7 +233,7 @@ class Bridge:
                 # silently; deploy/nats/nats-permissions.conf allows what it needs).
                 log.warning(
                     "JetStream does not answer for stream %s yet (%s); trying again",
-                    c.results_stream,
+                    s.results_stream,
                     f"{type(exc).__name__}: {exc}",
                     extra={"action": "stream_waiting"},
                 )
@@ -245,24 +245,24 @@ class Bridge:
         self.inbox.acks = True
         self.consumer = consumer
         self.publisher.answers_open = True
-        if c.replay_seconds > 0 and self.recent is None:
+        if s.results_stream_replay_seconds > 0 and self.recent is None:
             self.recent, self.replayer = await keep_recent_answers(
                 self.nats, c, self.inbox, self.supervisor
             )
         log.info(
             "connected to NATS %s, consuming %s from stream %s (durable consumer %s)",
             mask_url(self.nats.connected_url.netloc) if self.nats.connected_url else "?",
-            c.result_subject,
-            c.results_stream,
-            c.queue_group,
+            s.result_subject,
+            s.results_stream,
+            s.nats_queue_group,
             extra={"action": "nats_connected"},
         )
         self.publisher.wake.set()
         self.stream = StreamConsumer(
             consumer,
             self.inbox,
-            c.results_stream or "",
-            batch_size=c.inbox.batch_size,
+            s.results_stream,
+            batch_size=s.inbox_batch_size,
             fetch_pause_max_seconds=c.fetch_pause_max_seconds,
         )
         self.stream.start(self.supervisor)
@@ -357,7 +357,7 @@ class Bridge:
                 log.warning(
                     "could not drain the subscription to %s (%s): messages still in "
                     "transit to this bridge may be lost",
-                    self.config.result_subject,
+                    self.config.settings.result_subject,
                     f"{type(exc).__name__}: {exc}",
                     extra={"action": "nats_drain_failed"},
                 )
@@ -391,7 +391,7 @@ class Bridge:
         await sub.drain()
         log.info(
             "left queue group %s on %s; applying what is held",
-            self.config.queue_group,
-            self.config.result_subject,
+            self.config.settings.nats_queue_group,
+            self.config.settings.result_subject,
             extra={"action": "nats_drained", "count": self.inbox.buffered()},
         )

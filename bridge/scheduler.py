@@ -131,6 +131,6 @@ class Scheduler(Service):
                 level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
                 log.log(level, "schedule tick failed: %s", exc, extra={"action": "schedule"})
             try:
-                await asyncio.wait_for(stopping.wait(), self.config.tick_seconds)
+                await asyncio.wait_for(stopping.wait(), self.config.settings.schedule_tick_seconds)
             except TimeoutError:
                 pass

@@ -178,7 +178,7 @@ class Supervisor:
 
     def states(self) -> dict[str, LoopState]:
         """Every loop's state now (a running loop silent for stall_seconds is STALLED)."""
-        now, stall = self._clock(), self.policy.stall_seconds
+        now, stall = self._clock(), self.policy.settings.liveness_stall_seconds
         return {
             name: LoopState.STALLED
             if w.state is LoopState.RUNNING and not w.once and now - w.beat_at > stall
@@ -198,7 +198,7 @@ class Supervisor:
         return ok and self.fatal is None, said
 
     async def _run(self, watched: _Watched, loop: Loop, stopping: asyncio.Event) -> None:
-        p, name = self.policy, watched.name
+        p, s, name = self.policy, self.policy.settings, watched.name
         while True:
             try:
                 await loop(stopping)
@@ -213,26 +213,26 @@ class Supervisor:
                 now = self._clock()
                 crashes = watched.crashes
                 crashes.append(now)
-                while crashes and now - crashes[0] > p.window_seconds:
+                while crashes and now - crashes[0] > s.service_restart_window_seconds:
                     crashes.popleft()
                 watched.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                if len(crashes) > p.limit:
+                if len(crashes) > s.service_restart_limit:
                     watched.state = LoopState.FAILED
                     log.error(
                         "%s crashed %d times within %g s; stopping the process "
                         "(SERVICE_RESTART_LIMIT=%d): %s",
                         name,
                         len(crashes),
-                        p.window_seconds,
-                        p.limit,
+                        s.service_restart_window_seconds,
+                        s.service_restart_limit,
                         watched.last_error,
                         exc_info=exc,
                         extra={"action": "service_failed", "service": name, "count": len(crashes)},
                     )
                     self._fail(
                         Fatal(
-                            f"{name} crashed {len(crashes)} times within {p.window_seconds:g} "
-                            f"s (last: {watched.last_error})"
+                            f"{name} crashed {len(crashes)} times within "
+                            f"{s.service_restart_window_seconds:g} s (last: {watched.last_error})"
                         )
                     )
                     return
@@ -244,8 +244,8 @@ class Supervisor:
                     name,
                     backoff,
                     len(crashes),
-                    p.limit,
-                    p.window_seconds,
+                    s.service_restart_limit,
+                    s.service_restart_window_seconds,
                     watched.last_error,
                     exc_info=exc,
                     extra={"action": "service_crashed", "service": name, "count": len(crashes)},

@@ -50,8 +50,9 @@ class StreamConsumer(Service):
         is slow or away. 0 when it holds that much."""
         count, free = self.inbox.room()
         # A message kept until acked costs the buffer twice its size (it and its row).
-        largest = 2 * self.inbox.config.max_payload_bytes
-        ahead = 2 * self.inbox.config.batch_size * self.inbox.config.workers
+        s = self.inbox.config.settings
+        largest = 2 * s.inbox_max_payload_bytes
+        ahead = 2 * s.inbox_batch_size * s.inbox_workers
         return max(0, min(self.batch_size, count, free // largest, ahead - self.inbox.held()))
 
     async def run_once(self, wait: float = 1.0) -> list[Msg]:

@@ -107,15 +107,15 @@ def nats_keypair(seed: str, jwt: str) -> nkeys.KeyPair | None:
     return keypair
 
 
-def parse_seed(name: str, raw: str) -> str:
-    """The parser of the seed's variable (arm_core.config_env.env_var): the seed, checked."""
+def parse_seed(raw: str) -> str:
+    """The parser of the seed's variable (arm_core.config.Settings): the seed, checked."""
     seed = raw.strip()
-    user_keypair(name, seed)
+    user_keypair(SEED_VAR, seed)
     return seed
 
 
-def parse_jwt(name: str, raw: str) -> str:
-    """The parser of the JWT's variable (arm_core.config_env.env_var): the JWT, checked."""
+def parse_jwt(raw: str) -> str:
+    """The parser of the JWT's variable (arm_core.config.Settings): the JWT, checked."""
     jwt = raw.strip()
-    jwt_payload(name, jwt)
+    jwt_payload(JWT_VAR, jwt)
     return jwt

@@ -15,7 +15,7 @@ from aiohttp import web
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.config import bridge_config
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
 from arm_core.db import connection_options, pool_log_to, read_only, unclaimed_pool_name
@@ -101,9 +101,7 @@ async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     shutdown = app[SHUTDOWN]
-    bridge = Bridge(
-        bridge_config(settings), app[STORE], settings, on_fatal=lambda fatal: shutdown.set()
-    )
+    bridge = Bridge(BridgeConfig(settings), app[STORE], on_fatal=lambda fatal: shutdown.set())
     await bridge.start()
     app[BRIDGE] = app[BRIDGE_VIEW] = bridge
     yield

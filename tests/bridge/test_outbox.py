@@ -402,7 +402,7 @@ async def test_publish_burst_arrives_exactly_once_in_few_transactions(
     ) as pub:
         cycle = await pub.run_once()
         again = await pub.run_once()
-        batches, publishers = pub.counts["batches"], pub.config.publishers
+        batches, publishers = pub.counts["batches"], pub.config.settings.outbox_publishers
 
     assert cycle.failed_batches == 0 and cycle.unpublishable == ()
     assert {p.job_id for p in cycle.published} == queued and len(cycle.published) == n

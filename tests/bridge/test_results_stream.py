@@ -404,7 +404,7 @@ async def test_documented_stream_permissions_are_enough(
             assert bridge.recent is not None and len(bridge.recent) == 2
         assert logged(caplog.records, action="stream_replay_refused") == []
         caplog.set_level(logging.INFO)
-        smaller = dataclasses.replace(settings, results_stream_max_bytes=64 << 20)
+        smaller = settings.model_copy(update={"results_stream_max_bytes": 64 << 20})
         async with running_bridge(smaller):
             pass
         (updated,) = logged(caplog.records, action="stream_updated")

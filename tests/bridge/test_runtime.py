@@ -48,8 +48,7 @@ async def test_S_TO_1_processing_job_past_its_deadline_times_out(
         up = upload(conn)
         publish(conn, tabular_timeout=1)
         ack(conn, up.job_id, up.file_id)
-    settings = fast_settings(db_url, nats_server.url(), timeout_sweep_seconds=1)
-    settings = Settings(**{**settings.__dict__, "explicit": frozenset({"TIMEOUT_SWEEP_SECONDS"})})
+    settings = fast_settings(db_url, nats_server.url(), timeout_sweep_seconds=1)  # given: explicit
     async with running_bridge(settings):
         with dict_conn(db_url) as conn:
             await wait_for(lambda: job(conn, up.job_id)["status"] == "timeout", 10)

@@ -20,7 +20,7 @@ import pytest
 from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.config import bridge_config
+from arm_core.bridge.config import SchedulerConfig
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.rows import TaskRun
@@ -371,7 +371,7 @@ async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
         conn.execute(
             "UPDATE arm.periodic_task SET next_run_at = clock_timestamp() + interval '1 hour'"
         )
-    scheduler = Scheduler(bridge_config(fast_settings(db_url, NO_NATS)).scheduler, Store(pool))
+    scheduler = Scheduler(SchedulerConfig(fast_settings(db_url, NO_NATS)), Store(pool))
 
     assert await scheduler.run_once() == []  # nothing due
     with dict_conn(db_url) as conn:
@@ -438,7 +438,7 @@ async def test_the_schedule_hands_the_waits_the_steps_observed_to_the_database(
         assert len((await pub.run_once()).published) == 3
     # The process's metrics, as a bridge hands them to both.
     scheduler = Scheduler(
-        bridge_config(fast_settings(db_url, NO_NATS)).scheduler, Store(pool), metrics=pub.metrics
+        SchedulerConfig(fast_settings(db_url, NO_NATS)), Store(pool), metrics=pub.metrics
     )
     stored = await scheduler.record_waits(force=True)
     assert stored is not None and set(stored) == {"queued"} and sum(stored["queued"]) == 3

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from arm_core.config_bridge import STREAM_ACK_WAIT_SECONDS as ACK_WAIT
+from arm_core.config import STREAM_ACK_WAIT_SECONDS as ACK_WAIT
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.bridge import TcpProxy, wait_for

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.config import bridge_config
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
@@ -55,7 +55,7 @@ def fast_settings(db_url: str, nats_url: str, **overrides: Any) -> Settings:
 def new_bridge(settings: Settings, pool: AsyncConnectionPool[Any], **kwargs: Any) -> Bridge:
     """A bridge as arm_core.runtime makes one: its config from `settings`, a Store on
     `pool`."""
-    return Bridge(bridge_config(settings), Store(pool), settings, **kwargs)
+    return Bridge(BridgeConfig(settings), Store(pool), **kwargs)
 
 
 @contextlib.asynccontextmanager

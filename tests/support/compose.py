@@ -15,7 +15,6 @@ machine builds it once. podman-compose runs plain `podman`: the flags this machi
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -34,7 +33,7 @@ from typing import Any
 import yaml
 
 from arm_core.cli import COMMANDS
-from arm_core.config import Settings
+from arm_core.config import EnvSettings, Settings
 from arm_core.devtools import reference
 from tests.support.containers import BASE_SUITE, REPO, podman
 
@@ -135,15 +134,13 @@ def command_of(service: dict[str, Any]) -> list[str]:
 ARM_CORE_COMMANDS = frozenset(COMMANDS) | {"healthcheck"}
 
 
-def env_names(cls: type) -> frozenset[str]:
-    """The variables a dataclass of arm_core.config_env.env_var fields reads (read_env)."""
-    return frozenset(
-        f.metadata["env"] for f in dataclasses.fields(cls) if f.metadata.get("env") is not None
-    )
+def env_names(cls: type[EnvSettings]) -> frozenset[str]:
+    """The variables a settings model reads: its fields' aliases."""
+    return frozenset(f.alias for f in cls.model_fields.values() if f.alias)
 
 
 def _read_directly(module_file: str) -> frozenset[str]:
-    """Variables a module reads by name beside read_env: `env.get("NAME"` (as
+    """Variables a module reads by name beside its settings: `env.get("NAME"` (as
     reference.configs_from_env reads REFERENCE_SERVICES)."""
     source = Path(module_file).read_text(encoding="utf-8")
     return frozenset(re.findall(r"""\benv(?:iron)?\.get\(\s*["']([A-Z][A-Z0-9_]*)["']""", source))

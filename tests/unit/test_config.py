@@ -25,7 +25,7 @@ def test_defaults_are_the_specs() -> None:
     assert s.database_url is None
     assert s.nats_urls == ("nats://127.0.0.1:4222",)
     assert s.nats_enabled is True and s.debug is False
-    assert (s.nats_seed, s.nats_jwt) == ("", "")
+    assert (s.nats_seed.get_secret_value(), s.nats_jwt.get_secret_value()) == ("", "")
     assert s.outbox_poll_seconds == 5
     assert s.ack_timeout_seconds == 30
     assert s.outbox_max_republish == 3
@@ -33,8 +33,8 @@ def test_defaults_are_the_specs() -> None:
     assert (s.tabular_reply_timeout_seconds, s.image_reply_timeout_seconds) == (600, 1800)
     assert s.default_max_attempts == 3
     assert (s.http_host, s.http_port) == ("127.0.0.1", 8080)
-    assert s.subject_for("tabular") == "files.tabular_uploaded"
-    assert s.subject_for("image") == "files.img_uploaded"
+    assert s.tabular_request_subject == "files.tabular_uploaded"
+    assert s.image_request_subject == "files.img_uploaded"
     assert s.result_subject == "files.tabular_parsed"
     assert s.nats_queue_group == "arm-core"
     assert s.explicit == frozenset()
@@ -63,7 +63,7 @@ def test_values_are_parsed_and_remembered_as_given() -> None:
 
 def test_empty_credentials_mean_none() -> None:
     s = Settings.from_env({"OPENBAO__NATS__NATS_SEED": "", "OPENBAO__NATS__NATS_JWT": "  "})
-    assert (s.nats_seed, s.nats_jwt) == ("", "")
+    assert (s.nats_seed.get_secret_value(), s.nats_jwt.get_secret_value()) == ("", "")
 
 
 @pytest.mark.parametrize(
@@ -363,10 +363,12 @@ def test_nats_credentials_are_checked_together() -> None:
     s = Settings.from_env(
         {"OPENBAO__NATS__NATS_SEED": creds.user_seed, "OPENBAO__NATS__NATS_JWT": creds.user_jwt}
     )
-    assert (s.nats_seed, s.nats_jwt) == (creds.user_seed, creds.user_jwt)
-    assert Settings.from_env({"OPENBAO__NATS__NATS_SEED": f"  {GOOD_SEED}\n"}).nats_seed == (
-        GOOD_SEED
+    assert (s.nats_seed.get_secret_value(), s.nats_jwt.get_secret_value()) == (
+        creds.user_seed,
+        creds.user_jwt,
     )
+    seed = Settings.from_env({"OPENBAO__NATS__NATS_SEED": f"  {GOOD_SEED}\n"}).nats_seed
+    assert seed.get_secret_value() == GOOD_SEED
     message = error_of({"OPENBAO__NATS__NATS_JWT": creds.user_jwt})
     assert message.startswith("OPENBAO__NATS__NATS_SEED: required when OPENBAO__NATS__NATS_JWT")
     # a JWT issued to another user than the seed's key can never authenticate

@@ -3,11 +3,10 @@ every variable of Settings and of the reference services, with its default and m
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
+from pydantic import Field
 
-from arm_core.config import Settings, env_var, text
+from arm_core.config import Settings
 from arm_core.devtools import config_doc
 from arm_core.devtools.reference import ReferenceConfig
 
@@ -39,18 +38,18 @@ def test_the_pool_size_shows_its_default_for_the_default_settings_and_its_formul
 
 
 def test_a_variable_without_a_meaning_fails_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
-    @dataclasses.dataclass(frozen=True)
-    class WithANewVariable:
-        brand_new: str = env_var("BRAND_NEW_VARIABLE", text, "")
+    class WithANewVariable(Settings):
+        brand_new: str = Field("", alias="BRAND_NEW_VARIABLE")  # no docstring: no meaning
 
-    real = config_doc.env_fields
-    monkeypatch.setattr(
-        config_doc,
-        "env_fields",
-        lambda cls: real(cls) + (real(WithANewVariable) if cls is Settings else []),
-    )
+    monkeypatch.setattr(config_doc, "Settings", WithANewVariable)
     with pytest.raises(config_doc.MeaningError, match="BRAND_NEW_VARIABLE"):
         config_doc.render()
+
+
+def test_a_meaning_is_the_fields_docstring() -> None:
+    """Each variable is written once: its field's docstring is the page's meaning."""
+    [row] = [r for r in config_doc.render().splitlines() if r.startswith("| `INBOX_BATCH_SIZE` |")]
+    assert row.endswith(f"| {Settings.model_fields['inbox_batch_size'].description} |")
 
 
 def test_a_derived_default_is_described_not_shown_as_none() -> None:

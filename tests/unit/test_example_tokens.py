@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from arm_core.access import EVERY_LEVEL, LEVELS
-from arm_core.config_access import parse_tokens
+from arm_core.config import parse_tokens
 from arm_core.devtools.release import release_of, wheel_version
 from arm_core.version import installed
 from tests.support.previous_release import PROGRAM, environment, previous_wheel, unpacked
@@ -34,17 +34,17 @@ EVERY = tuple(sorted(level.value for level in EVERY_LEVEL))
 # What a version makes of API_TOKENS, run in that version's own code: (actor, token,
 # levels), levels None for "every level". 1.0.0 knew no levels (arm_core.config._tokens:
 # `actor=token`, every token may do everything); later versions parse with
-# arm_core.config_access.parse_tokens.
+# arm_core.config.parse_tokens.
 PARSE = """
 import json, sys
 raw = sys.stdin.read()
 try:
-    from arm_core.config_access import parse_tokens
+    from arm_core.config import parse_tokens
 except ImportError:
     from arm_core.config import _tokens
     print(json.dumps([[actor, token, None] for actor, token in _tokens("API_TOKENS", raw)]))
 else:
-    parsed = parse_tokens("API_TOKENS", raw)
+    parsed = parse_tokens(raw)
     print(json.dumps([[t.actor, t.token, sorted(t.levels)] for t in parsed]))
 """
 
@@ -112,7 +112,7 @@ def claimed(raw: str) -> Grants:
 def this_tree_grants(raw: str) -> Grants:
     return {
         t.token: (t.actor, tuple(sorted(level.value for level in t.levels)))
-        for t in parse_tokens("API_TOKENS", raw)
+        for t in parse_tokens(raw)
     }
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from arm_core.bridge.envelope import TEXT_CAPS
-from arm_core.config import Settings
+from arm_core.config import EnvSettings, Settings
 from arm_core.devtools.config_doc import env_fields
 from arm_core.devtools.reference import ReferenceConfig
 
@@ -109,7 +109,7 @@ def wal() -> float:
     )
 
 
-def default(cls: type, variable: str) -> int:
+def default(cls: type[EnvSettings], variable: str) -> int:
     """The default of an environment variable of `cls`, as docs/configuration.md shows it."""
     value = dict(env_fields(cls))[variable]
     assert isinstance(value, int), (variable, value)

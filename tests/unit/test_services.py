@@ -1,5 +1,6 @@
 """The shape of the bridge's services: one Store per process, handed to them; a config
-of their own, built from the settings in one place and checked when made."""
+of their own, made from the process's Settings (each variable read from there, never
+copied) and the numbers of their own that are no variable, checked when made."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from arm_core.bridge.config import (
     BridgeConfig,
     InboxConfig,
     PublisherConfig,
+    RestartPolicy,
     SchedulerConfig,
-    bridge_config,
 )
 from arm_core.config import Settings
+from arm_core.config_error import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 # The modules that may make the process's pool and its Store (and the store itself, with
@@ -48,13 +50,12 @@ def test_no_service_imports_the_pool_or_builds_a_store() -> None:
                 assert node.func.id not in ("Store", "SyncStore"), f"{path}:{node.lineno}"
 
 
-def test_the_services_configs_default_to_the_settings_defaults() -> None:
-    """One default per tunable: what a service gets when the environment says nothing is
-    what its own config says when a test makes it bare."""
-    assert bridge_config(Settings()) == BridgeConfig()
+CONFIGS = [PublisherConfig, InboxConfig, SchedulerConfig, RestartPolicy, BridgeConfig]
 
 
-def test_each_given_setting_reaches_its_service() -> None:
+def test_each_service_reads_the_one_settings_and_declares_no_variable() -> None:
+    """One home per variable: every service's config is made from the Settings the
+    bridge is given, and none declares a field of its own for a variable."""
     settings = Settings(
         outbox_batch_size=7,
         inbox_workers=3,
@@ -63,37 +64,56 @@ def test_each_given_setting_reaches_its_service() -> None:
         results_stream="RESULTS",
         nats_queue_group="group-a",
     )
-    config = bridge_config(settings)
-    assert (config.publisher.batch_size, config.inbox.workers, config.inbox.buffer_size) == (
-        7,
-        3,
-        30,
-    )
-    assert config.scheduler.tick_seconds == 2.5
-    assert (config.results_stream, config.queue_group) == ("RESULTS", "group-a")
-    assert config.scheduler.sweep_interval_seconds is None  # not given: the DBA's stands
+    config = BridgeConfig(settings)
+    for service in (config.publisher, config.inbox, config.scheduler, config.restarts):
+        assert service.settings is settings
+    assert BridgeConfig().settings == Settings() == PublisherConfig().settings
+    # A field named as a variable, or as its tail (batch_size for OUTBOX_BATCH_SIZE).
+    parts = [name.split("_") for name in Settings.model_fields]
+    variables = {"_".join(words[i:]) for words in parts for i in range(len(words))}
+    for cls in CONFIGS:
+        own = {f.name for f in fields(cls)} - {"settings"}
+        assert not own & variables, (cls.__name__, own & variables)
+
+
+def test_the_sweep_period_reaches_the_schedule_only_when_given() -> None:
+    assert SchedulerConfig(Settings()).sweep_interval_seconds is None  # the DBA's stands
     given = Settings.from_env({"TIMEOUT_SWEEP_SECONDS": "12", "DATABASE_URL": "postgresql://x"})
-    assert bridge_config(given).scheduler.sweep_interval_seconds == 12
+    assert BridgeConfig(given).scheduler.sweep_interval_seconds == 12
+    assert SchedulerConfig(Settings(timeout_sweep_seconds=3)).sweep_interval_seconds == 3
 
 
-@pytest.mark.parametrize("config", [PublisherConfig, InboxConfig, SchedulerConfig, BridgeConfig])
+@pytest.mark.parametrize("config", CONFIGS)
 def test_a_config_refuses_a_number_that_cannot_work(config: type) -> None:
-    numbers = [
-        f.name
-        for f in fields(config)
-        if f.type in ("int", "float") and f.name not in {"max_republish"}
-    ]
+    numbers = [f.name for f in fields(config) if f.type in ("int", "float")]
     assert numbers
     for name in numbers:
         with pytest.raises(ValueError, match=name):
             config(**{name: -1})
 
 
-def test_zero_is_refused_where_it_would_spin_and_allowed_where_it_means_at_once() -> None:
-    with pytest.raises(ValueError, match="poll_seconds"):
-        PublisherConfig(poll_seconds=0)
-    with pytest.raises(ValueError, match="batch_size"):
-        InboxConfig(batch_size=0)
-    assert PublisherConfig(ack_timeout_seconds=0, max_republish=0).max_republish == 0
-    with pytest.raises(ValueError, match="workers"):
-        InboxConfig(workers=4, buffer_size=2)
+def test_zero_is_refused_where_it_would_spin_and_allowed_where_it_means_never() -> None:
+    with pytest.raises(ValueError, match="active_poll_seconds"):
+        PublisherConfig(active_poll_seconds=0)
+    assert InboxConfig(not_published_patience_seconds=0).not_published_patience_seconds == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"OUTBOX_POLL_SECONDS": "0"}, "OUTBOX_POLL_SECONDS"),
+        ({"INBOX_BATCH_SIZE": "0"}, "INBOX_BATCH_SIZE"),
+        ({"INBOX_WORKERS": "4", "INBOX_BUFFER_SIZE": "2"}, "INBOX_BUFFER_SIZE"),
+        ({"INBOX_WORKERS": "4", "INBOX_MAX_PAYLOAD_BYTES": str(16 << 20)}, "INBOX_BUFFER_BYTES"),
+        ({"TABULAR_MIN_IN_FLIGHT": "9", "TABULAR_MAX_IN_FLIGHT": "8"}, "TABULAR_MIN_IN_FLIGHT"),
+        ({"LIVENESS_STALL_SECONDS": "10"}, "LIVENESS_STALL_SECONDS"),
+    ],
+)
+def test_the_variables_the_services_read_are_checked_at_start(
+    env: dict[str, str], variable: str
+) -> None:
+    """What a service's config checked of a variable's value when made, Settings checks
+    at start, naming the variable (exit 2); 0 republishes stays allowed."""
+    with pytest.raises(ConfigError, match=f"^{variable}: "):
+        Settings.from_env(env)
+    assert Settings.from_env({"OUTBOX_MAX_REPUBLISH": "0"}).outbox_max_republish == 0

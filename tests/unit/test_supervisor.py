@@ -23,7 +23,11 @@ from arm_core.config import Settings
 from arm_core.config_error import ConfigError
 from tests.support.bridge import logged, wait_for
 
-FAST = RestartPolicy(limit=2, window_seconds=60, backoff_seconds=0.01, backoff_max_seconds=0.02)
+FAST = RestartPolicy(
+    Settings(service_restart_limit=2, service_restart_window_seconds=60),
+    backoff_seconds=0.01,
+    backoff_max_seconds=0.02,
+)
 
 
 def restarts(supervisor: Supervisor, name: str) -> float:
@@ -99,7 +103,9 @@ async def test_each_restart_waits_its_backoff_doubling_up_to_the_longest(
     caplog.set_level(logging.INFO)
     name = f"backoff-{uuid.uuid4().hex[:6]}"
     policy = RestartPolicy(
-        limit=10, window_seconds=60, backoff_seconds=0.1, backoff_max_seconds=0.25
+        Settings(service_restart_limit=10, service_restart_window_seconds=60),
+        backoff_seconds=0.1,
+        backoff_max_seconds=0.25,
     )
     supervisor = Supervisor(policy, FaultPoints({name: 3}), lambda fatal: None)
     service = Crashy(name)
@@ -148,7 +154,8 @@ async def test_a_one_shot_task_is_done_when_it_returns_and_retried_when_it_raise
 
 async def test_a_loop_silent_for_stall_seconds_is_stalled_and_not_live() -> None:
     now = [1000.0]
-    supervisor = Supervisor(RestartPolicy(stall_seconds=30), clock=lambda: now[0])
+    policy = RestartPolicy(Settings(liveness_stall_seconds=30))
+    supervisor = Supervisor(policy, clock=lambda: now[0])
     stuck = asyncio.Event()
 
     async def hangs(stopping: asyncio.Event) -> None:

@@ -1,34 +1,33 @@
 """docs/configuration.md, written from the settings themselves.
 
-Every environment variable a dataclass declares with :func:`arm_core.config_env.env_var`
-— :class:`arm_core.config.Settings` (every command) and
-:class:`arm_core.devtools.reference_config.ReferenceConfig` (the reference services) — is listed
-with the default its field holds, and a one-line meaning kept in ``MEANINGS``
-(arm_core.devtools.config_meanings). The few variables read outside those dataclasses
-are in ``OTHER_VARIABLES`` there.
+Every environment variable a settings model declares (a field with an alias) —
+:class:`arm_core.config.Settings` (every command) and
+:class:`arm_core.devtools.reference_config.ReferenceConfig` (the reference services) — is
+listed with its default and its meaning, the field's description (json_schema_extra's
+``shown_default`` stands for a default derived from other settings). The few variables
+read outside those models are in ``OTHER_VARIABLES`` here.
 
     python -m arm_core.devtools.config_doc            # print the page
     python -m arm_core.devtools.config_doc --write    # rewrite docs/configuration.md
     python -m arm_core.devtools.config_doc --check    # exit 1 with a diff if stale
 
 tests/unit/test_config_doc.py fails when docs/configuration.md differs from what this
-writes. A variable without a meaning, or a meaning of a variable nothing declares,
-is an error: the page never misses a variable nor lists one that is gone.
+writes. A variable without a description is an error: the page never misses a meaning.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 import arm_core
-from arm_core.config import Settings
+from arm_core.config import EnvSettings, Settings
 from arm_core.devtools import generated
-from arm_core.devtools.config_meanings import DERIVED_DEFAULTS, MEANINGS, OTHER_VARIABLES
-from arm_core.devtools.reference_config import ReferenceConfig
+from arm_core.devtools.reference_config import SCAN, TABULAR, ReferenceConfig
 from arm_core.devtools.stack import DEV_DEFAULTS, DEV_TOKENS
 
 DOC_PATH = generated.CHECKOUT / "docs" / "configuration.md"
@@ -63,7 +62,28 @@ every log line and error message.
 
 
 class MeaningError(ValueError):
-    """A declared variable has no meaning in MEANINGS, or a meaning names no variable."""
+    """A declared variable has no description, or a derived default a default of its own."""
+
+
+# Variables read outside the settings models: name → (default, meaning). Each must still
+# be read somewhere in the package (checked by other_variables).
+OTHER_VARIABLES: dict[str, tuple[str, str]] = {
+    "REFERENCE_SERVICES": (
+        f"`{TABULAR},{SCAN}`",
+        "which reference services `arm-core reference` (and `dev`) runs, comma-separated",
+    ),
+    "ARM_DEV_DIR": (
+        "`.dev`",
+        "where `arm-core dev` keeps its PostgreSQL and nats-server, their logs and its own, "
+        "and the result files",
+    ),
+    "PG_BINDIR": (
+        "—",
+        "the PostgreSQL server binaries (`initdb`, `pg_ctl`, `postgres`) of the embedded "
+        "PostgreSQL of `arm-core dev`, the tests and the benchmarks; unset: `pg_config "
+        "--bindir`, then the newest `/usr/lib/postgresql/*/bin`",
+    ),
+}
 
 
 def default_text(value: Any) -> str:
@@ -79,33 +99,34 @@ def default_text(value: Any) -> str:
         return str(value)
     if isinstance(value, tuple):
         return ", ".join(default_text(v) for v in value) if value else "empty"
+    if isinstance(value, SecretStr):
+        return default_text(value.get_secret_value())
     if isinstance(value, frozenset):
         return ", ".join(default_text(v) for v in sorted(value)) if value else "empty"
     text = str(value)
     return f"`{text}`" if text else "empty"
 
 
-def env_fields(cls: type) -> list[tuple[str, Any]]:
-    """(variable, default) of each :func:`env_var` field of dataclass `cls`, in order."""
-    found = []
-    for f in dataclasses.fields(cls):
-        name = f.metadata.get("env")
-        if name is None:
-            continue
-        if f.default is not dataclasses.MISSING:
-            default: Any = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = None
-        found.append((name, default))
-    return found
+def env_fields(cls: type[EnvSettings]) -> list[tuple[str, Any]]:
+    """(variable, default) of each field of `cls` read from the environment, in order."""
+    return [(f.alias, f.get_default()) for f in cls.model_fields.values() if f.alias]
+
+
+def _variables(cls: type[EnvSettings]) -> dict[str, tuple[str, Any]]:
+    """Each variable of `cls`: (its description on one line, json_schema_extra)."""
+    return {
+        f.alias: (" ".join((f.description or "").split()), f.json_schema_extra or {})
+        for f in cls.model_fields.values()
+        if f.alias
+    }
 
 
 def other_variables() -> dict[str, tuple[str, str]]:
-    """OTHER_VARIABLES, each still read by some module of the package."""
+    """OTHER_VARIABLES, each still read by some other module of the package."""
     sources = "\n".join(
-        p.read_text(encoding="utf-8") for p in Path(arm_core.__file__).parent.rglob("*.py")
+        p.read_text(encoding="utf-8")
+        for p in Path(arm_core.__file__).parent.rglob("*.py")
+        if p.name != Path(__file__).name
     )
     gone = sorted(name for name in OTHER_VARIABLES if f'"{name}"' not in sources)
     if gone:
@@ -119,33 +140,33 @@ def _table(rows: Iterable[tuple[str, str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rows(fields: list[tuple[str, Any]]) -> list[tuple[str, str, str]]:
-    return [(name, shown_default(name, default), MEANINGS[name]) for name, default in fields]
+def _rows(cls: type[EnvSettings]) -> list[tuple[str, str, str]]:
+    described = _variables(cls)
+    missing = sorted(name for name, (meaning, _) in described.items() if not meaning)
+    if missing:
+        raise MeaningError(f"{cls.__name__}: no description (Field(description=…)) for {missing}")
+    return [
+        (name, shown_default(name, default), described[name][0])
+        for name, default in env_fields(cls)
+    ]
 
 
 def shown_default(name: str, default: Any) -> str:
-    """The default column of variable `name`: DERIVED_DEFAULTS' text for a field whose
-    default (None) is derived from other settings, else :func:`default_text`."""
-    if name in DERIVED_DEFAULTS:
+    """The default column of variable `name`: its field's `shown_default` for a field
+    whose default (None) is derived from other settings, else :func:`default_text`."""
+    variables = {**_variables(Settings), **_variables(ReferenceConfig)}
+    extra = variables[name][1] if name in variables else {}
+    if "shown_default" in extra:
         if default is not None:
-            raise MeaningError(f"DERIVED_DEFAULTS: {name} has a default of its own: {default!r}")
-        return DERIVED_DEFAULTS[name]
+            raise MeaningError(f"{name}: derived, yet has a default of its own: {default!r}")
+        return str(extra["shown_default"])
     return default_text(default)
 
 
 def render() -> str:
     """The page, as docs/configuration.md holds it."""
-    settings = env_fields(Settings)
-    reference = env_fields(ReferenceConfig)
+    settings, reference = _rows(Settings), _rows(ReferenceConfig)
     others = other_variables()
-    declared = [name for name, _ in settings + reference]
-    missing = sorted(set(declared) - set(MEANINGS))
-    unused = sorted((set(MEANINGS) | set(DERIVED_DEFAULTS)) - set(declared))
-    if missing or unused:
-        raise MeaningError(
-            f"src/arm_core/devtools/config_meanings.py MEANINGS: no meaning for {missing}; "
-            f"meanings (or derived defaults) of variables nothing declares: {unused}"
-        )
     dev = ", ".join(
         f"`{env}` {default_text(value)}" for env, (_field, value) in DEV_DEFAULTS.items()
     )
@@ -153,7 +174,7 @@ def render() -> str:
     parts = [
         HEADER,
         "## Every command (`arm_core.config.Settings`)\n",
-        _table(_rows(settings)),
+        _table(settings),
         "`arm-core dev` (`make run`) uses shorter periods unless the environment sets them, "
         f"so the demo shows `dlq` and `timeout` within a minute or two: {dev}. Unless "
         f"`AUTH_MODE` is set it runs `AUTH_MODE=token` with the tokens {tokens}, printed in its "
@@ -162,7 +183,7 @@ def render() -> str:
         "`arm-core reference` (and `arm-core dev`), the stand-in recognition services of "
         "demos and tests ([For service teams](service-teams.md#for-service-teams)); their "
         "subjects follow the first table's.\n",
-        _table(_rows(reference)),
+        _table(reference),
         "## Read elsewhere\n",
         _table((name, default, meaning) for name, (default, meaning) in others.items()),
     ]

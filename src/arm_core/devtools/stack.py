@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -89,11 +88,10 @@ def dev_settings(
         changes["results_stream"] = DEV_RESULTS_STREAM
     if "AUTH_MODE" not in settings.explicit:
         changes.update(auth_mode="token", api_tokens=DEV_TOKENS)
-    explicit = set(settings.explicit) | {"TIMEOUT_SWEEP_SECONDS"}
     for env, (name, value) in DEV_DEFAULTS.items():
         if env not in settings.explicit:
             changes[name] = value
-    dev = dataclasses.replace(settings, **changes, explicit=frozenset(explicit))
+    dev = settings.model_copy(update=changes)  # each change counts as given (explicit)
     dev.check_results_stream()  # its shorter ACK_TIMEOUT_SECONDS against a window given
     return dev
 
