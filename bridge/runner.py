@@ -25,14 +25,14 @@ from arm_core.bridge.listener import Listener, ListenerState
 from arm_core.bridge.nats_client import confirm, connect
 from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.replay import Recent, Replayer, keep_recent_answers
-from arm_core.bridge.results_stream import (
+from arm_core.bridge.scheduler import Scheduler
+from arm_core.bridge.service import Fatal, FaultPoints, LoopState, Supervisor, cancel_all
+from arm_core.bridge.stream_fetch import StreamConsumer
+from arm_core.bridge.stream_setup import (
     StreamUnavailable,
     ensure_results_stream,
     results_consumer,
 )
-from arm_core.bridge.scheduler import Scheduler
-from arm_core.bridge.service import Fatal, FaultPoints, LoopState, Supervisor, cancel_all
-from arm_core.bridge.stream import StreamConsumer
 from arm_core.config import Settings
 from arm_core.db import DatabaseError, Outage
 from arm_core.metrics import BridgeState
@@ -60,7 +60,7 @@ class Bridge:
     config: BridgeConfig
     store: Store
     # The NATS connection's settings (servers, credentials: bridge/nats_client.py; the
-    # results stream's options: bridge/results_stream.py) and the database URL of the
+    # results stream's options: bridge/stream_setup.py) and the database URL of the
     # LISTEN connection (DATABASE_LISTEN_URL, or DATABASE_URL).
     settings: Settings
     # Told once when the bridge cannot go on: RESULTS_STREAM set but the server cannot
@@ -210,9 +210,9 @@ class Bridge:
 
     async def _open_stream(self) -> None:
         """RESULTS_STREAM: ensures the stream and the shared durable consumer, then starts
-        the loop that fetches from it into the inbox (bridge/stream.py) and the replay's.
-        The inbox acks each message once its envelope's outcome is final (committed);
-        what it never settles comes again."""
+        the loop that fetches from it into the inbox (bridge/stream_fetch.py) and the
+        replay's. The inbox acks each message once its envelope's outcome is final
+        (committed); what it never settles comes again."""
         s, c = self.settings, self.config
         if self.stream is not None:
             return

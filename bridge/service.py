@@ -16,8 +16,8 @@ loop starts again after a backoff (0.5 s, doubling up to 10 s). A loop
 that crashes more than SERVICE_RESTART_LIMIT times within SERVICE_RESTART_WINDOW_SECONDS
 makes the process fatal: it stops as on SIGTERM, draining what it can, and exits 1, so
 whatever supervises the process (a container runtime, systemd, Kubernetes) starts a
-fresh one. A loop also says it is alive on every turn (:meth:`Service.beat`); one that
-has not for LIVENESS_STALL_SECONDS counts as stalled, and `GET /livez` fails.
+fresh one. A loop also gives a heartbeat on every turn (:meth:`Service.beat`); one that
+has given none for LIVENESS_STALL_SECONDS counts as stalled, and `GET /livez` fails.
 
 :class:`FaultPoints` are where tests make a loop raise (TEST_FAULTS, or
 :meth:`FaultPoints.arm` in the test's process): a real exception at a real point of the
@@ -107,7 +107,7 @@ class LoopState(StrEnum):
 
     RUNNING = "running"
     RESTARTING = "restarting"  # crashed; starts again after its backoff
-    STALLED = "stalled"  # running, but has not come round for stall_seconds
+    STALLED = "stalled"  # running, but no heartbeat for stall_seconds
     FAILED = "failed"  # crashed past the limit: the process stops
     STOPPED = "stopped"  # asked to stop, and did
 
@@ -165,7 +165,7 @@ class Supervisor:
         return watched.task
 
     def beat(self, name: str) -> None:
-        """The loop `name` came round: it is alive."""
+        """A heartbeat of the loop `name`: it is alive."""
         watched = self._loops.get(name)
         if watched is not None:
             watched.beat_at = self._clock()
@@ -291,7 +291,7 @@ class Service:
         )
 
     def beat(self, loop: str | None = None) -> None:
-        """The loop (this service's only one when None) came round."""
+        """A heartbeat of the loop (this service's only one when None)."""
         if self.supervisor is not None:
             self.supervisor.beat(loop or self.name)
 
