@@ -331,7 +331,6 @@ class Inbox(Service):
             batch.append(queue.get_nowait())
         if not batch:
             return InboxStep()
-        self.fault("inbox")
         stopping = stopping or asyncio.Event()
         if self._one_at_a_time[worker]:  # the loop crashed on this batch: one envelope at a time
             results, dropped = await self._one_by_one(batch, stopping, guarded=True)

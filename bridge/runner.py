@@ -26,7 +26,7 @@ from arm_core.bridge.nats_client import confirm, connect
 from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.replay import Recent, Replayer, keep_recent_answers
 from arm_core.bridge.scheduler import Scheduler
-from arm_core.bridge.service import Fatal, FaultPoints, LoopState, Supervisor, cancel_all
+from arm_core.bridge.service import Fatal, LoopState, Supervisor, cancel_all
 from arm_core.bridge.stream_fetch import StreamConsumer
 from arm_core.bridge.stream_setup import (
     StreamUnavailable,
@@ -84,7 +84,7 @@ class Bridge:
     consumer: Any = None
     # Why the bridge cannot go on (also told to on_fatal).
     fatal: Fatal | None = None
-    # Runs every loop of the bridge; its fault points are TEST_FAULTS'.
+    # Runs every loop of the bridge.
     supervisor: Supervisor = field(init=False)
     # Connects, then subscribes or opens the stream (a supervised one-shot loop).
     _connecting: asyncio.Task[None] | None = None
@@ -100,12 +100,7 @@ class Bridge:
         # bridge and its store were made.
         instruments = self.store.instruments
         metrics = instruments.metrics
-        self.supervisor = Supervisor(
-            self.config.restarts,
-            FaultPoints(self.settings.test_faults),
-            self._fail,
-            metrics=metrics,
-        )
+        self.supervisor = Supervisor(self.config.restarts, self._fail, metrics=metrics)
         self.publisher = Publisher(self.config.publisher, self.store, self.nats, metrics=metrics)
         self.publisher.answers_open = not self.config.results_stream  # until the consumer exists
         self.inbox = Inbox(
@@ -157,7 +152,6 @@ class Bridge:
                 self.inbox.slow_consumer()
 
         if not self._connected:
-            self.fault_point("connect")
             await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
             self._connected = True
         if c.results_stream:
@@ -204,9 +198,6 @@ class Bridge:
             extra={"action": "nats_connected"},
         )
         self.publisher.wake.set()
-
-    def fault_point(self, point: str) -> None:
-        self.supervisor.faults.hit(point)
 
     async def _open_stream(self) -> None:
         """RESULTS_STREAM: ensures the stream and the shared durable consumer, then starts

@@ -60,7 +60,6 @@ class StreamConsumer(Service):
         Nothing is fetched while the buffers are full (what the stream keeps waits
         there, not in this process's memory). Raises what the fetch raised; nats'
         TimeoutError when nothing came."""
-        self.fault("stream")
         if self.inbox.db_unreachable:
             # Paused: nothing is fetched until the database answers again.
             await self.release_late()

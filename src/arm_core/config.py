@@ -37,11 +37,9 @@ from arm_core.config_access import (
 )
 from arm_core.config_bridge import (
     CONFIRM_FLUSH_SECONDS,
-    FAULT_POINTS,
     IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
     POOL_RESERVE,
     PUBLISH_CONFIRM_SECONDS,
-    parse_faults,
     parse_idle_in_transaction,
     parse_replicas,
     parse_stream_name,
@@ -65,7 +63,6 @@ from arm_core.tls import https_server_context
 __all__ = [
     "AUTH_MODES",
     "CONFIRM_FLUSH_SECONDS",
-    "FAULT_POINTS",
     "IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
     "LOG_FORMATS",
     "POOL_RESERVE",
@@ -243,9 +240,6 @@ class Settings:
     )
     # GET /livez fails when a loop has not come round for this long (it is stuck).
     liveness_stall_seconds: float = env_var("LIVENESS_STALL_SECONDS", number(float, 1), 180.0)
-    # Tests only: loops' fault points that raise, e.g. "inbox=1,publisher=-1" (bridge/
-    # service.py FaultPoints: the next N turns, -1 every turn). Never set in production.
-    test_faults: tuple[tuple[str, int], ...] = env_var("TEST_FAULTS", parse_faults, ())
     # Names of the variables that were given explicitly (not defaulted).
     explicit: frozenset[str] = field(default=frozenset(), compare=False)
 

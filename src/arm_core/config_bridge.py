@@ -1,8 +1,7 @@
 """The bridge's settings in :class:`arm_core.config.Settings` and the checks that span
 them: the database pool its loops share with the API and the sessions they hold open,
-the inbox's bounds, the liveness stall, the JetStream results stream, and the fault
-points of the tests. (Each service's own config is built from Settings in
-bridge/config.py.)
+the inbox's bounds, the liveness stall and the JetStream results stream. (Each service's
+own config is built from Settings in bridge/config.py.)
 """
 
 from __future__ import annotations
@@ -73,25 +72,6 @@ def parse_replicas(name: str, raw: str) -> int:
     if value > 5:
         raise ConfigError(f"{name}: JetStream keeps 1 to 5 replicas, got {raw!r}")
     return value
-
-
-FAULT_POINTS = (
-    "publisher", "inbox", "listen", "schedule", "waits", "stream", "replay", "connect",
-)  # fmt: skip
-
-
-def parse_faults(name: str, raw: str) -> tuple[tuple[str, int], ...]:
-    """`point=count,…` with each point one of FAULT_POINTS and count a whole number
-    (-1: every time)."""
-    pairs: list[tuple[str, int]] = []
-    for entry in (part.strip() for part in raw.split(",") if part.strip()):
-        point, sep, count = entry.partition("=")
-        point = point.strip()
-        if point not in FAULT_POINTS:
-            raise ConfigError(f"{name}: unknown fault point {point!r} ({', '.join(FAULT_POINTS)})")
-        times = number(int, -1)(name, count) if sep else 1
-        pairs.append((point, times))
-    return tuple(pairs)
 
 
 def pool_max_size(settings: Settings) -> int:

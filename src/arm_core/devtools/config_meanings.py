@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from arm_core.access import LEVELS
 from arm_core.config import Settings
-from arm_core.config_bridge import FAULT_POINTS, POOL_RESERVE, PUBLISH_CONFIRM_SECONDS
+from arm_core.config_bridge import POOL_RESERVE, PUBLISH_CONFIRM_SECONDS
 from arm_core.devtools.reference import FAIL_ONCE, MARKERS, MODES, SCAN, TABULAR
 
 # The meaning of each variable, one line of Markdown (the default comes from the field).
@@ -206,9 +206,6 @@ MEANINGS: dict[str, str] = {
     "loop of the bridge has not come round for this long: it is stuck, and a restart helps; "
     "more than twice `DATABASE_POOL_TIMEOUT_SECONDS` (a loop waits that long for a "
     "connection while the database is away, which is no stall)",
-    "TEST_FAULTS": "tests only, never in production: fault points that raise in the loops, "
-    "`point=N` for the next N turns (`-1`: every turn), comma-separated; points: "
-    + ", ".join(f"`{p}`" for p in FAULT_POINTS),
     # ReferenceConfig
     "REFERENCE_MODE": f"how the services answer: {' · '.join(f'`{m}`' for m in MODES)}; "
     f"{', '.join(f'`{marker}`' for marker, _ in MARKERS)} in a file's name overrides it for "
