@@ -101,7 +101,7 @@ class Buffer:
             return False
 
 
-class Waiting:
+class Snoozed:
     """Envelopes of one worker that wait to be applied again at a later time (their job
     is still queued: see Inbox), the oldest first."""
 

@@ -117,7 +117,7 @@ class RestartPolicy:
 @dataclass(frozen=True, slots=True)
 class BridgeConfig:
     """The bridge (bridge/runner.py): its settings (the NATS connection, the results
-    stream, the result subject and queue group, the LISTEN session, TEST_FAULTS), its
+    stream, the result subject and queue group, the LISTEN session), its
     own numbers, and its services' configs, made from the same settings."""
 
     settings: Settings = field(default_factory=Settings)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 Counts = Counter[str]
 
 
-class Witness(Protocol):
+class Source(Protocol):
     """The service that saw an event: its own `counts`, and the process's `metrics`
     (arm_core.instruments) it updates."""
 
@@ -55,7 +55,7 @@ def _envelope(envelope: Envelope, action: str, **more: Any) -> dict[str, Any]:
 # --- the publisher ----------------------------------------------------------------------
 
 
-def published(seen: Witness, jobs: Sequence[PublishedJob]) -> None:
+def published(seen: Source, jobs: Sequence[PublishedJob]) -> None:
     """A batch reached NATS and committed: its jobs are published."""
     seen.metrics.publish_batches.labels(result="ok").inc()
     seen.metrics.transition("published", len(jobs))
@@ -67,7 +67,7 @@ def published(seen: Witness, jobs: Sequence[PublishedJob]) -> None:
     log.info("published %d jobs", len(jobs), extra={"action": "publish", "count": len(jobs)})
 
 
-def unpublishable(seen: Witness, job: PublishedJob) -> None:
+def unpublishable(seen: Source, job: PublishedJob) -> None:
     """Dead-lettered at claim: the request exceeds the server's max_payload."""
     seen.metrics.transition("dlq")
     seen.counts["unpublishable"] += 1
@@ -78,7 +78,7 @@ def unpublishable(seen: Witness, job: PublishedJob) -> None:
     )
 
 
-def batch_failed(seen: Witness, action: str, n: int, error: str) -> None:
+def batch_failed(seen: Source, action: str, n: int, error: str) -> None:
     """NATS did not confirm a batch (publish or republish): it rolled back."""
     seen.metrics.publish_batches.labels(result="failed").inc()
     seen.counts["failed_batches"] += 1
@@ -91,7 +91,7 @@ def batch_failed(seen: Witness, action: str, n: int, error: str) -> None:
     )
 
 
-def republished(seen: Witness, jobs: Sequence[UnackedJob]) -> None:
+def republished(seen: Source, jobs: Sequence[UnackedJob]) -> None:
     """Overdue, unacked jobs went out again with the same Nats-Msg-Id."""
     seen.metrics.publish_batches.labels(result="ok").inc()
     seen.metrics.republished.inc(len(jobs))
@@ -103,7 +103,7 @@ def republished(seen: Witness, jobs: Sequence[UnackedJob]) -> None:
         )
 
 
-def cannot_republish(seen: Witness, job: UnackedJob, max_payload: int) -> None:
+def cannot_republish(seen: Source, job: UnackedJob, max_payload: int) -> None:
     """An overdue request no longer fits max_payload (it was lowered): its job went to
     dlq at once (REQUEST_TOO_LARGE), its file to ERROR. Once per job."""
     seen.counts["unpublishable"] += 1
@@ -117,7 +117,7 @@ def cannot_republish(seen: Witness, job: UnackedJob, max_payload: int) -> None:
     )
 
 
-def dead_lettered(seen: Witness, jobs: Sequence[DeadLetteredJob]) -> None:
+def dead_lettered(seen: Source, jobs: Sequence[DeadLetteredJob]) -> None:
     """Published jobs moved to dlq (NO_ACK) after their republishes."""
     seen.metrics.transition("dlq", len(jobs))
     seen.counts["dead_lettered"] += len(jobs)
@@ -138,7 +138,7 @@ def dead_lettered(seen: Witness, jobs: Sequence[DeadLetteredJob]) -> None:
 # --- the inbox --------------------------------------------------------------------------
 
 
-def rejected(seen: Witness, subject: str, why: Rejected) -> None:
+def rejected(seen: Source, subject: str, why: Rejected) -> None:
     """A message that is no envelope: not JSON, not schema-valid, no Nats-Msg-Id, …"""
     seen.metrics.envelope("rejected")
     seen.counts["rejected"] += 1
@@ -155,7 +155,7 @@ def rejected(seen: Witness, subject: str, why: Rejected) -> None:
     )
 
 
-def made_storable(seen: Witness, envelope: Envelope) -> None:
+def made_storable(seen: Source, envelope: Envelope) -> None:
     """A schema-valid envelope whose NUL, NaN/Infinity or lone surrogates were replaced."""
     seen.counts["made_storable"] += 1
     log.warning(
@@ -165,7 +165,7 @@ def made_storable(seen: Witness, envelope: Envelope) -> None:
     )
 
 
-def truncated(seen: Witness, envelope: Envelope) -> None:
+def truncated(seen: Source, envelope: Envelope) -> None:
     """A schema-valid answer with text (or metrics) over the core's caps: stored cut,
     with a marker giving the original length; never dropped for it."""
     seen.counts["truncated"] += 1
@@ -176,7 +176,7 @@ def truncated(seen: Witness, envelope: Envelope) -> None:
     )
 
 
-def ack_without_msg_id(seen: Witness, envelope: Envelope) -> None:
+def ack_without_msg_id(seen: Source, envelope: Envelope) -> None:
     """An ack without a Nats-Msg-Id header: taken (nothing reads an ack's id), named
     ack:<job_id>, and said once per ack so the service's team can add the header."""
     seen.counts["ack_without_msg_id"] += 1
@@ -188,7 +188,7 @@ def ack_without_msg_id(seen: Witness, envelope: Envelope) -> None:
     )
 
 
-def redelivered(seen: Witness, n: int) -> None:
+def redelivered(seen: Source, n: int) -> None:
     """Messages of a fetch from the results stream that were delivered before and not
     acknowledged in time, or handed back: the answers an instance held when it died, or
     when it lost its database, come back this way."""
@@ -203,7 +203,7 @@ def redelivered(seen: Witness, n: int) -> None:
     )
 
 
-def replayed(seen: Witness, n: int, stream: str, leader: str) -> None:
+def replayed(seen: Source, n: int, stream: str, leader: str) -> None:
     """The stream elected a leader: the answers core NATS brought in the last seconds go
     to the inbox again (bridge/replay.py)."""
     seen.metrics.replayed.inc(n)
@@ -218,7 +218,7 @@ def replayed(seen: Witness, n: int, stream: str, leader: str) -> None:
     )
 
 
-def dropped(seen: Witness, envelope: Envelope, reason: str) -> None:
+def dropped(seen: Source, envelope: Envelope, reason: str) -> None:
     """An envelope lost before the database saw it (buffer_full, shutdown): counted, and
     a DEBUG line with its job id (the burst it belongs to is told once at ERROR:
     bridge/buffer.py DropBursts)."""
@@ -231,7 +231,7 @@ def dropped(seen: Witness, envelope: Envelope, reason: str) -> None:
     )
 
 
-def handed_back(seen: Witness, n: int, reason: str) -> None:
+def handed_back(seen: Source, n: int, reason: str) -> None:
     """Messages of the results stream this bridge let go unapplied (a NAK): the stream
     delivers them again within seconds, to a bridge that can apply them."""
     seen.metrics.handed_back.inc(n)
@@ -244,7 +244,7 @@ def handed_back(seen: Witness, n: int, reason: str) -> None:
     )
 
 
-def intake_paused(seen: Witness, error: Exception) -> None:
+def intake_paused(seen: Source, error: Exception) -> None:
     """RESULTS_STREAM: the database is unreachable; the bridge takes no more answers."""
     seen.counts["intake_paused"] += 1
     log.warning(
@@ -255,7 +255,7 @@ def intake_paused(seen: Witness, error: Exception) -> None:
     )
 
 
-def intake_resumed(seen: Witness) -> None:
+def intake_resumed(seen: Source) -> None:
     seen.counts["intake_resumed"] += 1
     log.info(
         "the database answers: taking answers from the results stream again",
@@ -263,7 +263,7 @@ def intake_resumed(seen: Witness) -> None:
     )
 
 
-def slow_consumer(seen: Witness) -> None:
+def slow_consumer(seen: Source) -> None:
     """nats-py dropped a message because the subscription's queue was full (nats-py
     logs it through the connection's error callback)."""
     seen.metrics.envelope("dropped")
@@ -271,7 +271,7 @@ def slow_consumer(seen: Witness) -> None:
 
 
 def outcome(
-    seen: Witness,
+    seen: Source,
     envelope: Envelope,
     result: ApplyOutcome,
     attempt: int | None,
@@ -307,7 +307,7 @@ def outcome(
         log.log(level, "%s ignored: %s", action, result, extra=extra)
 
 
-def applied_batch(seen: Witness, outcomes: Counter[ApplyOutcome]) -> None:
+def applied_batch(seen: Source, outcomes: Counter[ApplyOutcome]) -> None:
     """One arm.apply_envelopes_v2 call: one line at INFO for the batch (one per envelope
     is DEBUG: a line per envelope cost a fifth of the bridge's CPU in a burst)."""
     seen.counts["batches"] += 1
@@ -321,7 +321,7 @@ def applied_batch(seen: Witness, outcomes: Counter[ApplyOutcome]) -> None:
         )
 
 
-def held(seen: Witness, n: int, waiting: int, error: Exception) -> None:
+def held(seen: Source, n: int, waiting: int, error: Exception) -> None:
     """The database is unreachable, or no connection of the pool came free: the inbox
     holds its batch and tries again."""
     seen.counts["db_retries"] += 1
@@ -336,7 +336,7 @@ def held(seen: Witness, n: int, waiting: int, error: Exception) -> None:
     )
 
 
-def settled(seen: Witness, terminated: bool) -> None:
+def settled(seen: Source, terminated: bool) -> None:
     """A message of the results stream acked (outcome final) or terminated (garbage)."""
     seen.counts["terminated" if terminated else "acked"] += 1
 
@@ -344,7 +344,7 @@ def settled(seen: Witness, terminated: bool) -> None:
 # --- the schedule -----------------------------------------------------------------------
 
 
-def task_ran(seen: Witness, task: TaskRun) -> None:
+def task_ran(seen: Source, task: TaskRun) -> None:
     """A periodic task ran (the sweep's result is how many jobs timed out)."""
     seen.counts[f"task.{task.task}"] += 1
     if task.task == "sweep_timeouts" and task.result and task.result.isdigit():

@@ -78,7 +78,6 @@ class Listener(Service):
                     backoff = 0.5
                     while not stopping.is_set():
                         self.beat()
-                        self.fault("listen")
                         async for _ in conn.notifies(timeout=self.poll_seconds):
                             self.wake.set()
             except psycopg.OperationalError as exc:

@@ -1,8 +1,7 @@
 """Connecting to NATS (R-NATS-1): no credentials, an nkey seed, or a user JWT + seed.
 
 No JetStream is used or required, unless RESULTS_STREAM asks for the capture of answers
-(:func:`ensure_results_stream`, :func:`results_consumer`: bridge/results_stream.py,
-importable from here too). The client reconnects forever; publishes while disconnected
+(bridge/stream_setup.py). The client reconnects forever; publishes while disconnected
 raise at once (pending_size=0) instead of being buffered silently, so the publisher
 never takes a buffered message for a delivered one.
 """
@@ -19,31 +18,9 @@ from typing import Any
 from nats.aio.client import Client
 from nats.errors import FlushTimeoutError, SlowConsumerError
 
-from arm_core.bridge.results_stream import (
-    STREAM_MAX_ACK_PENDING,
-    StreamUnavailable,
-    ensure_results_stream,
-    results_consumer,
-    stream_differences,
-    wanted_stream,
-)
 from arm_core.config import CONFIRM_FLUSH_SECONDS, Settings
 from arm_core.nats_credentials import nats_keypair
 from arm_core.redaction import mask_urls_in
-
-__all__ = [
-    "MSG_ID_HEADER",
-    "STREAM_MAX_ACK_PENDING",
-    "StreamUnavailable",
-    "auth_options",
-    "confirm",
-    "connect",
-    "ensure_results_stream",
-    "results_consumer",
-    "stream_differences",
-    "tls_options",
-    "wanted_stream",
-]
 
 log = logging.getLogger(__name__)
 

@@ -153,7 +153,6 @@ class Publisher(Service):
         then, when due, dead-letter and republish what is overdue. Returns what it did;
         raises DatabaseError when the database failed (what committed before stays)."""
         self.counts["cycles"] += 1
-        self.fault("publisher")
         if not self.nats.is_connected:
             now = time.monotonic()
             self._nats_down_since = self._nats_down_since or now

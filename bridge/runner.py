@@ -25,14 +25,14 @@ from arm_core.bridge.listener import Listener, ListenerState
 from arm_core.bridge.nats_client import confirm, connect
 from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.replay import Recent, Replayer, keep_recent_answers
-from arm_core.bridge.results_stream import (
+from arm_core.bridge.scheduler import Scheduler
+from arm_core.bridge.service import Fatal, LoopState, Supervisor, cancel_all
+from arm_core.bridge.stream_fetch import StreamConsumer
+from arm_core.bridge.stream_setup import (
     StreamUnavailable,
     ensure_results_stream,
     results_consumer,
 )
-from arm_core.bridge.scheduler import Scheduler
-from arm_core.bridge.service import Fatal, FaultPoints, LoopState, Supervisor, cancel_all
-from arm_core.bridge.stream import StreamConsumer
 from arm_core.db import DatabaseError, Outage
 from arm_core.metrics import BridgeState
 from arm_core.redaction import mask_url
@@ -57,7 +57,7 @@ class NatsState(StrEnum):
 @dataclass(eq=False)
 class Bridge:
     # Its settings (config.settings: the NATS connection's servers and credentials,
-    # bridge/nats_client.py; the results stream's options, bridge/results_stream.py; the
+    # bridge/nats_client.py; the results stream's options, bridge/stream_setup.py; the
     # LISTEN connection's URL, DATABASE_LISTEN_URL or DATABASE_URL) and its services'.
     config: BridgeConfig
     store: Store
@@ -82,7 +82,7 @@ class Bridge:
     consumer: Any = None
     # Why the bridge cannot go on (also told to on_fatal).
     fatal: Fatal | None = None
-    # Runs every loop of the bridge; its fault points are TEST_FAULTS'.
+    # Runs every loop of the bridge.
     supervisor: Supervisor = field(init=False)
     # Connects, then subscribes or opens the stream (a supervised one-shot loop).
     _connecting: asyncio.Task[None] | None = None
@@ -98,12 +98,7 @@ class Bridge:
         # bridge and its store were made.
         instruments = self.store.instruments
         metrics = instruments.metrics
-        self.supervisor = Supervisor(
-            self.config.restarts,
-            FaultPoints(self.config.settings.test_faults),
-            self._fail,
-            metrics=metrics,
-        )
+        self.supervisor = Supervisor(self.config.restarts, self._fail, metrics=metrics)
         self.publisher = Publisher(self.config.publisher, self.store, self.nats, metrics=metrics)
         self.publisher.answers_open = not self.config.settings.results_stream  # until it exists
         self.inbox = Inbox(
@@ -156,7 +151,6 @@ class Bridge:
                 self.inbox.slow_consumer()
 
         if not self._connected:
-            self.fault_point("connect")
             await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
             self._connected = True
         if s.results_stream:
@@ -204,14 +198,11 @@ class Bridge:
         )
         self.publisher.wake.set()
 
-    def fault_point(self, point: str) -> None:
-        self.supervisor.faults.hit(point)
-
     async def _open_stream(self) -> None:
         """RESULTS_STREAM: ensures the stream and the shared durable consumer, then starts
-        the loop that fetches from it into the inbox (bridge/stream.py) and the replay's.
-        The inbox acks each message once its envelope's outcome is final (committed);
-        what it never settles comes again."""
+        the loop that fetches from it into the inbox (bridge/stream_fetch.py) and the
+        replay's. The inbox acks each message once its envelope's outcome is final
+        (committed); what it never settles comes again."""
         c = self.config
         s = c.settings
         if self.stream is not None:

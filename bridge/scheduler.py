@@ -53,7 +53,6 @@ class Scheduler(Service):
 
         The first tick that reaches the database applies the settings first, so start-up
         never waits for a database that is down, and the period is set once it is up."""
-        self.fault("schedule")
         if not self._settings_applied:
             await self.apply_settings()
         ran = await self.store.run_due_tasks()
@@ -88,7 +87,6 @@ class Scheduler(Service):
         if not force and now - self._waits_recorded_at < self.config.wait_sample_seconds:
             return None
         self._waits_recorded_at = now
-        self.fault("waits")
         taken = self.metrics.waits.take()
         if not taken:
             return {}

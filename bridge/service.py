@@ -16,12 +16,8 @@ loop starts again after a backoff (0.5 s, doubling up to 10 s). A loop
 that crashes more than SERVICE_RESTART_LIMIT times within SERVICE_RESTART_WINDOW_SECONDS
 makes the process fatal: it stops as on SIGTERM, draining what it can, and exits 1, so
 whatever supervises the process (a container runtime, systemd, Kubernetes) starts a
-fresh one. A loop also says it is alive on every turn (:meth:`Service.beat`); one that
-has not for LIVENESS_STALL_SECONDS counts as stalled, and `GET /livez` fails.
-
-:class:`FaultPoints` are where tests make a loop raise (TEST_FAULTS, or
-:meth:`FaultPoints.arm` in the test's process): a real exception at a real point of the
-loop, not a stand-in for the store."""
+fresh one. A loop also gives a heartbeat on every turn (:meth:`Service.beat`); one that
+has given none for LIVENESS_STALL_SECONDS counts as stalled, and `GET /livez` fails."""
 
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -75,39 +71,12 @@ async def cancel_all(tasks: Iterable[asyncio.Task[None]], within: float = 5.0) -
     return len(pending)
 
 
-class InjectedFault(RuntimeError):
-    """Raised at an armed fault point (tests only), with the time it was (time.time())."""
-
-    def __init__(self, point: str) -> None:
-        super().__init__(f"fault injected at {point}")
-        self.raised_at = time.time()
-
-
-class FaultPoints:
-    """Named points of the loops where a test makes them raise :class:`InjectedFault`:
-    `{"inbox": 1}` raises at the inbox's next batch once; -1 raises every time."""
-
-    def __init__(self, armed: Mapping[str, int] | Iterable[tuple[str, int]] = ()) -> None:
-        self._left: dict[str, int] = dict(armed)
-
-    def arm(self, point: str, times: int = 1) -> None:
-        self._left[point] = times
-
-    def hit(self, point: str) -> None:
-        left = self._left.get(point)
-        if not left:
-            return
-        if left > 0:
-            self._left[point] = left - 1
-        raise InjectedFault(point)
-
-
 class LoopState(StrEnum):
     """A supervised loop, as GET /livez reports it."""
 
     RUNNING = "running"
     RESTARTING = "restarting"  # crashed; starts again after its backoff
-    STALLED = "stalled"  # running, but has not come round for stall_seconds
+    STALLED = "stalled"  # running, but no heartbeat for stall_seconds
     FAILED = "failed"  # crashed past the limit: the process stops
     STOPPED = "stopped"  # asked to stop, and did
 
@@ -139,14 +108,12 @@ class Supervisor:
     def __init__(
         self,
         policy: RestartPolicy | None = None,
-        faults: FaultPoints | None = None,
         on_fatal: Callable[[Fatal], None] = lambda fatal: None,
         clock: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
     ) -> None:
         self.policy = policy or RestartPolicy()
         self.metrics = metrics or Metrics()  # the process's: arm_service_restarts_total
-        self.faults = faults or FaultPoints()
         self.on_fatal = on_fatal
         self.fatal: Fatal | None = None
         self._clock = clock
@@ -165,7 +132,7 @@ class Supervisor:
         return watched.task
 
     def beat(self, name: str) -> None:
-        """The loop `name` came round: it is alive."""
+        """A heartbeat of the loop `name`: it is alive."""
         watched = self._loops.get(name)
         if watched is not None:
             watched.beat_at = self._clock()
@@ -291,14 +258,9 @@ class Service:
         )
 
     def beat(self, loop: str | None = None) -> None:
-        """The loop (this service's only one when None) came round."""
+        """A heartbeat of the loop (this service's only one when None)."""
         if self.supervisor is not None:
             self.supervisor.beat(loop or self.name)
-
-    def fault(self, point: str) -> None:
-        """A fault point: raises InjectedFault when a test armed `point`."""
-        if self.supervisor is not None:
-            self.supervisor.faults.hit(point)
 
     def ended(self) -> bool:
         """Started, and every loop has ended (asked to, or failed past the limit)."""

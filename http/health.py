@@ -77,7 +77,7 @@ async def healthcheck(request: web.Request) -> web.Response:
 async def livez(request: web.Request) -> web.Response:
     """GET /livez: 200 while the event loop answers (it does, to answer) and every loop
     of the bridge runs or is being restarted; 503 when one crashed past
-    SERVICE_RESTART_LIMIT or has not come round for LIVENESS_STALL_SECONDS — what a
+    SERVICE_RESTART_LIMIT or has had no heartbeat for LIVENESS_STALL_SECONDS — what a
     restart of the process fixes. An unreachable database or NATS is not: the process
     waits for them, and says so in /readyz."""
     bridge = request.app.get(BRIDGE_VIEW)

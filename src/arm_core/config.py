@@ -294,24 +294,6 @@ def parse_idle_in_transaction(raw: str) -> float:
     return value
 
 
-FAULT_POINTS = (
-    "publisher", "inbox", "listen", "schedule", "waits", "stream", "replay", "connect",
-)  # fmt: skip
-
-
-def parse_faults(raw: str) -> tuple[tuple[str, int], ...]:
-    """`point=count,…` with each point one of FAULT_POINTS and count a whole number
-    (-1: every time)."""
-    pairs: list[tuple[str, int]] = []
-    for entry in (part.strip() for part in raw.split(",") if part.strip()):
-        point, sep, count = entry.partition("=")
-        point = point.strip()
-        if point not in FAULT_POINTS:
-            raise ValueError(f"unknown fault point {point!r} ({', '.join(FAULT_POINTS)})")
-        pairs.append((point, number(int, -1)(count) if sep else 1))
-    return tuple(pairs)
-
-
 # The environment from_env is reading, while it validates what it read: its text is
 # parsed and its rules checked; a value given in code is taken as it is.
 _READING: ContextVar[Mapping[str, str] | None] = ContextVar("reading", default=None)
@@ -723,16 +705,9 @@ class Settings(EnvSettings):
         180.0, alias="LIVENESS_STALL_SECONDS"
     )
     """`GET /livez` (and so the image's `HEALTHCHECK`) fails when a loop of the bridge has not
-    come round for this long: it is stuck, and a restart helps; more than twice
+    had a heartbeat for this long: it is stuck, and a restart helps; more than twice
     `DATABASE_POOL_TIMEOUT_SECONDS` (a loop waits that long for a connection while the database
     is away, which is no stall)"""
-    test_faults: Annotated[tuple[tuple[str, int], ...], parsed(parse_faults)] = Field(
-        (),
-        alias="TEST_FAULTS",
-        description="tests only, never in production: fault points that raise in the "
-        "loops, `point=N` for the next N turns (`-1`: every turn), comma-separated; points: "
-        + ", ".join(f"`{p}`" for p in FAULT_POINTS),
-    )
 
     @model_validator(mode="after")
     def _check_at_start(self) -> Self:

@@ -19,6 +19,7 @@ from arm_core.http.app import OPENAPI_PATH
 from arm_core.runtime import create_app
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import TcpProxy, wait_for
+from tests.support.fault_points import armed
 from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 
 pytestmark = pytest.mark.integration
@@ -67,18 +68,19 @@ async def apps(db_url: str, pg_server: EmbeddedPostgres) -> AsyncIterator[Apps]:
         db_url,
         nats_enabled=True,
         nats_urls=("nats://127.0.0.1:1",),
-        test_faults=(("connect", -1),),
         service_restart_limit=0,
     )
     try:
-        async with (
-            running_api(api_settings(db_url)) as up,
-            running_api(auth) as auth_app,
-            running_api(levels) as levels_app,
-            running_api(api_settings(down_url, db_pool_timeout_seconds=0.5)) as down,
-            running_api(dead_settings) as dead,
-        ):
-            yield Apps(up, auth_app, levels_app, down, dead, failed.file_id, live.file_id)
+        # Its connecting loop raises at once, every time: the app's /livez says 503.
+        with armed(("connect", -1)):
+            async with (
+                running_api(api_settings(db_url)) as up,
+                running_api(auth) as auth_app,
+                running_api(levels) as levels_app,
+                running_api(api_settings(down_url, db_pool_timeout_seconds=0.5)) as down,
+                running_api(dead_settings) as dead,
+            ):
+                yield Apps(up, auth_app, levels_app, down, dead, failed.file_id, live.file_id)
     finally:
         await proxy.close()
 

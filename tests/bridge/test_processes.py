@@ -14,6 +14,7 @@ from nats.aio.client import Client
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import NatsProxy, envelope, send, wait_for
+from tests.support.fault_points import program
 from tests.support.processes import ARM_CORE, ArmProcess, log_lines
 from tests.support.sql import BRIDGE_LOGIN, dict_conn, job, publish, scalar, upload, upload_many
 
@@ -175,7 +176,8 @@ def test_bad_configuration_fails_at_start_naming_the_variable(
 async def test_a_loop_that_keeps_crashing_stops_the_process_draining_exit_1(
     db_url: str, nats_server: EmbeddedNats, client: Client, tmp_path: Path
 ) -> None:
-    """The schedule's loop raises on every turn (TEST_FAULTS): it is restarted
+    """The schedule's loop raises on every turn (a fault point armed in the process:
+    tests/support/fault_points.py): it is restarted
     SERVICE_RESTART_LIMIT times, then the process stops as on SIGTERM and exits 1. The
     drain is the SIGTERM one: 20 acks held in the inbox (a DBA's transaction holds their
     jobs, so the database calls them busy) are applied once the lock goes, after the
@@ -185,10 +187,8 @@ async def test_a_loop_that_keeps_crashing_stops_the_process_draining_exit_1(
         ups = [upload(conn) for _ in range(n)]
         publish(conn)
     port = free_port()
-    env = bridge_env(
-        db_url, nats_server.url(), port, TEST_FAULTS="schedule=-1", SERVICE_RESTART_LIMIT="3"
-    )
-    proc = ArmProcess("bridge", env, tmp_path / "b.log")
+    env = bridge_env(db_url, nats_server.url(), port, SERVICE_RESTART_LIMIT="3")
+    proc = ArmProcess("bridge", env, tmp_path / "b.log", program("schedule=-1"))
     processing = "SELECT count(*) FROM arm.recognition_job WHERE status = 'processing'"
     try:
         proc.wait_healthy(port)

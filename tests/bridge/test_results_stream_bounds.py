@@ -19,7 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck, StorageType, StreamConfig
 from nats.js.errors import ServiceUnavailableError
 
-from arm_core.bridge.nats_client import ensure_results_stream, results_consumer
+from arm_core.bridge.stream_setup import ensure_results_stream, results_consumer
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.bridge import (

@@ -1,9 +1,9 @@
 """Every loop of the bridge is supervised (bridge/service.py): an exception injected at
-each loop's fault point is one ERROR line naming the loop, with its traceback, at once;
-the loop starts again; and a job uploaded after the fault still reaches `done`. An
-answer in the inbox's hands when its worker crashed is applied after the restart; a
-real fault of the kind a rolling deploy makes (the database returns an outcome this
-bridge does not know) is survived the same way."""
+each loop's fault point (tests/support/fault_points.py) is one ERROR line naming the
+loop, with its traceback, at once; the loop starts again; and a job uploaded after the
+fault still reaches `done`. An answer in the inbox's hands when its worker crashed is
+applied after the restart; a real fault of the kind a rolling deploy makes (the database
+returns an outcome this bridge does not know) is survived the same way."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from arm_core.bridge.service import InjectedFault
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from tests.support.bridge import (
     envelope,
@@ -28,6 +27,7 @@ from tests.support.bridge import (
     send,
     wait_for,
 )
+from tests.support.fault_points import InjectedFault, armed
 from tests.support.sql import dict_conn, job, publish, scalar, upload
 
 pytestmark = pytest.mark.integration
@@ -78,48 +78,50 @@ async def test_an_exception_in_each_loop_is_logged_at_once_and_the_loop_restarte
     caplog.set_level(logging.INFO)
     loop, needs_stream = POINTS[point]
     extra: dict[str, Any] = {"results_stream": STREAM} if needs_stream else {}
-    settings = fast_settings(db_url, js_server.url(), test_faults=((point, 1),), **extra)
+    settings = fast_settings(db_url, js_server.url(), **extra)
     service = await instant_service(js_server.url())
     observer = await nats_client(js_server.url())
     with dict_conn(db_url) as conn:
         first = upload(conn)
-    try:
-        async with running_bridge(settings) as bridge:
-            if point == "replay":
-                await advisory(observer)
-            await wait_for(lambda: bool(crashes(caplog.records, loop)), 30, f"{loop} crashed")
-            [crash] = crashes(caplog.records, loop)
-            assert crash.levelno == logging.ERROR and crash.exc_info is not None
-            assert isinstance(crash.exc_info[1], InjectedFault)
-            name = str(crash.service)  # type: ignore[attr-defined]
+    with armed((point, 1)):
+        try:
+            async with running_bridge(settings) as bridge:
+                if point == "replay":
+                    await advisory(observer)
+                await wait_for(lambda: bool(crashes(caplog.records, loop)), 30, f"{loop} crashed")
+                [crash] = crashes(caplog.records, loop)
+                assert crash.levelno == logging.ERROR and crash.exc_info is not None
+                assert isinstance(crash.exc_info[1], InjectedFault)
+                name = str(crash.service)  # type: ignore[attr-defined]
 
-            def restarted() -> list[logging.LogRecord]:
-                return logged(caplog.records, action="service_restarted", service=name)
+                def restarted() -> list[logging.LogRecord]:
+                    return logged(caplog.records, action="service_restarted", service=name)
 
-            await wait_for(lambda: bool(restarted()), 10, f"{name} restarted")
-            with dict_conn(db_url) as conn:
-                second = upload(conn)  # after the fault
-            finished = await done(db_url, second.job_id)
-            await done(db_url, first.job_id)
-            if point == "replay":  # the restarted loop replays the next election
-                replays = len(logged(caplog.records, action="stream_replay"))
-                await advisory(observer)
-                await wait_for(
-                    lambda: len(logged(caplog.records, action="stream_replay")) > replays,
-                    10,
-                    "a replay after the restart",
+                await wait_for(lambda: bool(restarted()), 10, f"{name} restarted")
+                with dict_conn(db_url) as conn:
+                    second = upload(conn)  # after the fault
+                finished = await done(db_url, second.job_id)
+                await done(db_url, first.job_id)
+                if point == "replay":  # the restarted loop replays the next election
+                    replays = len(logged(caplog.records, action="stream_replay"))
+                    await advisory(observer)
+                    await wait_for(
+                        lambda: len(logged(caplog.records, action="stream_replay")) > replays,
+                        10,
+                        "a replay after the restart",
+                    )
+                assert bridge.supervisor.live()[0], bridge.supervisor.live()
+                assert bridge.fatal is None and len(crashes(caplog.records, loop)) == 1
+                raised = crash.exc_info[1].raised_at
+                print(
+                    f"\n{point}: from the exception, the ERROR line "
+                    f"+{crash.created - raised:.4f} s, the restart "
+                    f"+{restarted()[0].created - raised:.2f} s, the next job done "
+                    f"+{finished - raised:.2f} s"
                 )
-            assert bridge.supervisor.live()[0], bridge.supervisor.live()
-            assert bridge.fatal is None and len(crashes(caplog.records, loop)) == 1
-            raised = crash.exc_info[1].raised_at
-            print(
-                f"\n{point}: from the exception, the ERROR line +{crash.created - raised:.4f} s"
-                f", the restart +{restarted()[0].created - raised:.2f} s, the next job "
-                f"done +{finished - raised:.2f} s"
-            )
-    finally:
-        await service.client.close()
-        await observer.close()
+        finally:
+            await service.client.close()
+            await observer.close()
 
 
 async def test_the_answers_in_a_crashed_workers_hands_are_applied_after_its_restart(
@@ -130,16 +132,17 @@ async def test_the_answers_in_a_crashed_workers_hands_are_applied_after_its_rest
     caplog.set_level(logging.INFO)
     with dict_conn(db_url) as conn:
         ups = [upload(conn) for _ in range(20)]
-    settings = fast_settings(db_url, js_server.url(), inbox_workers=1, test_faults=(("inbox", 1),))
+    settings = fast_settings(db_url, js_server.url(), inbox_workers=1)
     service = await instant_service(js_server.url())
-    try:
-        async with running_bridge(settings) as bridge:
-            for up in ups:
-                await done(db_url, up.job_id)
-            assert len(crashes(caplog.records, "inbox-0")) == 1
-            assert bridge.inbox.dropped() == 0
-    finally:
-        await service.client.close()
+    with armed(("inbox", 1)):
+        try:
+            async with running_bridge(settings) as bridge:
+                for up in ups:
+                    await done(db_url, up.job_id)
+                assert len(crashes(caplog.records, "inbox-0")) == 1
+                assert bridge.inbox.dropped() == 0
+        finally:
+            await service.client.close()
 
 
 def unknown_outcome(when: str, setup: str = "", first: str = "false", before: str = "") -> str:
@@ -274,30 +277,31 @@ async def test_the_callback_never_waits_for_a_worker_that_has_failed(
         inbox_buffer_size=2,
         inbox_batch_size=1,
         service_restart_limit=0,
-        test_faults=(("inbox", -1),),
     )
     with dict_conn(db_url) as conn:
         ups = [upload(conn) for _ in range(8)]
         publish(conn)
     client = await nats_client(js_server.url())
-    try:
-        async with running_bridge(settings) as bridge:
-            counts = bridge.inbox.counts
-            # The first answer reaches the worker, which fails at once, past its limit.
-            await send(client, envelope(ups[0].job_id, ups[0].file_id, "processing"), "a:0")
-            await wait_for(lambda: bridge.fatal is not None, 30, "the inbox failed")
-            assert bridge.fatal is not None and bridge.fatal.reason.startswith("inbox-0 crashed")
-            assert not bridge.supervisor.live()[0]
+    with armed(("inbox", -1)):
+        try:
+            async with running_bridge(settings) as bridge:
+                counts = bridge.inbox.counts
+                # The first answer reaches the worker, which fails at once, past its limit.
+                await send(client, envelope(ups[0].job_id, ups[0].file_id, "processing"), "a:0")
+                await wait_for(lambda: bridge.fatal is not None, 30, "the inbox failed")
+                fatal = bridge.fatal
+                assert fatal is not None and fatal.reason.startswith("inbox-0 crashed")
+                assert not bridge.supervisor.live()[0]
 
-            # Two fill the buffer; each one after is handed over and dropped at once: the
-            # callback is free for the next.
-            def received(n: int) -> Callable[[], bool]:
-                return lambda: counts["received"] == n
+                # Two fill the buffer; each one after is handed over and dropped at once: the
+                # callback is free for the next.
+                def received(n: int) -> Callable[[], bool]:
+                    return lambda: counts["received"] == n
 
-            for i, up in enumerate(ups[1:], 1):
-                await send(client, envelope(up.job_id, up.file_id, "processing"), f"a:{i}")
-                await wait_for(received(i + 1), 10, f"answer {i} taken")
-            assert counts["dropped.shutdown"] == 8 - 1 - 2
-            assert bridge.inbox.buffered() == 2
-    finally:
-        await client.close()
+                for i, up in enumerate(ups[1:], 1):
+                    await send(client, envelope(up.job_id, up.file_id, "processing"), f"a:{i}")
+                    await wait_for(received(i + 1), 10, f"answer {i} taken")
+                assert counts["dropped.shutdown"] == 8 - 1 - 2
+                assert bridge.inbox.buffered() == 2
+        finally:
+            await client.close()

@@ -1,4 +1,4 @@
-"""A bridge cut off from its database steps aside.
+"""A bridge cut off from its database pauses.
 
 Two `arm-core bridge` processes with RESULTS_STREAM share one durable consumer; the
 reference services answer through JetStream publish. Bridge A reaches PostgreSQL through
@@ -89,7 +89,7 @@ async def pair(js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres) -> Pai
 
 
 def story(conn: Any, both: Pair) -> str:
-    """What the bridges' logs say about the jobs still live, and A's stepping aside."""
+    """What the bridges' logs say about the jobs still live, and A's pause."""
     live = [
         str(r["id"])
         for r in conn.execute(f"SELECT id FROM arm.recognition_job WHERE {LIVE_STATUS}")
@@ -102,7 +102,7 @@ def story(conn: Any, both: Pair) -> str:
     return "\n".join(told[-80:])
 
 
-async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_left_undone(
+async def test_a_bridge_cut_off_from_its_database_pauses_and_nothing_is_left_undone(
     js_stack: Stack, db_url: str, pg_server: EmbeddedPostgres
 ) -> None:
     if missing := iptables_missing():
@@ -117,9 +117,9 @@ async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_lef
                 await wait_for(
                     lambda: bool(log_lines(a.log(), action="stream_intake", state="paused")),
                     60,
-                    lambda: f"A stepping aside: {a.log()[-3000:]}",
+                    lambda: f"A pausing: {a.log()[-3000:]}",
                 )
-                stepped_aside = time.monotonic() - cut
+                paused_after = time.monotonic() - cut
                 await wait_for(lambda: time.monotonic() - cut > 20, 30, "more flow after")
                 n = flow.stop()
                 await wait_for(
@@ -143,8 +143,8 @@ async def test_a_bridge_cut_off_from_its_database_steps_aside_and_nothing_is_lef
         for line in log_lines(a.log(), action="stream_hand_back")
     )
     print(
-        f"\nFIGURE bridge cut off from its database: {n} jobs, A stepped aside "
-        f"{stepped_aside:.1f} s after the cut (handed back {handed_back}), nothing "
+        f"\nFIGURE bridge cut off from its database: {n} jobs, A paused "
+        f"{paused_after:.1f} s after the cut (handed back {handed_back}), nothing "
         f"undone {undone_in:.1f} s after it"
     )
     for proc in (a, b):

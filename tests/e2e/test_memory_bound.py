@@ -6,7 +6,7 @@ flood of 100 valid answers of about 0.9 MiB each, nearly three times INBOX_BUFFE
 small objects). The peak RSS the kernel
 recorded for the process (VmHWM) stays within INBOX_BUFFER_BYTES' bound of its RSS before
 the flood. Without RESULTS_STREAM what did not fit is dropped, counted and logged once
-for the burst. With it the bridge steps aside once it finds the database unreachable:
+for the burst. With it the bridge pauses once it finds the database unreachable:
 it hands back what it fetched (unacked) and fetches no more, and once the database is
 back every answer is applied: nothing lost."""
 
@@ -137,7 +137,7 @@ async def test_a_flood_of_large_answers_while_the_database_is_away_stays_within_
                 # would drop them (a slow consumer to the server: core NATS' own limit).
                 await wait_for(taken_in(port, n), 60, lambda: f"{handled(port)}")
         await client.flush(timeout=30)
-        if stream:  # it steps aside: hands back what it fetched, fetches no more
+        if stream:  # it pauses: nacks what it fetched, fetches no more
             await wait_for(
                 lambda: metric(port, "arm_inbox_handed_back_total") >= 1, 60, "handed back"
             )

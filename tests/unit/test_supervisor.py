@@ -11,17 +11,11 @@ import uuid
 import pytest
 
 from arm_core.bridge.config import RestartPolicy
-from arm_core.bridge.service import (
-    Fatal,
-    FaultPoints,
-    InjectedFault,
-    LoopState,
-    Service,
-    Supervisor,
-)
+from arm_core.bridge.service import Fatal, LoopState, Service, Supervisor
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
 from tests.support.bridge import logged, wait_for
+from tests.support.fault_points import POINTS, InjectedFault, armed, fault
 
 FAST = RestartPolicy(
     Settings(service_restart_limit=2, service_restart_window_seconds=60),
@@ -35,17 +29,20 @@ def restarts(supervisor: Supervisor, name: str) -> float:
 
 
 class Crashy(Service):
-    """Raises at its fault point on each turn the test armed, runs on otherwise."""
+    """A loop whose step raises on each turn the test armed (tests/support/fault_points),
+    and runs on otherwise."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.turns = 0
 
+    def step(self) -> None:
+        self.turns += 1
+
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             self.beat()
-            self.fault(self.name)
-            self.turns += 1
+            self.step()
             await asyncio.sleep(0.005)
 
 
@@ -55,21 +52,22 @@ async def test_a_crash_is_logged_at_once_counted_and_the_loop_restarted(
     caplog.set_level(logging.INFO)
     name = f"crashy-{uuid.uuid4().hex[:6]}"
     told: list[Fatal] = []
-    supervisor = Supervisor(FAST, FaultPoints({name: 1}), told.append)
+    supervisor = Supervisor(FAST, told.append)
     service = Crashy(name)
-    service.start(supervisor)
-    try:
-        await wait_for(lambda: service.turns > 3, 5, "turns after the restart")
-        [crash] = logged(caplog.records, action="service_crashed", service=name)
-        assert crash.levelno == logging.ERROR and crash.exc_info is not None
-        assert isinstance(crash.exc_info[1], InjectedFault)
-        assert f"{name} crashed; restarting" in crash.getMessage()
-        assert logged(caplog.records, action="service_restarted", service=name)
-        assert restarts(supervisor, name) == 1
-        assert supervisor.live() == (True, {name: "running"})
-        assert not told
-    finally:
-        await service.stop(1)
+    with fault(service, "step", 1):
+        service.start(supervisor)
+        try:
+            await wait_for(lambda: service.turns > 3, 5, "turns after the restart")
+            [crash] = logged(caplog.records, action="service_crashed", service=name)
+            assert crash.levelno == logging.ERROR and crash.exc_info is not None
+            assert isinstance(crash.exc_info[1], InjectedFault)
+            assert f"{name} crashed; restarting" in crash.getMessage()
+            assert logged(caplog.records, action="service_restarted", service=name)
+            assert restarts(supervisor, name) == 1
+            assert supervisor.live() == (True, {name: "running"})
+            assert not told
+        finally:
+            await service.stop(1)
     assert service.ended() and supervisor.states() == {name: LoopState.STOPPED}
 
 
@@ -78,11 +76,12 @@ async def test_past_the_limit_the_process_is_told_once_and_is_not_live(
 ) -> None:
     name = f"doomed-{uuid.uuid4().hex[:6]}"
     told: list[Fatal] = []
-    supervisor = Supervisor(FAST, FaultPoints({name: -1}), told.append)
+    supervisor = Supervisor(FAST, told.append)
     service = Crashy(name)
-    service.start(supervisor)
-    await wait_for(lambda: bool(told), 5, "fatal")
-    await wait_for(service.ended, 5, "the loop ended")
+    with fault(service, "step", -1):
+        service.start(supervisor)
+        await wait_for(lambda: bool(told), 5, "fatal")
+        await wait_for(service.ended, 5, "the loop ended")
     [fatal] = told
     assert fatal.exit_code == 1 and fatal.reason.startswith(f"{name} crashed 3 times within 60 s")
     assert supervisor.fatal is fatal
@@ -107,19 +106,20 @@ async def test_each_restart_waits_its_backoff_doubling_up_to_the_longest(
         backoff_seconds=0.1,
         backoff_max_seconds=0.25,
     )
-    supervisor = Supervisor(policy, FaultPoints({name: 3}), lambda fatal: None)
+    supervisor = Supervisor(policy, lambda fatal: None)
     service = Crashy(name)
-    service.start(supervisor)
-    try:
-        await wait_for(lambda: service.turns > 0, 5, "running after three crashes")
-        crashed = logged(caplog.records, action="service_crashed", service=name)
-        started = logged(caplog.records, action="service_restarted", service=name)
-        waits = [r.created - c.created for c, r in zip(crashed, started, strict=True)]
-        assert len(waits) == 3
-        for waited, backoff in zip(waits, (0.1, 0.2, 0.25), strict=True):
-            assert backoff <= waited < backoff + 1.0, waits
-    finally:
-        await service.stop(1)
+    with fault(service, "step", 3):
+        service.start(supervisor)
+        try:
+            await wait_for(lambda: service.turns > 0, 5, "running after three crashes")
+            crashed = logged(caplog.records, action="service_crashed", service=name)
+            started = logged(caplog.records, action="service_restarted", service=name)
+            waits = [r.created - c.created for c, r in zip(crashed, started, strict=True)]
+            assert len(waits) == 3
+            for waited, backoff in zip(waits, (0.1, 0.2, 0.25), strict=True):
+                assert backoff <= waited < backoff + 1.0, waits
+        finally:
+            await service.stop(1)
 
 
 async def test_a_loop_that_returns_without_being_asked_counts_as_a_crash() -> None:
@@ -174,25 +174,33 @@ async def test_a_loop_silent_for_stall_seconds_is_stalled_and_not_live() -> None
     await asyncio.wait_for(task, 5)
 
 
-def test_fault_points_raise_as_often_as_armed() -> None:
-    faults = FaultPoints([("inbox", 2), ("schedule", -1)])
-    for _ in range(2):
-        with pytest.raises(InjectedFault, match="fault injected at inbox"):
-            faults.hit("inbox")
-    faults.hit("inbox")  # spent
-    for _ in range(5):
-        with pytest.raises(InjectedFault):
-            faults.hit("schedule")
-    faults.hit("publisher")  # never armed
+def test_fault_points_raise_as_often_as_armed_and_are_gone_after() -> None:
+    """A test's fault point raises on as many calls as armed (-1: every one), calls the
+    step otherwise, and leaves nothing behind; production code has no hook at all."""
+    service = Crashy("armed")
+    with fault(service, "step", 2):
+        for _ in range(2):
+            with pytest.raises(InjectedFault, match="fault injected at step"):
+                service.step()
+        service.step()  # spent: the step itself runs
+        assert service.turns == 1
+    with fault(Crashy, "step", -1):
+        for _ in range(5):
+            with pytest.raises(InjectedFault):
+                service.step()
+    service.step()
+    assert service.turns == 2 and "step" not in vars(service)
+    # Each point names a step the bridge has (a renamed one fails here, not silently).
+    steps = {point: getattr(target, name) for point, (target, name) in POINTS.items()}
+    assert all(callable(step) for step in steps.values())
+    with armed(("inbox", 1), ("connect", -1)):
+        now = {point: getattr(target, name) for point, (target, name) in POINTS.items()}
+        assert {p for p in POINTS if now[p] is not steps[p]} == {"inbox", "connect"}
+    assert {point: getattr(target, name) for point, (target, name) in POINTS.items()} == steps
 
 
-def test_test_faults_and_the_restart_settings_are_read_and_checked() -> None:
-    settings = Settings.from_env({"TEST_FAULTS": "inbox=2, publisher=-1,stream"})
-    assert settings.test_faults == (("inbox", 2), ("publisher", -1), ("stream", 1))
-    assert Settings().test_faults == ()
+def test_the_restart_settings_are_read_and_checked() -> None:
     for env, variable in (
-        ({"TEST_FAULTS": "nowhere=1"}, "TEST_FAULTS"),
-        ({"TEST_FAULTS": "inbox=x"}, "TEST_FAULTS"),
         ({"SERVICE_RESTART_LIMIT": "-1"}, "SERVICE_RESTART_LIMIT"),
         ({"SERVICE_RESTART_WINDOW_SECONDS": "0"}, "SERVICE_RESTART_WINDOW_SECONDS"),
         ({"LIVENESS_STALL_SECONDS": "0"}, "LIVENESS_STALL_SECONDS"),

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class StreamConsumer(Service):
-    # nats-py's pull subscription of the durable consumer (bridge/results_stream.py
+    # nats-py's pull subscription of the durable consumer (bridge/stream_setup.py
     # results_consumer).
     consumer: Any
     inbox: Inbox
@@ -61,10 +61,9 @@ class StreamConsumer(Service):
         Nothing is fetched while the buffers are full (what the stream keeps waits
         there, not in this process's memory). Raises what the fetch raised; nats'
         TimeoutError when nothing came."""
-        self.fault("stream")
         if self.inbox.db_unreachable:
-            # Stepped aside: nothing is fetched until the database answers again.
-            await self.hand_back_late()
+            # Paused: nothing is fetched until the database answers again.
+            await self.release_late()
             if not await self.inbox.probe():
                 await asyncio.sleep(self.probe_seconds)
                 return []
@@ -86,12 +85,12 @@ class StreamConsumer(Service):
             await self.inbox.on_message(msg)
         return msgs
 
-    async def hand_back_late(self) -> None:
+    async def release_late(self) -> None:
         """A fetch returns once it has messages, but its request stays open at the server
         until it expires (up to the fetch's wait): what the server sends to it after the
-        inbox stepped aside waits in the subscription's queue, unread. Those go back to
-        the stream too (the inbox hands back what it is given while it cannot reach its
-        database), or they would wait for the consumer's ack wait."""
+        inbox paused waits in the subscription's queue, unread. Those are nacked too (the
+        inbox releases what it is given while it cannot reach its database), or they
+        would wait for the consumer's ack wait."""
         if self.consumer.pending_msgs == 0:
             return
         with contextlib.suppress(TimeoutError, NatsError):

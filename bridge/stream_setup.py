@@ -1,11 +1,12 @@
-"""The results stream (RESULTS_STREAM): the JetStream stream that captures the answers
-on RESULT_SUBJECT, and the one durable consumer every core instance fetches from.
+"""Setting up the results stream (RESULTS_STREAM): the JetStream stream that captures
+the answers on RESULT_SUBJECT, and the one durable consumer every core instance fetches
+from.
 
 :func:`ensure_results_stream` creates the stream (:func:`wanted_stream`) or checks the
 one there, setting the limits it owns and logging what differs;
-:func:`results_consumer` makes the durable pull consumer the bridge's stream consumer
-(bridge/stream.py) fetches with. Without RESULTS_STREAM none of this runs: answers come
-over core NATS (bridge/nats_client.py, the connection itself).
+:func:`results_consumer` makes the durable pull consumer the bridge's fetch loop
+(bridge/stream_fetch.py) fetches with. Without RESULTS_STREAM none of this runs: answers
+come over core NATS (bridge/nats_client.py, the connection itself).
 """
 
 from __future__ import annotations
