@@ -24,7 +24,7 @@ from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.databases import clone
 from tests.support.plans import explained
-from tests.support.sql import Conn, dict_conn, publish
+from tests.support.sql import Conn, claim_params, dict_conn, publish
 
 pytestmark = pytest.mark.integration
 
@@ -230,14 +230,7 @@ def test_the_publishers_claim_reads_only_the_claimed_jobs(loaded_db: str) -> Non
     rows, plans = explained(
         loaded_db,
         query("publish_queued_jobs"),
-        {
-            "limit": limit,
-            "tabular_timeout": 600,
-            "image_timeout": 1800,
-            "tabular_subject": "files.tabular_uploaded",
-            "image_subject": "files.img_uploaded",
-            "max_bytes": 1 << 20,
-        },
+        claim_params(limit),
     )
     assert len(rows) == limit
     assert_bounded(plans)

@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 
 from arm_core.db import query
 from arm_core.statuses import pipeline_for
+from arm_core.store import publish_params
 from tests.support.polling import wait_for_sync
 
 # Every migration of db/migrations, in the order they apply (their numbered names), read
@@ -278,6 +279,25 @@ FROM arm.dead_letter_unpublishable(%(job_ids)s::uuid[], %(error_codes)s::text[],
 """
 
 
+def claim_params(
+    limit: int,
+    max_bytes: int = 1 << 20,
+    tabular_timeout: float = 600,
+    image_timeout: float = 1800,
+    tabular_subject: str = "files.tabular_uploaded",
+    image_subject: str = "files.img_uploaded",
+) -> dict[str, Any]:
+    """The publisher's claim's parameters (unpaced), with the tests' defaults."""
+    return publish_params(
+        limit=limit,
+        tabular_timeout=tabular_timeout,
+        image_timeout=image_timeout,
+        tabular_subject=tabular_subject,
+        image_subject=image_subject,
+        max_bytes=max_bytes,
+    )
+
+
 def publish(
     conn: Conn,
     limit: int = 1000,
@@ -289,14 +309,9 @@ def publish(
     """What the publisher does, minus NATS: its statement (arm.publish_queued_jobs_v2,
     unpaced), committed. No request is too large here (every job is published), and each
     row's `request` is the request as a dict."""
-    params = {
-        "limit": limit,
-        "tabular_timeout": tabular_timeout,
-        "image_timeout": image_timeout,
-        "tabular_subject": tabular_subject,
-        "image_subject": image_subject,
-        "max_bytes": 2**31 - 1,
-    }
+    params = claim_params(
+        limit, 2**31 - 1, tabular_timeout, image_timeout, tabular_subject, image_subject
+    )
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("publish_queued_jobs"), params).fetchall()
     assert {r["outcome"] for r in rows} <= {"published"}, rows
@@ -308,17 +323,7 @@ def publish_open(conn: Conn, limit: int = 10, max_bytes: int = 1 << 20) -> list[
     the connection's open transaction (autocommit off). The caller commits or rolls back."""
     assert not conn.autocommit, "publish_open needs an open transaction"
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            query("publish_queued_jobs"),
-            {
-                "limit": limit,
-                "tabular_timeout": 600,
-                "image_timeout": 1800,
-                "tabular_subject": "files.tabular_uploaded",
-                "image_subject": "files.img_uploaded",
-                "max_bytes": max_bytes,
-            },
-        ).fetchall()
+        return cur.execute(query("publish_queued_jobs"), claim_params(limit, max_bytes)).fetchall()
 
 
 def apply_envelopes(conn: Conn, envelopes: list[dict[str, Any]]) -> list[dict[str, Any]]:
