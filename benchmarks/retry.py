@@ -6,7 +6,7 @@ server answering GET /healthcheck N times, 32 in flight, from the same client ju
 a request that reads the database through the same pool (the oldest queued job's age) but
 writes nothing, so the ratio is what a retry's transaction costs over the HTTP and pool
 round trip every request pays. Failed files come through the functions:
-uploads, arm.claim_queued_jobs + arm.mark_published with a deadline of now, then
+uploads, arm.publish_queued_jobs_v2 with a deadline of now, then
 arm.sweep_timeouts() (attempt 1 of 3 timed out, so each file may be retried).
 
 Two guards on the same run: the retries' throughput at 32 in flight against `pgbench -N`

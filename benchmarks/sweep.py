@@ -3,8 +3,8 @@ growing numbers of live jobs and of history rows. It should cost what is due, no
 is stored.
 
 Live jobs are built through the functions: plain-SQL uploads, then
-arm.claim_queued_jobs + arm.mark_published in SQL (reply deadlines an hour away), then
-arm.apply_ack on half of them (so they are published and processing). Small history is
+arm.publish_queued_jobs_v2 in SQL (reply deadlines an hour away), then an ack for half of
+them through arm.apply_envelopes_v2 (so they are published and processing). Small history is
 built the same way and timed out by the sweep itself. Large history is bulk-loaded:
 final rows (done, error, timeout) that satisfy every CHECK and foreign key, inserted
 with the table's user triggers disabled (the guard and the upload defaults), then
@@ -253,12 +253,16 @@ def _add_live(conn: psycopg.Connection[Any], n: int) -> None:
     conn.execute(
         """
         SELECT count(*)
-        FROM arm.recognition_job j
-        CROSS JOIN LATERAL arm.apply_ack(j.id, j.file_id,
-            CASE j.pipeline WHEN 'tabular' THEN 'tabular-parser' ELSE 'scan-gateway' END,
-            '1.4.2') a
-        WHERE j.status = 'published' AND j.started_at IS NULL
-          AND get_byte(uuid_send(j.id), 15) % 2 = 0
+        FROM arm.apply_envelopes_v2((
+            SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'job_id', j.id, 'file_id', j.file_id, 'msg_id', 'ack:' || j.id,
+                'status', 'processing',
+                'service_name', CASE j.pipeline WHEN 'tabular' THEN 'tabular-parser'
+                                                ELSE 'scan-gateway' END,
+                'service_version', '1.4.2')), '[]')
+            FROM arm.recognition_job j
+            WHERE j.status = 'published' AND j.started_at IS NULL
+              AND get_byte(uuid_send(j.id), 15) % 2 = 0))
         """
     )
     _vacuum(conn)

@@ -77,28 +77,21 @@ async def upload_files_async(
     return [r[1] for r in rows]
 
 
-# What the publisher does, in SQL and without NATS: claim a batch and mark it published
-# in one statement (the claim's row locks are this transaction's own). Used to build live
-# jobs for the sweep and failed files for the retry API.
+# What the publisher does, in SQL and without NATS: its statement (unpaced), which claims
+# a batch and marks it published; no request is too large here. Used to build live jobs
+# for the sweep and failed files for the retry API.
 PUBLISH_IN_SQL = """
-WITH c AS (
-    SELECT * FROM arm.claim_queued_jobs(
-        %(limit)s, make_interval(secs => %(timeout)s), make_interval(secs => %(timeout)s))
-)
-SELECT coalesce(arm.mark_published(
-    array_agg(c.job_id),
-    array_agg(CASE c.pipeline WHEN 'tabular' THEN 'files.tabular_uploaded'
-                              ELSE 'files.img_uploaded' END),
-    array_agg(c.reply_deadline)), 0)
-FROM c
+SELECT count(*) FROM arm.publish_queued_jobs_v2(
+    %(limit)s, make_interval(secs => %(timeout)s), make_interval(secs => %(timeout)s),
+    'files.tabular_uploaded', 'files.img_uploaded', 2147483647)
 """
 
 
 def publish_in_sql(
     conn: psycopg.Connection[Any], timeout_seconds: float, batch: int = 10_000
 ) -> int:
-    """Publishes every queued job through arm.claim_queued_jobs + arm.mark_published,
-    `batch` per transaction, with reply deadlines `timeout_seconds` from now."""
+    """Publishes every queued job through arm.publish_queued_jobs_v2, `batch` per
+    transaction, with reply deadlines `timeout_seconds` from now."""
     total = 0
     while True:
         row = conn.execute(PUBLISH_IN_SQL, {"limit": batch, "timeout": timeout_seconds}).fetchone()

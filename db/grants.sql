@@ -149,9 +149,8 @@ GRANT EXECUTE ON FUNCTION arm.list_files, arm.status_series, arm.bridge_instance
     TO arm_readonly;
 GRANT EXECUTE ON FUNCTION arm.pace_view, arm.outbox_ready_age TO arm_readonly;
 
--- Everything else — set_setting, set_periodic_task, sweep_timeouts, sample_status, claim_queued_jobs,
--- pin_in_flight_limit,
--- mark_published, dead_letter_unpublishable, apply_ack, apply_result,
+-- Everything else — set_setting, set_periodic_task, sweep_timeouts, sample_status,
+-- pin_in_flight_limit, dead_letter_unpublishable,
 -- schedule_with_pg_cron, unschedule_pg_cron, the triggers' functions — and every write to
 -- a table directly, arm.periodic_task included, is the owner's: DBAs run them as a member
 -- of arm_owner.

@@ -626,51 +626,6 @@ $$;
 ALTER FUNCTION arm._request_text(p_job_id uuid, p_file_id uuid, p_pipeline arm.pipeline, p_file_type arm.file_type, p_original_name text, p_bucket text, p_key text, p_reply_deadline timestamp with time zone, p_attempt integer) OWNER TO arm_owner;
 
 --
--- Name: apply_ack(uuid, uuid, text, text); Type: FUNCTION; Schema: arm; Owner: arm_owner
---
-
-CREATE FUNCTION arm.apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text) RETURNS TABLE(outcome text, attempt integer, status arm.job_status)
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    j arm.recognition_job;
-BEGIN
-    SELECT * INTO j FROM arm.recognition_job WHERE id = p_job_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'unknown_job', NULL::integer, NULL::arm.job_status;
-        RETURN;
-    END IF;
-    IF p_file_id IS DISTINCT FROM j.file_id THEN
-        RETURN QUERY SELECT 'file_mismatch', j.attempt, j.status;
-    ELSIF j.status = 'processing' THEN
-        RETURN QUERY SELECT 'duplicate', j.attempt, j.status;
-    ELSIF arm.is_final(j.status) THEN
-        RETURN QUERY SELECT 'already_final', j.attempt, j.status;
-    ELSIF j.status = 'queued' THEN
-        RETURN QUERY SELECT 'not_published', j.attempt, j.status;
-    ELSE
-        UPDATE arm.recognition_job
-        SET status = 'processing',
-            started_at = clock_timestamp(),
-            service_name = p_service_name,
-            service_version = p_service_version
-        WHERE id = j.id;
-        UPDATE arm.stored_file
-        SET status = 'PROCESSING'
-        WHERE id = j.file_id
-          AND current_recognition_job_id = j.id
-          AND status <> 'PROCESSING';
-        RETURN QUERY SELECT 'applied', j.attempt, 'processing'::arm.job_status;
-    END IF;
-END;
-$$;
-
-
-ALTER FUNCTION arm.apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text) OWNER TO arm_owner;
-
---
 -- Name: apply_envelopes_v2(jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -693,8 +648,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- What apply_ack / apply_result would raise on, checked for the whole batch first
-    -- (arm.envelope_problem is inlined here: one expression per element).
+    -- What the inbox refuses, checked for the whole batch first (arm.envelope_problem is
+    -- inlined here: one expression per element).
     SELECT b.n, b.problem
     INTO v_bad
     FROM (SELECT x.n,
@@ -855,84 +810,6 @@ $$;
 ALTER FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) OWNER TO arm_owner;
 
 --
--- Name: apply_result(uuid, uuid, text, arm.job_status, text, text, text, text, text, text, text, jsonb); Type: FUNCTION; Schema: arm; Owner: arm_owner
---
-
-CREATE FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text DEFAULT NULL::text, p_result_key text DEFAULT NULL::text, p_result_schema_version text DEFAULT NULL::text, p_error_code text DEFAULT NULL::text, p_error_message text DEFAULT NULL::text, p_metrics jsonb DEFAULT NULL::jsonb) RETURNS TABLE(outcome text, attempt integer, status arm.job_status)
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-DECLARE
-    j arm.recognition_job;
-    v_object_id uuid;
-    v_problem text;
-BEGIN
-    IF p_status NOT IN ('done', 'needs_check', 'error') THEN
-        RAISE EXCEPTION 'apply_result takes done, needs_check or error, not %', p_status
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    v_problem := arm.envelope_problem(p_status::text, p_msg_id, p_error_code,
-                                      p_result_bucket, p_result_key, p_result_schema_version);
-    IF v_problem IS NOT NULL THEN
-        RAISE EXCEPTION 'apply_result: the answer %', v_problem
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    SELECT * INTO j FROM arm.recognition_job WHERE id = p_job_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'unknown_job', NULL::integer, NULL::arm.job_status;
-        RETURN;
-    END IF;
-    IF p_file_id IS DISTINCT FROM j.file_id THEN
-        RETURN QUERY SELECT 'file_mismatch', j.attempt, j.status;
-        RETURN;
-    END IF;
-    IF j.result_msg_id = p_msg_id THEN
-        RETURN QUERY SELECT 'duplicate', j.attempt, j.status;
-        RETURN;
-    END IF;
-    IF arm.is_final(j.status) THEN
-        RETURN QUERY SELECT 'already_final', j.attempt, j.status;
-        RETURN;
-    END IF;
-    IF j.status = 'queued' THEN
-        RETURN QUERY SELECT 'not_published', j.attempt, j.status;
-        RETURN;
-    END IF;
-
-    IF p_result_bucket IS NOT NULL AND p_result_key IS NOT NULL THEN
-        INSERT INTO arm.s3_object (bucket, key, bucket_role, created_by)
-        VALUES (p_result_bucket, p_result_key, 'results', p_service_name)
-        RETURNING id INTO v_object_id;
-    END IF;
-
-    UPDATE arm.recognition_job
-    SET status = p_status,
-        service_name = p_service_name,
-        service_version = p_service_version,
-        finished_at = clock_timestamp(),
-        metrics = p_metrics,
-        error_code = CASE WHEN p_status = 'error' THEN p_error_code END,
-        error_message = CASE WHEN p_status = 'error' THEN p_error_message END,
-        result_schema_version = p_result_schema_version,
-        result_s3_object_id = v_object_id,
-        result_msg_id = p_msg_id
-    WHERE id = j.id;
-
-    UPDATE arm.stored_file
-    SET status = CASE WHEN p_status = 'error' THEN 'ERROR' ELSE 'PROCESSING' END::arm.file_status
-    WHERE id = j.file_id
-      AND current_recognition_job_id = j.id;
-
-    RETURN QUERY SELECT 'applied', j.attempt, p_status;
-END;
-$$;
-
-
-ALTER FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text, p_result_key text, p_result_schema_version text, p_error_code text, p_error_message text, p_metrics jsonb) OWNER TO arm_owner;
-
---
 -- Name: archive_files(timestamp with time zone, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
 --
 
@@ -1026,42 +903,6 @@ $$;
 
 
 ALTER FUNCTION arm.bridge_instances() OWNER TO arm_owner;
-
---
--- Name: claim_queued_jobs(integer, interval, interval); Type: FUNCTION; Schema: arm; Owner: arm_owner
---
-
-CREATE FUNCTION arm.claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval DEFAULT '00:10:00'::interval, p_image_reply_timeout interval DEFAULT '00:30:00'::interval) RETURNS TABLE(job_id uuid, attempt integer, pipeline arm.pipeline, msg_id text, reply_deadline timestamp with time zone, request jsonb)
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
-    AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH claimed AS (
-        SELECT j AS job,
-               date_trunc('milliseconds', clock_timestamp()
-                   + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
-                                     ELSE p_image_reply_timeout END) AS deadline
-        FROM arm.recognition_job j
-        WHERE j.status = 'queued'
-        ORDER BY j.requested_at, j.id
-        LIMIT p_limit
-        FOR UPDATE OF j SKIP LOCKED
-    )
-    SELECT (c.job).id, (c.job).attempt, (c.job).pipeline,
-           (c.job).id::text || ':' || (c.job).attempt,
-           c.deadline,
-           arm._request_body(c.job, f, o, c.deadline)
-    FROM claimed c
-    JOIN arm.stored_file f ON f.id = (c.job).file_id
-    JOIN arm.s3_object o ON o.id = f.s3_object_id
-    ORDER BY (c.job).requested_at, (c.job).id;
-END;
-$$;
-
-
-ALTER FUNCTION arm.claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval) OWNER TO arm_owner;
 
 --
 -- Name: claim_unacked_jobs(integer, interval, integer); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -1617,37 +1458,6 @@ $_$;
 
 
 ALTER FUNCTION arm.list_files(p_limit integer, p_after_created_at timestamp with time zone, p_after_id uuid, p_statuses arm.file_status[], p_job_statuses arm.job_status[], p_consolidation_id uuid, p_file_types arm.file_type[], p_q text, p_updated_after timestamp with time zone, p_updated_before timestamp with time zone) OWNER TO arm_owner;
-
---
--- Name: mark_published(uuid[], text[], timestamp with time zone[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
---
-
-CREATE FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p_reply_deadlines timestamp with time zone[]) RETURNS integer
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'arm', 'pg_temp'
-    AS $$
-DECLARE
-    v_count integer;
-BEGIN
-    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
-    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
-    UPDATE arm.recognition_job j
-    SET status = 'published',
-        published_at = clock_timestamp(),
-        last_published_at = clock_timestamp(),
-        request_msg_id = j.id::text || ':' || j.attempt,
-        request_subject = u.subject,
-        reply_deadline = u.reply_deadline
-    FROM unnest(p_job_ids, p_subjects, p_reply_deadlines) AS u(job_id, subject, reply_deadline)
-    WHERE j.id = u.job_id
-      AND j.status = 'queued';
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
-END;
-$$;
-
-
-ALTER FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p_reply_deadlines timestamp with time zone[]) OWNER TO arm_owner;
 
 --
 -- Name: mark_republished(uuid[]); Type: FUNCTION; Schema: arm; Owner: arm_owner
@@ -4075,25 +3885,11 @@ GRANT UPDATE(current_recognition_job_id) ON TABLE arm.stored_file TO arm_uploade
 
 
 --
--- Name: FUNCTION apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text); Type: ACL; Schema: arm; Owner: arm_owner
---
-
-REVOKE ALL ON FUNCTION arm.apply_ack(p_job_id uuid, p_file_id uuid, p_service_name text, p_service_version text) FROM PUBLIC;
-
-
---
 -- Name: FUNCTION apply_envelopes_v2(p_envelopes jsonb); Type: ACL; Schema: arm; Owner: arm_owner
 --
 
 REVOKE ALL ON FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.apply_envelopes_v2(p_envelopes jsonb) TO arm_bridge;
-
-
---
--- Name: FUNCTION apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text, p_result_key text, p_result_schema_version text, p_error_code text, p_error_message text, p_metrics jsonb); Type: ACL; Schema: arm; Owner: arm_owner
---
-
-REVOKE ALL ON FUNCTION arm.apply_result(p_job_id uuid, p_file_id uuid, p_msg_id text, p_status arm.job_status, p_service_name text, p_service_version text, p_result_bucket text, p_result_key text, p_result_schema_version text, p_error_code text, p_error_message text, p_metrics jsonb) FROM PUBLIC;
 
 
 --
@@ -4110,13 +3906,6 @@ REVOKE ALL ON FUNCTION arm.archive_files(p_finished_before timestamp with time z
 REVOKE ALL ON FUNCTION arm.bridge_instances() FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.bridge_instances() TO arm_api;
 GRANT ALL ON FUNCTION arm.bridge_instances() TO arm_readonly;
-
-
---
--- Name: FUNCTION claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval); Type: ACL; Schema: arm; Owner: arm_owner
---
-
-REVOKE ALL ON FUNCTION arm.claim_queued_jobs(p_limit integer, p_tabular_reply_timeout interval, p_image_reply_timeout interval) FROM PUBLIC;
 
 
 --
@@ -4199,13 +3988,6 @@ GRANT ALL ON FUNCTION arm.job_counts() TO arm_readonly;
 REVOKE ALL ON FUNCTION arm.list_files(p_limit integer, p_after_created_at timestamp with time zone, p_after_id uuid, p_statuses arm.file_status[], p_job_statuses arm.job_status[], p_consolidation_id uuid, p_file_types arm.file_type[], p_q text, p_updated_after timestamp with time zone, p_updated_before timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION arm.list_files(p_limit integer, p_after_created_at timestamp with time zone, p_after_id uuid, p_statuses arm.file_status[], p_job_statuses arm.job_status[], p_consolidation_id uuid, p_file_types arm.file_type[], p_q text, p_updated_after timestamp with time zone, p_updated_before timestamp with time zone) TO arm_api;
 GRANT ALL ON FUNCTION arm.list_files(p_limit integer, p_after_created_at timestamp with time zone, p_after_id uuid, p_statuses arm.file_status[], p_job_statuses arm.job_status[], p_consolidation_id uuid, p_file_types arm.file_type[], p_q text, p_updated_after timestamp with time zone, p_updated_before timestamp with time zone) TO arm_readonly;
-
-
---
--- Name: FUNCTION mark_published(p_job_ids uuid[], p_subjects text[], p_reply_deadlines timestamp with time zone[]); Type: ACL; Schema: arm; Owner: arm_owner
---
-
-REVOKE ALL ON FUNCTION arm.mark_published(p_job_ids uuid[], p_subjects text[], p_reply_deadlines timestamp with time zone[]) FROM PUBLIC;
 
 
 --

@@ -199,9 +199,11 @@ AS $$
 $$;
 
 -- Why the inbox refuses an answer (an ack or a result, as the fields of its envelope), or
--- NULL when it takes it: the one place these rules are written, for apply_result and
--- apply_envelopes_v2 (db/functions/30_inbox.sql). The text completes "element n …" and
--- "apply_result: the answer …". An ack (`processing`) needs nothing more than its ids.
+-- NULL when it takes it: the one place these rules are written, for apply_envelopes_v2
+-- (db/functions/30_inbox.sql) and the one-envelope oracle its tests compare it with
+-- (tests/integration/inbox_oracle.sql). The text completes "element n …" (and the
+-- oracle's "apply_result: the answer …"). An ack (`processing`) needs nothing more than
+-- its ids.
 CREATE OR REPLACE FUNCTION arm.envelope_problem(
     p_status text,
     p_msg_id text,

@@ -1,92 +1,10 @@
--- The outbox publisher's side (R-OUT-1, R-ACK-2). The bridge runs, in ONE transaction:
---   claim_queued_jobs → publish every request to NATS → confirm the server has them →
---   mark_published → COMMIT.
--- The claim's row locks keep other publishers off the batch until the commit; if the
--- publish fails the bridge rolls back and the batch simply stays queued.
-
--- Claims up to p_limit queued jobs, oldest first, skipping rows another publisher holds.
--- Returns for each the request body (recognition_job ⋈ stored_file ⋈ s3_object) with a
--- reply_deadline computed now from the pipeline's reply timeout, and the Nats-Msg-Id
--- `<job_id>:<attempt>`. Must run inside the transaction that calls mark_published.
--- Its cost follows p_limit, not the backlog or the history: recognition_job_queued_idx is
--- (requested_at, id), the claim's order, so the scan stops after p_limit rows (plus those
--- skipped); and it is PL/pgSQL so the planner knows p_limit (a SQL function is planned
--- without its arguments, guesses a tenth of the backlog and then hashes all of
--- stored_file and s3_object to join a few hundred rows).
-CREATE OR REPLACE FUNCTION arm.claim_queued_jobs(
-    p_limit integer,
-    p_tabular_reply_timeout interval DEFAULT interval '600 seconds',
-    p_image_reply_timeout interval DEFAULT interval '1800 seconds'
-)
-RETURNS TABLE (
-    job_id uuid,
-    attempt integer,
-    pipeline arm.pipeline,
-    msg_id text,
-    reply_deadline timestamptz,
-    request jsonb
-)
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, arm, pg_temp
-AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH claimed AS (
-        SELECT j AS job,
-               date_trunc('milliseconds', clock_timestamp()
-                   + CASE j.pipeline WHEN 'tabular' THEN p_tabular_reply_timeout
-                                     ELSE p_image_reply_timeout END) AS deadline
-        FROM arm.recognition_job j
-        WHERE j.status = 'queued'
-        ORDER BY j.requested_at, j.id
-        LIMIT p_limit
-        FOR UPDATE OF j SKIP LOCKED
-    )
-    SELECT (c.job).id, (c.job).attempt, (c.job).pipeline,
-           (c.job).id::text || ':' || (c.job).attempt,
-           c.deadline,
-           arm._request_body(c.job, f, o, c.deadline)
-    FROM claimed c
-    JOIN arm.stored_file f ON f.id = (c.job).file_id
-    JOIN arm.s3_object o ON o.id = f.s3_object_id
-    ORDER BY (c.job).requested_at, (c.job).id;
-END;
-$$;
-
--- Marks claimed jobs published after their messages reached NATS: status, published_at,
--- request_msg_id = `<job_id>:<attempt>`, request_subject and the reply_deadline that was
--- sent. Only queued jobs change; returns how many did.
-CREATE OR REPLACE FUNCTION arm.mark_published(
-    p_job_ids uuid[],
-    p_subjects text[],
-    p_reply_deadlines timestamptz[]
-)
-RETURNS integer
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, arm, pg_temp
-AS $$
-DECLARE
-    v_count integer;
-BEGIN
-    -- Counted per statement (db/functions/80_status.sql), to the end of the transaction.
-    PERFORM pg_catalog.set_config('arm.counting', 'statement', true);
-    UPDATE arm.recognition_job j
-    SET status = 'published',
-        published_at = clock_timestamp(),
-        last_published_at = clock_timestamp(),
-        request_msg_id = j.id::text || ':' || j.attempt,
-        request_subject = u.subject,
-        reply_deadline = u.reply_deadline
-    FROM unnest(p_job_ids, p_subjects, p_reply_deadlines) AS u(job_id, subject, reply_deadline)
-    WHERE j.id = u.job_id
-      AND j.status = 'queued';
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
-END;
-$$;
+-- The outbox publisher's side after the first publish (R-ACK-2), which is
+-- 21_publish_queued.sql: a request whose ack is overdue is published again, then
+-- dead-lettered; one that cannot go out is dead-lettered at once. The bridge runs, in ONE
+-- transaction: claim_unacked_jobs → publish every request to NATS again → confirm the
+-- server has them → mark_republished → COMMIT. The claim's row locks keep other
+-- publishers off the batch until the commit; if the publish fails the bridge rolls back
+-- and the batch simply stays as it was.
 
 -- Dead-letters published jobs that got no ack although they were republished
 -- p_max_republish times and the last one is p_ack_timeout old: status dlq, error_code
@@ -244,10 +162,11 @@ BEGIN
 END;
 $$;
 
--- Dead-letters queued jobs whose request cannot be published — larger than the NATS
--- server's max_payload, or refused for another reason that concerns that one message —
--- so one bad request never holds the outbox back (the publisher calls it in the
--- transaction that claimed the batch, then marks the others published). Each job gets
+-- Dead-letters queued jobs that must not go out — a request the NATS server would
+-- refuse, or one a DBA stops for another reason — so one bad request never holds the
+-- outbox back. A DBA's call (docs/dbas.md): the publisher never calls it, it
+-- dead-letters a request over max_payload in its own statement
+-- (arm.publish_queued_jobs_v2, _v3: REQUEST_TOO_LARGE). Each job gets
 -- status dlq, the given error_code and error_message and finished_at now; its publish
 -- fields stay empty (the request never went out); its file becomes ERROR where the job
 -- is the current one, so retry_file may make a new attempt as after any dlq.

@@ -3,8 +3,7 @@
 --   publish_queued_jobs_v2 → publish every `published` row's request to NATS → confirm
 --   the server has them → COMMIT   (or ROLLBACK when the batch could not be confirmed).
 -- The rows are marked in the same call that claims them, so each job costs one round
--- trip and one row version, where the previous release's bridges call claim_queued_jobs
--- and then mark_published (DBAs and tests may). Nothing changes in what others can see:
+-- trip and one row version. Nothing changes in what others can see:
 -- until the commit the jobs are queued for everyone else, and the commit comes only
 -- after the server confirmed every message, so a job is still never marked published
 -- unless its message reached NATS. published_at is the moment of the claim, a few

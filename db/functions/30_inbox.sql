@@ -1,11 +1,20 @@
 -- The inbox's side (R-ACK-1, R-IN-1): acks and results from files.tabular_parsed,
--- applied one at a time (apply_ack, apply_result) or as a batch in one transaction
--- (apply_envelopes_v2, with the outcomes of calling them in turn). Each locks the job
--- rows by id first and decides on what it then sees. A status filter
--- in the UPDATE's WHERE would not do: under READ COMMITTED a row whose visible version
--- is still `queued` (the publisher's transaction has not committed yet) is skipped
--- without waiting, and an early ack would be lost. SELECT … FOR UPDATE by id waits for
--- the publisher's commit and returns the row as it committed.
+-- applied as a batch in one transaction (apply_envelopes_v2; the bridge's fallback sends
+-- one envelope a call). It locks the job rows by id first and decides on what it then
+-- sees. A status filter in the UPDATE's WHERE would not do: under READ COMMITTED a row
+-- whose visible version is still `queued` (the publisher's transaction has not committed
+-- yet) is skipped without waiting, and an early ack would be lost.
+--
+-- What an envelope does:
+--   an ack (`status = processing`): published → processing with started_at and the
+--     service; the file becomes PROCESSING when this job is its current one;
+--   a result (`done`, `needs_check` or `error`): registers the result file in s3_object
+--     (role results, created_by = the service) when one is given, and records status,
+--     service, finished_at, metrics, error, result schema version, result object and the
+--     message's Nats-Msg-Id on the job. A message whose id equals the job's result_msg_id
+--     changes nothing. `error` makes the file ERROR; done/needs_check leave it PROCESSING
+--     for mapping (both only when this job is the file's current one). The result file
+--     itself is never read.
 --
 -- Outcomes (returned, never raised, so the caller can log them):
 --   applied        the transition happened
@@ -14,153 +23,14 @@
 --   not_published  the job is still queued (it was never sent)
 --   unknown_job    no job has this id
 --   file_mismatch  the envelope's file_id is not the job's
---   busy           (apply_envelopes_v2 only) another transaction holds the job's row:
---                  nothing was done, the caller applies the envelope again
-
--- Applies an ack (`status = processing`): published → processing with started_at and the
--- service; the file becomes PROCESSING when this job is its current one.
-CREATE OR REPLACE FUNCTION arm.apply_ack(
-    p_job_id uuid,
-    p_file_id uuid,
-    p_service_name text,
-    p_service_version text
-)
-RETURNS TABLE (outcome text, attempt integer, status arm.job_status)
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, arm, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    j arm.recognition_job;
-BEGIN
-    SELECT * INTO j FROM arm.recognition_job WHERE id = p_job_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'unknown_job', NULL::integer, NULL::arm.job_status;
-        RETURN;
-    END IF;
-    IF p_file_id IS DISTINCT FROM j.file_id THEN
-        RETURN QUERY SELECT 'file_mismatch', j.attempt, j.status;
-    ELSIF j.status = 'processing' THEN
-        RETURN QUERY SELECT 'duplicate', j.attempt, j.status;
-    ELSIF arm.is_final(j.status) THEN
-        RETURN QUERY SELECT 'already_final', j.attempt, j.status;
-    ELSIF j.status = 'queued' THEN
-        RETURN QUERY SELECT 'not_published', j.attempt, j.status;
-    ELSE
-        UPDATE arm.recognition_job
-        SET status = 'processing',
-            started_at = clock_timestamp(),
-            service_name = p_service_name,
-            service_version = p_service_version
-        WHERE id = j.id;
-        UPDATE arm.stored_file
-        SET status = 'PROCESSING'
-        WHERE id = j.file_id
-          AND current_recognition_job_id = j.id
-          AND status <> 'PROCESSING';
-        RETURN QUERY SELECT 'applied', j.attempt, 'processing'::arm.job_status;
-    END IF;
-END;
-$$;
-
--- Applies a result (`done`, `needs_check` or `error`) in one transaction: registers the
--- result file in s3_object (role results, created_by = the service) when one is given,
--- and records status, service, finished_at, metrics, error, result schema version,
--- result object and the message's Nats-Msg-Id on the job. A message whose id equals the
--- job's result_msg_id changes nothing. `error` makes the file ERROR; done/needs_check
--- leave it PROCESSING for mapping (both only when this job is the file's current one).
--- The result file itself is never read.
-CREATE OR REPLACE FUNCTION arm.apply_result(
-    p_job_id uuid,
-    p_file_id uuid,
-    p_msg_id text,
-    p_status arm.job_status,
-    p_service_name text,
-    p_service_version text,
-    p_result_bucket text DEFAULT NULL,
-    p_result_key text DEFAULT NULL,
-    p_result_schema_version text DEFAULT NULL,
-    p_error_code text DEFAULT NULL,
-    p_error_message text DEFAULT NULL,
-    p_metrics jsonb DEFAULT NULL
-)
-RETURNS TABLE (outcome text, attempt integer, status arm.job_status)
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, arm, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    j arm.recognition_job;
-    v_object_id uuid;
-    v_problem text;
-BEGIN
-    IF p_status NOT IN ('done', 'needs_check', 'error') THEN
-        RAISE EXCEPTION 'apply_result takes done, needs_check or error, not %', p_status
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    v_problem := arm.envelope_problem(p_status::text, p_msg_id, p_error_code,
-                                      p_result_bucket, p_result_key, p_result_schema_version);
-    IF v_problem IS NOT NULL THEN
-        RAISE EXCEPTION 'apply_result: the answer %', v_problem
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    SELECT * INTO j FROM arm.recognition_job WHERE id = p_job_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'unknown_job', NULL::integer, NULL::arm.job_status;
-        RETURN;
-    END IF;
-    IF p_file_id IS DISTINCT FROM j.file_id THEN
-        RETURN QUERY SELECT 'file_mismatch', j.attempt, j.status;
-        RETURN;
-    END IF;
-    IF j.result_msg_id = p_msg_id THEN
-        RETURN QUERY SELECT 'duplicate', j.attempt, j.status;
-        RETURN;
-    END IF;
-    IF arm.is_final(j.status) THEN
-        RETURN QUERY SELECT 'already_final', j.attempt, j.status;
-        RETURN;
-    END IF;
-    IF j.status = 'queued' THEN
-        RETURN QUERY SELECT 'not_published', j.attempt, j.status;
-        RETURN;
-    END IF;
-
-    IF p_result_bucket IS NOT NULL AND p_result_key IS NOT NULL THEN
-        INSERT INTO arm.s3_object (bucket, key, bucket_role, created_by)
-        VALUES (p_result_bucket, p_result_key, 'results', p_service_name)
-        RETURNING id INTO v_object_id;
-    END IF;
-
-    UPDATE arm.recognition_job
-    SET status = p_status,
-        service_name = p_service_name,
-        service_version = p_service_version,
-        finished_at = clock_timestamp(),
-        metrics = p_metrics,
-        error_code = CASE WHEN p_status = 'error' THEN p_error_code END,
-        error_message = CASE WHEN p_status = 'error' THEN p_error_message END,
-        result_schema_version = p_result_schema_version,
-        result_s3_object_id = v_object_id,
-        result_msg_id = p_msg_id
-    WHERE id = j.id;
-
-    UPDATE arm.stored_file
-    SET status = CASE WHEN p_status = 'error' THEN 'ERROR' ELSE 'PROCESSING' END::arm.file_status
-    WHERE id = j.file_id
-      AND current_recognition_job_id = j.id;
-
-    RETURN QUERY SELECT 'applied', j.attempt, p_status;
-END;
-$$;
+--   busy           another transaction holds the job's row: nothing was done, the
+--                  caller applies the envelope again
 
 -- Applies a batch of envelopes in the caller's one transaction (so a batch is one commit),
--- in array order, with exactly the outcomes and effects that calling apply_ack and
--- apply_result for each element in turn would have (tests/integration/
--- test_inbox_batch_equivalence.py compares the two on random batches). p_envelopes is a
+-- in array order, with exactly the outcomes and effects that applying each element alone,
+-- in turn, would have (tests/integration/test_inbox_batch_equivalence.py compares the two
+-- on random batches, against that rule written one envelope per call in
+-- tests/integration/inbox_oracle.sql). p_envelopes is a
 -- JSON array of objects with the keys job_id, file_id, msg_id, status ('processing' = an
 -- ack; 'done' | 'needs_check' | 'error' = a result), service_name, service_version,
 -- result_bucket, result_key, result_schema_version, error_code, error_message and metrics
@@ -182,12 +52,12 @@ $$;
 -- element's outcome follows from where it stands relative to those two. So the whole
 -- batch is one statement: one UPDATE of the jobs (an ack and a result of the same job in
 -- one batch become one row version, published → done), one INSERT of the result
--- objects, one UPDATE of the files. A loop over apply_ack/apply_result cost about
+-- objects, one UPDATE of the files. A loop applying one envelope per call cost about
 -- 120 µs an envelope, which made the inbox the slowest part of a burst.
 --
 -- Locks: before applying anything it locks the job rows the batch names, in id order,
 -- with SKIP LOCKED. Every element whose job exists but is locked by another transaction
--- — typically a publisher whose claim + mark_published has not committed yet, when the
+-- — typically a publisher whose publish_queued_jobs_v2 has not committed yet, when the
 -- ack came back faster than that commit, or another bridge's batch — gets the outcome
 -- `busy` and is NOT applied: the caller applies it again in its next batch, before
 -- anything that arrived later, so the order per job holds. All elements of a busy job
@@ -200,7 +70,7 @@ $$;
 -- applied. (Every job an envelope names committed before its request went out, so the
 -- locking statement sees it once that commit is there.)
 --
--- Errors: an element apply_result would refuse (arm.envelope_problem: no msg_id; an
+-- Errors: an element the inbox refuses (arm.envelope_problem: no msg_id; an
 -- error without a code; a done/needs_check without result_s3 or result_schema_version;
 -- an unknown status), or a constraint (a result key over 1024 characters) fails the
 -- whole call, and nothing of the batch is applied. The caller then applies that batch again one element per call,
@@ -235,8 +105,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- What apply_ack / apply_result would raise on, checked for the whole batch first
-    -- (arm.envelope_problem is inlined here: one expression per element).
+    -- What the inbox refuses, checked for the whole batch first (arm.envelope_problem is
+    -- inlined here: one expression per element).
     SELECT b.n, b.problem
     INTO v_bad
     FROM (SELECT x.n,

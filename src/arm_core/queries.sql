@@ -1,5 +1,7 @@
 -- Every query the Python side sends, by name (loaded once by arm_core.db).
--- Each one calls a function of db/functions: the database owns every state change.
+-- Each one that reads or changes the state calls a function of db/functions (the
+-- database owns every state change); `answers` reads nothing, it only asks the server for
+-- a row (the probes of the database's health).
 -- A name says what the query does, not which version of a function it calls: when a
 -- function gets a new version (db/README.md), its query calls the new one under the
 -- same name (retry_file calls arm.retry_file_v3).

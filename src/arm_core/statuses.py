@@ -55,7 +55,7 @@ class BucketRole(StrEnum):
 
 
 class ApplyOutcome(StrEnum):
-    """What arm.apply_envelopes_v2 (and apply_ack, apply_result) did with an envelope."""
+    """What arm.apply_envelopes_v2 did with an envelope."""
 
     APPLIED = "applied"
     # A valid envelope with nothing to change:

@@ -82,9 +82,8 @@ SendUnacked = Callable[[list[UnackedJob]], Awaitable[Sequence[UnackedJob]]]
 
 class Answer(Protocol):
     """An ack or a result as apply_envelopes_v2 takes it: arm_core.bridge.envelope's
-    Envelope. row_json is a JSON object with the keys job_id, file_id, msg_id, status,
-    service_name, service_version, result_bucket, result_key, result_schema_version,
-    error_code, error_message, metrics."""
+    Envelope. row_json is one element of its JSON array (the keys: bridge/envelope.py's
+    _row_json, db/functions/30_inbox.sql)."""
 
     @property
     def row_json(self) -> str: ...

@@ -221,7 +221,7 @@ async def test_a_batch_applies_the_good_envelopes_and_gives_each_bad_one_its_out
     with dict_conn(db_url) as conn:
         ok1, ok2, bad = upload(conn), upload(conn), upload(conn)
         publish(conn)
-        # A result file the database refuses: an error raised inside apply_result's insert.
+        # A result file the database refuses: an error raised inside the inbox's insert.
         conn.execute(
             """
             CREATE FUNCTION public.refuse_key() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -1,5 +1,6 @@
 """arm.apply_envelopes: a batch of acks and results applied in one transaction,
-in order, with apply_ack's and apply_result's outcomes; all or nothing when an element
+in order, with the outcomes of its elements applied one by one (which
+test_inbox_batch_equivalence.py proves on random batches); all or nothing when an element
 raises; jobs locked in id order so concurrent bridges never deadlock."""
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from arm_core.db import query
 from tests.support.sql import (
     Conn,
     Upload,
     ack,
+    apply_envelopes,
     dict_conn,
     fail_by_timeout,
     job,
@@ -73,11 +73,6 @@ def result_env(
     }
 
 
-def apply(conn: Conn, envelopes: list[Envelope]) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query("apply_envelopes"), {"envelopes": Jsonb(envelopes)}).fetchall()
-
-
 def outcomes(rows: list[dict[str, Any]]) -> list[str]:
     assert [r["ord"] for r in rows] == list(range(1, len(rows) + 1))
     return [r["outcome"] for r in rows]
@@ -96,7 +91,7 @@ def test_a_mixed_batch_gets_every_outcome_and_applies_the_valid_envelopes(conn: 
     stranger = Upload(uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), "nowhere")
     misfiled = Upload(done.file_id, acked.job_id, acked.s3_object_id, acked.key)
 
-    rows = apply(
+    rows = apply_envelopes(
         conn,
         [
             ack_env(acked, version="2.1.0"),
@@ -187,7 +182,7 @@ def test_a_mixed_batch_gets_every_outcome_and_applies_the_valid_envelopes(conn: 
 def test_order_inside_a_batch_counts(conn: Conn) -> None:
     ack_first, result_first = upload(conn), upload(conn)
     publish(conn)
-    rows = apply(
+    rows = apply_envelopes(
         conn,
         [
             ack_env(ack_first),
@@ -207,7 +202,7 @@ def test_order_inside_a_batch_counts(conn: Conn) -> None:
 def test_a_second_result_with_another_msg_id_is_already_final(conn: Conn) -> None:
     up = upload(conn)
     publish(conn)
-    rows = apply(
+    rows = apply_envelopes(
         conn,
         [
             result_env(up, "error", error=("UNREADABLE", "?")),
@@ -220,13 +215,13 @@ def test_a_second_result_with_another_msg_id_is_already_final(conn: Conn) -> Non
 
 
 def test_an_empty_batch_applies_nothing(conn: Conn) -> None:
-    assert apply(conn, []) == []
+    assert apply_envelopes(conn, []) == []
 
 
 @pytest.mark.parametrize(
     ("bad", "error", "match"),
     [
-        # a done result without its result file: apply_result refuses it
+        # a done result without its result file
         (
             {"result_key": None},
             psycopg.errors.InvalidParameterValue,
@@ -249,16 +244,16 @@ def test_an_element_that_raises_fails_the_whole_batch(
     publish(conn)
     batch = [ack_env(good), {**result_env(other), **bad}, result_env(good)]
     with pytest.raises(error, match=match):
-        apply(conn, batch)
+        apply_envelopes(conn, batch)
     assert job(conn, good.job_id)["status"] == "published"
     assert job(conn, other.job_id)["status"] == "published"
     assert result_objects(conn) == 0
 
     # One element per call: the good ones get their outcomes, the bad one its error.
-    assert outcomes(apply(conn, [batch[0]])) == ["applied"]
+    assert outcomes(apply_envelopes(conn, [batch[0]])) == ["applied"]
     with pytest.raises(error, match=match):
-        apply(conn, [batch[1]])
-    assert outcomes(apply(conn, [batch[2]])) == ["applied"]
+        apply_envelopes(conn, [batch[1]])
+    assert outcomes(apply_envelopes(conn, [batch[2]])) == ["applied"]
     assert job(conn, good.job_id)["status"] == "done"
     assert job(conn, other.job_id)["status"] == "published"
 
@@ -286,10 +281,14 @@ def test_an_early_ack_in_a_batch_is_busy_until_the_publishers_commit(db_url: str
         claimed = publish_open(publisher)
         assert [c["job_id"] for c in claimed] == [racing.job_id]
         early = [ack_env(racing), result_env(racing)]
-        assert outcomes(apply(inbox, [ack_env(earlier), *early])) == ["applied", "busy", "busy"]
+        assert outcomes(apply_envelopes(inbox, [ack_env(earlier), *early])) == [
+            "applied",
+            "busy",
+            "busy",
+        ]
         assert job(inbox, racing.job_id)["status"] == "queued"  # as committed: untouched
         publisher.commit()
-        assert outcomes(apply(inbox, early)) == ["applied", "applied"]
+        assert outcomes(apply_envelopes(inbox, early)) == ["applied", "applied"]
     with dict_conn(db_url) as conn:
         assert job(conn, racing.job_id)["status"] == "done"
         assert job(conn, racing.job_id)["started_at"] is not None  # the ack came first
@@ -308,7 +307,7 @@ def test_concurrent_overlapping_batches_in_opposite_orders_never_deadlock(db_url
     def run(conn: Conn, batch: list[Envelope]) -> list[dict[str, Any]]:
         with conn.transaction():
             barrier.wait(timeout=10)
-            return apply(conn, batch)
+            return apply_envelopes(conn, batch)
 
     with dict_conn(db_url) as setup, dict_conn(db_url) as a, dict_conn(db_url) as b:
         for conn in (a, b):  # a deadlock, should one happen, is reported quickly
@@ -343,7 +342,7 @@ def test_concurrent_overlapping_batches_in_opposite_orders_never_deadlock(db_url
                             busy.append(env)
                     if not busy:
                         break
-                    batch, rows = busy, apply(conn, busy)
+                    batch, rows = busy, apply_envelopes(conn, busy)
             assert set(applied.values()) == {1}, "each result applied exactly once"
             assert {job(setup, u.job_id)["status"] for u in ups} == {"done"}
         assert result_objects(setup) == rounds * n
@@ -367,7 +366,7 @@ def orphaned(conn: Conn, n: int) -> list[Upload]:
 
 def test_the_batch_moves_a_file_only_through_its_current_job(conn: Conn) -> None:
     acked, errored, done = orphaned(conn, 3)
-    rows = apply(
+    rows = apply_envelopes(
         conn,
         [
             ack_env(acked),

@@ -1,6 +1,8 @@
 """A differential oracle for arm.apply_envelopes: a batch applied in one call must give,
-element by element, the outcome that apply_ack / apply_result called one after another in
-array order give, and leave the same state behind.
+element by element, the outcome that the inbox's rule applied one envelope per call in
+array order gives, and leave the same state behind. That rule, written the plain way
+(arm_oracle.apply_envelope: lock the job, decide on what it shows), is inbox_oracle.sql
+beside this file; the pool's clone of the test database gets it, nothing else does.
 
 Both runs start from one pool of jobs in every state a job can be in when an envelope
 arrives (queued, published, processing, done, needs_check, error, timeout, dlq, files
@@ -9,7 +11,7 @@ real functions and committed. Each run happens in a transaction that is rolled b
 every case sees the same pool:
 
   A  SELECT … FROM arm.apply_envelopes(batch)            (the implementation under test)
-  B  apply_ack / apply_result, one call per element   (the oracle)
+  B  arm_oracle.apply_envelope, one call per element   (the oracle)
 
 and compares outcomes (outcome, attempt, status per element) and a snapshot of
 recognition_job, stored_file and s3_object. Timestamps compare only as NULL / kept (as
@@ -18,9 +20,9 @@ before the batch) / new, never by value, so a rewrite may take its times as it l
 The random batches are seeded (`random.Random(seed)`), one test per seed: a failure
 names its seed (rerun one with `-k seed017`) and prints the batch with readable labels
 (`pub1@1` = attempt 1 of the file `pub1`) and the first differences. Only elements that
-apply_result accepts are generated (those that raise fail the whole batch by contract),
-and everything runs on one connection, so no element is `busy`; test_inbox_batch.py
-covers both.
+the inbox accepts are generated (those that raise fail the whole batch by contract), and
+everything runs on one connection, so no element is `busy`; test_inbox_batch.py covers
+both.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,8 +47,6 @@ from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.databases import clone
 from tests.support.sql import (
-    APPLY_ACK,
-    APPLY_RESULT,
     DEAD_LETTER_UNPUBLISHABLE,
     Conn,
     Upload,
@@ -81,6 +82,9 @@ RESULT_KEYS = (
     "error_message",
     "metrics",
 )
+# The oracle (B), created in the pool's database, and its call.
+ORACLE_SQL = Path(__file__).with_name("inbox_oracle.sql")
+APPLY_ONE = "SELECT outcome, attempt, status::text AS status FROM arm_oracle.apply_envelope(%s)"
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
 
 
@@ -243,6 +247,7 @@ def pool(pg_server: EmbeddedPostgres, template_db: str) -> Iterator[Pool]:
     the pool is built once and committed; every case rolls its runs back. A clone per
     seed would cost ~0.3 s each."""
     with clone(pg_server, "arm_equiv", template_db) as url, dict_conn(url) as conn:
+        conn.execute(ORACLE_SQL.read_text())
         yield build_pool(conn)
 
 
@@ -257,27 +262,12 @@ def run_batch(conn: Conn, batch: list[Envelope]) -> list[Outcome]:
     return [(r["outcome"], r["attempt"], r["status"]) for r in rows]
 
 
-def _uuid(value: Any) -> uuid.UUID | None:
-    return None if value is None else uuid.UUID(value)
-
-
 def run_one_by_one(conn: Conn, batch: list[Envelope]) -> list[Outcome]:
-    """B: the oracle, one apply_ack / apply_result call per element, in array order."""
+    """B: the oracle, one arm_oracle.apply_envelope call per element, in array order."""
     out: list[Outcome] = []
     with conn.cursor(row_factory=dict_row) as cur:
         for env in batch:
-            ids = {"job_id": _uuid(env.get("job_id")), "file_id": _uuid(env.get("file_id"))}
-            service = {k: env.get(k) for k in ("service_name", "service_version")}
-            if env["status"] == "processing":
-                row = cur.execute(APPLY_ACK, {**ids, **service}).fetchone()
-            else:
-                params = {k: env.get(k) for k in RESULT_KEYS}
-                metrics = env.get("metrics")
-                params["metrics"] = None if metrics is None else Jsonb(metrics)
-                row = cur.execute(
-                    APPLY_RESULT,
-                    {**ids, **service, **params, "msg_id": env["msg_id"], "status": env["status"]},
-                ).fetchone()
+            row = cur.execute(APPLY_ONE, (Jsonb(env),)).fetchone()
             assert row is not None
             out.append((row["outcome"], row["attempt"], row["status"]))
     return out
@@ -372,7 +362,7 @@ def assert_equivalent(pool: Pool, batch: list[Envelope], context: str) -> tuple[
     if a.outcomes == b.outcomes and a.state == b.state:
         return a, b
     lines = [
-        f"{context}: apply_envelopes (A) is not apply_ack/apply_result one by one (B)",
+        f"{context}: apply_envelopes (A) is not the oracle one by one (B)",
         "batch (element: A outcome | B outcome):",
     ]
     pairs = zip(a.outcomes, b.outcomes, strict=True)
@@ -500,7 +490,7 @@ def random_envelope(rng: random.Random, pool: Pool, focus: list[Job], acks: floa
         metrics=metrics,
     )
     if status != "error":
-        if rng.random() < 0.1:  # an error code on a success: apply_result ignores it
+        if rng.random() < 0.1:  # an error code on a success: ignored
             env["error_code"], env["error_message"] = "UNREADABLE", "ignored"
         else:
             env["error_code"] = env["error_message"] = None

@@ -99,15 +99,20 @@ def _retry_as_0001_did(conn: Conn, file_id: uuid.UUID) -> None:
 def _old_release_with_data(url: str) -> dict[str, Upload]:
     """A database at 0001 with uploads in every state. The functions applied are today's
     (they need nothing of 0002, and every write they make here is one the previous
-    release made too, but for the pacing lane, whose column is there only meanwhile), but
-    for the retry, written as 0001's retry wrote it; the data also holds an upload over
-    the bounds 0002 adds."""
+    release made too, but for pacing's lane and samples, whose column and table are there
+    only meanwhile), but for the retry, written as 0001's retry wrote it; the data also
+    holds an upload over the bounds 0002 adds."""
     assert _yoyo(url, [M1]) == [M1]
     with psycopg.connect(url, autocommit=True) as plain:
         ensure_roles(plain)  # as migrate does first (on a fresh server there are none)
         # Today's functions write each new job's pacing lane (a later migration's column):
         # it is there while they make the data, and goes before the migrations are run.
         plain.execute("ALTER TABLE arm.recognition_job ADD COLUMN lane uuid")
+        # And the inbox's statement writes what it applied to pacing's samples.
+        plain.execute(
+            "CREATE TABLE arm.pace_sample (pipeline arm.pipeline, answers integer, "
+            "answer_seconds float8, acks integer, ack_seconds float8)"
+        )
         apply_functions(plain, SQL_DIR)
     ups: dict[str, Upload] = {}
     with dict_conn(url) as conn:
@@ -128,6 +133,7 @@ def _old_release_with_data(url: str) -> dict[str, Upload]:
         ups["too_long"] = upload(conn, name=TOO_LONG_NAME, bucket="b" * 70)
         # With the defaults trigger that reads it (migrate creates it again).
         conn.execute("ALTER TABLE arm.recognition_job DROP COLUMN lane CASCADE")
+        conn.execute("DROP TABLE arm.pace_sample")
     return ups
 
 

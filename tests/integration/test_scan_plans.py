@@ -24,7 +24,7 @@ from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from tests.support.databases import clone
 from tests.support.plans import explained
-from tests.support.sql import CLAIM_QUEUED_JOBS, Conn, dict_conn, publish
+from tests.support.sql import Conn, claim_params, dict_conn, publish
 
 pytestmark = pytest.mark.integration
 
@@ -65,15 +65,12 @@ def _bulk_upload(conn: Conn, n: int) -> None:
         )
 
 
-# Publishes every queued job through the functions, in SQL (no rows to the client).
+# Publishes every queued job through the publisher's statement, in SQL (no rows to the
+# client).
 _PUBLISH_ALL = """
-WITH c AS (
-    SELECT * FROM arm.claim_queued_jobs(
-        2147483647, make_interval(secs => %(timeout)s), make_interval(secs => %(timeout)s))
-)
-SELECT arm.mark_published(array_agg(c.job_id), array_agg('files.tabular_uploaded'::text),
-                          array_agg(c.reply_deadline))
-FROM c
+SELECT count(*) FROM arm.publish_queued_jobs_v2(
+    2147483647, make_interval(secs => %(timeout)s), make_interval(secs => %(timeout)s),
+    'files.tabular_uploaded', 'files.img_uploaded', 2147483647)
 """
 # While a job is live its deadline and last publish may move (the fixture below does it
 # for the due jobs too); spread over the past month, as a month of history would be.
@@ -225,14 +222,15 @@ def test_claim_unacked_reads_only_the_overdue_jobs(loaded_db: str, limit: int) -
     assert scan["Actual Rows"] == DUE
 
 
-def test_claim_queued_reads_only_the_claimed_jobs(loaded_db: str) -> None:
+def test_the_publishers_claim_reads_only_the_claimed_jobs(loaded_db: str) -> None:
     """The backlog shares one requested_at: only an index in the claim's full order,
-    (requested_at, id), lets LIMIT stop the scan."""
+    (requested_at, id), lets LIMIT stop the scan; the batch is then built and marked by
+    primary key."""
     limit = 50
     rows, plans = explained(
         loaded_db,
-        CLAIM_QUEUED_JOBS,
-        {"limit": limit, "tabular_timeout": 600, "image_timeout": 1800},
+        query("publish_queued_jobs"),
+        claim_params(limit),
     )
     assert len(rows) == limit
     assert_bounded(plans)

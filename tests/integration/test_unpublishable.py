@@ -13,9 +13,7 @@ import pytest
 
 from tests.support.polling import wait_for_sync
 from tests.support.sql import (
-    CLAIM_QUEUED_JOBS,
     DEAD_LETTER_UNPUBLISHABLE,
-    MARK_PUBLISHED,
     Conn,
     ack,
     dict_conn,
@@ -44,27 +42,14 @@ def dead_letter(
     ).fetchall()
 
 
-def test_the_publisher_dead_letters_one_request_and_publishes_the_rest(conn: Conn) -> None:
-    """As the bridge does in one transaction: claim, one request is too large, it goes to
-    dlq, the others are marked published."""
+def test_a_dead_lettered_job_is_left_out_of_the_next_publish(conn: Conn) -> None:
+    """A DBA dead-letters one queued job whose request must not go out; the publisher's
+    next statement publishes the others and leaves it alone."""
     big, ok1, ok2 = upload(conn), upload(conn), upload(conn)
-    with conn.transaction():
-        claimed = conn.execute(
-            CLAIM_QUEUED_JOBS, {"limit": 10, "tabular_timeout": 600, "image_timeout": 1}
-        ).fetchall()
-        assert len(claimed) == 3
-        moved = dead_letter(
-            conn, [big.job_id], ["REQUEST_TOO_LARGE"], ["request of 2 MB > max_payload 1 MB"]
-        )
-        rest = [c for c in claimed if c["job_id"] != big.job_id]
-        conn.execute(
-            MARK_PUBLISHED,
-            {
-                "job_ids": [c["job_id"] for c in rest],
-                "subjects": ["files.tabular_uploaded"] * len(rest),
-                "reply_deadlines": [c["reply_deadline"] for c in rest],
-            },
-        )
+    moved = dead_letter(
+        conn, [big.job_id], ["REQUEST_TOO_LARGE"], ["request of 2 MB > max_payload 1 MB"]
+    )
+    assert sorted(c["job_id"] for c in publish(conn)) == sorted([ok1.job_id, ok2.job_id])
     assert moved == [{"job_id": big.job_id, "attempt": 1, "file_id": big.file_id}]
     row = job(conn, big.job_id)
     assert row["status"] == "dlq"

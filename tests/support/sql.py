@@ -11,6 +11,7 @@ setup code keeps the superuser (or the uploader's login)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from psycopg.types.json import Jsonb
 
 from arm_core.db import query
 from arm_core.statuses import pipeline_for
+from arm_core.store import publish_params
+from tests.support.polling import wait_for_sync
 
 # Every migration of db/migrations, in the order they apply (their numbered names), read
 # from the folder: a new migration is in every test that lists them.
@@ -267,37 +270,32 @@ def jobs_of(conn: Conn, file_id: uuid.UUID) -> list[dict[str, Any]]:
         ).fetchall()
 
 
-# The functions DBAs and the previous release's bridges call but today's runtime does not
-# (src/arm_core/queries.sql holds only what the runtime sends), as the tests call them.
-CLAIM_QUEUED_JOBS = """
-SELECT job_id, attempt, pipeline::text AS pipeline, msg_id, reply_deadline, request
-FROM arm.claim_queued_jobs(%(limit)s, make_interval(secs => %(tabular_timeout)s),
-                           make_interval(secs => %(image_timeout)s))
-"""
-MARK_PUBLISHED = """
-SELECT arm.mark_published(%(job_ids)s::uuid[], %(subjects)s::text[],
-                          %(reply_deadlines)s::timestamptz[]) AS marked
-"""
+# What a DBA calls and today's runtime does not (src/arm_core/queries.sql holds only what
+# the runtime sends), as the tests call it.
 DEAD_LETTER_UNPUBLISHABLE = """
 SELECT job_id, attempt, file_id
 FROM arm.dead_letter_unpublishable(%(job_ids)s::uuid[], %(error_codes)s::text[],
                                    %(error_messages)s::text[])
 """
-APPLY_ACK = """
-SELECT outcome, attempt, status::text AS status
-FROM arm.apply_ack(%(job_id)s, %(file_id)s, %(service_name)s, %(service_version)s)
-"""
-APPLY_RESULT = """
-SELECT outcome, attempt, status::text AS status
-FROM arm.apply_result(
-    p_job_id => %(job_id)s, p_file_id => %(file_id)s, p_msg_id => %(msg_id)s,
-    p_status => %(status)s::arm.job_status,
-    p_service_name => %(service_name)s, p_service_version => %(service_version)s,
-    p_result_bucket => %(result_bucket)s, p_result_key => %(result_key)s,
-    p_result_schema_version => %(result_schema_version)s,
-    p_error_code => %(error_code)s, p_error_message => %(error_message)s,
-    p_metrics => %(metrics)s)
-"""
+
+
+def claim_params(
+    limit: int,
+    max_bytes: int = 1 << 20,
+    tabular_timeout: float = 600,
+    image_timeout: float = 1800,
+    tabular_subject: str = "files.tabular_uploaded",
+    image_subject: str = "files.img_uploaded",
+) -> dict[str, Any]:
+    """The publisher's claim's parameters (unpaced), with the tests' defaults."""
+    return publish_params(
+        limit=limit,
+        tabular_timeout=tabular_timeout,
+        image_timeout=image_timeout,
+        tabular_subject=tabular_subject,
+        image_subject=image_subject,
+        max_bytes=max_bytes,
+    )
 
 
 def publish(
@@ -308,24 +306,16 @@ def publish(
     tabular_subject: str = "files.tabular_uploaded",
     image_subject: str = "files.img_uploaded",
 ) -> list[dict[str, Any]]:
-    """What the publisher does, minus NATS: claim and mark published in one transaction."""
+    """What the publisher does, minus NATS: its statement (arm.publish_queued_jobs_v2,
+    unpaced), committed. No request is too large here (every job is published), and each
+    row's `request` is the request as a dict."""
+    params = claim_params(
+        limit, 2**31 - 1, tabular_timeout, image_timeout, tabular_subject, image_subject
+    )
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        claimed = cur.execute(
-            CLAIM_QUEUED_JOBS,
-            {"limit": limit, "tabular_timeout": tabular_timeout, "image_timeout": image_timeout},
-        ).fetchall()
-        subjects = [
-            tabular_subject if c["pipeline"] == "tabular" else image_subject for c in claimed
-        ]
-        cur.execute(
-            MARK_PUBLISHED,
-            {
-                "job_ids": [c["job_id"] for c in claimed],
-                "subjects": subjects,
-                "reply_deadlines": [c["reply_deadline"] for c in claimed],
-            },
-        )
-    return claimed
+        rows = cur.execute(query("publish_queued_jobs"), params).fetchall()
+    assert {r["outcome"] for r in rows} <= {"published"}, rows
+    return [{**r, "request": json.loads(r["request"])} for r in rows]
 
 
 def publish_open(conn: Conn, limit: int = 10, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
@@ -333,17 +323,27 @@ def publish_open(conn: Conn, limit: int = 10, max_bytes: int = 1 << 20) -> list[
     the connection's open transaction (autocommit off). The caller commits or rolls back."""
     assert not conn.autocommit, "publish_open needs an open transaction"
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            query("publish_queued_jobs"),
-            {
-                "limit": limit,
-                "tabular_timeout": 600,
-                "image_timeout": 1800,
-                "tabular_subject": "files.tabular_uploaded",
-                "image_subject": "files.img_uploaded",
-                "max_bytes": max_bytes,
-            },
-        ).fetchall()
+        return cur.execute(query("publish_queued_jobs"), claim_params(limit, max_bytes)).fetchall()
+
+
+def apply_envelopes(conn: Conn, envelopes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The inbox's statement (arm.apply_envelopes_v2) on a batch of envelopes: one row per
+    envelope (ord, outcome, attempt, status, wait_seconds)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("apply_envelopes"), {"envelopes": Jsonb(envelopes)}).fetchall()
+
+
+def _apply_one(conn: Conn, envelope: dict[str, Any]) -> dict[str, Any]:
+    """One envelope, as the bridge applies it: again while it is `busy` (another
+    transaction holds its job), until that transaction is over."""
+    rows: list[dict[str, Any]] = []
+
+    def through() -> bool:
+        rows[:] = apply_envelopes(conn, [envelope])
+        return bool(rows[0]["outcome"] != "busy")
+
+    wait_for_sync(through, 10, f"job {envelope['job_id']} is held by another transaction")
+    return {key: rows[0][key] for key in ("outcome", "attempt", "status")}
 
 
 def ack(
@@ -353,18 +353,18 @@ def ack(
     service: str = "tabular-parser",
     version: str = "1.4.2",
 ) -> dict[str, Any]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(
-            APPLY_ACK,
-            {
-                "job_id": job_id,
-                "file_id": file_id,
-                "service_name": service,
-                "service_version": version,
-            },
-        ).fetchone()
-    assert row is not None
-    return row
+    """An ack through the inbox's statement, as the bridge applies one."""
+    return _apply_one(
+        conn,
+        {
+            "job_id": str(job_id),
+            "file_id": str(file_id),
+            "msg_id": f"ack:{job_id}",
+            "status": "processing",
+            "service_name": service,
+            "service_version": version,
+        },
+    )
 
 
 def result(
@@ -379,26 +379,26 @@ def result(
     result_s3: tuple[str, str] | None = None,
     metrics: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A result through the inbox's statement, as the bridge applies one."""
     if status in ("done", "needs_check") and result_s3 is None:
         result_s3 = ("arm-ka", f"results/{file_id}/{job_id}/result.json")
-    params = {
-        "job_id": job_id,
-        "file_id": file_id,
-        "msg_id": msg_id or f"result:{job_id}:{attempt}",
-        "status": status,
-        "service_name": service,
-        "service_version": "1.4.2",
-        "result_bucket": result_s3[0] if result_s3 else None,
-        "result_key": result_s3[1] if result_s3 else None,
-        "result_schema_version": "1.0" if status in ("done", "needs_check") else None,
-        "error_code": error[0] if error else None,
-        "error_message": error[1] if error else None,
-        "metrics": Jsonb(metrics) if metrics is not None else None,
-    }
-    with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(APPLY_RESULT, params).fetchone()
-    assert row is not None
-    return row
+    return _apply_one(
+        conn,
+        {
+            "job_id": str(job_id),
+            "file_id": str(file_id),
+            "msg_id": msg_id or f"result:{job_id}:{attempt}",
+            "status": status,
+            "service_name": service,
+            "service_version": "1.4.2",
+            "result_bucket": result_s3[0] if result_s3 else None,
+            "result_key": result_s3[1] if result_s3 else None,
+            "result_schema_version": "1.0" if status in ("done", "needs_check") else None,
+            "error_code": error[0] if error else None,
+            "error_message": error[1] if error else None,
+            "metrics": metrics,
+        },
+    )
 
 
 def retry(

@@ -1,0 +1,3 @@
+-- Rolls back 0017: nothing to undo here. arm.apply_ack, arm.apply_result,
+-- arm.claim_queued_jobs and arm.mark_published come back with the functions of the
+-- release rolled back to, where it has them.
