@@ -4,7 +4,7 @@ results stream with services publishing through JetStream, a synchronous standby
 fault) that loses, applies twice or leaves stuck anything makes the run exit 1: a
 broken promise; the other rows measure a documented limit and only report.
 
-`--nemesis --seeds N` runs the nemesis instead (tests/support/nemesis.py): N seeded
+`--nemesis --seeds N` runs the nemesis instead (src/arm_core/devtools/testbed/nemesis.py): N seeded
 schedules of random faults over a steady flow, each checked against the whole history;
 exit 1 when any seed breaks a promise (its seed is printed, to be given back with
 `--first-seed S --seeds 1`).
@@ -18,7 +18,7 @@ users run them. The uploads are queued at once (plain SQL, one transaction); the
 lands once a fifth of the answers are applied, i.e. mid-burst.
 
 The failover faults run on a primary and a streaming standby of their own
-(tests.support.replication: `pg_basebackup -R`; synchronous: the primary names the
+(arm_core.devtools.testbed.replication: `pg_basebackup -R`; synchronous: the primary names the
 standby in `synchronous_standby_names`), every process with one multi-host
 DATABASE_URL (`target_session_attrs=read-write`). The fault: kill -9 of every process of
 the primary (its machine dies), 3 s without a writable host (what a failover tool takes
@@ -82,17 +82,16 @@ from nats.aio.msg import Msg
 
 from arm_core.devtools.embedded_nats import EmbeddedNats, EmbeddedNatsCluster
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed import nemesis
+from arm_core.devtools.testbed.cluster import stream_leader, stream_whole
+from arm_core.devtools.testbed.faults import iptables_missing
+from arm_core.devtools.testbed.polling import NotWithin, wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, Stack, listening, log_lines
+from arm_core.devtools.testbed.replication import Replicated, start_pair
+from arm_core.devtools.testbed.sql import ensure_logins, upload_many
 from arm_core.migrate import migrate
 from benchmarks.harness import progress, status_counts
 from benchmarks.report import machine
-from tests.support import nemesis
-from tests.support.cluster import stream_leader, stream_whole
-from tests.support.faults import iptables_missing
-from tests.support.polling import NotWithin, wait_for
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.replication import Replicated, start_pair
-from tests.support.sql import ensure_logins, upload_many
-from tests.support.stack import Stack, listening
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 REPLY_TIMEOUT = 120.0
@@ -127,7 +126,7 @@ class Outcome:
     error: str | None = None
 
 
-# The environment of chaos's processes over the tests' one (tests/support/stack.py).
+# The environment of chaos's processes over the Stack's own (testbed/processes.py).
 ENV: dict[str, Any] = {
     "SCHEDULE_TICK_SECONDS": "0.5",
     # The default ACK_TIMEOUT_SECONDS (30 s) and a reply deadline of 2 minutes

@@ -17,10 +17,10 @@ import psycopg
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.processes import ArmProcess, log_lines
 from arm_core.migrate import migrate
 from benchmarks import cpu
 from benchmarks.cpu import CpuMeter
-from tests.support.processes import ArmProcess, log_lines
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ from typing import Any
 
 import psycopg
 
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.services import instant_service
 from benchmarks.cpu import CpuMeter
 from benchmarks.harness import (
     Bench,
@@ -43,8 +45,6 @@ from benchmarks.harness import (
 )
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files, upload_files_async
-from tests.support.bridge import instant_service
-from tests.support.polling import wait_for
 
 SECTION = "6 lifecycle"
 STALL_SECONDS = 45.0  # > ACK_TIMEOUT_SECONDS (30): a lost ack gets its republish first
@@ -72,7 +72,7 @@ class Burst:
 
 async def run(bench: Bench, report: Report) -> None:
     url = bench.fresh_database("lifecycle")
-    service = await instant_service(bench.nats_url)  # the tests' instant service
+    service = await instant_service(bench.nats_url)  # the testbed's instant service
     client = service.client
     try:
         # Unpaced: what the machinery carries (capacity.md's figures); against an instant

@@ -16,10 +16,17 @@ import pytest
 from aiohttp.test_utils import TestClient
 from jsonschema import Draft202012Validator
 
+from arm_core.devtools.testbed.sql import (
+    Upload,
+    dict_conn,
+    fail_by_no_ack,
+    publish,
+    upload,
+    upload_many,
+)
 from arm_core.http.app import OPENAPI_PATH
 from arm_core.http.file_list import decode_cursor, encode_cursor
 from tests.support.api import api_settings, running_api
-from tests.support.sql import Upload, dict_conn, fail_by_no_ack, publish, upload, upload_many
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,11 @@ from jsonschema import Draft202012Validator
 
 from arm_core.access import ApiToken, Level
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.sql import dict_conn, fail_by_no_ack, publish, upload
 from arm_core.http.app import OPENAPI_PATH, create_app
 from tests.support.api import api_settings, running_api
-from tests.support.bridge import TcpProxy, wait_for
-from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from arm_core.db import query
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     Conn,
     Upload,
     ack,

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from arm_core.db import query
-from tests.support.polling import wait_for_sync
-from tests.support.sql import (
+from arm_core.devtools.testbed.polling import wait_for_sync
+from arm_core.devtools.testbed.sql import (
     Conn,
     ack,
     dict_conn,

@@ -42,8 +42,11 @@ from arm_core.devtools.reference import (
     configs_from_env,
     run_reference,
 )
-from tests.support.bridge import Collector, TcpProxy, logged, nats_client, wait_for
-from tests.support.processes import ARM_CORE
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ARM_CORE
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.services import Collector, nats_client
+from tests.support.bridge import logged
 
 RESULTS = "files.tabular_parsed"
 SUBJECTS = {TABULAR: "files.tabular_uploaded", SCAN: "files.img_uploaded"}

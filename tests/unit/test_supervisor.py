@@ -21,7 +21,8 @@ from arm_core.bridge.service import (
 )
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
-from tests.support.bridge import logged, wait_for
+from arm_core.devtools.testbed.polling import wait_for
+from tests.support.bridge import logged
 
 FAST = RestartPolicy(limit=2, window_seconds=60, backoff_seconds=0.01, backoff_max_seconds=0.02)
 

@@ -20,10 +20,10 @@ from nats.aio.msg import Msg
 
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
-from tests.support.bridge import envelope, nats_client, wait_for
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import dict_conn, upload_many
-from tests.support.stack import Stack
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, Stack, log_lines
+from arm_core.devtools.testbed.services import envelope, nats_client
+from arm_core.devtools.testbed.sql import dict_conn, upload_many
 
 REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
 SERVICE_QUEUE = "recognition-services"
