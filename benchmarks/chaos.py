@@ -88,7 +88,7 @@ from arm_core.devtools.testbed.faults import iptables_missing
 from arm_core.devtools.testbed.polling import NotWithin, wait_for
 from arm_core.devtools.testbed.processes import ArmProcess, Stack, listening, log_lines
 from arm_core.devtools.testbed.replication import Replicated, start_pair
-from arm_core.devtools.testbed.sql import ensure_logins, upload_many
+from arm_core.devtools.testbed.sql import ensure_logins, steady_uploads, upload_many
 from arm_core.migrate import migrate
 from benchmarks.harness import progress, status_counts
 from benchmarks.report import machine
@@ -206,14 +206,6 @@ class Observer:
 Fault = Callable[[World], Awaitable[float]]  # injects, returns when the fault ended
 
 
-def steady_uploads(url: str, jobs: int) -> None:
-    """`jobs` uploads as a steady flow: FLOW_CHUNK every FLOW_PAUSE seconds."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        for _ in range(jobs // FLOW_CHUNK):
-            upload_many(conn, FLOW_CHUNK, mixed=True)
-            time.sleep(FLOW_PAUSE)
-
-
 async def run_fault(
     world: World,
     name: str,
@@ -243,7 +235,7 @@ async def run_fault(
         await listening(world.reference(**env))
         if steady:
             flow: asyncio.Task[None] | None = asyncio.create_task(
-                asyncio.to_thread(steady_uploads, world.db_url, jobs)
+                steady_uploads(world.db_url, jobs, FLOW_CHUNK, FLOW_PAUSE, mixed=True)
             )
         else:
             flow = None

@@ -27,7 +27,6 @@ from arm_core.devtools.testbed.cluster import (
     core_node,
     move_stream_leader,
     recording_service,
-    steady_uploads,
     stream_leader,
     wait_interest,
 )
@@ -35,7 +34,7 @@ from arm_core.devtools.testbed.faults import metric
 from arm_core.devtools.testbed.polling import wait_for
 from arm_core.devtools.testbed.processes import ArmProcess, Stack
 from arm_core.devtools.testbed.proxies import TcpProxy
-from arm_core.devtools.testbed.sql import Conn, dict_conn, scalar
+from arm_core.devtools.testbed.sql import Conn, dict_conn, scalar, steady_uploads
 
 pytestmark = pytest.mark.e2e
 

@@ -37,13 +37,12 @@ from arm_core.devtools.testbed.cluster import (
     recording_service,
     reference_on_stream,
     start_bridge,
-    steady_uploads,
     stream_leader,
     wait_interest,
 )
 from arm_core.devtools.testbed.polling import wait_for
 from arm_core.devtools.testbed.processes import Stack, log_lines
-from arm_core.devtools.testbed.sql import dict_conn, scalar
+from arm_core.devtools.testbed.sql import dict_conn, scalar, steady_uploads
 
 pytestmark = pytest.mark.e2e
 

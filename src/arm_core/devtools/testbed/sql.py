@@ -11,6 +11,8 @@ helpers); setup code keeps the superuser (or the uploader's login)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -178,6 +180,21 @@ def upload_many(
     (a reference service's marker: `[fail-once]`)."""
     with conn.transaction():
         _upload_many(conn, n, file_type, mixed, name_suffix)
+
+
+async def steady_uploads(
+    url: str, n: int, chunk: int = 20, pause: float = 0.05, mixed: bool = False
+) -> None:
+    """A steady flow on a thread: n plain-SQL uploads (:func:`upload_many`, `mixed` as
+    there), `chunk` at a time, one chunk every `pause` seconds."""
+
+    def flow() -> None:
+        with dict_conn(url) as conn:
+            for _ in range(n // chunk):
+                upload_many(conn, chunk, mixed=mixed)
+                time.sleep(pause)
+
+    await asyncio.to_thread(flow)
 
 
 def upload_consolidations(
