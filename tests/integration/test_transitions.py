@@ -7,12 +7,11 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import threading
-from pathlib import Path
 
-import jsonschema
 import psycopg
 import pytest
 
+from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.db import query
 from arm_core.devtools.testbed.polling import wait_for_sync
 from arm_core.devtools.testbed.sql import (
@@ -31,14 +30,9 @@ from arm_core.devtools.testbed.sql import (
 
 pytestmark = pytest.mark.integration
 
-CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts"
-REQUEST_SCHEMA = json.loads((CONTRACTS / "recognition-request.schema.json").read_text())
-
 
 def validate_request(body: dict) -> None:
-    jsonschema.Draft202012Validator(
-        REQUEST_SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
-    ).validate(body)
+    validator(REQUEST_SCHEMA).validate(body)
 
 
 # --- outbox: claim and mark published (R-OUT-1) ------------------------------------

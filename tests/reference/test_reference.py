@@ -308,7 +308,7 @@ def without_s3_key(body: dict[str, Any]) -> dict[str, Any]:
 
 
 INVALID: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = [
-    ("no s3.key", without_s3_key, "'key' is a required property"),
+    ("no s3.key", without_s3_key, 's3: "key" is a required property'),
     ("unknown file_type", lambda b: {**b, "file_type": "DOCX"}, "DOCX"),
     ("MAJOR version 2", lambda b: {**b, "schema_version": "2.0"}, "MAJOR version 1"),
     ("no MINOR", lambda b: {**b, "schema_version": "1"}, "schema_version"),

@@ -40,7 +40,6 @@ NOT_RUNTIME = Path("src/arm_core/devtools")
 THIRD_PARTY = frozenset(
     {
         "aiohttp",
-        "jsonschema",
         "jsonschema_rs",
         "multidict",
         "nats",
@@ -48,7 +47,6 @@ THIRD_PARTY = frozenset(
         "prometheus_client",
         "psycopg",
         "psycopg_pool",
-        "rfc3339_validator",
         "structlog",
         "yarl",
         "yoyo",
