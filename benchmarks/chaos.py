@@ -84,13 +84,13 @@ from arm_core.devtools.embedded_nats import EmbeddedNats, EmbeddedNatsCluster
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.devtools.testbed import nemesis
 from arm_core.devtools.testbed.cluster import stream_leader, stream_whole
-from arm_core.devtools.testbed.faults import iptables_missing
+from arm_core.devtools.testbed.faults import by_status, iptables_missing
 from arm_core.devtools.testbed.polling import NotWithin, wait_for
 from arm_core.devtools.testbed.processes import ArmProcess, Stack, listening, log_lines
 from arm_core.devtools.testbed.replication import Replicated, start_pair
 from arm_core.devtools.testbed.sql import ensure_logins, steady_uploads, upload_many
 from arm_core.migrate import migrate
-from benchmarks.harness import progress, status_counts
+from benchmarks.harness import progress
 from benchmarks.report import machine
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
@@ -172,22 +172,14 @@ class World(Stack):
         ensure_logins(self.db_url)
 
 
-def count(url: str, sql: str) -> int | None:
-    """None while the database does not answer (a fault may be under way)."""
-    try:
-        with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
-            row = conn.execute(sql).fetchone()
-    except psycopg.OperationalError:
-        return None
-    return int(row[0]) if row is not None else None
-
-
 def done(url: str) -> int:
-    return count(url, "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'") or 0
+    return (
+        nemesis.scalar(url, "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'") or 0
+    )
 
 
 def final(url: str) -> int:
-    return count(url, f"SELECT count(*) FROM arm.recognition_job WHERE NOT ({LIVE})") or 0
+    return nemesis.scalar(url, f"SELECT count(*) FROM arm.recognition_job WHERE NOT ({LIVE})") or 0
 
 
 class Observer:
@@ -265,13 +257,16 @@ async def run_fault(
         live = f"SELECT count(*) FROM arm.recognition_job WHERE {LIVE}"
         with contextlib.suppress(NotWithin):
             await wait_for(
-                lambda: count(world.db_url, live) == 0, GIVE_UP_AFTER, "nothing live", every=0.1
+                lambda: nemesis.scalar(world.db_url, live) == 0,
+                GIVE_UP_AFTER,
+                "nothing live",
+                every=0.1,
             )
             out.drain = time.monotonic() - started
-        counts = status_counts(world.db_url)
+        counts = by_status(world.db_url)
         out.stuck = sum(counts.get(s, 0) for s in ("queued", "published", "processing"))
         out.lost = jobs - counts.get("done", 0) - out.stuck
-        extra = count(
+        extra = nemesis.scalar(
             world.db_url,
             "SELECT (SELECT count(*) FROM arm.s3_object WHERE bucket_role = 'results') "
             "- (SELECT count(*) FROM arm.recognition_job WHERE result_s3_object_id IS NOT NULL)",

@@ -157,14 +157,6 @@ def commits(url: str) -> int:
     return int(row[0])
 
 
-def status_counts(url: str) -> dict[str, int]:
-    with connect(url) as conn:
-        rows = conn.execute(
-            "SELECT status::text, count(*) FROM arm.recognition_job GROUP BY 1"
-        ).fetchall()
-    return {status: int(n) for status, n in rows}
-
-
 def describe_counts(counts: dict[str, int], first: tuple[str, ...]) -> str:
     """`done 30,000 · processing 0 · other 0`: the statuses in `first`, then the rest."""
     parts = [f"{s} {counts.get(s, 0):,}" for s in first]

@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 
+from arm_core.devtools.testbed.faults import by_status
 from arm_core.devtools.testbed.polling import wait_for
 from arm_core.devtools.testbed.services import instant_service
 from benchmarks.cpu import CpuMeter
@@ -41,7 +42,6 @@ from benchmarks.harness import (
     describe_counts,
     dropped_envelopes,
     scalar,
-    status_counts,
 )
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files, upload_files_async
@@ -109,7 +109,7 @@ async def _burst(url: str, n: int, meter: CpuMeter) -> Burst:
         "SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8 "
         "FROM arm.recognition_job WHERE status = 'done'",
     )
-    counts = await asyncio.to_thread(status_counts, url)
+    counts = await asyncio.to_thread(by_status, url)
     return Burst(n, counts.get("done", 0), max(last - committed, 0.0), counts, 0, meter.describe())
 
 
