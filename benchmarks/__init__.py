@@ -7,5 +7,5 @@ nats-server (free loopback ports, temporary folders, removed at the end), runs
 `arm-core bridge` / `arm-core serve` as real subprocesses, and prints one table (also
 written to docs/benchmarks.md). There are no timed asserts: it prints what it measured.
 
-Sections (`--only` takes their names): pgbench, pgqueuer, publish, lifecycle, sweep, retry.
+`python -m benchmarks --help` lists the sections (`--only` takes their names).
 """

@@ -23,6 +23,7 @@ from types import ModuleType
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from benchmarks import (
+    contracts,
     files,
     lifecycle,
     pacing,
@@ -58,6 +59,7 @@ MODULES: dict[str, ModuleType] = {
     "claim": pacing_claim,
     "pgbouncer": pooler,
     "stream": stream_sync,
+    "contracts": contracts,
 }
 SECTIONS: dict[str, Section] = {name: module.run for name, module in MODULES.items()}
 

@@ -4,7 +4,7 @@ results stream with services publishing through JetStream, a synchronous standby
 fault) that loses, applies twice or leaves stuck anything makes the run exit 1: a
 broken promise; the other rows measure a documented limit and only report.
 
-`--nemesis --seeds N` runs the nemesis instead (tests/support/nemesis.py): N seeded
+`--nemesis --seeds N` runs the nemesis instead (src/arm_core/devtools/testbed/nemesis.py): N seeded
 schedules of random faults over a steady flow, each checked against the whole history;
 exit 1 when any seed breaks a promise (its seed is printed, to be given back with
 `--first-seed S --seeds 1`).
@@ -18,7 +18,7 @@ users run them. The uploads are queued at once (plain SQL, one transaction); the
 lands once a fifth of the answers are applied, i.e. mid-burst.
 
 The failover faults run on a primary and a streaming standby of their own
-(tests.support.replication: `pg_basebackup -R`; synchronous: the primary names the
+(arm_core.devtools.testbed.replication: `pg_basebackup -R`; synchronous: the primary names the
 standby in `synchronous_standby_names`), every process with one multi-host
 DATABASE_URL (`target_session_attrs=read-write`). The fault: kill -9 of every process of
 the primary (its machine dies), 3 s without a writable host (what a failover tool takes
@@ -82,17 +82,16 @@ from nats.aio.msg import Msg
 
 from arm_core.devtools.embedded_nats import EmbeddedNats, EmbeddedNatsCluster
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed import nemesis
+from arm_core.devtools.testbed.cluster import stream_leader, stream_whole
+from arm_core.devtools.testbed.faults import by_status, iptables_missing
+from arm_core.devtools.testbed.polling import NotWithin, wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, Stack, listening, log_lines
+from arm_core.devtools.testbed.replication import Replicated, start_pair
+from arm_core.devtools.testbed.sql import ensure_logins, steady_uploads, upload_many
 from arm_core.migrate import migrate
-from benchmarks.harness import progress, status_counts
+from benchmarks.harness import progress
 from benchmarks.report import machine
-from tests.support import nemesis
-from tests.support.cluster import stream_leader, stream_whole
-from tests.support.faults import iptables_missing
-from tests.support.polling import NotWithin, wait_for
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.replication import Replicated, start_pair
-from tests.support.sql import ensure_logins, upload_many
-from tests.support.stack import Stack, listening
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 REPLY_TIMEOUT = 120.0
@@ -127,7 +126,7 @@ class Outcome:
     error: str | None = None
 
 
-# The environment of chaos's processes over the tests' one (tests/support/stack.py).
+# The environment of chaos's processes over the Stack's own (testbed/processes.py).
 ENV: dict[str, Any] = {
     "SCHEDULE_TICK_SECONDS": "0.5",
     # The default ACK_TIMEOUT_SECONDS (30 s) and a reply deadline of 2 minutes
@@ -173,22 +172,14 @@ class World(Stack):
         ensure_logins(self.db_url)
 
 
-def count(url: str, sql: str) -> int | None:
-    """None while the database does not answer (a fault may be under way)."""
-    try:
-        with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
-            row = conn.execute(sql).fetchone()
-    except psycopg.OperationalError:
-        return None
-    return int(row[0]) if row is not None else None
-
-
 def done(url: str) -> int:
-    return count(url, "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'") or 0
+    return (
+        nemesis.scalar(url, "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'") or 0
+    )
 
 
 def final(url: str) -> int:
-    return count(url, f"SELECT count(*) FROM arm.recognition_job WHERE NOT ({LIVE})") or 0
+    return nemesis.scalar(url, f"SELECT count(*) FROM arm.recognition_job WHERE NOT ({LIVE})") or 0
 
 
 class Observer:
@@ -205,14 +196,6 @@ class Observer:
 
 
 Fault = Callable[[World], Awaitable[float]]  # injects, returns when the fault ended
-
-
-def steady_uploads(url: str, jobs: int) -> None:
-    """`jobs` uploads as a steady flow: FLOW_CHUNK every FLOW_PAUSE seconds."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        for _ in range(jobs // FLOW_CHUNK):
-            upload_many(conn, FLOW_CHUNK, mixed=True)
-            time.sleep(FLOW_PAUSE)
 
 
 async def run_fault(
@@ -244,7 +227,7 @@ async def run_fault(
         await listening(world.reference(**env))
         if steady:
             flow: asyncio.Task[None] | None = asyncio.create_task(
-                asyncio.to_thread(steady_uploads, world.db_url, jobs)
+                steady_uploads(world.db_url, jobs, FLOW_CHUNK, FLOW_PAUSE, mixed=True)
             )
         else:
             flow = None
@@ -274,13 +257,16 @@ async def run_fault(
         live = f"SELECT count(*) FROM arm.recognition_job WHERE {LIVE}"
         with contextlib.suppress(NotWithin):
             await wait_for(
-                lambda: count(world.db_url, live) == 0, GIVE_UP_AFTER, "nothing live", every=0.1
+                lambda: nemesis.scalar(world.db_url, live) == 0,
+                GIVE_UP_AFTER,
+                "nothing live",
+                every=0.1,
             )
             out.drain = time.monotonic() - started
-        counts = status_counts(world.db_url)
+        counts = by_status(world.db_url)
         out.stuck = sum(counts.get(s, 0) for s in ("queued", "published", "processing"))
         out.lost = jobs - counts.get("done", 0) - out.stuck
-        extra = count(
+        extra = nemesis.scalar(
             world.db_url,
             "SELECT (SELECT count(*) FROM arm.s3_object WHERE bucket_role = 'results') "
             "- (SELECT count(*) FROM arm.recognition_job WHERE result_s3_object_id IS NOT NULL)",

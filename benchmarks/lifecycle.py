@@ -32,6 +32,9 @@ from typing import Any
 
 import psycopg
 
+from arm_core.devtools.testbed.faults import by_status
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.services import instant_service
 from benchmarks.cpu import CpuMeter
 from benchmarks.harness import (
     Bench,
@@ -39,12 +42,9 @@ from benchmarks.harness import (
     describe_counts,
     dropped_envelopes,
     scalar,
-    status_counts,
 )
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files, upload_files_async
-from tests.support.bridge import instant_service
-from tests.support.polling import wait_for
 
 SECTION = "6 lifecycle"
 STALL_SECONDS = 45.0  # > ACK_TIMEOUT_SECONDS (30): a lost ack gets its republish first
@@ -72,7 +72,7 @@ class Burst:
 
 async def run(bench: Bench, report: Report) -> None:
     url = bench.fresh_database("lifecycle")
-    service = await instant_service(bench.nats_url)  # the tests' instant service
+    service = await instant_service(bench.nats_url)  # the testbed's instant service
     client = service.client
     try:
         # Unpaced: what the machinery carries (capacity.md's figures); against an instant
@@ -109,7 +109,7 @@ async def _burst(url: str, n: int, meter: CpuMeter) -> Burst:
         "SELECT coalesce(extract(epoch FROM max(finished_at)), 0)::float8 "
         "FROM arm.recognition_job WHERE status = 'done'",
     )
-    counts = await asyncio.to_thread(status_counts, url)
+    counts = await asyncio.to_thread(by_status, url)
     return Burst(n, counts.get("done", 0), max(last - committed, 0.0), counts, 0, meter.describe())
 
 

@@ -32,11 +32,11 @@ from typing import Any
 
 from arm_core.config import Settings
 from arm_core.devtools.embedded import free_port
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, log_lines
+from arm_core.devtools.testbed.sql import upload_consolidations
 from benchmarks.harness import Bench, connect, progress
 from benchmarks.report import Report
-from tests.support.polling import wait_for
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import upload_consolidations
 
 SECTION = "10 pacing"
 WORKERS = 4

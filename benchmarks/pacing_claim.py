@@ -22,11 +22,11 @@ import uuid
 
 from arm_core.config import Settings
 from arm_core.db import query
+from arm_core.devtools.testbed.plans import buffers, explained
+from arm_core.devtools.testbed.sql import upload_consolidations
 from arm_core.store import Pacing, publish_params
 from benchmarks.harness import Bench, connect, progress
 from benchmarks.report import Report
-from tests.support.plans import buffers, explained
-from tests.support.sql import upload_consolidations
 
 SECTION = "11 paced claim"
 BATCH = Settings().outbox_batch_size  # what a bridge claims at once

@@ -27,9 +27,9 @@ import uuid
 
 import psycopg
 
+from arm_core.devtools.testbed.sql import UPLOADER_LOGIN, as_login, ensure_logins
 from benchmarks.harness import Bench, progress
 from benchmarks.report import Report
-from tests.support.sql import UPLOADER_LOGIN, as_login, ensure_logins
 
 KEY = "pgqueuer"
 BATCH_SIZE = 100

@@ -6,7 +6,7 @@ tests/e2e/test_pgbouncer.py runs it: transaction mode) in front of the run's Pos
 For each way in, a fresh database and one `arm-core bridge` (PACING=off): direct
 (DATABASE_URL to PostgreSQL), then through PgBouncer (DATABASE_URL to PgBouncer,
 DATABASE_POOLER=transaction, DATABASE_LISTEN_URL direct: its LISTEN, as docs/dbas.md
-says). An instant service in this process (the tests') acks and answers every request
+says). An instant service in this process (the testbed's) acks and answers every request
 at once.
 
 (a) Into an idle exchange, one upload at a time, the next once the last is done:
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import psycopg
 
+from arm_core.devtools.testbed.pgbouncer import running_pgbouncer
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.services import instant_service
+from arm_core.devtools.testbed.sql import BRIDGE_LOGIN, as_login, ensure_logins
 from benchmarks.harness import Bench, connect, scalar
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files, upload_files_async
-from tests.support.bridge import instant_service
-from tests.support.pgbouncer import running_pgbouncer
-from tests.support.polling import wait_for
-from tests.support.sql import BRIDGE_LOGIN, as_login, ensure_logins
 
 SECTION = "12 PgBouncer"
 PASSWORD = "bench-Pw9xQ2vL7k"
@@ -98,7 +98,9 @@ async def _measure(
     url = bench.fresh_database(f"pgbouncer_{way}")
     ensure_logins(url)
     env = {"PACING": "off", "ACK_TIMEOUT_SECONDS": "30", "OUTBOX_POLL_SECONDS": POLL_SECONDS}
-    bridge_url = url  # the bridge's login, as every bench bridge (tests.support.processes)
+    bridge_url = (
+        url  # the bridge's login, as every bench bridge (arm_core.devtools.testbed.processes)
+    )
     if through is not None:
         bridge_url = through(url.rsplit("/", 1)[1], BRIDGE_LOGIN.name)
         env |= {

@@ -10,7 +10,7 @@ hour here: no republish mixes into the figure, and PACING is off (paced, a servi
 never answers gets only the floor).
 
 The same drain paced (PACING=auto, the default) needs a service that answers: an
-instant one in this process (the tests'), which acks and answers every request at once,
+instant one in this process (the testbed's), which acks and answers every request at once,
 so the bridge applies two envelopes per job while it publishes. The limit starts at its
 floor and grows with the answers.
 """
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import nats
 from nats.aio.msg import Msg
 
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.services import instant_service
 from benchmarks.harness import Bench, commits, connect, publish_batches, scalar
 from benchmarks.report import Report
 from benchmarks.uploads import upload_files
-from tests.support.bridge import instant_service
-from tests.support.polling import wait_for
 
 SECTION = "5 publish"
 POLL_SECONDS = 0.25

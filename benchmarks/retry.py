@@ -25,10 +25,10 @@ from collections import Counter
 import aiohttp
 
 from arm_core.devtools.embedded import free_port
+from arm_core.devtools.testbed.processes import serve_env
 from benchmarks.harness import Bench, connect
 from benchmarks.report import Report
 from benchmarks.uploads import publish_in_sql, upload_files
-from tests.support.processes import serve_env
 
 SECTION = "8 retry API"
 OPEN_RATE = 100  # retries a second, offered open-loop

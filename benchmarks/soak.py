@@ -1,9 +1,9 @@
 """`python -m benchmarks.soak [--minutes 60]` (what `make soak` runs): the exchange run
 for an hour, as it runs for months, with what time does to it measured.
 
-The world is the nemesis's (tests/support/nemesis.py): a PostgreSQL and a nats-server of
-its own, two bridges with RESULTS_STREAM behind proxies, `arm-core serve`, the reference
-services, an operator double-clicking retry on failed files. The flow is steady, at a
+The world is the nemesis's (src/arm_core/devtools/testbed/nemesis.py): a PostgreSQL and a
+nats-server of its own, two bridges with RESULTS_STREAM behind proxies, `arm-core serve`,
+the reference services, an operator double-clicking retry on failed files. The flow is steady, at a
 quarter of the capacity a burst through this same world measured at the start; a fault
 of the nemesis lands every few minutes (none in the last row's window). Every `--every`
 seconds (5 minutes) a row: the enqueue → done p50 and p99 of the jobs of the window that
@@ -36,12 +36,12 @@ import nats
 import psycopg
 
 from arm_core.devtools.reference import REMEMBER_SECONDS
+from arm_core.devtools.testbed import nemesis
+from arm_core.devtools.testbed.faults import iptables_missing
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess
+from arm_core.devtools.testbed.sql import upload_many
 from benchmarks.report import machine
-from tests.support import nemesis
-from tests.support.faults import iptables_missing
-from tests.support.polling import wait_for
-from tests.support.processes import ArmProcess
-from tests.support.sql import upload_many
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "soak.md"
 QUEUE_INDEXES = (

@@ -25,11 +25,11 @@ from nats.js.api import StorageType, StreamConfig
 
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, log_lines
+from arm_core.devtools.testbed.sql import dict_conn, upload_many
 from benchmarks.harness import Bench, median, progress, scalar
 from benchmarks.report import Report
-from tests.support.polling import wait_for
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import dict_conn, upload_many
 
 SECTION = "13 stream on disk"
 STREAM = "ARM_BENCH_RESULTS"

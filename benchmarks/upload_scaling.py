@@ -8,7 +8,7 @@ counts, all on the same cluster in the same run.
 
 The uploads run in a migrated database (`bench.fresh_database("uploads")`, nothing else
 running in it: no bridge, so the queued jobs pile up), logged in as the upload service's
-role: the login `arm_test_uploader`, member of `arm_uploader` only (tests.support.sql's
+role: the login `arm_test_uploader`, member of `arm_uploader` only (arm_core.devtools.testbed.sql's
 UPLOADER_LOGIN, created by ensure_logins), which may do exactly this upload and nothing
 else. Every file is an XLSX `ОСВ <n>.xlsx` with a fresh object key and consolidation id.
 The `-N` reference runs in its own database, initialised with `pgbench -i` at the same
@@ -36,11 +36,11 @@ import os
 from pathlib import Path
 
 from arm_core.devtools.embedded_postgres import find_pg_bindir
+from arm_core.devtools.testbed.sql import UPLOADER_LOGIN, ensure_logins
 from benchmarks.harness import Bench, progress, scalar
 from benchmarks.pgbench import run_pgbench, tps
 from benchmarks.report import Report
 from benchmarks.waits import SAMPLE_SECONDS, WaitSampler
-from tests.support.sql import UPLOADER_LOGIN, ensure_logins
 
 SECTION = "2 uploads"
 NAMES = {"N": "-N", "up": "uploads", "fn": "arm.upload_file"}

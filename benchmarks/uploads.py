@@ -4,7 +4,7 @@ attempt)` with every other column defaulted, then `stored_file.current_recogniti
 
 Set-based, for bursts and paced batches: the three inserts in one statement, then the
 UPDATE as a second statement of the same transaction (an UPDATE inside the same WITH
-could not see the rows its sibling CTEs insert). tests.support.sql.upload_many leaves
+could not see the rows its sibling CTEs insert). arm_core.devtools.testbed.sql.upload_many leaves
 current_recognition_job_id out; this one sets it, as docs/dbas.md says.
 """
 

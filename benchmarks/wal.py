@@ -46,12 +46,12 @@ from psycopg.types.json import Jsonb
 from arm_core.config import Settings
 from arm_core.db import query
 from arm_core.devtools.embedded_postgres import find_pg_bindir
+from arm_core.devtools.testbed.polling import NotWithin, wait_for_sync
+from arm_core.devtools.testbed.sql import BRIDGE_LOGIN, UPLOADER_LOGIN, as_login, ensure_logins
 from benchmarks.harness import Bench, connect, progress, scalar
 from benchmarks.pgbench import run_pgbench
 from benchmarks.report import Report
 from benchmarks.upload_scaling import pgbench_base, pgbench_env, upload_script
-from tests.support.polling import NotWithin, wait_for_sync
-from tests.support.sql import BRIDGE_LOGIN, UPLOADER_LOGIN, as_login, ensure_logins
 
 SECTION = "3 WAL"
 PUBLISH_BATCH = Settings().outbox_batch_size  # the bridge's defaults (src/arm_core/config.py)

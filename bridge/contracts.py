@@ -1,4 +1,7 @@
-"""The message contracts of docs/contracts, compiled once."""
+"""The message contracts of docs/contracts, compiled once by jsonschema-rs (JSON Schema
+2020-12 in native code, "date-time" and "uuid" formats checked): the inbox checks every
+envelope against the result schema, so a check in Python was its bottleneck in a burst
+(the benchmark's `contracts` section measures the two side by side)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema_rs
-from jsonschema import Draft202012Validator
+from jsonschema_rs import Draft202012Validator
 
 import arm_core
 
@@ -42,13 +44,19 @@ def schema(name: str) -> dict[str, Any]:
 
 @cache
 def validator(name: str) -> Draft202012Validator:
-    return Draft202012Validator(schema(name), format_checker=Draft202012Validator.FORMAT_CHECKER)
+    """Schema `name` compiled, formats checked: `is_valid` for the hot path."""
+    return Draft202012Validator(schema(name), validate_formats=True)
 
 
-@cache
-def fast_validator(name: str) -> Any:
-    """The same schema compiled by jsonschema-rs to native code: jsonschema's check, in
-    Python, was the inbox's bottleneck at thousands of envelopes per second. It decides
-    valid or not; jsonschema (above) explains a rejection, and
-    tests/unit/test_contracts.py checks that both agree on every example and bad case."""
-    return jsonschema_rs.validator_for(schema(name), validate_formats=True)
+def problem(name: str, body: Any, limit: int = 300) -> str | None:
+    """Why `body` breaks schema `name` (None: it does not), as `<where>: <message>` —
+    the error highest in the document (the shortest path; of those, the first the
+    schema finds), `where` its JSON path or `(top)`, the message cut to `limit`."""
+    compiled = validator(name)
+    if compiled.is_valid(body):
+        return None
+    error = min(compiled.iter_errors(body), key=lambda e: len(e.instance_path), default=None)
+    if error is None:  # is_valid and iter_errors are one engine's: never seen apart
+        return f"(top): refused by {name}"
+    where = "/".join(str(part) for part in error.instance_path) or "(top)"
+    return f"{where}: {error.message[:limit]}"

@@ -14,16 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema.exceptions import best_match
 from nats.aio.msg import Msg
 
-from arm_core.bridge.contracts import (
-    CONTRACT_MAJOR,
-    RESULT_SCHEMA,
-    fast_validator,
-    other_major,
-    validator,
-)
+from arm_core.bridge.contracts import CONTRACT_MAJOR, RESULT_SCHEMA, other_major, problem
 from arm_core.bridge.nats_client import MSG_ID_HEADER
 from arm_core.statuses import JobStatus
 
@@ -220,12 +213,8 @@ def parse_envelope(
         msg_id, derived = f"ack:{job_id}", True
     if len(msg_id) > 200:
         return Rejected("bad_msg_id", f"{MSG_ID_HEADER} of {len(msg_id)} characters", job_id)
-    if not fast_validator(RESULT_SCHEMA).is_valid(body):
-        error = best_match(validator(RESULT_SCHEMA).iter_errors(body))
-        if error is None:  # the two validators disagree: the stricter one decides
-            return Rejected("schema", "rejected by the result schema", job_id, msg_id)
-        where = "/".join(str(p) for p in error.absolute_path) or "(top)"
-        return Rejected("schema", f"{where}: {error.message[:300]}", job_id, msg_id)
+    if (why := problem(RESULT_SCHEMA, body)) is not None:
+        return Rejected("schema", why, job_id, msg_id)
     # Schema-valid is recorded: what PostgreSQL cannot store as given is made storable.
     # The walk is needed only when the text has a NUL or surrogate escape or a number
     # that is not finite; most envelopes have none, and skip it.

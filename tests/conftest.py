@@ -3,7 +3,7 @@ migrated template database, and a fresh clone of it for every test (as Procrasti
 conftest does). Nothing here depends on a server already running on the machine.
 
 `db_url` is the superuser's, for setup and assertions. The bridge and the API under test
-connect as logins of their roles (tests/support/sql.py LOGINS, created with the
+connect as logins of their roles (src/arm_core/devtools/testbed/sql.py LOGINS, created with the
 template): tests/support/bridge.py fast_settings, api.py api_settings and processes.py
 ArmProcess switch the URL; `bridge_db_url` is the same database as the bridge's login,
 for a pool a test builds itself.
@@ -23,12 +23,12 @@ from psycopg.rows import dict_row
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.faults import clear_black_holes
+from arm_core.devtools.testbed.processes import Stack, running_stack
+from arm_core.devtools.testbed.services import nats_client
+from arm_core.devtools.testbed.sql import BRIDGE_LOGIN, Conn, as_login, ensure_logins
 from arm_core.migrate import migrate
-from tests.support.bridge import nats_client
 from tests.support.databases import TEMPLATE_DB, clone, janitor
-from tests.support.faults import clear_black_holes
-from tests.support.sql import BRIDGE_LOGIN, Conn, as_login, ensure_logins
-from tests.support.stack import Stack, running_stack
 
 # Under CI=true a skipped test fails the run (.ci/run installs every optional dependency).
 pytest_plugins = ["tests.support.ci_skips"]
@@ -314,5 +314,5 @@ async def client(nats_server: EmbeddedNats) -> AsyncIterator[Client]:
 @pytest.fixture
 def stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
     """`arm-core serve` / `bridge` / `reference` as subprocesses, as users run them, with
-    a nats-server of the test's own (tests/support/stack.py)."""
+    a nats-server of the test's own (src/arm_core/devtools/testbed/processes.py)."""
     yield from running_stack(db_url, tmp_path)

@@ -23,10 +23,10 @@ from multidict import CIMultiDict
 
 from arm_core.access import ApiToken, Level
 from arm_core.devtools.embedded import free_port
+from arm_core.devtools.testbed.processes import ArmProcess, serve_env
+from arm_core.devtools.testbed.sql import dict_conn, fail_by_no_ack, publish, scalar, upload
 from arm_core.http.auth import warn_unlevelled_tokens
 from tests.support.api import api_settings, running_api
-from tests.support.processes import ArmProcess, serve_env
-from tests.support.sql import dict_conn, fail_by_no_ack, publish, scalar, upload
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from tests.support.api import api_settings, running_api
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     Upload,
     dict_conn,
     fail_by_no_ack,
@@ -25,6 +24,7 @@ from tests.support.sql import (
     stored_file,
     upload,
 )
+from tests.support.api import api_settings, running_api
 
 pytestmark = pytest.mark.integration
 

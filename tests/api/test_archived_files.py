@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient
 
+from arm_core.devtools.testbed.sql import age, archive, dict_conn, fail_by_no_ack, publish, upload
 from tests.support.api import api_settings, running_api
-from tests.support.sql import age, archive, dict_conn, fail_by_no_ack, publish, upload
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient
 
+from arm_core.devtools.testbed.sql import dict_conn, fail_by_no_ack, publish, scalar, upload
 from tests.support.api import api_settings, running_api
-from tests.support.sql import dict_conn, fail_by_no_ack, publish, scalar, upload
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,10 @@ from aiohttp.test_utils import TestClient
 from psycopg.rows import dict_row
 
 import arm_core.pooled
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.sql import API_LOGIN, dict_conn, fail_by_timeout, scalar, upload
 from tests.support.api import api_settings, running_api
-from tests.support.bridge import logged, wait_for
-from tests.support.sql import API_LOGIN, dict_conn, fail_by_timeout, scalar, upload
+from tests.support.bridge import logged
 
 pytestmark = pytest.mark.integration
 

@@ -14,12 +14,19 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
-from jsonschema import Draft202012Validator
+from jsonschema_rs import Draft202012Validator
 
+from arm_core.devtools.testbed.sql import (
+    Upload,
+    dict_conn,
+    fail_by_no_ack,
+    publish,
+    upload,
+    upload_many,
+)
 from arm_core.http.app import OPENAPI_PATH
 from arm_core.http.file_list import decode_cursor, encode_cursor
 from tests.support.api import api_settings, running_api
-from tests.support.sql import Upload, dict_conn, fail_by_no_ack, publish, upload, upload_many
 
 pytestmark = pytest.mark.integration
 
@@ -266,5 +273,5 @@ async def test_the_file_page_has_the_retry_audit(db_url: str) -> None:
     assert [a["attempt"] for a in after["attempts"]] == [1, 2]
     doc = json.loads(OPENAPI_PATH.read_text())
     file_view = {"components": doc["components"], "$ref": "#/components/schemas/FileView"}
-    validator = Draft202012Validator(file_view, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    validator = Draft202012Validator(file_view, validate_formats=True)
     assert sorted(e.message for e in validator.iter_errors(after)) == []

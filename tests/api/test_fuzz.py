@@ -29,11 +29,11 @@ from schemathesis.core.transport import Response
 
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.processes import ArmProcess, serve_env
+from arm_core.devtools.testbed.sql import dict_conn, fail_by_no_ack, publish, upload
 from arm_core.http.app import OPENAPI_PATH
 from arm_core.http.file_list import encode_cursor
 from tests.support.databases import clone
-from tests.support.processes import ArmProcess, serve_env
-from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 
 pytestmark = pytest.mark.integration
 

@@ -25,11 +25,18 @@ import pytest
 
 from arm_core.config import Settings
 from arm_core.devtools.embedded import free_port
+from arm_core.devtools.testbed.processes import ArmProcess, serve_env
+from arm_core.devtools.testbed.sql import (
+    Upload,
+    dict_conn,
+    fail_by_no_ack,
+    jobs_of,
+    publish,
+    upload,
+)
 from arm_core.http.server import PROTOCOL_LOG, serving
 from arm_core.runtime import bridge_app, create_app
 from tests.support.api import api_settings
-from tests.support.processes import ArmProcess, serve_env
-from tests.support.sql import Upload, dict_conn, fail_by_no_ack, jobs_of, publish, upload
 
 pytestmark = pytest.mark.integration
 

@@ -9,18 +9,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema_rs
 import pytest
 from aiohttp.test_utils import TestClient
-from jsonschema import Draft202012Validator
+from jsonschema_rs import Draft202012Validator
 
 from arm_core.access import ApiToken, Level
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.sql import dict_conn, fail_by_no_ack, publish, upload
 from arm_core.http.app import OPENAPI_PATH
 from arm_core.runtime import create_app
 from tests.support.api import api_settings, running_api
-from tests.support.bridge import TcpProxy, wait_for
 from tests.support.fault_points import armed
-from tests.support.sql import dict_conn, fail_by_no_ack, publish, upload
 
 pytestmark = pytest.mark.integration
 
@@ -172,12 +174,12 @@ def response_validator(
         "schema"
     ]
     root = {"components": doc["components"], **schema}
-    return Draft202012Validator(root, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return Draft202012Validator(root, validate_formats=True)
 
 
 async def test_every_documented_route_and_status_is_what_the_app_does(apps: Apps) -> None:
     doc = await (await apps.up.get("/api/v1/openapi.json")).json()
-    Draft202012Validator.check_schema({"$defs": doc["components"]["schemas"]})
+    jsonschema_rs.meta.validate({"$defs": doc["components"]["schemas"]})
     assert documented(doc) == set(RECIPES), "document and recipes disagree"
     for (path, method, status), recipe in sorted(RECIPES.items()):
         resp = await recipe(apps)

@@ -15,11 +15,13 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.sql import API_LOGIN, dict_conn, scalar, upload
 from arm_core.http.keys import STORE
 from arm_core.runtime import POOL
 from tests.support.api import api_settings, running_api
-from tests.support.bridge import TcpProxy, logged, wait_for
-from tests.support.sql import API_LOGIN, dict_conn, scalar, upload
+from tests.support.bridge import logged
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.sql import ack, dict_conn, publish, result, sample, upload
 from arm_core.http.keys import METRICS
 from arm_core.runtime import BRIDGE
 from tests.support.api import api_settings, running_api
-from tests.support.bridge import fast_settings, wait_for
-from tests.support.sql import ack, dict_conn, publish, result, sample, upload
+from tests.support.bridge import fast_settings
 
 pytestmark = pytest.mark.integration
 

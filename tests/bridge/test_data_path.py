@@ -28,23 +28,24 @@ from arm_core.bridge.inbox import InboxStep
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, log_lines
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.services import envelope, instant_service, nats_client, send
+from arm_core.devtools.testbed.sql import (
+    dict_conn,
+    job,
+    publish,
+    scalar,
+    stored_file,
+    upload,
+    upload_many,
+)
 from arm_core.runtime import bridge_app
 from arm_core.statuses import ApplyOutcome, JobStatus
 from arm_core.version import installed
 from tests.bridge.test_processes import bridge_env
-from tests.support.bridge import (
-    TcpProxy,
-    envelope,
-    fast_settings,
-    instant_service,
-    logged,
-    nats_client,
-    new_bridge,
-    send,
-    wait_for,
-)
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import dict_conn, job, publish, scalar, stored_file, upload, upload_many
+from tests.support.bridge import fast_settings, logged, new_bridge
 from tests.support.steps import inbox_feed, outcomes, publisher, receive, step_pool
 
 pytestmark = pytest.mark.integration

@@ -21,17 +21,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from arm_core.statuses import ApplyOutcome, JobStatus
-from tests.support.bridge import (
-    TcpProxy,
-    envelope,
-    fast_settings,
-    logged,
-    running_bridge,
-    send,
-    wait_for,
-)
-from tests.support.sql import (
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.services import envelope, send
+from arm_core.devtools.testbed.sql import (
     ack,
     dict_conn,
     fail_by_timeout,
@@ -42,6 +35,8 @@ from tests.support.sql import (
     stored_file,
     upload,
 )
+from arm_core.statuses import ApplyOutcome, JobStatus
+from tests.support.bridge import fast_settings, logged, running_bridge
 from tests.support.steps import inbox_feed, outcomes, step_pool
 
 pytestmark = pytest.mark.integration

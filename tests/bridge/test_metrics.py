@@ -19,19 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.services import envelope, instant_service, nats_client, send
+from arm_core.devtools.testbed.sql import dict_conn, fail_by_no_ack, job, publish, scalar, upload
 from arm_core.http.keys import METRICS
 from arm_core.runtime import bridge_app, create_app
 from tests.support.api import api_settings
-from tests.support.bridge import (
-    TcpProxy,
-    envelope,
-    fast_settings,
-    instant_service,
-    nats_client,
-    send,
-    wait_for,
-)
-from tests.support.sql import dict_conn, fail_by_no_ack, job, publish, scalar, upload
+from tests.support.bridge import fast_settings
 
 pytestmark = pytest.mark.integration
 

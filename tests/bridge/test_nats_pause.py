@@ -13,8 +13,10 @@ import signal
 import pytest
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from tests.support.bridge import fast_settings, instant_service, running_bridge, wait_for
-from tests.support.sql import dict_conn, job, scalar, upload
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.services import instant_service
+from arm_core.devtools.testbed.sql import dict_conn, job, scalar, upload
+from tests.support.bridge import fast_settings, running_bridge
 
 pytestmark = pytest.mark.integration
 

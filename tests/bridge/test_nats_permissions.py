@@ -26,12 +26,13 @@ from arm_core.devtools.reference import (
     ReferenceConfig,
     ReferenceService,
 )
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.sql import dict_conn, job, stored_file, upload
 from arm_core.runtime import create_app
 from arm_core.version import installed
-from tests.support.bridge import fast_settings, logged, running_bridge, wait_for
+from tests.support.bridge import fast_settings, logged, running_bridge
 from tests.support.natsauth import NkeyUsers, nkey_users, user_jwt_for
 from tests.support.shipped_nats import CORE_PERMISSIONS, STREAM_PERMISSIONS
-from tests.support.sql import dict_conn, job, stored_file, upload
 
 pytestmark = pytest.mark.integration
 

@@ -25,15 +25,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core.bridge.publisher import Cycle
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from tests.support.bridge import (
-    NatsProxy,
-    collect,
-    fast_settings,
-    nats_client,
-    running_bridge,
-    wait_for,
-)
-from tests.support.sql import (
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.proxies import NatsProxy
+from arm_core.devtools.testbed.services import collect, nats_client
+from arm_core.devtools.testbed.sql import (
     dict_conn,
     fail_by_no_ack,
     job,
@@ -44,6 +39,7 @@ from tests.support.sql import (
     upload,
     upload_many,
 )
+from tests.support.bridge import fast_settings, running_bridge
 from tests.support.steps import Received, publisher, receive, step_pool
 
 pytestmark = pytest.mark.integration

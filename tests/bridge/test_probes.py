@@ -16,10 +16,12 @@ from arm_core.bridge.listener import NOTIFY_CHANNEL
 from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.sql import BRIDGE_LOGIN, SERVE_LOGIN, as_login, dict_conn
 from arm_core.http.keys import SHUTDOWN
 from arm_core.runtime import BRIDGE, bridge_app, create_app
-from tests.support.bridge import LOOPS, TcpProxy, fast_settings, wait_for
-from tests.support.sql import BRIDGE_LOGIN, SERVE_LOGIN, as_login, dict_conn
+from tests.support.bridge import LOOPS, fast_settings
 
 pytestmark = pytest.mark.integration
 

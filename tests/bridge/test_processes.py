@@ -13,10 +13,20 @@ from nats.aio.client import Client
 
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from tests.support.bridge import NatsProxy, envelope, send, wait_for
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ARM_CORE, ArmProcess, log_lines
+from arm_core.devtools.testbed.proxies import NatsProxy
+from arm_core.devtools.testbed.services import envelope, send
+from arm_core.devtools.testbed.sql import (
+    BRIDGE_LOGIN,
+    dict_conn,
+    job,
+    publish,
+    scalar,
+    upload,
+    upload_many,
+)
 from tests.support.fault_points import program
-from tests.support.processes import ARM_CORE, ArmProcess, log_lines
-from tests.support.sql import BRIDGE_LOGIN, dict_conn, job, publish, scalar, upload, upload_many
 
 pytestmark = pytest.mark.integration
 

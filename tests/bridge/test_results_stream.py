@@ -24,20 +24,14 @@ from arm_core.config import Settings
 from arm_core.config_error import ConfigError
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from tests.support.bridge import (
-    TcpProxy,
-    envelope,
-    logged,
-    nats_client,
-    new_bridge,
-    running_bridge,
-    send,
-    wait_for,
-)
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.services import envelope, nats_client, send
+from arm_core.devtools.testbed.sql import dict_conn, scalar
+from tests.support.bridge import logged, new_bridge, running_bridge
 from tests.support.natsauth import nkey_users
-from tests.support.processes import ArmProcess
 from tests.support.shipped_nats import STREAM_PERMISSIONS
-from tests.support.sql import dict_conn, scalar
 from tests.support.stream import STREAM, published_jobs, stream_settings
 
 pytestmark = pytest.mark.integration

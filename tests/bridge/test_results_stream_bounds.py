@@ -22,15 +22,11 @@ from nats.js.errors import ServiceUnavailableError
 from arm_core.bridge.stream_setup import ensure_results_stream, results_consumer
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from tests.support.bridge import (
-    TcpProxy,
-    envelope,
-    logged,
-    nats_client,
-    running_bridge,
-    wait_for,
-)
-from tests.support.sql import dict_conn, scalar
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.services import envelope, nats_client
+from arm_core.devtools.testbed.sql import dict_conn, scalar
+from tests.support.bridge import logged, running_bridge
 from tests.support.stream import STREAM, published_jobs, stream_settings
 
 pytestmark = pytest.mark.integration

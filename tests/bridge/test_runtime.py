@@ -19,11 +19,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from arm_core.bridge.nats_client import auth_options
 from arm_core.config import Settings
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from arm_core.runtime import BRIDGE, create_app
-from arm_core.version import installed
-from tests.support.bridge import LOOPS, envelope, fast_settings, running_bridge, send, wait_for
-from tests.support.natsauth import operator_mode
-from tests.support.sql import (
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.services import envelope, send
+from arm_core.devtools.testbed.sql import (
     API_LOGIN,
     SERVE_LOGIN,
     ack,
@@ -35,6 +33,10 @@ from tests.support.sql import (
     stored_file,
     upload,
 )
+from arm_core.runtime import BRIDGE, create_app
+from arm_core.version import installed
+from tests.support.bridge import LOOPS, fast_settings, running_bridge
+from tests.support.natsauth import operator_mode
 
 pytestmark = pytest.mark.integration
 

@@ -23,11 +23,13 @@ from psycopg_pool import AsyncConnectionPool
 from arm_core.bridge.config import SchedulerConfig
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.services import envelope, nats_client
+from arm_core.devtools.testbed.sql import dict_conn, job, publish, stored_file, upload
 from arm_core.rows import TaskRun
 from arm_core.statuses import ApplyOutcome, JobStatus, PublishOutcome
 from arm_core.store import Store
-from tests.support.bridge import envelope, fast_settings, nats_client, wait_for
-from tests.support.sql import dict_conn, job, publish, stored_file, upload
+from tests.support.bridge import fast_settings
 from tests.support.steps import NO_NATS, inbox_feed, publisher, receive, step_pool
 
 pytestmark = pytest.mark.integration

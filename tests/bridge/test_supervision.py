@@ -17,18 +17,11 @@ import pytest
 from nats.aio.client import Client
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from tests.support.bridge import (
-    envelope,
-    fast_settings,
-    instant_service,
-    logged,
-    nats_client,
-    running_bridge,
-    send,
-    wait_for,
-)
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.services import envelope, instant_service, nats_client, send
+from arm_core.devtools.testbed.sql import dict_conn, job, publish, scalar, upload
+from tests.support.bridge import fast_settings, logged, running_bridge
 from tests.support.fault_points import InjectedFault, armed
-from tests.support.sql import dict_conn, job, publish, scalar, upload
 
 pytestmark = pytest.mark.integration
 

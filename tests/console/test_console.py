@@ -34,9 +34,8 @@ from psycopg.types.json import Jsonb
 from arm_core import instruments
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from arm_core.version import installed
-from tests.support.processes import ArmProcess, serve_env
-from tests.support.sql import (
+from arm_core.devtools.testbed.processes import ArmProcess, serve_env
+from arm_core.devtools.testbed.sql import (
     Upload,
     ack,
     age,
@@ -50,6 +49,7 @@ from tests.support.sql import (
     scalar,
     upload,
 )
+from arm_core.version import installed
 from tests.support.tls import Pair, Pki, assert_no_key_material
 
 pytestmark = pytest.mark.integration

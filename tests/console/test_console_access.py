@@ -15,9 +15,9 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from arm_core.devtools.testbed.sql import dict_conn, jobs_of, scalar, stored_file
 from tests.console import test_console as base  # skips this module without a browser
 from tests.console.test_console_i18n import english_left
-from tests.support.sql import dict_conn, jobs_of, scalar, stored_file
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver

@@ -1,5 +1,5 @@
 """The image built once per session from the repository's Containerfile (on a base made
-from Debian packages: tests/support/containers.py), for every container test."""
+from Debian packages: src/arm_core/devtools/testbed/images.py), for every container test."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.containers import build_image, missing, remove_image
+from arm_core.devtools.testbed.images import build_image, missing, remove_image
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """compose.yaml, the production shape on one machine: read as compose reads it (every
 arm-core service runs a real command with variables arm-core reads, two identical
 bridges, no runtime process as the superuser), and run by podman-compose on local
-images standing in for the official postgres and nats ones (tests/support/compose.py):
+images standing in for the official postgres and nats ones (tests/support/compose.py,
+arm_core.devtools.testbed.images):
 the stack comes up, an upload reaches `done`, and `down -v` leaves nothing behind.
 
 The figures (`podman-compose up` → every service healthy, upload → done) are printed by
@@ -22,6 +23,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from arm_core.devtools.embedded import free_port
+from arm_core.devtools.testbed.images import REPO, nats_image, postgres_image
+from arm_core.devtools.testbed.polling import wait_for_sync
+from arm_core.devtools.testbed.sql import dict_conn, scalar, upload
 from tests.support.compose import (
     ComposeProject,
     command_of,
@@ -31,14 +35,9 @@ from tests.support.compose import (
     interpolate,
     is_arm_core,
     load,
-    nats_image,
-    postgres_image,
     problems,
     variables,
 )
-from tests.support.containers import REPO
-from tests.support.polling import wait_for_sync
-from tests.support.sql import dict_conn, scalar, upload
 
 # The services compose.yaml runs from the arm-core image, and what each runs.
 ARM_CORE_SERVICES = {

@@ -21,13 +21,14 @@ import pytest
 
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
+from arm_core.devtools.testbed.images import Container, inspect_image, run_once
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, log_lines, runtime_env
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.services import instant_service
+from arm_core.devtools.testbed.sql import dict_conn, scalar, upload
 from arm_core.version import installed
-from tests.support.bridge import TcpProxy, instant_service, wait_for
-from tests.support.containers import Container, inspect_image, run_once
 from tests.support.flow import DONE, Flow, applied_results
-from tests.support.processes import log_lines, runtime_env
-from tests.support.sql import dict_conn, scalar, upload
-from tests.support.stack import Stack
 from tests.support.tls import Pki, assert_no_key_material
 
 pytestmark = pytest.mark.e2e

@@ -35,9 +35,9 @@ import pytest
 import yaml
 
 from arm_core.devtools.embedded import free_port
-from tests.support.bridge import wait_for
-from tests.support.sql import upload_many
-from tests.support.stack import Stack, running_stack
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, running_stack
+from arm_core.devtools.testbed.sql import upload_many
 from tests.support.tls import Pki
 
 pytestmark = pytest.mark.e2e

@@ -34,7 +34,9 @@ from nats.aio.client import Client
 
 from arm_core.config import Settings
 from arm_core.devtools.embedded import free_port
-from tests.support.bridge import wait_for
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, json_log_records, log_lines
+from arm_core.devtools.testbed.sql import dict_conn, job, upload
 from tests.support.compose import variables_read_by
 from tests.support.deploy_examples import (
     container_environment,
@@ -42,9 +44,7 @@ from tests.support.deploy_examples import (
     load_units,
     unit_environment,
 )
-from tests.support.processes import ArmProcess, json_log_records, log_lines
 from tests.support.shipped_nats import CORE_PERMISSIONS, STREAM_PERMISSIONS, ShippedNatsCluster
-from tests.support.sql import dict_conn, job, upload
 from tests.support.tls import Pki
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -28,12 +28,18 @@ import pytest
 from arm_core.config import STREAM_ACK_WAIT_SECONDS as ACK_WAIT
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from tests.support.bridge import TcpProxy, wait_for
-from tests.support.faults import black_hole, by_status, count, iptables_missing, metric
+from arm_core.devtools.testbed.faults import black_hole, by_status, count, iptables_missing, metric
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import (
+    ArmProcess,
+    Stack,
+    listening,
+    log_lines,
+    running_stack,
+)
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.sql import dict_conn, scalar
 from tests.support.flow import Flow, applied_results
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import dict_conn, scalar
-from tests.support.stack import Stack, listening, running_stack
 
 pytestmark = pytest.mark.e2e
 

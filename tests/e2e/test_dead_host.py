@@ -25,11 +25,11 @@ from arm_core.config import Settings
 from arm_core.db import CONNECTION_DEFAULTS, DatabaseUnavailable
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.faults import RULE_COMMENT, black_hole, clear_black_holes
+from arm_core.devtools.testbed.polling import wait_for
 from arm_core.migrate import migrate
 from arm_core.runtime import make_pool
 from arm_core.store import Store
-from tests.support.faults import RULE_COMMENT, black_hole, clear_black_holes
-from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from arm_core.devtools.embedded import free_port
-from tests.support.polling import wait_for_sync
-from tests.support.processes import ARM_CORE
+from arm_core.devtools.testbed.polling import wait_for_sync
+from arm_core.devtools.testbed.processes import ARM_CORE
 
 pytestmark = pytest.mark.e2e
 

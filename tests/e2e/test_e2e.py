@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.bridge import envelope, nats_client, send, wait_for
-from tests.support.processes import log_lines
-from tests.support.sql import dict_conn, job, jobs_of, scalar, stored_file, upload
-from tests.support.stack import Stack, listening
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, listening, log_lines
+from arm_core.devtools.testbed.services import envelope, nats_client, send
+from arm_core.devtools.testbed.sql import dict_conn, job, jobs_of, scalar, stored_file, upload
 
 pytestmark = pytest.mark.e2e
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from arm_core.devtools.embedded import free_port
-from tests.support.bridge import envelope, nats_client, send, wait_for
-from tests.support.processes import ARM_CORE, ArmProcess
-from tests.support.sql import dict_conn, upload
-from tests.support.stack import Stack, listening
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ARM_CORE, ArmProcess, Stack, listening
+from arm_core.devtools.testbed.services import envelope, nats_client, send
+from arm_core.devtools.testbed.sql import dict_conn, upload
 
 pytestmark = pytest.mark.e2e
 

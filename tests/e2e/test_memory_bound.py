@@ -24,10 +24,12 @@ import pytest
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from tests.support.bridge import TcpProxy, envelope, nats_client, wait_for
-from tests.support.faults import count, metric
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import dict_conn, publish, upload_many
+from arm_core.devtools.testbed.faults import count, metric
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, log_lines
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.services import envelope, nats_client
+from arm_core.devtools.testbed.sql import dict_conn, publish, upload_many
 
 pytestmark = pytest.mark.e2e
 

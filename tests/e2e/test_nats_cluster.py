@@ -21,21 +21,20 @@ import pytest
 
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
-from tests.support.bridge import TcpProxy, wait_for
-from tests.support.cluster import (
+from arm_core.devtools.testbed.cluster import (
     RecordingService,
     close_all,
     core_node,
     move_stream_leader,
     recording_service,
-    steady_uploads,
     stream_leader,
     wait_interest,
 )
-from tests.support.faults import metric
-from tests.support.processes import ArmProcess
-from tests.support.sql import Conn, dict_conn, scalar
-from tests.support.stack import Stack
+from arm_core.devtools.testbed.faults import metric
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, Stack
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.sql import Conn, dict_conn, scalar, steady_uploads
 
 pytestmark = pytest.mark.e2e
 

@@ -35,8 +35,7 @@ from pathlib import Path
 import pytest
 
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
-from tests.support.bridge import wait_for
-from tests.support.cluster import (
+from arm_core.devtools.testbed.cluster import (
     RecordingService,
     close_all,
     recording_service,
@@ -46,10 +45,10 @@ from tests.support.cluster import (
     stream_whole,
     wait_interest,
 )
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, log_lines
+from arm_core.devtools.testbed.sql import Conn, dict_conn, scalar
 from tests.support.flow import DONE, Flow, applied_results
-from tests.support.processes import log_lines
-from tests.support.sql import Conn, dict_conn, scalar
-from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

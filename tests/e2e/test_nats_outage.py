@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from arm_core.devtools.embedded import free_port
-from tests.support.bridge import TcpProxy, wait_for
-from tests.support.processes import log_lines
-from tests.support.sql import dict_conn, scalar, upload
-from tests.support.stack import Stack
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, log_lines
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.sql import dict_conn, scalar, upload
 
 pytestmark = pytest.mark.e2e
 

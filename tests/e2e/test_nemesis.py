@@ -1,4 +1,4 @@
-"""The nemesis (tests/support/nemesis.py): for each seed, a random but replayable
+"""The nemesis (src/arm_core/devtools/testbed/nemesis.py): for each seed, a random but replayable
 schedule of real faults over a steady flow, a service that fails some first attempts
 and an operator double-clicking retry; then the whole history is checked. A failure
 names its seed; give it back with NEMESIS_SEEDS=<seed> (and NEMESIS_FAULTS=<n>) to run
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import nemesis
-from tests.support.faults import iptables_missing
+from arm_core.devtools.testbed import nemesis
+from arm_core.devtools.testbed.faults import iptables_missing
 
 pytestmark = pytest.mark.e2e
 

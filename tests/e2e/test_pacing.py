@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.bridge import wait_for
-from tests.support.processes import log_lines
-from tests.support.sql import Conn, dict_conn, scalar, upload_consolidations
-from tests.support.stack import Stack, listening
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, listening, log_lines
+from arm_core.devtools.testbed.sql import Conn, dict_conn, scalar, upload_consolidations
 
 pytestmark = pytest.mark.e2e
 

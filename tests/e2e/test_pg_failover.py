@@ -36,13 +36,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from arm_core.devtools.testbed.faults import by_status, count, http_get
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, Stack, log_lines, running_stack
+from arm_core.devtools.testbed.replication import Replicated, start_pair
+from arm_core.devtools.testbed.services import instant_service
+from arm_core.devtools.testbed.sql import dict_conn, ensure_logins, upload, upload_many
 from arm_core.migrate import migrate
-from tests.support.bridge import instant_service, wait_for
-from tests.support.faults import by_status, count, http_get
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.replication import Replicated, start_pair
-from tests.support.sql import dict_conn, ensure_logins, upload, upload_many
-from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -169,7 +169,7 @@ async def flow_with_failover(pair: Replicated, stack: Stack) -> tuple[Uploader, 
     # DEBUG: a log line per result applied. ACK_TIMEOUT_SECONDS as in production: every
     # request is acked at once, none is republished for a slow machine.
     env = {"DATABASE_POOL_TIMEOUT_SECONDS": 2, "ACK_TIMEOUT_SECONDS": 30}
-    # Each logs in with the roles its command needs (tests.support.processes).
+    # Each logs in with the roles its command needs (arm_core.devtools.testbed.processes).
     _, api = stack.serve(NATS_ENABLED="false", **env)
     for _ in range(2):
         stack.bridge(DEBUG="true", **env)

@@ -25,12 +25,12 @@ import psycopg
 import pytest
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.faults import by_status, count, http_get
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, Stack, log_lines, running_stack
+from arm_core.devtools.testbed.services import instant_service
+from arm_core.devtools.testbed.sql import dict_conn, ensure_logins, upload, upload_many
 from arm_core.migrate import migrate
-from tests.support.bridge import instant_service, wait_for
-from tests.support.faults import by_status, count, http_get
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import dict_conn, ensure_logins, upload, upload_many
-from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
 

@@ -24,12 +24,10 @@ import pytest
 
 from arm_core.config import Settings
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from arm_core.runtime import make_pool
-from tests.support.flow import applied_results
-from tests.support.pgbouncer import PgBouncer, running_pgbouncer
-from tests.support.polling import wait_for
-from tests.support.processes import log_lines
-from tests.support.sql import (
+from arm_core.devtools.testbed.pgbouncer import PgBouncer, pgbouncer_missing, running_pgbouncer
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, listening, log_lines, running_stack
+from arm_core.devtools.testbed.sql import (
     API_LOGIN,
     BRIDGE_LOGIN,
     Login,
@@ -38,7 +36,8 @@ from tests.support.sql import (
     scalar,
     upload,
 )
-from tests.support.stack import Stack, listening, running_stack
+from arm_core.runtime import make_pool
+from tests.support.flow import applied_results
 
 pytestmark = pytest.mark.e2e
 
@@ -55,6 +54,8 @@ PASSWORDS = {API_LOGIN.name: "api-Pw9xQ2vL7k", BRIDGE_LOGIN.name: "bridge-Pw9xQ2
 
 @pytest.fixture
 def bouncer(pg_server: EmbeddedPostgres) -> Iterator[PgBouncer]:
+    if missing := pgbouncer_missing():
+        pytest.skip(missing)
     assert pg_server.port is not None
     with running_pgbouncer(pg_server.port, PASSWORDS) as bouncer:
         yield bouncer
@@ -200,6 +201,8 @@ async def test_through_a_transaction_pooler_psycopgs_default_prepares_into_anoth
     = 1): with psycopg's default the second to run a statement five times prepares a
     name the first already prepared on that session; with DATABASE_POOLER=transaction
     neither prepares."""
+    if missing := pgbouncer_missing():
+        pytest.skip(missing)
     assert pg_server.port is not None
     with running_pgbouncer(pg_server.port, PASSWORDS, default_pool_size="1") as bouncer:
         url = through(bouncer, db_url, BRIDGE_LOGIN)

@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.faults import by_status, count
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, listening, running_stack
+from arm_core.devtools.testbed.sql import dict_conn, ensure_logins, scalar
 from arm_core.migrate import migrate
-from tests.support.bridge import wait_for
-from tests.support.faults import by_status, count
 from tests.support.flow import Flow
-from tests.support.sql import dict_conn, ensure_logins, scalar
-from tests.support.stack import Stack, listening, running_stack
 
 pytestmark = pytest.mark.e2e
 

@@ -22,10 +22,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from arm_core.devtools.embedded import free_port
-from tests.support.bridge import envelope, nats_client, wait_for
-from tests.support.processes import log_lines
-from tests.support.sql import dict_conn, scalar, upload_many
-from tests.support.stack import Stack, running_stack
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, log_lines, running_stack
+from arm_core.devtools.testbed.services import envelope, nats_client
+from arm_core.devtools.testbed.sql import dict_conn, scalar, upload_many
 
 pytestmark = pytest.mark.e2e
 

@@ -23,15 +23,21 @@ from typing import Any
 import pytest
 
 from arm_core.devtools.release import wheel_version
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import (
+    ARM_CORE,
+    ArmProcess,
+    Stack,
+    listening,
+    log_lines,
+    running_stack,
+)
+from arm_core.devtools.testbed.sql import Conn, dict_conn, scalar, upload_many
 from arm_core.version import installed
 from tests.e2e.test_e2e import http
-from tests.support.bridge import wait_for
 from tests.support.flow import DONE, Flow, applied_results
 from tests.support.previous_release import PROGRAM, environment, previous_wheel, unpacked
 from tests.support.previous_release import migrate as migrate_previous
-from tests.support.processes import ARM_CORE, ArmProcess, log_lines
-from tests.support.sql import Conn, dict_conn, scalar, upload_many
-from tests.support.stack import Stack, listening, running_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -16,11 +16,12 @@ from nats.aio.client import Client
 
 from arm_core.bridge.nats_client import confirm
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from tests.support.bridge import envelope, fast_settings, instant_service, running_bridge, wait_for
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, Stack, log_lines, running_stack
+from arm_core.devtools.testbed.services import envelope, instant_service
+from arm_core.devtools.testbed.sql import Conn, dict_conn, publish, scalar, upload_many
+from tests.support.bridge import fast_settings, running_bridge
 from tests.support.flow import DONE, Flow, applied_results
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import Conn, dict_conn, publish, scalar, upload_many
-from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
 

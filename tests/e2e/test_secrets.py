@@ -27,10 +27,10 @@ import pytest
 
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
-from tests.support.bridge import envelope, nats_client, send, wait_for
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ARM_CORE, ArmProcess, Stack
+from arm_core.devtools.testbed.services import envelope, nats_client, send
 from tests.support.natsauth import operator_mode
-from tests.support.processes import ARM_CORE, ArmProcess
-from tests.support.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

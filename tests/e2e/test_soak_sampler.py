@@ -12,10 +12,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from arm_core.devtools.testbed import nemesis
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.sql import upload_many
 from benchmarks import soak
-from tests.support import nemesis
-from tests.support.polling import wait_for
-from tests.support.sql import upload_many
 
 pytestmark = pytest.mark.e2e
 

@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
-from tests.support.bridge import wait_for
-from tests.support.cluster import reference_on_stream, start_bridge
-from tests.support.sql import dict_conn, scalar, upload_many
-from tests.support.stack import Stack
+from arm_core.devtools.testbed.cluster import reference_on_stream, start_bridge
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack
+from arm_core.devtools.testbed.sql import dict_conn, scalar, upload_many
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

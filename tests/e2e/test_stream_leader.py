@@ -30,21 +30,19 @@ from pathlib import Path
 import pytest
 
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
-from tests.support.bridge import wait_for
-from tests.support.cluster import (
+from arm_core.devtools.testbed.cluster import (
     RecordingService,
     close_all,
     move_stream_leader,
     recording_service,
     reference_on_stream,
     start_bridge,
-    steady_uploads,
     stream_leader,
     wait_interest,
 )
-from tests.support.processes import log_lines
-from tests.support.sql import dict_conn, scalar
-from tests.support.stack import Stack
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, log_lines
+from arm_core.devtools.testbed.sql import dict_conn, scalar, steady_uploads
 
 pytestmark = pytest.mark.e2e
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.bridge import instant_service, wait_for
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import Stack, log_lines, running_stack
+from arm_core.devtools.testbed.services import instant_service
+from arm_core.devtools.testbed.sql import dict_conn, scalar
 from tests.support.flow import DONE, Flow, applied_results
-from tests.support.processes import log_lines
-from tests.support.sql import dict_conn, scalar
-from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
 

@@ -27,10 +27,15 @@ import pytest
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from tests.support.bridge import wait_for
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import dict_conn, job, upload
-from tests.support.stack import Stack, listening, running_stack
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import (
+    ArmProcess,
+    Stack,
+    listening,
+    log_lines,
+    running_stack,
+)
+from arm_core.devtools.testbed.sql import dict_conn, job, upload
 from tests.support.tls import Pair, Pki, assert_no_key_material
 
 pytestmark = pytest.mark.integration

@@ -17,10 +17,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from arm_core import migrate
 from arm_core.config import Settings
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.sql import dict_conn, scalar
 from arm_core.runtime import make_pool
 from arm_core.store import Store
-from tests.support.bridge import fast_settings, new_bridge, wait_for
-from tests.support.sql import dict_conn, scalar
+from tests.support.bridge import fast_settings, new_bridge
 from tests.support.steps import NO_NATS
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     Conn,
     Upload,
     ack,

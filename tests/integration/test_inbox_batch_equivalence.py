@@ -45,8 +45,7 @@ from psycopg.types.json import Jsonb
 from arm_core.bridge.contracts import RESULT_SCHEMA, schema
 from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from tests.support.databases import clone
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     DEAD_LETTER_UNPUBLISHABLE,
     Conn,
     Upload,
@@ -59,6 +58,7 @@ from tests.support.sql import (
     retry,
     upload,
 )
+from tests.support.databases import clone
 
 pytestmark = pytest.mark.integration
 
@@ -140,8 +140,9 @@ class Pool:
 
 
 def build_pool(conn: Conn) -> Pool:
-    """24 jobs on 19 files, through the functions only (tests.support.sql). The order matters:
-    fail_by_timeout times out everything published, fail_by_no_ack dead-letters it."""
+    """24 jobs on 19 files, through the functions only (arm_core.devtools.testbed.sql). The
+    order matters: fail_by_timeout times out everything published, fail_by_no_ack
+    dead-letters it."""
     pool = Pool(conn)
     ups: dict[str, Upload] = {}
 

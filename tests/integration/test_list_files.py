@@ -20,10 +20,7 @@ from psycopg.rows import dict_row
 
 from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from arm_core.migrate import migrate
-from arm_core.rows import FileListFilter
-from arm_core.store import file_list_params
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     API_LOGIN,
     Conn,
     Upload,
@@ -38,6 +35,9 @@ from tests.support.sql import (
     upload,
     upload_many,
 )
+from arm_core.migrate import migrate
+from arm_core.rows import FileListFilter
+from arm_core.store import file_list_params
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from arm_core.migrate import SQL_DIR, apply_functions
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     Conn,
     ack,
     dict_conn,
@@ -27,6 +26,7 @@ from tests.support.sql import (
     scalar,
     upload,
 )
+from arm_core.migrate import SQL_DIR, apply_functions
 
 pytestmark = pytest.mark.integration
 

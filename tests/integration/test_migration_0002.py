@@ -14,8 +14,7 @@ from psycopg.types.json import Jsonb
 from yoyo import get_backend, read_migrations
 
 from arm_core.db import query
-from arm_core.migrate import SQL_DIR, apply_functions, ensure_roles, migrate, yoyo_url
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     DEAD_LETTER_UNPUBLISHABLE,
     MIGRATIONS,
     Conn,
@@ -31,6 +30,7 @@ from tests.support.sql import (
     stored_file,
     upload,
 )
+from arm_core.migrate import SQL_DIR, apply_functions, ensure_roles, migrate, yoyo_url
 
 pytestmark = pytest.mark.integration
 

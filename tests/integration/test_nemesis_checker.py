@@ -1,12 +1,12 @@
-"""The nemesis's checker (tests/support/nemesis.py check) finds each broken promise in
-a history made by hand: a check that cannot fail would pass any run."""
+"""The nemesis's checker (src/arm_core/devtools/testbed/nemesis.py check) finds each
+broken promise in a history made by hand: a check that cannot fail would pass any run."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support import nemesis
-from tests.support.sql import dict_conn, fail_by_no_ack, publish, result, retry, upload
+from arm_core.devtools.testbed import nemesis
+from arm_core.devtools.testbed.sql import dict_conn, fail_by_no_ack, publish, result, retry, upload
 
 pytestmark = pytest.mark.integration
 

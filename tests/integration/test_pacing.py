@@ -15,8 +15,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from arm_core.db import query
+from arm_core.devtools.testbed.sql import Conn, ack, result, scalar, upload
 from arm_core.store import Pacing, publish_params
-from tests.support.sql import Conn, ack, result, scalar, upload
 
 pytestmark = pytest.mark.integration
 

@@ -19,9 +19,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres, find_pg_bindir
-from arm_core.migrate import migrate
-from tests.support.polling import wait_for_sync
-from tests.support.sql import (
+from arm_core.devtools.testbed.polling import wait_for_sync
+from arm_core.devtools.testbed.sql import (
     OWNER_LOGIN,
     Conn,
     ack,
@@ -33,6 +32,7 @@ from tests.support.sql import (
     stored_file,
     upload,
 )
+from arm_core.migrate import migrate
 
 CRON_DB = "arm_cron"
 JOB_NAME = "arm-run-due-tasks"

@@ -20,8 +20,8 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from arm_core.db import query
-from tests.support.bridge import wait_for
-from tests.support.sql import (
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.sql import (
     BRIDGE_LOGIN,
     SUPERUSER,
     Conn,

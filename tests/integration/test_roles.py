@@ -31,13 +31,9 @@ from psycopg.types.json import Jsonb
 from arm_core.db import query
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres, find_pg_bindir
-from arm_core.migrate import ROLES, SQL_DIR, RolesMissing, apply_functions, migrate
-from arm_core.runtime import POOL
-from tests.support.api import api_settings, running_api
-from tests.support.bridge import fast_settings, running_bridge
-from tests.support.polling import wait_for_sync
-from tests.support.processes import ARM_CORE, runtime_env
-from tests.support.sql import (
+from arm_core.devtools.testbed.polling import wait_for_sync
+from arm_core.devtools.testbed.processes import ARM_CORE, runtime_env
+from arm_core.devtools.testbed.sql import (
     API_LOGIN,
     BRIDGE_LOGIN,
     OWNER_LOGIN,
@@ -56,6 +52,10 @@ from tests.support.sql import (
     upload,
     upload_file,
 )
+from arm_core.migrate import ROLES, SQL_DIR, RolesMissing, apply_functions, migrate
+from arm_core.runtime import POOL
+from tests.support.api import api_settings, running_api
+from tests.support.bridge import fast_settings, running_bridge
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ import pytest
 
 from arm_core.db import query
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.plans import explained
+from arm_core.devtools.testbed.sql import Conn, claim_params, dict_conn, publish
 from tests.support.databases import clone
-from tests.support.plans import explained
-from tests.support.sql import Conn, claim_params, dict_conn, publish
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,7 @@ import psycopg
 import pytest
 
 from arm_core import cli
-from arm_core.migrate import migrate, rollback_all
-from arm_core.statuses import DB_ENUMS, FileType, pipeline_for
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     MIGRATIONS,
     Conn,
     ack,
@@ -27,6 +25,8 @@ from tests.support.sql import (
     stored_file,
     upload,
 )
+from arm_core.migrate import migrate, rollback_all
+from arm_core.statuses import DB_ENUMS, FileType, pipeline_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.sql import Conn, ack, dict_conn, publish, result, sample, scalar, upload
+from arm_core.devtools.testbed.sql import (
+    Conn,
+    ack,
+    dict_conn,
+    publish,
+    result,
+    sample,
+    scalar,
+    upload,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The typed store (src/arm_core/store.py): one method per runtime operation, each named
 query sent by exactly one of them, and every method called by the runtime or the admin
 code (a query only tests used would be dead weight: tests send plain SQL,
-tests/support/sql.py); each row class is the columns a real database returns; every
+src/arm_core/devtools/testbed/sql.py); each row class is the columns a real database returns; every
 method runs against a real database and returns its rows typed; the publisher's
 operations commit only when their send callback returned; the outcome enums are the
 texts db/functions returns; and nothing else in the runtime sends a named query."""
@@ -29,6 +29,17 @@ import arm_core.pooled as pooled_module
 import arm_core.store as store_module
 from arm_core.bridge.envelope import Envelope, parse_envelope
 from arm_core.db import queries
+from arm_core.devtools.testbed.services import envelope
+from arm_core.devtools.testbed.sql import (
+    DEAD_LETTER_UNPUBLISHABLE,
+    Conn,
+    dict_conn,
+    job,
+    publish,
+    scalar,
+    stored_file,
+    upload,
+)
 from arm_core.rows import (
     AppliedEnvelope,
     BridgeInstance,
@@ -50,17 +61,6 @@ from arm_core.statuses import (
     RetryReason,
 )
 from arm_core.store import Pacing, Store, SyncStore, file_list_params, publish_params
-from tests.support.bridge import envelope
-from tests.support.sql import (
-    DEAD_LETTER_UNPUBLISHABLE,
-    Conn,
-    dict_conn,
-    job,
-    publish,
-    scalar,
-    stored_file,
-    upload,
-)
 
 pytestmark = pytest.mark.integration
 
@@ -118,10 +118,14 @@ def called_methods(paths: list[Path]) -> set[str]:
 
 def test_every_named_query_is_called_by_the_runtime_or_the_admin_code() -> None:
     """A query only tests send is not kept for them: they send plain SQL
-    (tests/support/sql.py). The runtime's and the development tools' modules count; the
-    store itself does not."""
+    (src/arm_core/devtools/testbed/sql.py). The runtime's and the development tools'
+    modules count; the store itself and the testbed (the tests' and the benchmarks') do
+    not."""
+    testbed = ROOT / "src" / "arm_core" / "devtools" / "testbed"
     sources = [p for d in ("src/arm_core", "bridge", "http") for p in (ROOT / d).rglob("*.py")]
-    called = called_methods([p for p in sources if p.name != "store.py"])
+    called = called_methods(
+        [p for p in sources if p.name != "store.py" and not p.is_relative_to(testbed)]
+    )
     for cls in (Store, SyncStore):
         unused = sorted(set(store_methods(cls)) - called)
         assert not unused, f"{cls.__name__} methods no runtime or admin code calls: {unused}"

@@ -8,14 +8,13 @@ import concurrent.futures
 import json
 import threading
 from datetime import datetime
-from pathlib import Path
 
-import jsonschema
 import psycopg
 import pytest
 
+from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.db import query
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     Conn,
     ack,
     dict_conn,
@@ -30,14 +29,9 @@ from tests.support.sql import (
 
 pytestmark = pytest.mark.integration
 
-CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts"
-REQUEST_SCHEMA = json.loads((CONTRACTS / "recognition-request.schema.json").read_text())
-
 
 def validate_request(body: dict) -> None:
-    jsonschema.Draft202012Validator(
-        REQUEST_SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
-    ).validate(body)
+    validator(REQUEST_SCHEMA).validate(body)
 
 
 # --- outbox: publish (R-OUT-1) ------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sql import Conn, fail_by_no_ack, publish, result, upload
+from arm_core.devtools.testbed.sql import Conn, fail_by_no_ack, publish, result, upload
 
 pytestmark = pytest.mark.integration
 

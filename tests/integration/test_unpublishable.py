@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.polling import wait_for_sync
-from tests.support.sql import (
+from arm_core.devtools.testbed.polling import wait_for_sync
+from arm_core.devtools.testbed.sql import (
     DEAD_LETTER_UNPUBLISHABLE,
     Conn,
     ack,

@@ -25,15 +25,7 @@ from psycopg.types.json import Jsonb
 
 from arm_core.db import query
 from arm_core.devtools.schema_snapshot import overloads
-from arm_core.migrate import SQL_DIR, ensure_roles, migrate
-from tests.integration.test_roles import (
-    assert_functions_owned_pinned_and_granted,
-    assert_table_privileges,
-)
-from tests.integration.test_schema_snapshot import assert_matches_snapshot
-from tests.support.previous_release import migrate as migrate_previous
-from tests.support.previous_release import names, read, unpacked
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     API_LOGIN,
     BRIDGE_LOGIN,
     UPLOADER_LOGIN,
@@ -43,7 +35,15 @@ from tests.support.sql import (
     ensure_logins,
     scalar,
 )
-from tests.support.sql import upload as new_upload
+from arm_core.devtools.testbed.sql import upload as new_upload
+from arm_core.migrate import SQL_DIR, ensure_roles, migrate
+from tests.integration.test_roles import (
+    assert_functions_owned_pinned_and_granted,
+    assert_table_privileges,
+)
+from tests.integration.test_schema_snapshot import assert_matches_snapshot
+from tests.support.previous_release import migrate as migrate_previous
+from tests.support.previous_release import names, read, unpacked
 
 pytestmark = pytest.mark.integration
 

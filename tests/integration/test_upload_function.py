@@ -17,7 +17,7 @@ from psycopg.errors import InvalidParameterValue
 from psycopg.types.json import Jsonb
 
 from arm_core.devtools.embedded_postgres import find_pg_bindir
-from tests.support.sql import (
+from arm_core.devtools.testbed.sql import (
     OWNER_LOGIN,
     UPLOADER_LOGIN,
     Conn,

@@ -15,7 +15,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.sql import UPLOADER_LOGIN, as_login, dict_conn, publish, upload, upload_many
+from arm_core.devtools.testbed.sql import (
+    UPLOADER_LOGIN,
+    as_login,
+    dict_conn,
+    publish,
+    upload,
+    upload_many,
+)
 
 pytestmark = pytest.mark.integration
 

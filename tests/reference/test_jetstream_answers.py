@@ -18,7 +18,8 @@ from nats.js.api import StreamConfig
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.reference import NATS_OPTIONS, TABULAR, ReferenceConfig, ReferenceService
-from tests.support.bridge import nats_client, wait_for
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.services import nats_client
 
 RESULTS = "files.tabular_parsed"
 REQUESTS = "files.tabular_uploaded"

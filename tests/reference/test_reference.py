@@ -42,8 +42,11 @@ from arm_core.devtools.reference import (
     configs_from_env,
     run_reference,
 )
-from tests.support.bridge import Collector, TcpProxy, logged, nats_client, wait_for
-from tests.support.processes import ARM_CORE
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ARM_CORE
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.services import Collector, nats_client
+from tests.support.bridge import logged
 
 RESULTS = "files.tabular_parsed"
 SUBJECTS = {TABULAR: "files.tabular_uploaded", SCAN: "files.img_uploaded"}
@@ -305,7 +308,7 @@ def without_s3_key(body: dict[str, Any]) -> dict[str, Any]:
 
 
 INVALID: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] = [
-    ("no s3.key", without_s3_key, "'key' is a required property"),
+    ("no s3.key", without_s3_key, 's3: "key" is a required property'),
     ("unknown file_type", lambda b: {**b, "file_type": "DOCX"}, "DOCX"),
     ("MAJOR version 2", lambda b: {**b, "schema_version": "2.0"}, "MAJOR version 1"),
     ("no MINOR", lambda b: {**b, "schema_version": "1"}, "schema_version"),

@@ -11,8 +11,8 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from arm_core.config import Settings
+from arm_core.devtools.testbed.sql import API_LOGIN, SERVE_LOGIN, as_login
 from arm_core.runtime import create_app
-from tests.support.sql import API_LOGIN, SERVE_LOGIN, as_login
 
 
 def api_settings(db_url: str, **overrides: Any) -> Settings:

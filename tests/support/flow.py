@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from tests.support.processes import log_lines
-from tests.support.sql import dict_conn, upload_many
+from arm_core.devtools.testbed.processes import log_lines
+from arm_core.devtools.testbed.sql import dict_conn, upload_many
 
 DONE = "SELECT count(*) FROM arm.recognition_job WHERE status = 'done'"
 

@@ -29,10 +29,10 @@ from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.bridge.inbox import Inbox, InboxStep
 from arm_core.bridge.nats_client import connect
 from arm_core.bridge.publisher import Publisher
+from arm_core.devtools.testbed.sql import BRIDGE_LOGIN, as_login
 from arm_core.statuses import ApplyOutcome, JobStatus
 from arm_core.store import Store
 from tests.support.bridge import fast_settings
-from tests.support.sql import BRIDGE_LOGIN, as_login
 
 # Settings for a step that never connects to NATS itself (an inbox, a scheduler).
 NO_NATS = "nats://127.0.0.1:1"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from arm_core.config import Settings
+from arm_core.devtools.testbed.sql import dict_conn, publish, upload_many
 from tests.support.bridge import fast_settings
-from tests.support.sql import dict_conn, publish, upload_many
 
 STREAM = "ARM_RESULTS"
 

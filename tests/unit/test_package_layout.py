@@ -47,6 +47,7 @@ def _in(folder: Path, pattern: str) -> set[str]:
     [
         ("src/arm_core", "arm_core", ["*.py", "*.sql", "py.typed", "console/*"]),
         ("src/arm_core/devtools", "arm_core/devtools", ["*.py"]),
+        ("src/arm_core/devtools/testbed", "arm_core/devtools/testbed", ["*.py"]),
         ("bridge", "arm_core/bridge", ["*.py"]),
         ("http", "arm_core/http", ["*.py", "openapi.json"]),
         ("db", "arm_core/sql", ["roles.sql", "grants.sql", "functions/*.sql", "migrations/*.sql"]),

@@ -16,8 +16,8 @@ import pytest
 
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
+from arm_core.devtools.testbed.pgbouncer import DOCUMENTED_INI, MACHINE_KEYS, documented_settings
 from arm_core.runtime import make_pool
-from tests.support.pgbouncer import DOCUMENTED_INI, MACHINE_KEYS, documented_settings
 from tests.unit.test_config import error_of, no_part_of
 
 POOL = "postgresql://arm_bridge_login:Pw9xQ2vL7k@pgbouncer:6432/arm"

@@ -40,7 +40,6 @@ NOT_RUNTIME = Path("src/arm_core/devtools")
 THIRD_PARTY = frozenset(
     {
         "aiohttp",
-        "jsonschema",
         "jsonschema_rs",
         "multidict",
         "nats",

@@ -14,7 +14,8 @@ from arm_core.bridge.config import RestartPolicy
 from arm_core.bridge.service import Fatal, LoopState, Service, Supervisor
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
-from tests.support.bridge import logged, wait_for
+from arm_core.devtools.testbed.polling import wait_for
+from tests.support.bridge import logged
 from tests.support.fault_points import POINTS, InjectedFault, armed, fault
 
 FAST = RestartPolicy(

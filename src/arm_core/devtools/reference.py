@@ -29,12 +29,11 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from jsonschema.exceptions import best_match
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from arm_core.bridge.contracts import CONTRACT_MAJOR, REQUEST_SCHEMA, other_major, validator
+from arm_core.bridge.contracts import CONTRACT_MAJOR, REQUEST_SCHEMA, other_major, problem
 from arm_core.bridge.nats_client import confirm, connect
 from arm_core.config import Settings
 from arm_core.devtools.reference_config import (
@@ -229,10 +228,8 @@ class ReferenceService(AnswerSender):
         if (major := other_major(body.get("schema_version"))) is not None:
             said = f"schema_version MAJOR {major}: MAJOR version {CONTRACT_MAJOR} expected"
             return "schema_version_unsupported", said
-        error = best_match(validator(REQUEST_SCHEMA).iter_errors(body))
-        if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-            return "schema_mismatch", f"{where}: {clip(error.message, 500)}"
+        if (why := problem(REQUEST_SCHEMA, body, limit=500)) is not None:
+            return "schema_mismatch", why
         if body["pipeline"] != PIPELINES[self.config.service]:
             said = f"pipeline {body['pipeline']!r} is not served by {self.config.service}"
             return "schema_mismatch", said

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
-from tests.support.polling import wait_for_sync
+from arm_core.devtools.testbed.polling import wait_for_sync
 
 STANDBY = "arm_standby"  # its application_name (synchronous_standby_names names it)
 

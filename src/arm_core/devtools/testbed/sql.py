@@ -1,4 +1,4 @@
-"""Test helpers that act as upstream and as a DBA would: plain-SQL uploads
+"""Helpers that act as upstream and as a DBA would: plain-SQL uploads
 (docs/behaviour.md#interfaces) and calls of the arm.* functions. They write nothing the
 functions would not write.
 
@@ -6,16 +6,17 @@ And the logins the tests connect as (docs/dbas.md "Database roles"): one login m
 group role of db/roles.sql, created once per cluster (:func:`ensure_logins`, by the
 conftest's template_db fixture). :func:`as_login` turns the suite's superuser URL into a
 login's, which is how the bridge, the API and the `arm-core` processes under test run
-with their roles' privileges and no more (tests/support/bridge.py, api.py, processes.py);
-setup code keeps the superuser (or the uploader's login)."""
+with their roles' privileges and no more (processes.py here; the tests' bridge and API
+helpers); setup code keeps the superuser (or the uploader's login)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -25,15 +26,17 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from arm_core.db import query
+from arm_core.devtools.testbed.polling import wait_for_sync
+from arm_core.migrate import SQL_DIR
 from arm_core.statuses import pipeline_for
 from arm_core.store import publish_params
-from tests.support.polling import wait_for_sync
 
 # Every migration of db/migrations, in the order they apply (their numbered names), read
-# from the folder: a new migration is in every test that lists them.
+# from the folder `arm-core migrate` reads: a new migration is in every test that lists
+# them.
 MIGRATIONS = sorted(
     path.name.removesuffix(".sql")
-    for path in (Path(__file__).resolve().parents[2] / "db" / "migrations").glob("[0-9]*.sql")
+    for path in (SQL_DIR / "migrations").glob("[0-9]*.sql")
     if not path.name.endswith(".rollback.sql")
 )
 
@@ -180,6 +183,21 @@ def upload_many(
     (a reference service's marker: `[fail-once]`)."""
     with conn.transaction():
         _upload_many(conn, n, file_type, mixed, name_suffix)
+
+
+async def steady_uploads(
+    url: str, n: int, chunk: int = 20, pause: float = 0.05, mixed: bool = False
+) -> None:
+    """A steady flow on a thread: n plain-SQL uploads (:func:`upload_many`, `mixed` as
+    there), `chunk` at a time, one chunk every `pause` seconds."""
+
+    def flow() -> None:
+        with dict_conn(url) as conn:
+            for _ in range(n // chunk):
+                upload_many(conn, chunk, mixed=mixed)
+                time.sleep(pause)
+
+    await asyncio.to_thread(flow)
 
 
 def upload_consolidations(

@@ -23,25 +23,29 @@ from pathlib import Path
 from typing import Self
 from urllib.parse import quote
 
-import pytest
-
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_postgres_host import PG_OS_USER, postgres_ids
-from tests.support.polling import wait_for_sync
+from arm_core.devtools.generated import CHECKOUT
+from arm_core.devtools.testbed.polling import wait_for_sync
 
-DOCUMENTED_INI = Path(__file__).resolve().parents[2] / "docs" / "pgbouncer.ini"
+DOCUMENTED_INI = CHECKOUT / "docs" / "pgbouncer.ini"
 
 # The [pgbouncer] keys of docs/pgbouncer.ini that say where this one PgBouncer listens
 # and keeps its files: replaced here; every other key is run as written.
 MACHINE_KEYS = ("listen_addr", "listen_port", "unix_socket_dir", "auth_file", "logfile", "pidfile")
 
 
-def pgbouncer_binary() -> str:
-    """The `pgbouncer` binary, or the test is skipped naming the Debian package."""
-    found = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
-    if found is None:
-        pytest.skip("needs PgBouncer: apt-get install pgbouncer")
-    return found
+PGBOUNCER_MISSING = "needs PgBouncer: apt-get install pgbouncer"
+
+
+def pgbouncer_binary() -> str | None:
+    """The `pgbouncer` binary (Debian installs it in /usr/sbin), or None."""
+    return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+
+
+def pgbouncer_missing() -> str | None:
+    """Why PgBouncer cannot run here, or None: what a test skips with."""
+    return PGBOUNCER_MISSING if pgbouncer_binary() is None else None
 
 
 def documented_settings() -> dict[str, str]:
@@ -77,6 +81,8 @@ class PgBouncer:
 
     def start(self) -> Self:
         binary = pgbouncer_binary()
+        if binary is None:
+            raise RuntimeError(PGBOUNCER_MISSING)
         as_root = os.geteuid() == 0
         self.folder = Path(tempfile.mkdtemp(prefix="arm-core-pgbouncer-", dir="/tmp"))
         self.port = free_port()

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from arm_core.devtools.embedded_postgres_host import pid_alive
-from tests.support.sql import dict_conn
+from arm_core.devtools.testbed.sql import dict_conn
 
 
 def count(url: str, sql: str) -> int:

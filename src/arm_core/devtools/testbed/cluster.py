@@ -20,10 +20,9 @@ from nats.aio.msg import Msg
 
 from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNatsCluster
-from tests.support.bridge import envelope, nats_client, wait_for
-from tests.support.processes import ArmProcess, log_lines
-from tests.support.sql import dict_conn, upload_many
-from tests.support.stack import Stack
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, Stack, log_lines
+from arm_core.devtools.testbed.services import envelope, nats_client
 
 REQUEST_SUBJECTS = ("files.tabular_uploaded", "files.img_uploaded")
 SERVICE_QUEUE = "recognition-services"
@@ -257,16 +256,3 @@ async def reference_on_stream(
         lambda: f"the reference publishing through {stream}: {reference.log()[-2000:]}",
     )
     return reference
-
-
-async def steady_uploads(db_url: str, n: int, chunk: int = 20) -> None:
-    """A steady flow on a thread: n plain-SQL uploads, `chunk` at a time, one chunk every
-    50 ms."""
-
-    def flow() -> None:
-        with dict_conn(db_url) as conn:
-            for _ in range(n // chunk):
-                upload_many(conn, chunk)
-                time.sleep(0.05)
-
-    await asyncio.to_thread(flow)

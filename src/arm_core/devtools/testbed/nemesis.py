@@ -49,13 +49,12 @@ import psycopg
 
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
+from arm_core.devtools.testbed.faults import black_hole
+from arm_core.devtools.testbed.polling import wait_for
+from arm_core.devtools.testbed.processes import ArmProcess, Stack, listening
+from arm_core.devtools.testbed.proxies import TcpProxy
+from arm_core.devtools.testbed.sql import ensure_logins, upload_many
 from arm_core.migrate import migrate
-from tests.support.bridge import TcpProxy
-from tests.support.faults import black_hole
-from tests.support.polling import wait_for
-from tests.support.processes import ArmProcess
-from tests.support.sql import ensure_logins, upload_many
-from tests.support.stack import Stack, listening
 
 STREAM = "NEMESIS_RESULTS"
 ACK_TIMEOUT = 8.0
@@ -197,7 +196,7 @@ class Operator:
         return clicked
 
 
-# The environment of the nemesis's processes over the tests' one (tests/support/stack.py).
+# The environment of the nemesis's processes over the Stack's own (processes.py).
 ENV: dict[str, Any] = {
     "RESULTS_STREAM": STREAM,
     "OUTBOX_POLL_SECONDS": "0.5",
