@@ -39,9 +39,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from arm_core.access import LEVELS, METRICS_AUTH_MODES, ApiToken, Level
 from arm_core.config_error import ConfigError
-from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair, parse_jwt, parse_seed
+from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair
 from arm_core.redaction import mask_url, mask_urls_in, url_secrets
-from arm_core.tls import https_server_context, nats_client_context
+from arm_core.tls import check_certificates, load_pair
 
 N = TypeVar("N", int, float)
 
@@ -59,7 +59,9 @@ def parse_bool(raw: str) -> bool:
     return value in _TRUE
 
 
-def number(kind: Callable[[str], N], minimum: float | None = None) -> Callable[[str], N]:
+def number(
+    kind: Callable[[str], N], minimum: float | None = None, maximum: float | None = None
+) -> Callable[[str], N]:
     """An int or float parser; nan and inf are not numbers here."""
 
     def parse(raw: str) -> N:
@@ -71,6 +73,8 @@ def number(kind: Callable[[str], N], minimum: float | None = None) -> Callable[[
             raise ValueError(f"expected a number, got {raw!r}")
         if minimum is not None and value < minimum:
             raise ValueError(f"must be at least {minimum}, got {raw!r}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be at most {maximum}, got {raw!r}")
         return value
 
     return parse
@@ -88,13 +92,6 @@ def one_of(
         return value
 
     return parse
-
-
-def parse_port(raw: str) -> int:
-    value = number(int, 0)(raw)
-    if value > 65535:
-        raise ValueError(f"not a TCP port: {raw!r}")
-    return value
 
 
 def parse_database_url(raw: str) -> str:
@@ -178,18 +175,16 @@ def parse_nats_urls(raw: str) -> tuple[str, ...]:
     return urls
 
 
-def parse_subject(raw: str) -> str:
-    value = raw.strip()
-    if not value or any(c.isspace() for c in value) or value.startswith(".") or ".." in value:
-        raise ValueError(f"not a NATS subject: {raw!r}")
-    return value
+def matching(pattern: str, what: str) -> Callable[[str], str]:
+    """A parser of a name that must match `pattern` whole, after stripping."""
 
+    def parse(raw: str) -> str:
+        value = raw.strip()
+        if not re.fullmatch(pattern, value):
+            raise ValueError(f"not {what}: {raw!r}")
+        return value
 
-def parse_header(raw: str) -> str:
-    value = raw.strip()
-    if not value or not all(c.isalnum() or c == "-" for c in value):
-        raise ValueError(f"not an HTTP header name: {raw!r}")
-    return value
+    return parse
 
 
 AUTH_MODES = ("none", "token", "header")
@@ -240,21 +235,7 @@ def parse_groups(raw: str) -> frozenset[str]:
 
 # A JetStream stream or consumer name: what every server version accepts (no `.`, `*`,
 # `>`, path separators or spaces).
-_JS_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-def parse_stream_name(raw: str) -> str:
-    value = raw.strip()
-    if not _JS_NAME.fullmatch(value):
-        raise ValueError(f"not a JetStream stream name (1 to 64 of A-Z a-z 0-9 _ -): {raw!r}")
-    return value
-
-
-def parse_replicas(raw: str) -> int:
-    value = number(int, 1)(raw)
-    if value > 5:
-        raise ValueError(f"JetStream keeps 1 to 5 replicas, got {raw!r}")
-    return value
+_JS_NAME = r"[A-Za-z0-9_-]{1,64}"
 
 
 # Connections of the pool kept beside the bridge's loops for the API's requests,
@@ -308,19 +289,16 @@ def parsed(parse: Callable[[str], Any]) -> BeforeValidator:
     )
 
 
-def _stripped(raw: str) -> str:
-    return raw.strip()
-
-
 # The kinds of value most variables are.
 Flag = Annotated[bool, parsed(parse_bool)]
 Seconds = Annotated[float, parsed(number(float, 0.001))]
 Count = Annotated[int, parsed(number(int, 1))]
-Port = Annotated[int, parsed(parse_port)]
-Subject = Annotated[str, parsed(parse_subject)]
-Header = Annotated[str, parsed(parse_header)]
+Port = Annotated[int, parsed(number(int, 0, 65535))]
+# No space and no empty token but a last one: "a.b" and "a.", not ".a", "a..b" or "a b".
+Subject = Annotated[str, parsed(matching(r"[^\s.]+(\.[^\s.]+)*\.?", "a NATS subject"))]
+Header = Annotated[str, parsed(matching(r"([^\W_]|-)+", "an HTTP header name"))]
 Groups = Annotated[frozenset[str], parsed(parse_groups)]
-FilePath = Annotated[str, parsed(_stripped)]  # read and checked by arm_core.tls at start
+Stripped = Annotated[str, parsed(str.strip)]
 DatabaseUrl = Annotated[str | None, parsed(parse_database_url)]
 
 # An empty variable counts as not given, but for a field with this in json_schema_extra.
@@ -475,10 +453,10 @@ class Settings(EnvSettings):
     log_format: Annotated[str, parsed(one_of(("text", "json")))] = Field("text", alias="LOG_FORMAT")
     """`text` (key=value lines for people) or `json` (one JSON object a line, for Loki/ELK); see
     [Logs](logs-and-metrics.md#logs)"""
-    nats_seed: Annotated[SecretStr, parsed(parse_seed)] = Field(SecretStr(""), alias=SEED_VAR)
+    nats_seed: Annotated[SecretStr, parsed(str.strip)] = Field(SecretStr(""), alias=SEED_VAR)
     """a user nkey seed (`SU…`): alone, nkey auth; with `OPENBAO__NATS__NATS_JWT`, JWT auth; both
     empty: no credentials (checked at start, see above)"""
-    nats_jwt: Annotated[SecretStr, parsed(parse_jwt)] = Field(SecretStr(""), alias=JWT_VAR)
+    nats_jwt: Annotated[SecretStr, parsed(str.strip)] = Field(SecretStr(""), alias=JWT_VAR)
     """the user JWT issued to the seed's key, for JWT auth; needs `OPENBAO__NATS__NATS_SEED`
     (checked at start, see above)"""
     outbox_poll_seconds: Seconds = Field(5.0, alias="OUTBOX_POLL_SECONDS")
@@ -522,9 +500,7 @@ class Settings(EnvSettings):
     default_max_attempts: Count = Field(3, alias="DEFAULT_MAX_ATTEMPTS")
     """`max_attempts` of new uploads; when set, `arm-core migrate` writes it to `arm.setting`
     (otherwise the stored value, 3 at first, stands)"""
-    http_host: Annotated[str, parsed(_stripped)] = Field(
-        "127.0.0.1", alias="HTTP_HOST", json_schema_extra=BLANK_IS_A_VALUE
-    )
+    http_host: Stripped = Field("127.0.0.1", alias="HTTP_HOST", json_schema_extra=BLANK_IS_A_VALUE)
     """API listen address (and of the bridge's health port); off loopback, `serve` needs
     `AUTH_MODE` `token` or `header`, or `AUTH_ALLOW_ANONYMOUS=true`"""
     http_port: Port = Field(8080, alias="HTTP_PORT")
@@ -599,7 +575,7 @@ class Settings(EnvSettings):
     auth_header: Header = Field("X-Forwarded-User", alias="AUTH_HEADER")
     """identity header set by an authenticating proxy, for `AUTH_MODE=header` (only behind such a
     proxy: anyone reaching the port directly can claim any identity)"""
-    auth_groups_header: Annotated[str, parsed(parse_header)] = Field("", alias="AUTH_GROUPS_HEADER")
+    auth_groups_header: Header = Field("", alias="AUTH_GROUPS_HEADER")
     """`AUTH_MODE=header` only: the header in which the proxy lists the caller's groups,
     comma-separated (oauth2-proxy: `X-Forwarded-Groups`); set, a caller's groups give its levels
     and a caller in none of the groups below gets 403; empty: every identified caller holds every
@@ -620,12 +596,14 @@ class Settings(EnvSettings):
     """what `GET /metrics` of `serve` asks: `level`, a caller of level `metrics` (anyone with
     `AUTH_MODE=none`); `any`, any caller the API accepts; `none`, no credentials (a scrape on a
     private network). The probes never ask, nor does the bridge's health port"""
-    results_stream: Annotated[str, parsed(parse_stream_name)] = Field("", alias="RESULTS_STREAM")
+    results_stream: Annotated[
+        str, parsed(matching(_JS_NAME, "a JetStream stream name (1 to 64 of A-Z a-z 0-9 _ -)"))
+    ] = Field("", alias="RESULTS_STREAM")
     """the name of a JetStream stream that captures `RESULT_SUBJECT`; the core consumes it
     through one durable consumer named `NATS_QUEUE_GROUP` (see [The results
     stream](not-losing-answers.md#the-results-stream)). Needs a server with JetStream: without it
     the process exits 2 naming `RESULTS_STREAM`. Empty: off"""
-    results_stream_replicas: Annotated[int, parsed(parse_replicas)] = Field(
+    results_stream_replicas: Annotated[int, parsed(number(int, 1, 5))] = Field(
         1, alias="RESULTS_STREAM_REPLICAS"
     )
     """replicas (1–5) of the stream the core creates"""
@@ -671,14 +649,14 @@ class Settings(EnvSettings):
     again, so that what services published with core NATS while the stream had none is not lost
     (duplicates are ignored; [Not losing answers](not-losing-answers.md#on-a-nats-cluster)); `0`:
     off"""
-    nats_tls_ca_file: FilePath = Field("", alias="NATS_TLS_CA_FILE")
+    nats_tls_ca_file: Stripped = Field("", alias="NATS_TLS_CA_FILE")
     """PEM file of the CA(s) that signed the NATS servers' certificates (a private CA); empty:
     the system's CAs. Setting any `NATS_TLS_*` (or a `tls://` URL) makes every NATS connection
     verify the server's certificate and name, TLS 1.2 or later"""
-    nats_tls_cert_file: FilePath = Field("", alias="NATS_TLS_CERT_FILE")
+    nats_tls_cert_file: Stripped = Field("", alias="NATS_TLS_CERT_FILE")
     """PEM client certificate (with its chain) for servers that verify clients (mutual TLS);
     needs `NATS_TLS_KEY_FILE`"""
-    nats_tls_key_file: FilePath = Field("", alias="NATS_TLS_KEY_FILE")
+    nats_tls_key_file: Stripped = Field("", alias="NATS_TLS_KEY_FILE")
     """PEM private key of `NATS_TLS_CERT_FILE`, unencrypted, in a file only this process's user
     may read"""
     nats_tls_handshake_first: Flag = Field(False, alias="NATS_TLS_HANDSHAKE_FIRST")
@@ -686,10 +664,10 @@ class Settings(EnvSettings):
     in clear, whatever answers at the address (the servers need `tls { handshake_first: true }`,
     nats-server 2.10.4 or later). `false`: TLS when the server announces it requires TLS, as
     every server with a `tls` block does"""
-    http_tls_cert_file: FilePath = Field("", alias="HTTP_TLS_CERT_FILE")
+    http_tls_cert_file: Stripped = Field("", alias="HTTP_TLS_CERT_FILE")
     """PEM certificate (with its chain): `serve` and the bridge's health port answer HTTPS only
     (TLS 1.2 or later); empty: plain HTTP, for a TLS-terminating proxy in front"""
-    http_tls_key_file: FilePath = Field("", alias="HTTP_TLS_KEY_FILE")
+    http_tls_key_file: Stripped = Field("", alias="HTTP_TLS_KEY_FILE")
     """PEM private key of `HTTP_TLS_CERT_FILE`, unencrypted"""
     service_restart_limit: Annotated[int, parsed(number(int, 0))] = Field(
         5, alias="SERVICE_RESTART_LIMIT"
@@ -719,9 +697,7 @@ class Settings(EnvSettings):
         self._check_pooler(environ.get("PGOPTIONS", ""))
         self._check_access()
         nats_keypair(self.nats_seed.get_secret_value(), self.nats_jwt.get_secret_value())
-        self._check_inbox()
-        self._check_liveness()
-        self._check_pacing()
+        self._check_bounds()
         self.check_results_stream()
         self.pool_max_size()  # too small for the bridge's loops
         self.nats_tls_context()
@@ -781,9 +757,12 @@ class Settings(EnvSettings):
                 f"AUTH_GROUPS_HEADER: the same header as AUTH_HEADER ({self.auth_header})"
             )
 
-    def _check_inbox(self) -> None:
-        """Each inbox worker's share of INBOX_BUFFER_BYTES holds a message of
-        INBOX_MAX_PAYLOAD_BYTES (else such an answer could never be taken)."""
+    def _check_bounds(self) -> None:
+        """Variables bounded by others: each inbox worker's share of the buffers holds a
+        message of INBOX_MAX_PAYLOAD_BYTES (else such an answer could never be taken); a
+        loop waiting DATABASE_POOL_TIMEOUT_SECONDS for a connection while the database is
+        away is no stall (else /livez would ask for restarts an outage does not need); a
+        pipeline's in-flight floor is at most its ceiling."""
         need = self.inbox_workers * self.inbox_max_payload_bytes
         if self.inbox_buffer_bytes < need:
             raise ConfigError(
@@ -795,19 +774,11 @@ class Settings(EnvSettings):
                 f"INBOX_BUFFER_SIZE: must be at least INBOX_WORKERS ({self.inbox_workers}), "
                 f"got {self.inbox_buffer_size}"
             )
-
-    def _check_liveness(self) -> None:
-        """A loop waits up to DATABASE_POOL_TIMEOUT_SECONDS for a connection while the
-        database is away, and that is no stall: LIVENESS_STALL_SECONDS must be longer
-        (twice it), or /livez would ask for restarts an outage does not need."""
         if self.liveness_stall_seconds <= 2 * self.db_pool_timeout_seconds:
             raise ConfigError(
                 "LIVENESS_STALL_SECONDS: must be more than twice DATABASE_POOL_TIMEOUT_SECONDS "
                 f"({2 * self.db_pool_timeout_seconds:g} s), got {self.liveness_stall_seconds:g}"
             )
-
-    def _check_pacing(self) -> None:
-        """Each pipeline's in-flight floor is at most its ceiling."""
         for pipeline in ("tabular", "image"):
             low = getattr(self, f"{pipeline}_min_in_flight")
             high = getattr(self, f"{pipeline}_max_in_flight")
@@ -825,7 +796,7 @@ class Settings(EnvSettings):
         and the window must be shorter than ACK_TIMEOUT_SECONDS."""
         if not self.results_stream:
             return
-        if not _JS_NAME.fullmatch(self.nats_queue_group):
+        if not re.fullmatch(_JS_NAME, self.nats_queue_group):
             raise ConfigError(
                 f"NATS_QUEUE_GROUP: names the durable consumer of RESULTS_STREAM, so only "
                 f"A-Z a-z 0-9 _ - (1 to 64): {self.nats_queue_group!r}"
@@ -853,19 +824,13 @@ class Settings(EnvSettings):
                 "stream would drop it as a duplicate"
             )
 
-    def bridge_connections(self) -> int:
-        """Connections the bridge's loops hold at once at most when this process runs the
-        bridge (NATS_ENABLED): one per publisher and per inbox worker, one for the
-        schedule runner; 0 otherwise."""
-        if not self.nats_enabled:
-            return 0
-        return self.outbox_publishers + self.inbox_workers + 1
-
     def pool_max_size(self) -> int:
         """The pool's max_size: DATABASE_POOL_MAX_SIZE, or by default the bridge's loops
         plus POOL_RESERVE. An explicit value that leaves the API no connection beside the
         bridge's loops raises ConfigError naming the variable."""
-        loops = self.bridge_connections()
+        # What the bridge's loops hold at once at most when this process runs them: one
+        # per publisher and per inbox worker, one for the schedule runner.
+        loops = self.outbox_publishers + self.inbox_workers + 1 if self.nats_enabled else 0
         if self.db_pool_max_size is None:
             return loops + POOL_RESERVE
         if self.db_pool_max_size < loops + 1:
@@ -882,18 +847,27 @@ class Settings(EnvSettings):
         """The SSL context of every NATS connection (bridge/nats_client.connect): when a
         NATS_TLS_* file is given or a URL is tls:// or wss://; None otherwise. Raises
         ConfigError naming the variable of a file that cannot work."""
-        files = (self.nats_tls_ca_file, self.nats_tls_cert_file, self.nats_tls_key_file)
+        ca, cert, key = self.nats_tls_ca_file, self.nats_tls_cert_file, self.nats_tls_key_file
         secure = self.nats_tls_handshake_first or any(
             urlsplit(u).scheme in ("tls", "wss") for u in self.nats_urls
         )
-        if not (any(files) or secure):
+        if not (ca or cert or key or secure):
             return None
-        return nats_client_context(*files)
+        if ca:
+            check_certificates("NATS_TLS_CA_FILE", ca)
+        context = ssl.create_default_context(cafile=ca or None)  # empty: the system's CAs
+        load_pair(context, "NATS_TLS_CERT_FILE", cert, "NATS_TLS_KEY_FILE", key)
+        return context
 
     def https_context(self) -> ssl.SSLContext | None:
         """The server context of `serve` and the bridge's health port (HTTP_TLS_CERT_FILE,
         HTTP_TLS_KEY_FILE); None: plain HTTP."""
-        return https_server_context(self.http_tls_cert_file, self.http_tls_key_file)
+        cert, key = self.http_tls_cert_file, self.http_tls_key_file
+        if not (cert or key):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        load_pair(context, "HTTP_TLS_CERT_FILE", cert, "HTTP_TLS_KEY_FILE", key)
+        return context
 
     def certificate_files(self) -> dict[str, str]:
         """Every certificate file this process reads, by the variable that names it:
