@@ -1,4 +1,4 @@
-"""Configuration from the environment: :class:`Settings`, one pydantic-settings model.
+"""Configuration from the environment: :class:`Settings`, one pydantic model.
 
 Each variable is one field, written once: its type, its parser, its default, and its
 meaning (the description docs/configuration.md shows, written by `make docs`). The rules
@@ -28,14 +28,15 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
+    BaseModel,
     BeforeValidator,
+    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
     model_validator,
 )
 from pydantic.json_schema import JsonDict
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from arm_core.access import LEVELS, METRICS_AUTH_MODES, ApiToken, Level
 from arm_core.config_error import ConfigError
@@ -276,7 +277,8 @@ def parse_idle_in_transaction(raw: str) -> float:
 
 
 # The environment from_env is reading, while it validates what it read: its text is
-# parsed and its rules checked; a value given in code is taken as it is.
+# parsed and its rules checked; a value given in code is taken as it is. (Not pydantic's
+# validation context: a model with its own __init__, as ReferenceConfig, drops it.)
 _READING: ContextVar[Mapping[str, str] | None] = ContextVar("reading", default=None)
 
 
@@ -314,11 +316,11 @@ def _config_error(exc: ValidationError) -> ConfigError:
     return ConfigError(said if not name or said.startswith(f"{name}: ") else f"{name}: {said}")
 
 
-class EnvSettings(BaseSettings):
+class EnvSettings(BaseModel):
     """Settings read from the environment variables their fields' aliases name (each
     subclass's from_env); made in code, by field name, they are taken as given."""
 
-    model_config = SettingsConfigDict(
+    model_config = ConfigDict(
         frozen=True,
         hide_input_in_errors=True,
         validate_by_name=True,
@@ -326,18 +328,6 @@ class EnvSettings(BaseSettings):
         extra="forbid",
         use_attribute_docstrings=True,  # each field's docstring: its meaning
     )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Only what the caller passes: from_env reads the environment it is given.
-        return (init_settings,)
 
     @classmethod
     def _read(cls, environ: Mapping[str, str] | None, **given: Any) -> Self:
