@@ -1,15 +1,11 @@
 """Configuration from the environment: :class:`Settings`, one pydantic model.
 
 Each variable is one field, written once: its type, its parser, its default, and its
-meaning (the description docs/configuration.md shows, written by `make docs`). The rules
-that span several variables are its validator. :meth:`Settings.from_env` reads them all
-at start; a bad value raises :class:`ConfigError` whose message names the variable and
-quotes no secret, so a misconfigured container stops at once (exit 2) and says why.
-
-A Settings made in code (tests, tools) is taken as given: only from_env checks the
-start-time rules (the tests run with periods no deployment would want). Secrets are
-masked in messages and in ``repr`` (arm_core.redaction); the NATS seed and JWT are
-checked by arm_core.nats_credentials, the TLS files by arm_core.tls.
+meaning (docs/configuration.md, written by `make docs`); the rules that span several are
+its validator. :meth:`Settings.from_env` reads them at start; a bad value raises
+:class:`ConfigError` naming the variable and quoting no secret (exit 2). A Settings made
+in code (tests, tools) is taken as given: the tests run with periods no deployment would
+want.
 """
 
 from __future__ import annotations
@@ -119,21 +115,16 @@ def parse_database_url(raw: str) -> str:
     return value
 
 
-# What DATABASE_URL goes through (DATABASE_POOLER): PostgreSQL itself — or a pooler that
-# keeps a client's server session while it stays connected (PgBouncer's pool_mode =
-# session), which is the same to arm-core — or one that gives a client a server session
-# per transaction (pool_mode = transaction). Said, not detected: PgBouncer does not tell
-# a client it is there (a regular connection's SHOW pool_mode reaches PostgreSQL, which
-# knows no such setting; only its admin console answers, to its admin users), other
-# poolers answer differently again, and one client seeing the same backend twice proves
-# nothing.
+# DATABASE_POOLER's values. Said, not detected: PgBouncer does not tell a client it is
+# there (a regular connection's SHOW pool_mode reaches PostgreSQL; only its admin console
+# answers), other poolers answer differently again, and one client seeing the same
+# backend twice proves nothing.
 POOLERS = ("none", "transaction")
 
 
 def parse_pooler(raw: str) -> str:
-    """One of POOLERS. A statement pooler is refused by name (the publisher holds a
-    transaction across statements while NATS confirms the batch), and so is `session`,
-    which needs nothing: arm-core treats it as PostgreSQL itself."""
+    """One of POOLERS; `statement` (cannot work) and `session` (needs nothing) are
+    refused by name."""
     value = raw.strip().lower()
     if value == "statement":
         raise ValueError(
@@ -251,28 +242,20 @@ POOL_RESERVE = 4
 # confirm: two flushes of up to CONFIRM_FLUSH_SECONDS each) before it commits.
 CONFIRM_FLUSH_SECONDS = 5
 PUBLISH_CONFIRM_SECONDS = 2 * CONFIRM_FLUSH_SECONDS
-# idle_in_transaction_session_timeout of every session the processes open (the pool's,
-# the LISTEN connection's, migrate's: arm_core.db.connection_options): twice the
-# publisher's longest legitimate idle, so a slow NATS never gets a healthy publish's
-# session ended, and well under a minute, so the session of a process whose network path
-# went silent mid-transaction gives back its snapshot and row locks within seconds
-# instead of hours.
+# DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS' default: twice the publisher's longest
+# legitimate idle, so a slow NATS never gets a healthy publish's session ended, and well
+# under a minute, so a session cut off mid-transaction gives back its locks in seconds.
 IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = 20.0
-# PostgreSQL takes the timeout in milliseconds, as a 32-bit integer (about 24.8 days).
-_PG_MAX_MILLISECONDS = 2**31 - 1
 
 
 def parse_idle_in_transaction(raw: str) -> float:
-    """0 (leave the server's setting), or more than the publisher's wait for NATS inside
-    its transaction and within what PostgreSQL takes."""
-    value = number(float, 0)(raw)
+    # At most what PostgreSQL takes: milliseconds as a 32-bit integer (about 24.8 days).
+    value = number(float, 0, (2**31 - 1) // 1000)(raw)
     if 0 < value <= PUBLISH_CONFIRM_SECONDS:
         raise ValueError(
             f"must be 0 (the server's setting) or more than {PUBLISH_CONFIRM_SECONDS:g} s, "
             f"the publisher's wait for NATS's confirmation inside its transaction, got {raw!r}"
         )
-    if value * 1000 > _PG_MAX_MILLISECONDS:
-        raise ValueError(f"at most {_PG_MAX_MILLISECONDS // 1000} s, got {raw!r}")
     return value
 
 
@@ -295,6 +278,9 @@ def parsed(parse: Callable[[str], Any]) -> BeforeValidator:
 Flag = Annotated[bool, parsed(parse_bool)]
 Seconds = Annotated[float, parsed(number(float, 0.001))]
 Count = Annotated[int, parsed(number(int, 1))]
+Natural = Annotated[int, parsed(number(int, 0))]  # a count that may be 0
+Kibibytes = Annotated[int, parsed(number(int, 1024))]  # a size in bytes, at least 1 KiB
+LongSeconds = Annotated[float, parsed(number(float, 1))]  # a second or more
 Port = Annotated[int, parsed(number(int, 0, 65535))]
 # No space and no empty token but a last one: "a.b" and "a.", not ".a", "a..b" or "a b".
 Subject = Annotated[str, parsed(matching(r"[^\s.]+(\.[^\s.]+)*\.?", "a NATS subject"))]
@@ -393,7 +379,7 @@ class Settings(EnvSettings):
     refused: [Through PgBouncer](dbas.md#through-pgbouncer)"""
     db_pool_timeout_seconds: Seconds = Field(5.0, alias="DATABASE_POOL_TIMEOUT_SECONDS")
     """how long a request waits for a database connection before 503"""
-    db_pool_max_size: Annotated[int | None, parsed(number(int, 1))] = Field(
+    db_pool_max_size: Count | None = Field(
         None,
         alias="DATABASE_POOL_MAX_SIZE",
         description="the most connections the process's pool opens, shared by "
@@ -458,9 +444,7 @@ class Settings(EnvSettings):
     confirmation)"""
     ack_timeout_seconds: Seconds = Field(30.0, alias="ACK_TIMEOUT_SECONDS")
     """republish after this long without an ack"""
-    outbox_max_republish: Annotated[int, parsed(number(int, 0))] = Field(
-        3, alias="OUTBOX_MAX_REPUBLISH"
-    )
+    outbox_max_republish: Natural = Field(3, alias="OUTBOX_MAX_REPUBLISH")
     """republishes before `dlq`"""
     pacing: Annotated[str, parsed(one_of(("auto", "fixed", "off")))] = Field("auto", alias="PACING")
     """how many jobs of a pipeline its service holds at once (docs/pacing.md): `auto` adapts the
@@ -476,9 +460,7 @@ class Settings(EnvSettings):
     """as TABULAR_MIN_IN_FLIGHT, for the image pipeline"""
     image_max_in_flight: Count = Field(1000, alias="IMAGE_MAX_IN_FLIGHT")
     """as TABULAR_MAX_IN_FLIGHT, for the image pipeline"""
-    timeout_sweep_seconds: Annotated[float, parsed(number(float, 1))] = Field(
-        30.0, alias="TIMEOUT_SWEEP_SECONDS"
-    )
+    timeout_sweep_seconds: LongSeconds = Field(30.0, alias="TIMEOUT_SWEEP_SECONDS")
     """sweep period; when set, written to `arm.periodic_task` once the bridge reaches the
     database (otherwise a DBA's value stands)"""
     schedule_tick_seconds: Seconds = Field(1.0, alias="SCHEDULE_TICK_SECONDS")
@@ -507,9 +489,7 @@ class Settings(EnvSettings):
     """inbox subject (acks and results)"""
     nats_queue_group: Subject = Field("arm-core", alias="NATS_QUEUE_GROUP")
     """inbox queue group (and, with `RESULTS_STREAM`, the durable consumer's name)"""
-    inbox_max_payload_bytes: Annotated[int, parsed(number(int, 1024))] = Field(
-        1 << 20, alias="INBOX_MAX_PAYLOAD_BYTES"
-    )
+    inbox_max_payload_bytes: Kibibytes = Field(1 << 20, alias="INBOX_MAX_PAYLOAD_BYTES")
     """larger envelopes are dropped (logged)"""
     inbox_buffer_size: Count = Field(10_000, alias="INBOX_BUFFER_SIZE")
     """envelopes the inbox's buffers hold, at most, while a worker is behind or the database is
@@ -533,9 +513,7 @@ class Settings(EnvSettings):
     `degraded`, `outbox: stuck: …`"""
     retry_batch_max: Count = Field(1000, alias="RETRY_BATCH_MAX")
     """most file ids in one batch retry"""
-    http_max_body_bytes: Annotated[int, parsed(number(int, 1024))] = Field(
-        256 * 1024, alias="HTTP_MAX_BODY_BYTES"
-    )
+    http_max_body_bytes: Kibibytes = Field(256 * 1024, alias="HTTP_MAX_BODY_BYTES")
     """larger request bodies get 413"""
     http_header_timeout_seconds: Seconds = Field(10.0, alias="HTTP_HEADER_TIMEOUT_SECONDS")
     """a connection must deliver a complete request line and headers within this of its opening
@@ -597,7 +575,7 @@ class Settings(EnvSettings):
         1, alias="RESULTS_STREAM_REPLICAS"
     )
     """replicas (1–5) of the stream the core creates"""
-    results_stream_max_age_seconds: Annotated[float, parsed(number(float, 1))] = Field(
+    results_stream_max_age_seconds: LongSeconds = Field(
         7 * 24 * 3600.0, alias="RESULTS_STREAM_MAX_AGE_SECONDS"
     )
     """the stream removes a message older than this, applied or not (the default is 7 days; by
@@ -610,7 +588,7 @@ class Settings(EnvSettings):
     when full, the stream refuses new answers ([the stream's
     bounds](not-losing-answers.md#the-streams-bounds)). The server reserves it from its
     `max_file_store` ([Capacity](capacity.md#the-results-stream))"""
-    results_stream_ack_wait_seconds: Annotated[float | None, parsed(number(float, 1))] = Field(
+    results_stream_ack_wait_seconds: LongSeconds | None = Field(
         None, alias="RESULTS_STREAM_ACK_WAIT_SECONDS", json_schema_extra={"shown_default": "30"}
     )
     """how long the stream waits for a bridge to settle an answer it delivered before it delivers
@@ -659,9 +637,7 @@ class Settings(EnvSettings):
     (TLS 1.2 or later); empty: plain HTTP, for a TLS-terminating proxy in front"""
     http_tls_key_file: Stripped = Field("", alias="HTTP_TLS_KEY_FILE")
     """PEM private key of `HTTP_TLS_CERT_FILE`, unencrypted"""
-    service_restart_limit: Annotated[int, parsed(number(int, 0))] = Field(
-        5, alias="SERVICE_RESTART_LIMIT"
-    )
+    service_restart_limit: Natural = Field(5, alias="SERVICE_RESTART_LIMIT")
     """a loop of the bridge (publisher, an inbox worker, the listener, the schedule, the results
     stream's fetch or replay) that raises what it does not handle is logged
     (`action=service_crashed`) and restarted; one more crash than this within
@@ -669,9 +645,7 @@ class Settings(EnvSettings):
     1, for its supervisor to start a fresh one"""
     service_restart_window_seconds: Seconds = Field(300.0, alias="SERVICE_RESTART_WINDOW_SECONDS")
     """the window of `SERVICE_RESTART_LIMIT`"""
-    liveness_stall_seconds: Annotated[float, parsed(number(float, 1))] = Field(
-        180.0, alias="LIVENESS_STALL_SECONDS"
-    )
+    liveness_stall_seconds: LongSeconds = Field(180.0, alias="LIVENESS_STALL_SECONDS")
     """`GET /livez` (and so the image's `HEALTHCHECK`) fails when a loop of the bridge has not
     had a heartbeat for this long: it is stuck, and a restart helps; more than twice
     `DATABASE_POOL_TIMEOUT_SECONDS` (a loop waits that long for a connection while the database
