@@ -122,22 +122,18 @@ def parse_database_url(raw: str) -> str:
 POOLERS = ("none", "transaction")
 
 
+_REFUSED_POOLERS = {
+    "statement": "statement pooling cannot work: the bridge's transactions span several "
+    "statements (the publisher's claim, NATS's confirmation, the commit); use "
+    "pool_mode = transaction",
+    "session": "a session pooler is the same to arm-core as PostgreSQL itself: leave "
+    "DATABASE_POOLER unset (none); see docs/dbas.md#through-pgbouncer for its startup options",
+}
+
+
 def parse_pooler(raw: str) -> str:
-    """One of POOLERS; `statement` (cannot work) and `session` (needs nothing) are
-    refused by name."""
-    value = raw.strip().lower()
-    if value == "statement":
-        raise ValueError(
-            "statement pooling cannot work: the bridge's transactions span several "
-            "statements (the publisher's claim, NATS's confirmation, the commit); use "
-            "pool_mode = transaction"
-        )
-    if value == "session":
-        raise ValueError(
-            "a session pooler is the same to arm-core as PostgreSQL itself: leave "
-            "DATABASE_POOLER unset (none); see docs/dbas.md#through-pgbouncer for its "
-            "startup options"
-        )
+    if refused := _REFUSED_POOLERS.get(raw.strip().lower()):
+        raise ValueError(refused)
     return one_of(POOLERS)(raw)
 
 
@@ -298,8 +294,8 @@ def _config_error(exc: ValidationError) -> ConfigError:
     error = exc.errors()[0]
     cause = error.get("ctx", {}).get("error")
     said = str(cause) if cause is not None else error["msg"]
-    name = ".".join(str(part) for part in error["loc"])
-    return ConfigError(said if not name or said.startswith(f"{name}: ") else f"{name}: {said}")
+    name = ".".join(str(part) for part in error["loc"])  # empty: a rule of several
+    return ConfigError(f"{name}: {said}" if name else said)
 
 
 class EnvSettings(BaseModel):
@@ -344,6 +340,7 @@ class EnvSettings(BaseModel):
 
 # The defaults the pool's size is computed from (DATABASE_POOL_MAX_SIZE's meaning).
 _PUBLISHERS, _INBOX_WORKERS = 2, 2
+_DEFAULT_POOL = _PUBLISHERS + _INBOX_WORKERS + 1 + POOL_RESERVE
 
 
 class Settings(EnvSettings):
@@ -382,39 +379,34 @@ class Settings(EnvSettings):
     db_pool_max_size: Count | None = Field(
         None,
         alias="DATABASE_POOL_MAX_SIZE",
-        description="the most connections the process's pool opens, shared by "
-        "the API's requests, `/healthcheck`, `/metrics` and the bridge's loops. Unset: with "
-        "`NATS_ENABLED=true`, `OUTBOX_PUBLISHERS + INBOX_WORKERS + 1 + "
-        f"{POOL_RESERVE}` (one connection per publisher and per inbox worker, one for the "
-        f"schedule runner, {POOL_RESERVE} for the API, health checks and scrapes), which is "
-        f"{_PUBLISHERS + _INBOX_WORKERS + 1 + POOL_RESERVE} with the defaults; with "
-        f"`NATS_ENABLED=false`, {POOL_RESERVE}. Not from the pool: the bridge's "
-        "LISTEN connection and `arm-core migrate`'s, one each. A value below the bridge's "
-        "loops plus 1 stops the process at start (exit 2). A request that finds every "
-        "connection in use for `DATABASE_POOL_TIMEOUT_SECONDS` gets `503 "
-        "DATABASE_POOL_EXHAUSTED` (not an outage: [Logs](logs-and-metrics.md#logs)). Every "
-        "process opens up to this "
-        "many sessions plus its LISTEN one: keep their sum under the server's "
-        "`max_connections`",
-        json_schema_extra={
-            "shown_default": f"{_PUBLISHERS + _INBOX_WORKERS + 1 + POOL_RESERVE} (computed)"
-        },
+        description="the most connections the process's pool opens, shared by the API's requests, "
+        "`/healthcheck`, `/metrics` and the bridge's loops. Unset: with `NATS_ENABLED=true`, "
+        f"`OUTBOX_PUBLISHERS + INBOX_WORKERS + 1 + {POOL_RESERVE}` (one connection per publisher "
+        f"and per inbox worker, one for the schedule runner, {POOL_RESERVE} for the API, health "
+        f"checks and scrapes), which is {_DEFAULT_POOL} with the defaults; with "
+        f"`NATS_ENABLED=false`, {POOL_RESERVE}. Not from the pool: the bridge's LISTEN connection "
+        "and `arm-core migrate`'s, one each. A value below the bridge's loops plus 1 stops the "
+        "process at start (exit 2). A request that finds every connection in use for "
+        "`DATABASE_POOL_TIMEOUT_SECONDS` gets `503 DATABASE_POOL_EXHAUSTED` (not an outage: "
+        "[Logs](logs-and-metrics.md#logs)). Every process opens up to this many sessions plus "
+        "its LISTEN one: keep their sum under the server's `max_connections`",
+        json_schema_extra={"shown_default": f"{_DEFAULT_POOL} (computed)"},
     )
     db_idle_in_transaction_timeout_seconds: Annotated[float, parsed(parse_idle_in_transaction)] = (
         Field(
             IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
             alias="DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
-            description="every session the processes open (the "
-            "pool's — not through a transaction pooler: `DATABASE_POOLER` —, the bridge's LISTEN "
-            "connection, `arm-core migrate`'s) sets PostgreSQL's "
-            "`idle_in_transaction_session_timeout` to this, so the server ends a session left "
-            "idle inside a transaction that long (a process whose network path to PostgreSQL went "
-            "silent mid-transaction no longer holds its snapshot and row locks for hours); above "
-            "the publisher's longest wait inside a transaction, NATS's confirmation "
-            f"({PUBLISH_CONFIRM_SECONDS:g} s), or the process stops at start (exit 2). `0`: "
-            "the server's setting. A `DATABASE_URL` whose `options` set it (`options=-c "
-            "idle_in_transaction_session_timeout=…`) wins; its other options are kept. See also "
-            "the server's TCP keepalives: [For DBAs](dbas.md#connections-and-dead-clients)",
+            description="every session the processes open (the pool's — not through a "
+            "transaction pooler: `DATABASE_POOLER` —, the bridge's LISTEN connection, `arm-core "
+            "migrate`'s) sets PostgreSQL's `idle_in_transaction_session_timeout` to this, so the "
+            "server ends a session left idle inside a transaction that long (a process whose "
+            "network path to PostgreSQL went silent mid-transaction no longer holds its snapshot "
+            "and row locks for hours); above the publisher's longest wait inside a transaction, "
+            f"NATS's confirmation ({PUBLISH_CONFIRM_SECONDS:g} s), or the process stops at start "
+            "(exit 2). `0`: the server's setting. A `DATABASE_URL` whose `options` set it "
+            "(`options=-c idle_in_transaction_session_timeout=…`) wins; its other options are "
+            "kept. See also the server's TCP keepalives: "
+            "[For DBAs](dbas.md#connections-and-dead-clients)",
         )
     )
     nats_urls: Annotated[tuple[str, ...], parsed(parse_nats_urls)] = Field(
@@ -536,9 +528,8 @@ class Settings(EnvSettings):
         alias="API_TOKENS",
         description="`actor:level=token,actor2:level=token2` for `AUTH_MODE=token`: level "
         f"{', '.join(f'`{level}`' for level in LEVELS)}, tokens of 16+ characters, no token "
-        "twice. An entry without `:level` holds every level (logged at start, "
-        "`action=deprecated`) until 2.0, which refuses it "
-        "([Access levels](security.md#access-levels))",
+        "twice. An entry without `:level` holds every level (logged at start, `action=deprecated`) "
+        "until 2.0, which refuses it ([Access levels](security.md#access-levels))",
     )
     auth_header: Header = Field("X-Forwarded-User", alias="AUTH_HEADER")
     """identity header set by an authenticating proxy, for `AUTH_MODE=header` (only behind such a
@@ -671,27 +662,24 @@ class Settings(EnvSettings):
     def _check_pooler(self, pgoptions: str) -> None:
         """Through a transaction pooler no startup option reaches PostgreSQL (PgBouncer
         1.18 refuses a connection that sends `options` unless ignore_startup_parameters
-        lists it, and then drops it): DATABASE_URL's `options`, or PGOPTIONS (which libpq
-        sends when the URL has none), would be lost, so they stop the process at start."""
+        lists it, and then drops it): DATABASE_URL's, or PGOPTIONS (which libpq sends when
+        the URL has none)."""
         if not self.transaction_pooler or not self.database_url:
             return
-        if conninfo_to_dict(self.database_url).get("options"):
-            raise ConfigError(
-                "DATABASE_URL: its options cannot reach PostgreSQL through a transaction "
-                "pooler (DATABASE_POOLER=transaction: PgBouncer refuses or drops them); set "
-                "them on the login instead (ALTER ROLE … SET name = value) and take them out "
-                "of the URL"
-            )
-        if pgoptions.strip():
-            raise ConfigError(
-                "PGOPTIONS: cannot reach PostgreSQL through a transaction pooler "
-                "(DATABASE_POOLER=transaction: PgBouncer refuses or drops them); set them on "
-                "the login instead (ALTER ROLE … SET name = value) and unset PGOPTIONS"
-            )
+        options = {
+            "DATABASE_URL: its options": conninfo_to_dict(self.database_url).get("options"),
+            "PGOPTIONS:": pgoptions.strip(),
+        }
+        for said, given in options.items():
+            if given:
+                raise ConfigError(
+                    f"{said} cannot reach PostgreSQL through a transaction pooler "
+                    "(DATABASE_POOLER=transaction: PgBouncer refuses or drops them); set them "
+                    "on the login instead (ALTER ROLE … SET name = value) and unset them"
+                )
 
     def _check_access(self) -> None:
-        """API_TOKENS with AUTH_MODE=token; group settings only with AUTH_MODE=header and
-        its groups header, and a groups header only with a group that lets someone in."""
+        """The access variables, which only work together."""
         if self.auth_mode == "token" and not self.api_tokens:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
         lists = {
@@ -722,11 +710,7 @@ class Settings(EnvSettings):
             )
 
     def _check_bounds(self) -> None:
-        """Variables bounded by others: each inbox worker's share of the buffers holds a
-        message of INBOX_MAX_PAYLOAD_BYTES (else such an answer could never be taken); a
-        loop waiting DATABASE_POOL_TIMEOUT_SECONDS for a connection while the database is
-        away is no stall (else /livez would ask for restarts an outage does not need); a
-        pipeline's in-flight floor is at most its ceiling."""
+        """Variables bounded by others (the fields' descriptions say why)."""
         need = self.inbox_workers * self.inbox_max_payload_bytes
         if self.inbox_buffer_bytes < need:
             raise ConfigError(
@@ -754,10 +738,7 @@ class Settings(EnvSettings):
                 )
 
     def check_results_stream(self) -> None:
-        """With RESULTS_STREAM set: the durable consumer is named after NATS_QUEUE_GROUP
-        (so it must be a valid consumer name), a given ack_wait is at most
-        ACK_TIMEOUT_SECONDS, JetStream wants the duplicate window within the maximum age,
-        and the window must be shorter than ACK_TIMEOUT_SECONDS."""
+        """With RESULTS_STREAM set: the rules between its variables and the others'."""
         if not self.results_stream:
             return
         if not re.fullmatch(_JS_NAME, self.nats_queue_group):
@@ -834,9 +815,8 @@ class Settings(EnvSettings):
         return context
 
     def certificate_files(self) -> dict[str, str]:
-        """Every certificate file this process reads, by the variable that names it:
-        NATS_TLS_CA_FILE, NATS_TLS_CERT_FILE, HTTP_TLS_CERT_FILE, and the sslrootcert and
-        sslcert of DATABASE_URL and DATABASE_LISTEN_URL (as `DATABASE_URL sslcert`)."""
+        """Every certificate file this process reads, by the variable that names it (a
+        database URL's as `DATABASE_URL sslcert`)."""
         files = {
             "NATS_TLS_CA_FILE": self.nats_tls_ca_file,
             "NATS_TLS_CERT_FILE": self.nats_tls_cert_file,
@@ -853,11 +833,7 @@ class Settings(EnvSettings):
 
     @property
     def duplicate_window_seconds(self) -> float:
-        """The results stream's duplicate window: RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS,
-        or when not given a third of ACK_TIMEOUT_SECONDS, at most 120 s and the maximum
-        age, at least the server's 0.1 s. Shorter than ACK_TIMEOUT_SECONDS, so that a
-        service's ack to a republished request (the same Nats-Msg-Id, ACK_TIMEOUT_SECONDS
-        after the first) is stored, not dropped as a duplicate of the first ack."""
+        """RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS, or the default its description gives."""
         if self.results_stream_duplicate_window_seconds is not None:
             return self.results_stream_duplicate_window_seconds
         derived = min(self.ack_timeout_seconds / 3, 120.0, self.results_stream_max_age_seconds)
@@ -865,9 +841,7 @@ class Settings(EnvSettings):
 
     @property
     def stream_ack_wait_seconds(self) -> float:
-        """How long the results stream waits for a bridge to settle a message it
-        delivered before it delivers it again (to any bridge):
-        RESULTS_STREAM_ACK_WAIT_SECONDS, or STREAM_ACK_WAIT_SECONDS."""
+        """RESULTS_STREAM_ACK_WAIT_SECONDS, or STREAM_ACK_WAIT_SECONDS."""
         given = self.results_stream_ack_wait_seconds
         return STREAM_ACK_WAIT_SECONDS if given is None else given
 
@@ -909,9 +883,7 @@ class Settings(EnvSettings):
         return tuple(t for t in self.api_tokens if t.level is None)
 
     def require_safe_exposure(self) -> None:
-        """`arm-core serve` with AUTH_MODE=none on an address other machines can reach
-        would let anyone retry files, audited as "anonymous": refused unless
-        AUTH_ALLOW_ANONYMOUS=true says that is intended."""
+        """`arm-core serve`: AUTH_MODE=none off loopback needs AUTH_ALLOW_ANONYMOUS=true."""
         if self.auth_mode != "none" or self.auth_allow_anonymous or is_loopback(self.http_host):
             return
         raise ConfigError(
@@ -937,10 +909,8 @@ class Settings(EnvSettings):
         return self.database_pooler == "transaction"
 
     def listen_url(self) -> str:
-        """The URL of the bridge's LISTEN session: DATABASE_LISTEN_URL, or DATABASE_URL.
-        Through a transaction pooler a LISTEN lasts one transaction and its session then
-        serves another client, so DATABASE_LISTEN_URL is required there (ConfigError,
-        exit 2 at the start of `serve` and `bridge`)."""
+        """The URL of the bridge's LISTEN session: DATABASE_LISTEN_URL, or DATABASE_URL
+        but through a transaction pooler."""
         given = self.database_listen_url
         if given and not (self.transaction_pooler and given == self.database_url):
             return given
@@ -954,9 +924,7 @@ class Settings(EnvSettings):
 
     def require_session_url(self, command: str) -> str:
         """DATABASE_URL for `command` (`migrate`, `rollback`), which holds an advisory
-        lock across transactions for its whole run; refused with
-        DATABASE_POOLER=transaction (ConfigError, exit 2): the lock would stay on
-        whichever server session took it."""
+        lock across transactions: refused through a transaction pooler."""
         url = self.require_database_url()
         if self.transaction_pooler:
             raise ConfigError(

@@ -1,11 +1,5 @@
-"""Secrets in messages: a URL shown with its password (or NATS token) as ``***``.
-
-A message about a URL shows it with the password replaced by ***; a message about a
-token, a seed or a JWT shows none of it (its position, its length, what is wrong).
-:func:`mask_url` masks one URL, :func:`mask_urls_in` every URL and ``password=…`` in a
-longer text (a driver's error message), and :func:`url_secrets` gives the secret parts
-of a URL as written and percent-decoded (for ``Settings.secrets`` and
-arm_core.logs.Redactor, the net under every log line).
+"""Secrets in messages: a URL shown with its password (or NATS token) as ``***``; a
+message about a token, a seed or a JWT shows none of it.
 """
 
 from __future__ import annotations
@@ -21,8 +15,7 @@ _URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/?#@\"']*)@")
 
 def _split_userinfo(url: str) -> tuple[str, str | None, str | None, str]:
     """(scheme://, user, password, the rest after @) of `url`, cut at the *last* @ so a
-    password with an unencoded @ stays whole; user and password are None without an @,
-    password is None without a colon."""
+    password with an unencoded @ stays whole; None for a part not there."""
     scheme, sep, rest = url.partition("://")
     head = scheme + sep if sep else ""
     if not sep:

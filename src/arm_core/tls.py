@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ssl
-from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
@@ -29,9 +28,7 @@ def _read(var: str, path: str) -> bytes:
         raise ConfigError(f"{var}: cannot read {path!r}: {exc.strerror or exc}") from None
 
 
-def check_certificates(
-    var: str, path: str, now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
-) -> list[x509.Certificate]:
+def check_certificates(var: str, path: str) -> list[x509.Certificate]:
     """The PEM certificates in `path` (a certificate, its chain, or a CA bundle), each
     within its validity period. Raises ConfigError naming `var`."""
     data = _read(var, path)
@@ -39,26 +36,22 @@ def check_certificates(
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
         raise ConfigError(f"{var}: {path!r} holds no PEM certificate") from None
-    moment = now()
+    now = dt.datetime.now(dt.UTC)
     for cert in certs:
+        if cert.not_valid_after_utc < now:
+            when = f"expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M}"
+        elif cert.not_valid_before_utc > now:
+            when = f"is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M}"
+        else:
+            continue
         subject = cert.subject.rfc4514_string() or "(no subject)"
-        if cert.not_valid_after_utc < moment:
-            raise ConfigError(
-                f"{var}: the certificate {subject!r} in {path!r} expired on "
-                f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
-            )
-        if cert.not_valid_before_utc > moment:
-            raise ConfigError(
-                f"{var}: the certificate {subject!r} in {path!r} is not valid before "
-                f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
-            )
+        raise ConfigError(f"{var}: the certificate {subject!r} in {path!r} {when} UTC")
     return certs
 
 
 def expires_at(var: str, path: str) -> dt.datetime:
-    """When the first certificate in `path` to expire does (a certificate with its
-    chain, or a CA bundle): what arm_tls_certificate_expiry_timestamp_seconds says.
-    Raises ConfigError naming `var` for a file that is not checked ones."""
+    """When the first certificate in `path` to expire does (checked as
+    check_certificates does): arm_tls_certificate_expiry_timestamp_seconds."""
     return min(cert.not_valid_after_utc for cert in check_certificates(var, path))
 
 
