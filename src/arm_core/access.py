@@ -26,9 +26,6 @@ GRANTS: dict[Level, frozenset[str]] = {
 NEEDED: dict[str, Level] = {"read": Level.VIEWER, "retry": Level.OPERATOR, "metrics": Level.METRICS}
 EVERY_LEVEL = frozenset(Level)
 
-# METRICS_AUTH: what GET /metrics asks of its caller.
-METRICS_AUTH_MODES = ("level", "any", "none")
-
 
 class ApiToken(NamedTuple):
     """One API_TOKENS entry: `actor:level=token`, or `actor=token` (level None: every

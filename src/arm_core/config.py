@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic.json_schema import JsonDict
 
-from arm_core.access import LEVELS, METRICS_AUTH_MODES, ApiToken, Level
+from arm_core.access import LEVELS, ApiToken, Level
 from arm_core.config_error import ConfigError
 from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair
 from arm_core.redaction import mask_url, mask_urls_in, url_secrets
@@ -44,16 +44,6 @@ N = TypeVar("N", int, float)
 
 # --- parsers: the raw text of a variable → its value, or ValueError saying why (the
 # variable's name is put in front of the message by from_env; no secret is quoted) ---
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def parse_bool(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value not in _TRUE | _FALSE:
-        raise ValueError(f"expected true or false, got {raw!r}")
-    return value in _TRUE
 
 
 def number(
@@ -271,7 +261,7 @@ def parsed(parse: Callable[[str], Any]) -> BeforeValidator:
 
 
 # The kinds of value most variables are.
-Flag = Annotated[bool, parsed(parse_bool)]
+Flag = Annotated[bool, parsed(str.strip)]  # pydantic's: true, false, 1, 0, yes, no, on, off
 Seconds = Annotated[float, parsed(number(float, 0.001))]
 Count = Annotated[int, parsed(number(int, 1))]
 Natural = Annotated[int, parsed(number(int, 0))]  # a count that may be 0
@@ -549,7 +539,7 @@ class Settings(EnvSettings):
     auth_metrics_groups: Groups = Field(frozenset(), alias="AUTH_METRICS_GROUPS")
     """groups (comma-separated) whose members hold `metrics`: `GET /metrics` only; needs
     `AUTH_GROUPS_HEADER`"""
-    metrics_auth: Annotated[str, parsed(one_of(METRICS_AUTH_MODES))] = Field(
+    metrics_auth: Annotated[str, parsed(one_of(("level", "any", "none")))] = Field(
         "level", alias="METRICS_AUTH"
     )
     """what `GET /metrics` of `serve` asks: `level`, a caller of level `metrics` (anyone with

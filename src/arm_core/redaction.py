@@ -16,12 +16,10 @@ _URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/?#@\"']*)@")
 def _split_userinfo(url: str) -> tuple[str, str | None, str | None, str]:
     """(scheme://, user, password, the rest after @) of `url`, cut at the *last* @ so a
     password with an unencoded @ stays whole; None for a part not there."""
-    scheme, sep, rest = url.partition("://")
-    head = scheme + sep if sep else ""
-    if not sep:
-        rest = url
-    userinfo, at, location = rest.rpartition("@")
-    if not at:
+    at = url.find("://")
+    head, rest = (url[: at + 3], url[at + 3 :]) if at >= 0 else ("", url)
+    userinfo, at_sign, location = rest.rpartition("@")
+    if not at_sign:
         return head, None, None, rest
     user, colon, password = userinfo.partition(":")
     return head, user, (password if colon else None), location
@@ -41,12 +39,10 @@ def mask_url(url: str, bare_user_is_secret: bool = False) -> str:
     if _keywords(url):  # only a password= to hide
         return _PASSWORD_PARAM.sub(r"\1***", url)
     head, user, password, location = _split_userinfo(url)
-    if user is not None:
-        if password is not None:
-            userinfo = f"{user}:***"
-        else:
-            userinfo = "***" if bare_user_is_secret or not head else user
-        location = f"{userinfo}@{location}"
+    if password is not None:
+        location = f"{user}:***@{location}"
+    elif user is not None:
+        location = f"{'***' if bare_user_is_secret or not head else user}@{location}"
     return head + _PASSWORD_PARAM.sub(r"\1***", location)
 
 
@@ -64,10 +60,9 @@ def mask_urls_in(text: str) -> str:
 def url_secrets(url: str, bare_user_is_secret: bool) -> list[str]:
     """The password of `url` (or its token) as written and percent-decoded; of a
     key=value conninfo, its password= values."""
+    found = [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
     if _keywords(url):
-        return [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
+        return found
     _, user, password, _ = _split_userinfo(url)
     secret = password if password is not None else (user if bare_user_is_secret else None)
-    found = [secret, unquote(secret)] if secret else []
-    found += [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
-    return found
+    return [*found, secret, unquote(secret)] if secret else found

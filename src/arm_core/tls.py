@@ -74,8 +74,7 @@ def load_pair(context: ssl.SSLContext, cert_var: str, cert: str, key_var: str, k
     try:
         context.load_cert_chain(cert, key, password=no_passphrase)
     except ssl.SSLError as exc:
-        reason = (exc.reason or "").upper()
-        if "KEY_VALUES_MISMATCH" in reason:
+        if "KEY_VALUES_MISMATCH" in (exc.reason or "").upper():
             raise ConfigError(
                 f"{key_var}: the key in {key!r} does not match the certificate of {cert_var}"
             ) from None
