@@ -82,9 +82,7 @@ def one_of(
 
 
 def parse_database_url(raw: str) -> str:
-    """A libpq connection string: a postgresql:// URL (several hosts allowed, as
-    host1:5432,host2:5432 with target_session_attrs=read-write) or the key=value form
-    (host=a,b port=5432,5432 dbname=arm …)."""
+    """A libpq connection string: a postgresql:// URL or the key=value form."""
     value = raw.strip()
     scheme, sep, _ = value.partition("://")
     is_url, is_keywords = bool(sep), not sep and "=" in value
@@ -216,11 +214,9 @@ def parse_groups(raw: str) -> frozenset[str]:
 _JS_NAME = r"[A-Za-z0-9_-]{1,64}"
 
 
-# Connections of the pool kept beside the bridge's loops for the API's requests,
-# /healthcheck and /metrics (and `arm-core bridge`'s health port): each holds one for a
-# statement of a few milliseconds, so four let a health check and a scrape run beside
-# two requests before a request waits (DATABASE_POOL_TIMEOUT_SECONDS); a burst beyond
-# that waits its turn rather than costing the server more sessions.
+# The pool's connections beside the bridge's loops (DATABASE_POOL_MAX_SIZE): each request,
+# check or scrape holds one for a few milliseconds, so four let a health check and a scrape
+# run beside two requests; a burst beyond that waits its turn rather than costing sessions.
 POOL_RESERVE = 4
 
 # The longest the processes sit idle inside a transaction on purpose: the publisher
@@ -303,9 +299,8 @@ class EnvSettings(BaseModel):
 
     @classmethod
     def _read(cls, environ: Mapping[str, str] | None, **given: Any) -> Self:
-        """Reads every variable of `environ` (os.environ by default) a field names, and
-        checks the rules that span several; raises ConfigError naming the first bad one.
-        A blank value counts as not given. `given`: fields that are no variable."""
+        """Every variable of `environ` a field names (a blank one is not given), checked;
+        ConfigError names the first bad one. `given`: fields that are no variable."""
         environ = os.environ if environ is None else environ
         for field in cls.model_fields.values():
             name = field.alias or ""
@@ -338,8 +333,7 @@ class Settings(EnvSettings):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
-        """Every variable of `environ` (os.environ by default), checked; ConfigError
-        names the first bad one."""
+        """Every variable of `environ` (os.environ by default), checked."""
         return cls._read(environ)
 
     database_url: DatabaseUrl = Field(None, alias="DATABASE_URL")
@@ -672,12 +666,8 @@ class Settings(EnvSettings):
         """The access variables, which only work together."""
         if self.auth_mode == "token" and not self.api_tokens:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
-        lists = {
-            "AUTH_OPERATOR_GROUPS": self.auth_operator_groups,
-            "AUTH_VIEWER_GROUPS": self.auth_viewer_groups,
-            "AUTH_METRICS_GROUPS": self.auth_metrics_groups,
-        }
-        given = [name for name, groups in lists.items() if groups]
+        lists = ("AUTH_OPERATOR_GROUPS", "AUTH_VIEWER_GROUPS", "AUTH_METRICS_GROUPS")
+        given = [name for name in lists if name in self.explicit]  # given: not empty
         header = self.auth_groups_header
         if header and self.auth_mode != "header":
             raise ConfigError(
@@ -761,8 +751,7 @@ class Settings(EnvSettings):
 
     def pool_max_size(self) -> int:
         """The pool's max_size: DATABASE_POOL_MAX_SIZE, or by default the bridge's loops
-        plus POOL_RESERVE. An explicit value that leaves the API no connection beside the
-        bridge's loops raises ConfigError naming the variable."""
+        plus POOL_RESERVE; ConfigError when it leaves the API no connection."""
         # What the bridge's loops hold at once at most when this process runs them: one
         # per publisher and per inbox worker, one for the schedule runner.
         loops = self.outbox_publishers + self.inbox_workers + 1 if self.nats_enabled else 0
@@ -779,9 +768,8 @@ class Settings(EnvSettings):
         return self.db_pool_max_size
 
     def nats_tls_context(self) -> ssl.SSLContext | None:
-        """The SSL context of every NATS connection (bridge/nats_client.connect): when a
-        NATS_TLS_* file is given or a URL is tls:// or wss://; None otherwise. Raises
-        ConfigError naming the variable of a file that cannot work."""
+        """The SSL context of every NATS connection: when a NATS_TLS_* file is given or a
+        URL is tls:// or wss://; None otherwise."""
         ca, cert, key = self.nats_tls_ca_file, self.nats_tls_cert_file, self.nats_tls_key_file
         secure = self.nats_tls_handshake_first or any(
             urlsplit(u).scheme in ("tls", "wss") for u in self.nats_urls
@@ -853,9 +841,7 @@ class Settings(EnvSettings):
         written and percent-decoded), a token in a NATS URL, the NATS seed and JWT, the
         API tokens — for arm_core.logs.Redactor to keep out of every line."""
         found: list[str] = []
-        for url in (self.database_url, self.database_listen_url):
-            if not url:
-                continue
+        for url in filter(None, (self.database_url, self.database_listen_url)):
             found += url_secrets(url, bare_user_is_secret=False)
             with contextlib.suppress(psycopg.Error):
                 params = conninfo_to_dict(url)
@@ -937,9 +923,7 @@ def is_loopback(host: str) -> bool:
     """Whether a listen address is reachable from this machine only: localhost,
     127.0.0.0/8, ::1. An empty host (every interface) or any other name is not."""
     value = host.strip().strip("[]").lower()
-    if value == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(value).is_loopback
+        return value == "localhost" or ipaddress.ip_address(value).is_loopback
     except ValueError:
         return False

@@ -9,8 +9,8 @@ from urllib.parse import unquote
 
 _KEYWORD_START = re.compile(r"\s*[A-Za-z_]+\s*=")
 _PASSWORD_PARAM = re.compile(r"(?i)\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)")
-# scheme://userinfo@ inside a longer text (a driver's message).
-_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/?#@\"']*)@")
+# scheme://user:password@ inside a longer text (a driver's message).
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^\s/?#@\"':]*)(:[^\s/?#@\"']*)?@")
 
 
 def _split_userinfo(url: str) -> tuple[str, str | None, str | None, str]:
@@ -49,12 +49,8 @@ def mask_url(url: str, bare_user_is_secret: bool = False) -> str:
 def mask_urls_in(text: str) -> str:
     """`text` (a driver's error message, say) with every scheme://user:password@ in it
     masked and every password=… parameter replaced by ***."""
-
-    def userinfo(m: re.Match[str]) -> str:
-        user, colon, _ = m.group(2).partition(":")
-        return f"{m.group(1)}{user}{':***' if colon else ''}@"
-
-    return _PASSWORD_PARAM.sub(r"\1***", _URL_USERINFO.sub(userinfo, text))
+    masked = _URL_USERINFO.sub(lambda m: f"{m[1]}{':***' if m[2] else ''}@", text)
+    return _PASSWORD_PARAM.sub(r"\1***", masked)
 
 
 def url_secrets(url: str, bare_user_is_secret: bool) -> list[str]:

@@ -1,13 +1,8 @@
-"""TLS files, read and checked when the process starts (arm_core.config.Settings builds
-its SSL contexts with these), so a deployment that cannot work fails at once, exit 2,
-with the variable named: a file that is missing or unreadable, a certificate that is not
-PEM, expired or not yet valid, a key that does not match its certificate, or an
-encrypted key (nothing here would ever type its passphrase). No message quotes a file's
-content — only its path, a certificate's subject and dates.
-
-The contexts are the standard library's defaults (``ssl.create_default_context``): TLS
-1.2 or later, and a client verifies the server's certificate and name, with no switch to
-turn that off.
+"""TLS files, read and checked when the process starts, so a deployment that cannot work
+fails at once, exit 2, naming the variable; no message quotes a file's content, only its
+path, a certificate's subject and dates. Settings builds its contexts with these, on the
+standard library's defaults: TLS 1.2 or later, and a client always verifies the server's
+certificate and name.
 """
 
 from __future__ import annotations
