@@ -54,10 +54,10 @@ def number(
     def parse(raw: str) -> N:
         try:
             value = kind(raw.strip())
+            if not math.isfinite(value):
+                raise ValueError
         except ValueError:
             raise ValueError(f"expected a number, got {raw!r}") from None
-        if not math.isfinite(value):
-            raise ValueError(f"expected a number, got {raw!r}")
         if minimum is not None and value < minimum:
             raise ValueError(f"must be at least {minimum}, got {raw!r}")
         if maximum is not None and value > maximum:
@@ -278,8 +278,7 @@ BLANK_IS_A_VALUE: JsonDict = {"blank_is_a_value": True}
 def _config_error(exc: ValidationError) -> ConfigError:
     """The first error, as `VARIABLE: what is wrong`."""
     error = exc.errors()[0]
-    cause = error.get("ctx", {}).get("error")
-    said = str(cause) if cause is not None else error["msg"]
+    said = str(error.get("ctx", {}).get("error") or error["msg"])  # a parser's words
     name = ".".join(str(part) for part in error["loc"])  # empty: a rule of several
     return ConfigError(f"{name}: {said}" if name else said)
 
@@ -644,10 +643,8 @@ class Settings(EnvSettings):
         return self
 
     def _check_pooler(self, pgoptions: str) -> None:
-        """Through a transaction pooler no startup option reaches PostgreSQL (PgBouncer
-        1.18 refuses a connection that sends `options` unless ignore_startup_parameters
-        lists it, and then drops it): DATABASE_URL's, or PGOPTIONS (which libpq sends when
-        the URL has none)."""
+        """No startup option reaches PostgreSQL through a transaction pooler (PgBouncer 1.18
+        refuses `options` unless ignore_startup_parameters lists it, and then drops them)."""
         if not self.transaction_pooler or not self.database_url:
             return
         options = {
@@ -707,11 +704,10 @@ class Settings(EnvSettings):
                 "LIVENESS_STALL_SECONDS: must be more than twice DATABASE_POOL_TIMEOUT_SECONDS "
                 f"({2 * self.db_pool_timeout_seconds:g} s), got {self.liveness_stall_seconds:g}"
             )
-        for pipeline in ("tabular", "image"):
-            low = getattr(self, f"{pipeline}_min_in_flight")
-            high = getattr(self, f"{pipeline}_max_in_flight")
+        for name in ("TABULAR", "IMAGE"):
+            low = getattr(self, f"{name.lower()}_min_in_flight")
+            high = getattr(self, f"{name.lower()}_max_in_flight")
             if low > high:
-                name = pipeline.upper()
                 raise ConfigError(
                     f"{name}_MIN_IN_FLIGHT: must be at most {name}_MAX_IN_FLIGHT ({high}), "
                     f"got {low}"
@@ -804,9 +800,8 @@ class Settings(EnvSettings):
         for variable, url in urls.items():
             params = conninfo_to_dict(url) if url else {}
             for name in ("sslrootcert", "sslcert"):
-                value = str(params.get(name) or "")
-                if value and value != "system":  # libpq's "the system's CAs"
-                    files[f"{variable} {name}"] = value
+                if params.get(name) != "system":  # libpq's "the system's CAs"
+                    files[f"{variable} {name}"] = str(params.get(name) or "")
         return {var: path for var, path in files.items() if path}
 
     @property
