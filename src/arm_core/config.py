@@ -1,4 +1,4 @@
-"""Configuration from the environment: :class:`Settings`, one pydantic model.
+"""Configuration from the environment: :class:`Settings`, one pydantic-settings model.
 
 Each variable is one field, written once: its type, its parser, its default, and its
 meaning (docs/configuration.md, written by `make docs`); the rules that span several are
@@ -24,15 +24,14 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
     model_validator,
 )
 from pydantic.json_schema import JsonDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from arm_core.access import LEVELS, ApiToken, Level
 from arm_core.config_error import ConfigError
@@ -242,8 +241,7 @@ def parse_idle_in_transaction(raw: str) -> float:
 
 
 # The environment from_env is reading, while it validates what it read: its text is
-# parsed and its rules checked; a value given in code is taken as it is. (Not pydantic's
-# validation context: a model with its own __init__, as ReferenceConfig, drops it.)
+# parsed and its rules checked; a value given in code is taken as it is.
 _READING: ContextVar[Mapping[str, str] | None] = ContextVar("reading", default=None)
 
 
@@ -283,11 +281,11 @@ def _config_error(exc: ValidationError) -> ConfigError:
     return ConfigError(f"{name}: {said}" if name else said)
 
 
-class EnvSettings(BaseModel):
+class EnvSettings(BaseSettings):
     """Settings read from the environment variables their fields' aliases name (each
     subclass's from_env); made in code, by field name, they are taken as given."""
 
-    model_config = ConfigDict(
+    model_config = SettingsConfigDict(
         frozen=True,
         hide_input_in_errors=True,
         validate_by_name=True,
@@ -295,6 +293,18 @@ class EnvSettings(BaseModel):
         extra="forbid",
         use_attribute_docstrings=True,  # each field's docstring: its meaning
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only what the caller passes: from_env reads the environment it is given.
+        return (init_settings,)
 
     @classmethod
     def _read(cls, environ: Mapping[str, str] | None, **given: Any) -> Self:

@@ -49,6 +49,7 @@ THIRD_PARTY = frozenset(
         "psycopg_pool",
         "pydantic",
         "pydantic_core",
+        "pydantic_settings",
         "rfc3339_validator",
         "structlog",
         "yarl",
