@@ -311,11 +311,3 @@ def rollback_to(database_url: str, migration_id: str) -> list[str]:
     for migration in todo:
         log.info("rolled back migration %s", migration.id, extra={"action": "migrate"})
     return [m.id for m in todo]
-
-
-def rollback_all(database_url: str) -> list[str]:
-    """Rolls every applied migration back (for tests and a DBA's clean-up)."""
-    with _yoyo(database_url) as (backend, migrations):
-        todo = backend.to_rollback(migrations)
-        backend.rollback_migrations(todo)
-    return [m.id for m in todo]
