@@ -184,15 +184,13 @@ def _render_text(_: Any, __: str, event_dict: EventDict) -> str:
 
 
 class LogFormatter(structlog.stdlib.ProcessorFormatter):
-    """A stdlib formatter that renders each record through structlog, as JSON
-    (``fmt="json"``) or key=value text (``fmt="text"``), with `redact`'s secrets masked
-    (see the module's docstring)."""
+    """A stdlib formatter rendering each record through structlog as JSON or key=value
+    text, with `redact`'s secrets masked."""
 
     def __init__(self, fmt: str = "text", redact: Redactor | None = None) -> None:
         if fmt not in ("text", "json"):
             raise ValueError(f"log format {fmt!r}: expected text or json")
         self.fmt = fmt
-        self.redact = redact or Redactor()
         as_json = fmt == "json"
         super().__init__(
             foreign_pre_chain=[
@@ -201,7 +199,7 @@ class LogFormatter(structlog.stdlib.ProcessorFormatter):
             ],
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                _redacted(self.redact, typed=as_json),
+                _redacted(redact or Redactor(), typed=as_json),
                 structlog.processors.JSONRenderer(serializer=_dumps) if as_json else _render_text,
             ],
         )

@@ -2,14 +2,11 @@
 and who may call them.
 
 1. The group roles of db/roles.sql (cluster-wide) are created where missing, and the
-   migrating user is made a member of arm_owner. Where the migrating user may do neither
-   (no CREATEROLE), migrate changes nothing and stops with :class:`RolesMissing`, which
-   carries the SQL a DBA runs once (`arm-core migrate` prints it).
+   migrating user is made a member of arm_owner (or :class:`RolesMissing`: ensure_roles).
 2. Tables, types and indexes change only through db/migrations.
-3. The functions and triggers in db/functions are applied on every run (CREATE OR
-   REPLACE), then db/grants.sql gives everything in schema arm to arm_owner and grants
-   each role what it may do, all in one transaction: a function never shows its default
-   owner or PUBLIC's EXECUTE to anyone else.
+3. The functions and triggers in db/functions, then db/grants.sql, are applied on every
+   run, in one transaction: a function never shows its default owner or PUBLIC's
+   EXECUTE to anyone else.
 
 Running migrate twice changes nothing. Concurrent runs on one database queue on an
 advisory lock; runs on other databases of the cluster may create the roles at the same

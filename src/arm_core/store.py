@@ -6,10 +6,8 @@ one runtime operation: it sends the named queries of src/arm_core/queries.sql it
 (tests/integration/test_store.py: each query is sent by exactly one method, and every
 method is called by the runtime or the admin code), owns its transaction, and turns
 driver errors into arm_core.db's DatabaseError / DatabaseUnavailable, named after the
-operation. A wait for a connection that runs out is DatabasePoolExhausted when every
-connection of the pool is in use (the store counts those it holds: nothing else takes
-the pool's), DatabaseUnavailable (an outage) when the pool could not connect. Rows come
-back typed (arm_core.rows). Every state change happens in the functions of db/functions.
+operation. Rows come back typed (arm_core.rows). Every state change happens in the
+functions of db/functions.
 
 The publisher's two operations take a `send` callback: the jobs are claimed, handed to
 `send` (which publishes them to NATS and returns once the server confirmed them) and
@@ -149,8 +147,8 @@ def file_list_params(
 
 class Store:
     """Every runtime operation on the database, on `pool` (the process's only one).
-    `instruments` are the process's (a fresh set when none is given): the outage and the
-    exhausted waits are reported there, and the bridge built on this store counts there."""
+    `instruments` are the process's: the outage and the exhausted waits are reported
+    there, and the bridge built on this store counts there."""
 
     def __init__(
         self, pool: AsyncConnectionPool[Any], instruments: Instruments | None = None
@@ -346,8 +344,7 @@ class Store:
         return await self._pooled("dead_letter_unacked", params, DeadLetteredJob)
 
     async def answers(self, pool_timeout: float | None = None) -> None:
-        """Returns once the database answered one trivial statement; raises as every
-        call does when it does not (`pool_timeout` bounds the wait for a connection)."""
+        """Returns once the database answered one trivial statement."""
         await self._pooled("answers", pool_timeout=pool_timeout)
 
     async def outbox_ready_age(self, pool_timeout: float | None = None) -> float:
@@ -368,7 +365,7 @@ class Store:
         return rows
 
     async def compact_counts(self) -> int:
-        """Folds the per-status count deltas into the counts; returns how many it folded."""
+        """Folds the per-status count deltas into the counts; returns how many."""
         return int(await self._pooled("compact_counts"))
 
     # `within` bounds the wait for a connection and the statement of each of these.
@@ -411,8 +408,7 @@ class Store:
         return await self._pooled("run_due_tasks", None, TaskRun)
 
     async def set_sweep_interval(self, seconds: float) -> None:
-        """Sets the period of the sweep_timeouts task (only that: whether it is enabled
-        stays as a DBA set it)."""
+        """Sets the period of the sweep_timeouts task (not whether a DBA enabled it)."""
         await self._pooled("set_sweep_interval", {"seconds": seconds})
 
     async def set_setting(self, name: str, value: str) -> None:
@@ -481,8 +477,8 @@ class Store:
 
 
 class SyncStore:
-    """The queries `arm-core migrate` sends, on its (synchronous) connection and in its
-    transaction; it wraps the errors of the whole migration."""
+    """The queries `arm-core migrate` sends, on its connection and in its transaction
+    (whose errors it wraps)."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
