@@ -56,12 +56,10 @@ class DatabaseConflict(DatabaseError):
 
 @dataclass(frozen=True)
 class PoolFigures:
-    """The process's pool as it stands (read by Store.pool_figures). `in_use`:
-    connections the store has taken and not given back; `idle`: ready in the pool;
-    `connecting`: the rest of the pool's connections, being opened or opened again
-    after one was lost (psycopg_pool's `pool_size` counts those too, so a pool whose
-    connections an outage broke looks full); `waiting`: requests waiting for one, as
-    the pool counts them."""
+    """The process's pool as it stands (Store.pool_figures). `connecting`: the pool's
+    connections neither `in_use` (taken by the store) nor `idle`, being opened or opened
+    again after one was lost (psycopg_pool's `pool_size` counts those too, so a pool
+    whose connections an outage broke looks full)."""
 
     max_size: int
     in_use: int
@@ -120,14 +118,11 @@ CONNECTION_DEFAULTS = {
 
 
 def connection_options(database_url: str, *, idle_in_transaction: float) -> dict[str, str]:
-    """CONNECTION_DEFAULTS without those `database_url` sets itself (libpq reads both
-    forms: a URL, one or several hosts, and key=value); and, unless 0, libpq's `options`
-    with `-c idle_in_transaction_session_timeout=` `idle_in_transaction` seconds
-    (DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS): the server ends a session left idle
-    inside a transaction that long, e.g. one whose client's network path went silent.
-    The options the URL gives (or else PGOPTIONS, which libpq reads only when a
-    connection string has none) are kept ahead of it; when they set the timeout
-    themselves, they are left as they are."""
+    """CONNECTION_DEFAULTS without those `database_url` sets itself; and, unless 0,
+    `idle_in_transaction` seconds as libpq's `options`' idle_in_transaction_session_timeout
+    (docs/dbas.md "Connections and dead clients"). The options the URL gives (or else
+    PGOPTIONS, which libpq reads only when a connection string has none) are kept ahead
+    of it; when they set the timeout themselves, they are left as they are."""
     given = conninfo_to_dict(database_url)
     found = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
     options = str(given["options"]) if "options" in given else os.environ.get("PGOPTIONS", "")

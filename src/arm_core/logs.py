@@ -58,9 +58,7 @@ def _escape_char(match: re.Match[str]) -> str:
 
 
 def escape(value: object) -> str:
-    """`value` as text on one line: a backslash doubled, a newline as ``\\n``, a
-    carriage return as ``\\r``, a tab as ``\\t``, any other control or line-breaking
-    character as ``\\xNN`` / ``\\uNNNN``."""
+    """`value` as text on one line: _UNSAFE's characters as ``\\n``, ``\\xNN``, …"""
     return _UNSAFE.sub(_escape_char, str(value))
 
 
@@ -80,9 +78,7 @@ class Redactor:
         self._pattern = re.compile("|".join(map(re.escape, kept))) if kept else None
 
     def __call__(self, text: str) -> str:
-        if self._pattern is None:
-            return text
-        return self._pattern.sub("***", text)
+        return self._pattern.sub("***", text) if self._pattern else text
 
 
 def _quote(value: object) -> str:

@@ -70,10 +70,8 @@ class UnackedJob:
 
 @dataclass(frozen=True, slots=True)
 class PublishedJob:
-    """publish_queued_jobs_v2: a claimed job, marked published (its request is to be
-    sent, the transaction committed once NATS confirmed it) or dead-lettered at once
-    because the request exceeds the server's max_payload; for a published job the seconds
-    it waited queued (requested_at → the claim)."""
+    """publish_queued_jobs_v2: a claimed job, marked published (its request to be sent)
+    or dead-lettered because the request exceeds the server's max_payload."""
 
     job_id: uuid.UUID
     attempt: int
@@ -83,7 +81,7 @@ class PublishedJob:
     msg_id: str
     request: str | None  # JSON text to send as it is; None when dead-lettered
     error_message: str | None  # why it was dead-lettered
-    queued_seconds: float | None  # None when dead-lettered
+    queued_seconds: float | None  # requested_at → the claim; None when dead-lettered
 
 
 @dataclass(frozen=True, slots=True)

@@ -349,9 +349,8 @@ class Store:
 
     async def outbox_ready_age(self, pool_timeout: float | None = None) -> float:
         """Seconds the oldest queued job that pacing does not hold back has waited (0 when
-        there is none; arm.outbox_ready_age)."""
-        age = await self._pooled("outbox_ready_age", pool_timeout=pool_timeout)
-        return float(age) if age is not None else 0.0
+        there is none: arm.outbox_ready_age coalesces)."""
+        return float(await self._pooled("outbox_ready_age", pool_timeout=pool_timeout))
 
     async def apply_envelopes(self, answers: Sequence[Answer]) -> list[AppliedEnvelope]:
         """Applies a batch of acks and results in one statement (one transaction), in
