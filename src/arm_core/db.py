@@ -170,13 +170,8 @@ class PoolExhaustion(Episode):
     `total` counts every such wait of the process (arm_db_pool_exhausted_total)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(
-            action="db_pool_exhausted",
-            log=log,
-            level=logging.WARNING,
-            end_level=logging.INFO,
-            clock=clock,
-        )
+        super().__init__(action="db_pool_exhausted", log=log, clock=clock)
+        self.level, self.end_level = logging.WARNING, logging.INFO
         self.total = 0
 
     def exhausted(self, action: str, waited: float, figures: PoolFigures) -> DatabasePoolExhausted:

@@ -94,9 +94,7 @@ def yoyo_url(
 
 
 @contextlib.contextmanager
-def _yoyo(
-    database_url: str, idle_in_transaction: float = IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
-) -> Iterator[tuple[Any, Any]]:
+def _yoyo(database_url: str, idle_in_transaction: float) -> Iterator[tuple[Any, Any]]:
     """yoyo's backend (holding its lock) and the migrations of db/migrations."""
     backend = get_backend(yoyo_url(database_url, idle_in_transaction))
     try:
@@ -292,9 +290,10 @@ def rollback_to(database_url: str, migration_id: str) -> list[str]:
     first, each with its .rollback.sql, under migrate's lock. Returns their ids. The
     function files stay as they are: the previous version's `arm-core migrate` (run next)
     applies its own."""
+    idle = IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
     with (
-        _locked(database_url, "rollback", IDLE_IN_TRANSACTION_TIMEOUT_SECONDS),
-        _yoyo(database_url) as (backend, migrations),
+        _locked(database_url, "rollback", idle),
+        _yoyo(database_url, idle) as (backend, migrations),
     ):
         ids = [m.id for m in migrations]
         if migration_id not in ids:
