@@ -28,9 +28,6 @@ from arm_core.statuses import (
 
 R = TypeVar("R")
 
-# A JSON object as the database returns it (jsonb, loaded).
-JsonObject = dict[str, Any]
-
 
 # --- rows ---------------------------------------------------------------------------
 

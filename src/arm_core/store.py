@@ -48,7 +48,6 @@ from arm_core.rows import (
     DeadLetteredJob,
     FileListFilter,
     FileListItem,
-    JsonObject,
     MovedJob,
     PacedJob,
     PaceRow,
@@ -459,7 +458,7 @@ class Store:
         }
         return await self._pooled("retry_files", params, RetryResult)
 
-    async def get_file(self, file_id: uuid.UUID) -> JsonObject | None:
+    async def get_file(self, file_id: uuid.UUID) -> dict[str, Any] | None:
         """The file, its current job and every attempt as one JSON document; None when
         there is no such file."""
         return await self._pooled("get_file", {"file_id": file_id})
