@@ -451,7 +451,7 @@ class Inbox(Service):
                 backoff = min(backoff * 2, c.backoff_max_seconds)
             except DatabaseError as exc:
                 # A deadlock or serialization failure was tried again by the store
-                # (arm_core.pooled) before it came here.
+                # (arm_core.store) before it came here.
                 self.reachable()
                 if len(batch) > 1:
                     log.warning(

@@ -93,7 +93,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(503, "DATABASE_UNAVAILABLE", "the database cannot be reached")
     except DatabaseConflict as exc:
         # Rolled back by a concurrent transaction after every try the store makes
-        # (arm_core.pooled); nothing of the request was done.
+        # (arm_core.store); nothing of the request was done.
         log.warning("database conflict: %s", exc, extra={"action": "http"})
         return error_response(
             503,

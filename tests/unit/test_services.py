@@ -21,9 +21,8 @@ from arm_core.config import Settings
 from arm_core.config_error import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-# The modules that may make the process's pool and its Store (and the store itself, with
-# its plumbing).
-OWNERS = {"runtime.py", "store.py", "pooled.py", "migrate.py"}
+# The modules that may make the process's pool and its Store (and the store itself).
+OWNERS = {"runtime.py", "store.py", "migrate.py"}
 
 
 def runtime_sources() -> list[Path]:
