@@ -1,8 +1,5 @@
-"""Parsing and validating inbound envelopes from files.tabular_parsed (R-IN-1).
-
-Pure functions: bytes and headers in, an :class:`Envelope` or a :class:`Rejected` with a
-reason out. Nothing here raises on input, whatever it is.
-"""
+"""Parsing and validating inbound envelopes: bytes and headers in, an :class:`Envelope`
+or a :class:`Rejected` with a reason out. Nothing here raises on input, whatever it is."""
 
 from __future__ import annotations
 
@@ -34,10 +31,7 @@ class Envelope:
 
     msg_id: str
     job_id: uuid.UUID
-    file_id: uuid.UUID
     status: JobStatus  # processing (an ack), done, needs_check or error
-    service_name: str
-    service_version: str
     # One element of arm.apply_envelopes_v2's JSON array (arm_core.store.Answer).
     row_json: str
     # What it costs the inbox's buffer, in bytes: its message's size as it came, twice
@@ -59,11 +53,6 @@ class Envelope:
     @property
     def is_ack(self) -> bool:
         return self.status is JobStatus.PROCESSING
-
-    def row(self) -> dict[str, Any]:
-        """The row as a dict (what row_json says)."""
-        loaded: dict[str, Any] = json.loads(self.row_json)
-        return loaded
 
 
 def _row_json(body: dict[str, Any], msg_id: str, status: JobStatus) -> str:
@@ -175,14 +164,6 @@ def capped(body: dict[str, Any]) -> list[str]:
 _NEEDS_WALK = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])|NaN|Infinity|[eE]\+?\d{3}|\d{300}")
 
 
-def _readable_job_id(body: Any) -> str | None:
-    if isinstance(body, dict):
-        value = body.get("job_id")
-        if isinstance(value, str) and len(value) <= 64:
-            return value
-    return None
-
-
 def parse_envelope(
     data: bytes, headers: dict[str, str] | None, max_bytes: int
 ) -> Envelope | Rejected:
@@ -196,7 +177,8 @@ def parse_envelope(
         return Rejected("not_json", str(exc)[:200], msg_id=msg_id)
     if not isinstance(body, dict):
         return Rejected("not_object", f"JSON {type(body).__name__}", msg_id=msg_id)
-    job_id = _readable_job_id(body)
+    job_id = body.get("job_id")
+    job_id = job_id if isinstance(job_id, str) and len(job_id) <= 64 else None  # for the log
     if (major := other_major(body.get("schema_version"))) is not None:
         # A later MINOR is read (its new fields ignored); another MAJOR may mean anything.
         said = f"schema_version MAJOR {major}: this core reads MAJOR {CONTRACT_MAJOR}"
@@ -227,10 +209,7 @@ def parse_envelope(
     return Envelope(
         msg_id=msg_id,
         job_id=uuid.UUID(body["job_id"]),
-        file_id=uuid.UUID(body["file_id"]),
         status=status,
-        service_name=body["service"]["name"],
-        service_version=body["service"]["version"],
         row_json=_row_json(body, msg_id, status),
         size=len(data),
         made_storable=tuple(msg_id_changed + changed),
