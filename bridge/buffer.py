@@ -27,11 +27,8 @@ class Buffer:
         self._items: deque[Envelope] = deque()
         self._changed = asyncio.Event()
 
-    def qsize(self) -> int:
+    def __len__(self) -> int:
         return len(self._items)
-
-    def empty(self) -> bool:
-        return not self._items
 
     def room(self) -> tuple[int, int]:
         """How many more envelopes, and how many more bytes, it takes now."""

@@ -107,12 +107,8 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
             changed += [f"{path}/{new_key}"] * bool(key_changed) + item_changed
         return out, list(dict.fromkeys(changed))
     if isinstance(value, list):
-        items, changed = [], []
-        for i, item in enumerate(value):
-            new_item, item_changed = storable(item, f"{path}/{i}")
-            items.append(new_item)
-            changed += item_changed
-        return items, changed
+        done = [storable(item, f"{path}/{i}") for i, item in enumerate(value)]
+        return [item for item, _ in done], [p for _, changed in done for p in changed]
     return value, []
 
 

@@ -25,11 +25,8 @@ Counts = Counter[str]
 class Source(Protocol):
     """The service that saw an event."""
 
-    @property
-    def counts(self) -> Counts: ...
-
-    @property
-    def metrics(self) -> Metrics: ...
+    counts: Counts
+    metrics: Metrics
 
 
 # Why an envelope was lost before the database saw it, as its log line says it.
@@ -63,15 +60,12 @@ def published(seen: Source, jobs: Sequence[PublishedJob]) -> None:
     log.info("published %d jobs", len(jobs), extra={"action": "publish", "count": len(jobs)})
 
 
-def unpublishable(seen: Source, job: PublishedJob) -> None:
-    """Dead-lettered at claim: the request exceeds the server's max_payload."""
+def unpublishable(seen: Source, job: PublishedJob | UnackedJob, why: str) -> None:
+    """Dead-lettered (REQUEST_TOO_LARGE): the request exceeds the server's max_payload, at
+    claim or (max_payload lowered) when it was to be republished."""
     seen.metrics.transition("dlq")
     seen.counts["unpublishable"] += 1
-    log.error(
-        "dead-lettered: the request cannot be published: %s",
-        job.error_message,
-        extra={**_job("dlq", job), "reason": "REQUEST_TOO_LARGE"},
-    )
+    log.error("dead-lettered: %s", why, extra={**_job("dlq", job), "reason": "REQUEST_TOO_LARGE"})
 
 
 def batch_failed(seen: Source, action: str, n: int, error: str) -> None:
@@ -97,19 +91,6 @@ def republished(seen: Source, jobs: Sequence[UnackedJob]) -> None:
             "republished: no ack yet",
             extra={**_job("republish", job), "count": job.republish_count + 1},
         )
-
-
-def cannot_republish(seen: Source, job: UnackedJob, max_payload: int) -> None:
-    """An overdue request no longer fits max_payload (it was lowered): dead-lettered."""
-    seen.counts["unpublishable"] += 1
-    seen.metrics.transition("dlq")
-    log.error(
-        "dead-lettered: the request of %d bytes exceeds the server's max_payload %d and "
-        "cannot be republished",
-        job.bytes,
-        max_payload,
-        extra={**_job("dlq", job), "reason": "REQUEST_TOO_LARGE"},
-    )
 
 
 def dead_lettered(seen: Source, jobs: Sequence[DeadLetteredJob]) -> None:
@@ -296,8 +277,7 @@ def applied_batch(seen: Source, outcomes: Counter[ApplyOutcome]) -> None:
     """One arm.apply_envelopes_v2 call: one line at INFO for the batch (one per envelope
     is DEBUG: a line per envelope cost a fifth of the bridge's CPU in a burst)."""
     seen.counts["batches"] += 1
-    applied = outcomes[ApplyOutcome.APPLIED]
-    if applied:
+    if applied := outcomes[ApplyOutcome.APPLIED]:
         log.info(
             "applied %d envelopes in one transaction (%s)",
             applied,

@@ -116,13 +116,13 @@ class Inbox(Service):
 
     def buffered(self) -> int:
         """Envelopes waiting in the buffers."""
-        return sum(q.qsize() for q in self.queues)
+        return sum(len(q) for q in self.queues)
 
     def held(self) -> int:
         """Envelopes received and not applied yet: in the buffers, or in a worker's hands
         (its batch, held while the database is away; those waiting for a busy job)."""
-        held = sum(len(batch) for batch in self._next_batch)
-        return self.buffered() + held + sum(len(w) for w in self._snoozed)
+        in_hand = self._next_batch + self._snoozed
+        return self.buffered() + sum(len(envelopes) for envelopes in in_hand)
 
     def room(self) -> tuple[int, int]:
         """How many more envelopes, and bytes, the buffers take now, all together."""
@@ -158,21 +158,17 @@ class Inbox(Service):
             parsed = dataclasses.replace(parsed, msg=msg, size=parsed.size + len(msg.data))
         worker = self._worker_of(parsed)
         queue = self.queues[worker]
-        if parsed.msg is not None and self.db_unreachable:
-            await self.release([parsed], "buffer_full")  # another bridge may reach it
-            return
-        while not queue.put_nowait(parsed):
+        # While the database is unreachable, a message of the stream goes back at once:
+        # another bridge may reach its database.
+        while (parsed.msg is not None and self.db_unreachable) or not queue.put_nowait(parsed):
             if self.db_unreachable:
                 await self.release([parsed], "buffer_full")
                 return
             # Nobody will make room once the worker's loop has stopped (a loop never
             # started is a test stepping the inbox).
             supervisor = self.supervisor
-            if (
-                self.tasks
-                and supervisor is not None
-                and not supervisor.running(self.worker_name(worker))
-            ):
+            stopped = supervisor is not None and not supervisor.running(self.worker_name(worker))
+            if self.tasks and stopped:
                 await self.release([parsed], "shutdown")
                 return
             # The database is there, the worker is only behind: wait for room.
@@ -185,18 +181,16 @@ class Inbox(Service):
         NAK_DELAY_SECONDS, to whichever bridge fetches — one that reaches its database);
         the others are lost before the database saw them: counted, logged once per
         burst."""
-        returned = [e for e in envelopes if e.msg is not None]
+        s, why = self.config.settings, events.DROPPED_BECAUSE.get(reason, reason)
+        why = why.format(size=s.inbox_buffer_size, bytes=s.inbox_buffer_bytes)
         for envelope in envelopes:
             if envelope.msg is None:
-                s, why = self.config.settings, events.DROPPED_BECAUSE.get(reason, reason)
-                said = why.format(size=s.inbox_buffer_size, bytes=s.inbox_buffer_bytes)
-                self.drops.dropped(envelope, reason, said)
+                self.drops.dropped(envelope, reason, why)
                 events.dropped(self, envelope, reason)
-        for envelope in returned:
-            assert envelope.msg is not None
-            await self._settle(envelope.msg, nak=True)
-        if returned:
-            events.handed_back(self, len(returned), reason)
+            else:
+                await self._settle(envelope.msg, nak=True)
+        if returned := sum(e.msg is not None for e in envelopes):
+            events.handed_back(self, returned, reason)
 
     async def probe(self, within: float = 2.0) -> bool:
         """Whether the database answers now (one cheap read, within `within` seconds);
@@ -222,17 +216,13 @@ class Inbox(Service):
         self.drops.ended()
 
     async def _settle(self, msg: Msg, terminate: bool = False, nak: bool = False) -> None:
-        """Acks (or terminates, or nacks) a message of the results stream. A
-        lost ack only means the message comes again: the database then calls it a
-        duplicate."""
+        """Acks (or terminates, or nacks) a message of the results stream. A lost ack only
+        means the message comes again: the database then calls it a duplicate."""
         try:
             if nak:
                 await msg.nak(delay=NAK_DELAY_SECONDS)
                 return
-            if terminate:
-                await msg.term()
-            else:
-                await msg.ack()
+            await (msg.term() if terminate else msg.ack())
             events.settled(self, terminate)
         except Exception as exc:
             log.warning(
@@ -264,7 +254,7 @@ class Inbox(Service):
         while snoozed and snoozed[0][0] <= now:
             due.append(snoozed.popleft()[1])
         batch[:0] = due
-        while len(batch) < limit and not queue.empty():
+        while len(batch) < limit and queue:
             batch.append(queue.get_nowait())
         if not batch:
             return []
@@ -303,9 +293,9 @@ class Inbox(Service):
         queue, leading, c = self.queues[worker], self._next_batch, self.config
         pause = c.busy_pause_seconds
         try:
-            while not (stopping.is_set() and queue.empty() and not leading[worker]):
+            while not (stopping.is_set() and not queue and not leading[worker]):
                 self.beat(self.worker_name(worker))
-                if not leading[worker] and queue.empty():
+                if not leading[worker] and not queue:
                     first = await queue.get(0.5)
                     if first is not None:
                         leading[worker] = [first]

@@ -254,7 +254,6 @@ class Bridge:
             consumer,
             self.inbox,
             s.results_stream,
-            batch_size=s.inbox_batch_size,
             fetch_pause_max_seconds=c.fetch_pause_max_seconds,
         )
         self.stream.start(self.supervisor)
