@@ -44,8 +44,7 @@ class Envelope:
     msg_id_derived: bool = False
     # The JSON paths cut to the caps (capped): stored cut, with the original length.
     truncated: tuple[str, ...] = ()
-    # RESULTS_STREAM: the message it came in, acknowledged once its outcome is final
-    # (bridge/inbox.py); None when there is nothing to acknowledge (core NATS).
+    # RESULTS_STREAM: the message it came in, settled once its outcome is final.
     msg: Msg | None = None
     # When it arrived (time.monotonic()).
     received_at: float = field(default_factory=time.monotonic)
@@ -113,10 +112,7 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
 
 
 # What the core keeps of an answer's free text and metrics (docs/contracts/README.md,
-# "Caps"). The seeds set no limit; these bound what a job's row and a log line carry.
-# Longer text is stored cut, ending with a marker that gives its length, and extra
-# metrics keys go, counted: an answer is never dropped for its size within
-# INBOX_MAX_PAYLOAD_BYTES (an error answer keeps its service's code).
+# "Caps"): an answer is never dropped for its size within INBOX_MAX_PAYLOAD_BYTES.
 TEXT_CAPS: tuple[tuple[str | None, str, int], ...] = (
     ("service", "name", 200),
     ("service", "version", 100),
@@ -125,11 +121,6 @@ TEXT_CAPS: tuple[tuple[str | None, str, int], ...] = (
 )
 METRICS_KEYS_CAP = 100
 METRICS_CUT_KEY = "_truncated_keys"
-
-
-def _cut(text: str, cap: int) -> str:
-    marker = f" …[truncated: {len(text)} characters]"
-    return text[: cap - len(marker)] + marker
 
 
 def capped(body: dict[str, Any]) -> list[str]:
@@ -141,7 +132,8 @@ def capped(body: dict[str, Any]) -> list[str]:
         if isinstance(holder, dict):
             value = holder.get(key)
             if isinstance(value, str) and len(value) > cap:
-                holder[key] = _cut(value, cap)
+                marker = f" …[truncated: {len(value)} characters]"
+                holder[key] = value[: cap - len(marker)] + marker
                 cut.append(f"/{parent}/{key}" if parent else f"/{key}")
     metrics = body.get("metrics")
     if isinstance(metrics, dict) and len(metrics) > METRICS_KEYS_CAP:
@@ -181,11 +173,9 @@ def parse_envelope(
         return Rejected("schema_version_unsupported", said, job_id, msg_id)
     derived = False
     if not msg_id or not msg_id.strip():
-        # An ack needs no id: nothing in the state machine reads it (a repeated ack is
-        # told by the job's status). It is named as the contract names it, less the
-        # attempt its body does not carry. A result does: its id is how a repeated
-        # result is told from another one (result_msg_id), so without it the
-        # result is dropped, and says why.
+        # An ack needs no id: nothing reads it (a repeated ack is told by the job's
+        # status); it is named as the contract names it, less the attempt. A result's id
+        # is how a repeated result is told from another one: without it, it is dropped.
         if body.get("status") != "processing" or job_id is None:
             return Rejected("missing_msg_id", f"no {MSG_ID_HEADER} header", job_id=job_id)
         msg_id, derived = f"ack:{job_id}", True
@@ -194,8 +184,6 @@ def parse_envelope(
     if (why := problem(RESULT_SCHEMA, body)) is not None:
         return Rejected("schema", why, job_id, msg_id)
     # Schema-valid is recorded: what PostgreSQL cannot store as given is made storable.
-    # The walk is needed only when the text has a NUL or surrogate escape or a number
-    # that is not finite; most envelopes have none, and skip it.
     changed: list[str] = []
     if _NEEDS_WALK.search(data):
         body, changed = storable(body)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from arm_core.bridge.envelope import Envelope, Rejected
 from arm_core.bridge.nats_client import MSG_ID_HEADER
 from arm_core.instruments import Metrics
-from arm_core.rows import DeadLetteredJob, PublishedJob, TaskRun, UnackedJob
+from arm_core.rows import AppliedEnvelope, DeadLetteredJob, PublishedJob, TaskRun, UnackedJob
 from arm_core.statuses import ApplyOutcome, JobStatus
 
 log = logging.getLogger(__name__)
@@ -236,36 +236,30 @@ def slow_consumer(seen: Source) -> None:
     seen.counts["dropped.slow_consumer"] += 1
 
 
-def outcome(
-    seen: Source,
-    envelope: Envelope,
-    result: ApplyOutcome,
-    attempt: int | None,
-    status: JobStatus | None = None,
-    wait_seconds: float | None = None,
-    error: str | None = None,
-) -> None:
-    """What the database made of one envelope (`busy`: not yet, it is applied again)."""
+def outcome(seen: Source, envelope: Envelope, row: AppliedEnvelope | None, error: str = "") -> None:
+    """What the database made of one envelope (`busy`: not yet, it is applied again); no
+    `row`: it raised on this envelope even alone (`failed`, with the error)."""
+    result = row.outcome if row else ApplyOutcome.FAILED
     seen.counts[result.value] += 1
     if result is ApplyOutcome.BUSY:
         return
     seen.metrics.envelope(result.value)
     action = "ack" if envelope.is_ack else "result"
+    attempt = row.attempt if row else None
     extra = _envelope(envelope, action, attempt=attempt, status=envelope.status)
-    if result is ApplyOutcome.APPLIED:
-        if status is not None:
-            seen.metrics.transition(status.value)
-            seen.metrics.waited(
-                "ack" if status is JobStatus.PROCESSING else "processing", wait_seconds
-            )
-        log.debug("%s applied", action, extra=extra)
-    elif result is ApplyOutcome.FAILED:
+    if row is None:
         log.error(
             "%s could not be applied: %s",
             action,
             error,
             extra={**extra, "reason": "apply_error", "outcome": result},
         )
+    elif result is ApplyOutcome.APPLIED:
+        if row.status is not None:
+            seen.metrics.transition(row.status.value)
+            phase = "ack" if row.status is JobStatus.PROCESSING else "processing"
+            seen.metrics.waited(phase, row.wait_seconds)
+        log.debug("%s applied", action, extra=extra)
     else:  # a valid envelope with nothing to change: duplicate, already_final, …
         seen.counts["ignored"] += 1
         level = logging.INFO if result is ApplyOutcome.DUPLICATE else logging.WARNING

@@ -135,10 +135,8 @@ class Inbox(Service):
 
     async def on_message(self, msg: Msg, settle: bool = True) -> None:
         """nats-py subscription callback: never raises. Waits for room in the buffer
-        while the database is reachable and the buffer's worker runs (or restarts);
-        drops (counted, logged) during an outage, and once the worker has stopped.
-        `settle=False`: a core NATS message handed in while the answers come from the
-        results stream (bridge/replay.py), with nothing to acknowledge."""
+        while the database is reachable and the worker runs; else releases the envelope.
+        `settle=False`: a core NATS message replayed (bridge/replay.py)."""
         settle = settle and self.acks
         self.counts["received"] += 1
         try:
@@ -176,11 +174,8 @@ class Inbox(Service):
                 break
 
     async def release(self, envelopes: list[Envelope], reason: str) -> None:
-        """Envelopes this inbox will not apply (`reason`: buffer_full, shutdown). Those
-        from the results stream are nacked (the stream delivers them again after
-        NAK_DELAY_SECONDS, to whichever bridge fetches — one that reaches its database);
-        the others are lost before the database saw them: counted, logged once per
-        burst."""
+        """Envelopes this inbox will not apply (`reason`: buffer_full, shutdown): nacked
+        when they came from the results stream, else lost before the database saw them."""
         s, why = self.config.settings, events.DROPPED_BECAUSE.get(reason, reason)
         why = why.format(size=s.inbox_buffer_size, bytes=s.inbox_buffer_bytes)
         for envelope in envelopes:
@@ -285,11 +280,8 @@ class Inbox(Service):
         return age < self.config.not_published_patience_seconds
 
     async def _work(self, worker: int, stopping: asyncio.Event) -> None:
-        """Applies the envelopes of the worker's buffer, batch by batch (run_once), until
-        `stopping` is set and it is drained. Envelopes the database calls `busy` (another
-        transaction holds their job, e.g. a publisher about to commit the request they
-        answer) lead the next batch, so they are applied before anything that arrived
-        after them."""
+        """Applies the worker's buffer, batch by batch (run_once), until `stopping` is set
+        and it is drained."""
         queue, leading, c = self.queues[worker], self._next_batch, self.config
         pause = c.busy_pause_seconds
         try:
@@ -329,12 +321,10 @@ class Inbox(Service):
     async def _apply_until_done(
         self, batch: list[Envelope], stopping: asyncio.Event
     ) -> list[EnvelopeOutcome]:
-        """Applies `batch`, holding it while the database is unreachable. A batch the
-        database rejects is split into single envelopes, each applied on its own.
-        Returns the outcome of every envelope applied, in the batch's order (`busy` ones
-        are applied again later). The others are released: with RESULTS_STREAM, its
-        messages are nacked as soon as the database is unreachable (bridge/stream_fetch.py
-        then stops fetching); core NATS ones are dropped at shutdown."""
+        """Applies `batch`, holding it while the database is unreachable; a batch the
+        database rejects is applied one envelope at a time. Returns the outcome of every
+        envelope applied, in order; the others are released (with RESULTS_STREAM, as soon
+        as the database is unreachable; core NATS ones at shutdown)."""
         c = self.config
         backoff = c.backoff_seconds
         while True:
@@ -354,14 +344,10 @@ class Inbox(Service):
                     # Pause: what the results stream keeps, of the batch and the buffers,
                     # goes back to it now, for a bridge that reaches its database; only
                     # core NATS answers are held.
-                    kept = [e for e in batch if e.msg is None]
-                    returned = [e for e in batch if e.msg is not None]
-                    returned += [
-                        e for q in self.queues for e in q.take(lambda e: e.msg is not None)
-                    ]
-                    if returned:
-                        await self.release(returned, "buffer_full")
-                    if not (batch := kept):
+                    back = [e for e in batch if e.msg is not None]
+                    back += [e for q in self.queues for e in q.take(lambda e: e.msg is not None)]
+                    await self.release(back, "buffer_full")
+                    if not (batch := [e for e in batch if e.msg is None]):
                         return []
                 if stopping.is_set() and backoff >= c.backoff_max_seconds:
                     await self.release(batch, "shutdown")
@@ -380,7 +366,7 @@ class Inbox(Service):
                         extra={"action": "inbox_split", "count": len(batch)},
                     )
                     return await self._one_by_one(batch, stopping)
-                events.outcome(self, batch[0], ApplyOutcome.FAILED, None, error=str(exc))
+                events.outcome(self, batch[0], None, str(exc))
                 return [EnvelopeOutcome(batch[0], ApplyOutcome.FAILED)]
 
     def _worker_of(self, envelope: Envelope) -> int:
@@ -405,8 +391,7 @@ class Inbox(Service):
             except Exception as exc:
                 if not guarded:
                     raise
-                error = f"{type(exc).__name__}: {exc}"
-                events.outcome(self, envelope, ApplyOutcome.FAILED, None, error=error)
+                events.outcome(self, envelope, None, f"{type(exc).__name__}: {exc}")
                 alone = [EnvelopeOutcome(envelope, ApplyOutcome.FAILED)]
             results += alone
             if any(r.outcome is ApplyOutcome.BUSY for r in alone):
@@ -415,12 +400,12 @@ class Inbox(Service):
 
     async def apply(self, batch: list[Envelope]) -> list[EnvelopeOutcome]:
         """Hands `batch` to arm.apply_envelopes_v2 in one transaction; records each
-        outcome. Returns the outcomes in the batch's order."""
+        outcome."""
         rows = await self.store.apply_envelopes(batch)
         for envelope, row in zip(batch, rows, strict=True):
             if row.outcome is ApplyOutcome.NOT_PUBLISHED and self._patient(envelope):
                 continue  # applied again later (run_once): not an outcome yet
-            events.outcome(self, envelope, row.outcome, row.attempt, row.status, row.wait_seconds)
+            events.outcome(self, envelope, row)
         events.applied_batch(self, Counter(row.outcome for row in rows))
         if self.answered is not None and any(r.outcome is ApplyOutcome.APPLIED for r in rows):
             self.answered.set()

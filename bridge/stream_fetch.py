@@ -22,8 +22,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class StreamConsumer(Service):
-    # nats-py's pull subscription of the durable consumer (bridge/stream_setup.py
-    # results_consumer).
+    # nats-py's pull subscription of the durable consumer (stream_setup.results_consumer).
     consumer: Any
     inbox: Inbox
     stream: str
