@@ -92,8 +92,7 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
     NaN and ±Infinity become null (JSON has no such numbers; Python's json writes them),
     and lone UTF-16 surrogates become U+FFFD (they cannot be encoded as UTF-8)."""
     if isinstance(value, str):
-        fixed = value.replace("\x00", "")
-        fixed = _LONE_SURROGATE.sub("\ufffd", fixed)
+        fixed = _LONE_SURROGATE.sub("\ufffd", value.replace("\x00", ""))
         return fixed, ([path or "/"] if fixed != value else [])
     if isinstance(value, float) and not math.isfinite(value):
         return None, [path or "/"]

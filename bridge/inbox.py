@@ -137,12 +137,10 @@ class Inbox(Service):
         """nats-py subscription callback: never raises. Waits for room in the buffer
         while the database is reachable and the worker runs; else releases the envelope.
         `settle=False`: a core NATS message replayed (bridge/replay.py)."""
-        settle = settle and self.acks
+        settle, limit = settle and self.acks, self.config.settings.inbox_max_payload_bytes
         self.counts["received"] += 1
         try:
-            parsed = parse_envelope(
-                msg.data, msg.headers, self.config.settings.inbox_max_payload_bytes
-            )
+            parsed = parse_envelope(msg.data, msg.headers, limit)
         except Exception as exc:  # a bug here must not kill the subscription
             parsed = Rejected("parse_error", f"{type(exc).__name__}: {exc}")
         if isinstance(parsed, Rejected):
@@ -227,7 +225,6 @@ class Inbox(Service):
             )
 
     def loops(self) -> dict[str, Loop]:
-        """One loop per worker: inbox-0, inbox-1, …"""
         return {
             self.worker_name(w): functools.partial(self._work, w) for w in range(len(self.queues))
         }

@@ -18,7 +18,6 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -34,11 +33,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Recent:
-    """Core NATS messages of the last `seconds`, at most LIMIT of them and `max_bytes`
+    """Core NATS messages of the last `seconds`, at most `limit` of them and `max_bytes`
     of their data (a quarter of INBOX_BUFFER_BYTES): the oldest go first."""
 
-    LIMIT: ClassVar[int] = 100_000
     seconds: float
+    limit: int = 100_000
     max_bytes: int = 32 << 20
     bytes: int = field(default=0, init=False)
     _kept: deque[tuple[float, Msg]] = field(default_factory=deque, init=False)
@@ -56,7 +55,7 @@ class Recent:
     def _expire(self, now: float) -> None:
         kept = self._kept
         while kept and (
-            now - kept[0][0] > self.seconds or len(kept) > self.LIMIT or self.bytes > self.max_bytes
+            now - kept[0][0] > self.seconds or len(kept) > self.limit or self.bytes > self.max_bytes
         ):
             self.bytes -= len(kept.popleft()[1].data)
 

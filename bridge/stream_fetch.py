@@ -76,10 +76,8 @@ class StreamConsumer(Service):
 
     async def release_late(self) -> None:
         """A fetch returns once it has messages, but its request stays open at the server
-        until it expires (up to the fetch's wait): what the server sends to it after the
-        inbox paused waits in the subscription's queue, unread. Those are nacked too (the
-        inbox releases what it is given while it cannot reach its database), or they
-        would wait for the consumer's ack wait."""
+        until it expires: what the server sends to it after the inbox paused waits in the
+        subscription's queue, unread. Those are handed back too, not left to the ack wait."""
         if self.consumer.pending_msgs == 0:
             return
         with contextlib.suppress(TimeoutError, NatsError):
