@@ -30,9 +30,10 @@ _VERSION = re.compile(r"([0-9]{1,9})\.[0-9]{1,9}")
 def other_major(version: object) -> int | None:
     """The MAJOR of a well-formed schema_version that is not CONTRACT_MAJOR, else None
     (a malformed one is the schema's to refuse)."""
-    found = _VERSION.fullmatch(version) if isinstance(version, str) else None
-    major = int(found.group(1)) if found else CONTRACT_MAJOR
-    return None if major == CONTRACT_MAJOR else major
+    if isinstance(version, str) and (m := _VERSION.fullmatch(version)):
+        major = int(m.group(1))
+        return major if major != CONTRACT_MAJOR else None
+    return None
 
 
 @cache
