@@ -259,7 +259,8 @@ class Publisher(Service):
             events.published(self, sent)
         for job in claimed:
             if job.outcome is PublishOutcome.DLQ:
-                events.unpublishable(self, job)
+                why = f"the request cannot be published: {job.error_message}"
+                events.unpublishable(self, job, why)
         return _Batch(tuple(claimed))
 
     def _pacing(self) -> Pacing:
@@ -300,7 +301,8 @@ class Publisher(Service):
         if sent:
             events.republished(self, sent)
         for job in too_large:
-            events.cannot_republish(self, job, limit)
+            why = f"the request of {job.bytes} bytes exceeds the server's max_payload {limit}"
+            events.unpublishable(self, job, f"{why} and cannot be republished")
         return sent, False
 
     async def _dead_letter(self) -> list[DeadLetteredJob]:

@@ -19,6 +19,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
+from arm_core.bridge import events
 from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import Listener, ListenerState
@@ -148,7 +149,7 @@ class Bridge:
                 if self.replayer is not None:
                     self.replayer.reconnected()
             elif event == "slow_consumer":
-                self.inbox.slow_consumer()
+                events.slow_consumer(self.inbox)
 
         if not self._connected:
             await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
@@ -253,7 +254,6 @@ class Bridge:
             consumer,
             self.inbox,
             s.results_stream,
-            batch_size=s.inbox_batch_size,
             fetch_pause_max_seconds=c.fetch_pause_max_seconds,
         )
         self.stream.start(self.supervisor)
