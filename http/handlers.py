@@ -250,7 +250,7 @@ async def status(request: web.Request) -> web.Response:
     no bridge shows). Bounded reads, shared by the polls of STATUS_CACHE_SECONDS."""
     app = request.app
     settings = app[SETTINGS]
-    view, bridges, pacing = await app[METRICS].status_view(settings.ack_timeout_seconds)
+    view, bridges, pacing = await app[METRICS].status_view()
     bridge: dict[str, str] | None = None
     if BRIDGE_VIEW in app:
         own = app[BRIDGE_VIEW]

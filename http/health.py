@@ -123,7 +123,7 @@ def install_health(app: web.Application) -> None:
 
     settings = app[SETTINGS]
     app[METRICS] = AppMetrics(
-        store=lambda: app.get(STORE),
+        store=lambda: app[STORE],
         bridge=bridge_state,
         instruments=app[INSTRUMENTS],
         ack_timeout=settings.ack_timeout_seconds,
