@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from arm_core.http.auth import CALLER, Caller, authenticate
-from arm_core.http.errors import ApiError, RequestTimeout
+from arm_core.http.errors import ApiError
 from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, STORE
 from arm_core.rows import RetryResult
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
@@ -379,7 +379,11 @@ async def _json_body(request: web.Request, required: bool) -> Any:
             seconds,
             extra={"action": "http_timeout"},
         )
-        raise RequestTimeout(seconds) from None
+        raise ApiError(
+            408,
+            "REQUEST_TIMEOUT",
+            f"the request body did not arrive within HTTP_BODY_TIMEOUT_SECONDS={seconds:g}",
+        ) from None
     if not raw.strip():
         if required:
             raise ApiError(400, "INVALID_JSON", "the request needs a JSON body")
