@@ -45,6 +45,11 @@ class ApiError(Exception):
         self.details, self.headers = details, headers
 
 
+def invalid_parameter(parameter: str, message: str) -> ApiError:
+    """400 VALIDATION_ERROR naming a query parameter."""
+    return ApiError(400, "VALIDATION_ERROR", f"{parameter}: {message}", {"parameter": parameter})
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
