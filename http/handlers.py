@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from arm_core.http.auth import CALLER, Caller, authenticate
-from arm_core.http.errors import ApiError
+from arm_core.http.errors import ApiError, invalid_parameter
 from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, STORE
 from arm_core.rows import RetryResult
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
@@ -36,12 +36,19 @@ _WHY = {
 }
 
 
+def _uuid(raw: object) -> uuid.UUID | None:
+    """`raw` as a uuid; None when it is not a string spelling one."""
+    try:
+        return uuid.UUID(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+
+
 def _file_id(request: web.Request) -> uuid.UUID:
     raw = request.match_info["file_id"]
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise ApiError(400, "INVALID_FILE_ID", f"not a uuid: {raw[:64]!r}") from None
+    if (found := _uuid(raw)) is None:
+        raise ApiError(400, "INVALID_FILE_ID", f"not a uuid: {raw[:64]!r}")
+    return found
 
 
 def _not_retryable_details(row: RetryResult) -> dict[str, Any]:
@@ -55,12 +62,9 @@ def _not_retryable_details(row: RetryResult) -> dict[str, Any]:
 
 
 def _job_id(raw: object, where: str) -> uuid.UUID:
-    try:
-        if not isinstance(raw, str):
-            raise ValueError
-        return uuid.UUID(raw)
-    except ValueError:
-        raise ApiError(400, "VALIDATION_ERROR", f"{where}: not a job id (a uuid)") from None
+    if (found := _uuid(raw)) is None:
+        raise ApiError(400, "VALIDATION_ERROR", f"{where}: not a job id (a uuid)")
+    return found
 
 
 def _expected_job(request: web.Request, body: object) -> uuid.UUID | None:
@@ -139,15 +143,9 @@ async def retry_files(request: web.Request) -> web.Response:
         raise ApiError(413, "TOO_MANY_FILES", f"{len(raw_ids)} file ids; at most {limit} a request")
     if not raw_ids:
         raise ApiError(400, "VALIDATION_ERROR", "file_ids is empty")
-    ids: list[uuid.UUID] = []
-    bad: list[int] = []
-    for i, raw in enumerate(raw_ids):
-        try:
-            if not isinstance(raw, str):
-                raise ValueError
-            ids.append(uuid.UUID(raw))
-        except ValueError:
-            bad.append(i)
+    parsed = [_uuid(raw) for raw in raw_ids]
+    ids = [found for found in parsed if found is not None]
+    bad = [i for i, found in enumerate(parsed) if found is None]
     if bad:
         raise ApiError(
             400,
@@ -323,22 +321,12 @@ async def status_series(request: web.Request) -> web.Response:
     params = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
     unknown = sorted({name for name, _ in params} - {"minutes"})
     if unknown:
-        raise ApiError(
-            400,
-            "VALIDATION_ERROR",
-            f"{unknown[0][:40]}: unknown parameter",
-            {"parameter": unknown[0][:40]},
-        )
+        raise invalid_parameter(unknown[0][:40], "unknown parameter")
     raw = [value for _, value in params] or ["60"]
     low, high = SERIES_MINUTES
     whole = len(raw) == 1 and raw[0].isascii() and raw[0].isdigit() and len(raw[0]) <= 4
     if not whole or not low <= int(raw[0]) <= high:
-        raise ApiError(
-            400,
-            "VALIDATION_ERROR",
-            f"minutes: one whole number from {low} to {high}",
-            {"parameter": "minutes"},
-        )
+        raise invalid_parameter("minutes", f"one whole number from {low} to {high}")
     minutes = int(raw[0])
     points = await request.app[METRICS].status_series(minutes)
     return web.json_response(
