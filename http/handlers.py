@@ -7,11 +7,13 @@ import asyncio
 import json
 import logging
 import uuid
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import parse_qsl
 
 from aiohttp import web
 
+from arm_core.access import shown_level
 from arm_core.http.auth import CALLER, Caller, authenticate
 from arm_core.http.errors import ApiError, invalid_parameter
 from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, STORE
@@ -229,7 +231,7 @@ async def whoami(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "actor": caller.actor if caller else None,
-            "level": caller.level if caller else None,
+            "level": shown_level(caller.levels) if caller else None,
             "levels": sorted(level.value for level in caller.levels) if caller else [],
             "auth_mode": settings.auth_mode,
         }
@@ -272,15 +274,10 @@ async def status(request: web.Request) -> web.Response:
             "bridge": bridge,
             "bridges": [
                 {
-                    "name": b.name,
-                    "version": b.version,
+                    **asdict(b),
                     "started_at": b.started_at.isoformat(),
                     "seen_seconds_ago": round(max(0.0, b.seen_seconds_ago), 1),
                     "silent": b.seen_seconds_ago > BRIDGE_SILENT_SECONDS,
-                    "nats": b.nats,
-                    "listener": b.listener,
-                    "loops": b.loops,
-                    "held": b.held,
                 }
                 for b in bridges
             ],

@@ -1,8 +1,6 @@
 """What an application of `arm-core serve` or `arm-core bridge` holds, under aiohttp's
-typed keys. The process's wiring (arm_core.runtime) puts the store and the bridge in;
-the handlers read them. The API imports neither the wiring nor the bridge:
-it sees the bridge its process runs as a :class:`BridgeView`, which
-arm_core.bridge.runner.Bridge is without naming it."""
+typed keys (arm_core.runtime puts the store and the bridge in). The API does not import
+the bridge: it sees it as a :class:`BridgeView`."""
 
 from __future__ import annotations
 
@@ -22,11 +20,9 @@ class Liveness(Protocol):
 
 
 class BridgeView(Protocol):
-    """What the API reads of its process's bridge: its name, its NATS and LISTEN states
-    (`ok` when working), its loops (GET /livez) and its gauges (GET /metrics)."""
+    """What the API reads of its process's bridge (arm_core.bridge.runner.Bridge)."""
 
-    @property
-    def name(self) -> str: ...
+    name: str
 
     @property
     def supervisor(self) -> Liveness: ...
