@@ -257,10 +257,9 @@ class AppMetrics(Collector):
 
 
 def certificate_expiries(settings: Settings) -> dict[str, float]:
-    """arm_tls_certificate_expiry_timestamp_seconds: when each certificate file expires
-    first. The NATS and HTTPS files were checked at start (a bad one stops it); a file
-    DATABASE_URL names is libpq's to judge, so one that cannot be read is left out, and
-    logged."""
+    """When each certificate file expires first. One DATABASE_URL names is libpq's to
+    judge: when it cannot be read it is left out, and logged (the others were checked
+    at start)."""
     found: dict[str, float] = {}
     for variable, path in settings.certificate_files().items():
         try:
