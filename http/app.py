@@ -46,14 +46,6 @@ CONSOLE_CSP = (
 )
 
 
-def _console_files() -> dict[str, tuple[bytes, str]]:
-    return {
-        path.name: (path.read_bytes(), CONSOLE_TYPES[path.suffix])
-        for path in sorted(CONSOLE_DIR.iterdir())
-        if path.suffix in CONSOLE_TYPES
-    }
-
-
 async def console(request: web.Request) -> web.Response:
     """GET / (index.html) and GET /console/<name>: the operator console's files (the
     data comes from /api/v1/*)."""
@@ -107,7 +99,11 @@ def api_app(settings: Settings) -> web.Application:
     )
     app[TOKEN_DIGESTS] = token_digests(settings.api_tokens)
     app[handlers.OPENAPI] = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
-    app[CONSOLE] = _console_files()
+    app[CONSOLE] = {
+        path.name: (path.read_bytes(), CONSOLE_TYPES[path.suffix])
+        for path in sorted(CONSOLE_DIR.iterdir())
+        if path.suffix in CONSOLE_TYPES
+    }
     app.router.add_get("/api/v1/status", handlers.status)
     app.router.add_get("/api/v1/status/series", handlers.status_series)
     app.router.add_get("/api/v1/openapi.json", handlers.openapi)

@@ -45,9 +45,12 @@ class ApiError(Exception):
         self.details, self.headers = details, headers
 
 
+def invalid(message: str, details: dict[str, Any] | None = None) -> ApiError:
+    return ApiError(400, "VALIDATION_ERROR", message, details)
+
+
 def invalid_parameter(parameter: str, message: str) -> ApiError:
-    """400 VALIDATION_ERROR naming a query parameter."""
-    return ApiError(400, "VALIDATION_ERROR", f"{parameter}: {message}", {"parameter": parameter})
+    return invalid(f"{parameter}: {message}", {"parameter": parameter})
 
 
 @web.middleware

@@ -103,13 +103,9 @@ def _q(raw: str | None) -> str | None:
     return raw
 
 
-def _check(keyset: str) -> str:
-    return hashlib.sha256(keyset.encode()).hexdigest()[:8]
-
-
 def encode_cursor(created_at: dt.datetime, file_id: uuid.UUID) -> str:
     keyset = f"v1:{(created_at - _EPOCH) // _MICROSECOND}:{file_id}"
-    text = f"{keyset}:{_check(keyset)}"
+    text = f"{keyset}:{hashlib.sha256(keyset.encode()).hexdigest()[:8]}"
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from arm_core.access import shown_level
 from arm_core.http.auth import CALLER, Caller, authenticate
-from arm_core.http.errors import ApiError, invalid_parameter
+from arm_core.http.errors import ApiError, invalid, invalid_parameter
 from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, STORE
 from arm_core.rows import RetryResult
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
@@ -65,7 +65,7 @@ def _not_retryable_details(row: RetryResult) -> dict[str, Any]:
 
 def _job_id(raw: object, where: str) -> uuid.UUID:
     if (found := _uuid(raw)) is None:
-        raise ApiError(400, "VALIDATION_ERROR", f"{where}: not a job id (a uuid)")
+        raise invalid(f"{where}: not a job id (a uuid)")
     return found
 
 
@@ -77,14 +77,14 @@ def _expected_job(request: web.Request, body: object) -> uuid.UUID | None:
     from_body: uuid.UUID | None = None
     if body is not NO_BODY and body != {}:
         if not isinstance(body, dict) or set(body) - {"job_id"}:
-            raise ApiError(400, "VALIDATION_ERROR", 'the body takes one field: "job_id"')
+            raise invalid('the body takes one field: "job_id"')
         from_body = _job_id(body.get("job_id"), "job_id")
     header = request.headers.get("If-Match", "").strip()
     from_header = None
     if header:  # an empty If-Match names nothing
         from_header = _job_id(header.strip().removeprefix("W/").strip('"'), "If-Match")
     if from_body and from_header and from_body != from_header:
-        raise ApiError(400, "VALIDATION_ERROR", "job_id and If-Match name different jobs")
+        raise invalid("job_id and If-Match name different jobs")
     return from_body or from_header
 
 
@@ -127,31 +127,29 @@ async def retry_files(request: web.Request) -> web.Response:
     """POST /api/v1/files/retry {"file_ids": [...]} → one entry per distinct file."""
     body = await _json_body(request, required=True)
     if not isinstance(body, dict):
-        raise ApiError(400, "VALIDATION_ERROR", "the body must be a JSON object")
+        raise invalid("the body must be a JSON object")
     unknown = sorted(set(body) - {"file_ids", "files"})
     if unknown:
-        raise ApiError(400, "VALIDATION_ERROR", f"unknown fields: {', '.join(unknown)[:200]}")
+        raise invalid(f"unknown fields: {', '.join(unknown)[:200]}")
     if ("file_ids" in body) == ("files" in body):
-        raise ApiError(400, "VALIDATION_ERROR", 'give either "file_ids" or "files"')
+        raise invalid('give either "file_ids" or "files"')
     expected: list[uuid.UUID | None] | None = None
     if "files" in body:
         raw_ids, expected = _named_files(body["files"])
     else:
         raw_ids = body["file_ids"]
     if not isinstance(raw_ids, list):
-        raise ApiError(400, "VALIDATION_ERROR", "file_ids must be a list of uuids")
+        raise invalid("file_ids must be a list of uuids")
     limit = request.app[SETTINGS].retry_batch_max
     if len(raw_ids) > limit:
         raise ApiError(413, "TOO_MANY_FILES", f"{len(raw_ids)} file ids; at most {limit} a request")
     if not raw_ids:
-        raise ApiError(400, "VALIDATION_ERROR", "file_ids is empty")
+        raise invalid("file_ids is empty")
     parsed = [_uuid(raw) for raw in raw_ids]
     ids = [found for found in parsed if found is not None]
     bad = [i for i, found in enumerate(parsed) if found is None]
     if bad:
-        raise ApiError(
-            400,
-            "VALIDATION_ERROR",
+        raise invalid(
             "file_ids must hold uuids only",
             {"invalid_indexes": bad[:50]},
         )
@@ -172,14 +170,12 @@ def _named_files(raw: object) -> tuple[list[object], list[uuid.UUID | None]]:
     job the caller saw as its current one (null or absent: whichever is current). Gives
     the raw file ids (checked as file_ids are) and the expected jobs."""
     if not isinstance(raw, list):
-        raise ApiError(400, "VALIDATION_ERROR", 'files must be a list of {"file_id", "job_id"}')
+        raise invalid('files must be a list of {"file_id", "job_id"}')
     ids: list[object] = []
     expected: list[uuid.UUID | None] = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict) or "file_id" not in item or set(item) - {"file_id", "job_id"}:
-            raise ApiError(
-                400,
-                "VALIDATION_ERROR",
+            raise invalid(
                 f'files[{i}]: expected {{"file_id": …, "job_id": …}}',
                 {"invalid_indexes": [i]},
             )

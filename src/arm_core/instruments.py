@@ -136,8 +136,7 @@ class Metrics:
         return counter
 
     def transition(self, to: str, n: int = 1) -> None:
-        if n:
-            self.job_transitions.labels(to=to).inc(n)
+        self.job_transitions.labels(to=to).inc(n)
 
     def envelope(self, outcome: str, n: int = 1) -> None:
         self.inbox_envelopes.labels(outcome=outcome).inc(n)

@@ -50,13 +50,6 @@ class BridgeState:
     stream_pending: int | None = None
 
 
-@dataclass(frozen=True)
-class _DbFigures:
-    view: StatusView
-    pacing: list[PaceRow]
-    ready_age: float
-
-
 @dataclass(eq=False)  # a collector is registered: hashed by identity
 class AppMetrics(Collector):
     """The gauges of one application, and the reads GET /api/v1/status shares. `store`
@@ -75,7 +68,8 @@ class AppMetrics(Collector):
     # When each certificate file this process read at start expires first, by the
     # variable naming it (Unix time): files are read once, so this is what it serves.
     certificates: dict[str, float] = field(default_factory=dict)
-    _figures: _DbFigures | None = None
+    # The database's gauges: the status view, the pacing and the oldest ready job's age.
+    _figures: tuple[StatusView, list[PaceRow], float] | None = None
     # Each read's last result by its name: when, for which argument, what it gave.
     _cache: dict[str, tuple[float, object, Any]] = field(default_factory=dict)
     _locks: defaultdict[str, asyncio.Lock] = field(
@@ -118,7 +112,7 @@ class AppMetrics(Collector):
 
         return await self._cached("series", minutes, self.status_cache_seconds, read)
 
-    async def _read_figures(self) -> _DbFigures | None:
+    async def _read_figures(self) -> tuple[StatusView, list[PaceRow], float] | None:
         """The database's gauges, or None (logged) when the read fails or takes longer
         than `timeout`."""
         store = self.store()
@@ -126,7 +120,7 @@ class AppMetrics(Collector):
             view = await store.status_view(self.ack_timeout, within=self.timeout)
             pacing = await store.pace_view(within=self.timeout)
             async with asyncio.timeout(self.timeout):
-                return _DbFigures(view, pacing, await store.outbox_ready_age(self.timeout))
+                return view, pacing, await store.outbox_ready_age(self.timeout)
         except (DatabaseError, TimeoutError) as exc:
             busy = isinstance(exc, DatabasePoolExhausted)
             log.warning(
@@ -140,16 +134,15 @@ class AppMetrics(Collector):
             return None
 
     def collect(self) -> Iterable[Metric]:
-        up = GaugeMetricFamily(
+        yield GaugeMetricFamily(
             "arm_database_up",
             "1 when the last read of the database's gauges (arm_jobs, "
             "arm_outbox_oldest_queued_age_seconds) succeeded; 0 and those gauges left out "
             "when it failed or took longer than 1 s",
+            value=1 if self._figures is not None else 0,
         )
-        up.add_metric([], 1 if self._figures is not None else 0)
-        yield up
         if self._figures is not None:
-            view = self._figures.view
+            view, pacing, ready_age = self._figures
             jobs = GaugeMetricFamily("arm_jobs", "Recognition jobs per status", labels=["status"])
             for status in JobStatus:
                 jobs.add_metric([status.value], view.jobs.get(status.value, 0))
@@ -163,7 +156,7 @@ class AppMetrics(Collector):
                 "arm_outbox_oldest_ready_age_seconds",
                 "Seconds the oldest queued job that pacing does not hold back has waited to "
                 "be published (0 when none): what a stuck publisher leaves waiting",
-                value=self._figures.ready_age,
+                value=ready_age,
             )
             yield GaugeMetricFamily(
                 "arm_jobs_unacked_overdue",
@@ -176,7 +169,7 @@ class AppMetrics(Collector):
                 "timed out yet",
                 value=view.past_deadline_unswept,
             )
-            yield from _pacing(self._figures.pacing)
+            yield from _pacing(pacing)
             if view.last_sweep_at is not None:
                 yield GaugeMetricFamily(
                     "arm_schedule_last_sweep_timestamp_seconds",

@@ -24,7 +24,6 @@ from arm_core.store import Store
 
 log = logging.getLogger(__name__)
 
-POOL = web.AppKey("pool", AsyncConnectionPool)
 # The bridge the process runs (NATS_ENABLED=true), once started: the command reads why
 # it stopped (its `fatal`).
 BRIDGE = web.AppKey("bridge", Bridge)
@@ -75,7 +74,6 @@ async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
     pool = make_pool(app[SETTINGS], instruments)
     with pool_log_to(pool.name, instruments.outage):
         await pool.open(wait=False)  # a database that is down at start shows in /healthcheck
-        app[POOL] = pool
         app[STORE] = Store(pool, instruments)
         yield
         await pool.close()
