@@ -15,12 +15,7 @@ from aiohttp import web
 import arm_core
 from arm_core.config import Settings
 from arm_core.http import file_list, handlers
-from arm_core.http.auth import (
-    TOKEN_DIGESTS,
-    auth_middleware,
-    token_digests,
-    warn_unlevelled_tokens,
-)
+from arm_core.http.auth import TOKEN_DIGESTS, auth_middleware, token_digests, warn_unlevelled_tokens
 from arm_core.http.errors import error_middleware
 from arm_core.http.health import install_health
 from arm_core.http.keys import INSTRUMENTS, SETTINGS, SHUTDOWN

@@ -38,14 +38,7 @@ log = logging.getLogger(__name__)
 CALLER = web.RequestKey("caller", Caller)
 # The console's shell ("/", "/console/…") holds no data; /api/v1/whoami answers
 # {"actor": null} without credentials, so the console knows to show its sign-in form.
-PUBLIC_PATHS = (
-    "/healthcheck",
-    "/livez",
-    "/readyz",
-    "/api/v1/openapi.json",
-    "/",
-    "/api/v1/whoami",
-)
+PUBLIC_PATHS = ("/healthcheck", "/livez", "/readyz", "/api/v1/openapi.json", "/", "/api/v1/whoami")
 PUBLIC_PREFIXES = ("/console/",)
 METRICS_PATH = "/metrics"
 

@@ -149,10 +149,7 @@ async def retry_files(request: web.Request) -> web.Response:
     ids = [found for found in parsed if found is not None]
     bad = [i for i, found in enumerate(parsed) if found is None]
     if bad:
-        raise invalid(
-            "file_ids must hold uuids only",
-            {"invalid_indexes": bad[:50]},
-        )
+        raise invalid("file_ids must hold uuids only", {"invalid_indexes": bad[:50]})
     distinct = list(dict.fromkeys(ids))  # request order, duplicates once
     caller = request[CALLER]
     rows = await request.app[STORE].retry_files(
@@ -176,8 +173,7 @@ def _named_files(raw: object) -> tuple[list[object], list[uuid.UUID | None]]:
     for i, item in enumerate(raw):
         if not isinstance(item, dict) or "file_id" not in item or set(item) - {"file_id", "job_id"}:
             raise invalid(
-                f'files[{i}]: expected {{"file_id": …, "job_id": …}}',
-                {"invalid_indexes": [i]},
+                f'files[{i}]: expected {{"file_id": …, "job_id": …}}', {"invalid_indexes": [i]}
             )
         ids.append(item["file_id"])
         job = item.get("job_id")
