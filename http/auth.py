@@ -122,14 +122,13 @@ def warn_unlevelled_tokens(settings: Settings) -> None:
     unlevelled = settings.unlevelled_tokens()
     if not unlevelled:
         return
-    actors = ", ".join(t.actor for t in unlevelled)
     log.warning(
         "API_TOKENS: %d of %d entries name no access level (actors: %s); each holds every "
         "level (viewer, operator, metrics) until 2.0, which refuses it. Name one per entry: "
         "actor:viewer=…, actor:operator=… or actor:metrics=… (docs/security.md)",
         len(unlevelled),
         len(settings.api_tokens),
-        actors,
+        ", ".join(t.actor for t in unlevelled),
         extra={"action": "deprecated"},
     )
 

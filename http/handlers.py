@@ -16,6 +16,7 @@ from aiohttp import web
 from arm_core.access import shown_level
 from arm_core.http.auth import CALLER, Caller, authenticate
 from arm_core.http.errors import ApiError, invalid, invalid_parameter
+from arm_core.http.health import bridge_states
 from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, STORE
 from arm_core.rows import RetryResult
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
@@ -79,10 +80,8 @@ def _expected_job(request: web.Request, body: object) -> uuid.UUID | None:
         if not isinstance(body, dict) or set(body) - {"job_id"}:
             raise invalid('the body takes one field: "job_id"')
         from_body = _job_id(body.get("job_id"), "job_id")
-    header = request.headers.get("If-Match", "").strip()
-    from_header = None
-    if header:  # an empty If-Match names nothing
-        from_header = _job_id(header.strip().removeprefix("W/").strip('"'), "If-Match")
+    header = request.headers.get("If-Match", "").strip()  # an empty one names nothing
+    from_header = _job_id(header.removeprefix("W/").strip('"'), "If-Match") if header else None
     if from_body and from_header and from_body != from_header:
         raise invalid("job_id and If-Match name different jobs")
     return from_body or from_header
@@ -112,14 +111,7 @@ async def retry_file(request: web.Request) -> web.Response:
             _not_retryable_details(row),
         )
     return web.json_response(
-        {
-            "file_id": str(file_id),
-            "job_id": str(row.job_id),
-            "attempt": row.attempt,
-            "status": JobStatus.QUEUED,
-            "previous_job_id": str(row.previous_job_id),
-        },
-        status=201,
+        {**_retried(row), "previous_job_id": str(row.previous_job_id)}, status=201
     )
 
 
@@ -181,24 +173,22 @@ def _named_files(raw: object) -> tuple[list[object], list[uuid.UUID | None]]:
     return ids, expected
 
 
-def _batch_entry(row: RetryResult) -> dict[str, Any]:
-    file_id = str(row.file_id)
-    if row.outcome is RetryOutcome.RETRIED:
-        return {
-            "file_id": file_id,
-            "outcome": RetryOutcome.RETRIED,
-            "job_id": str(row.job_id),
-            "attempt": row.attempt,
-            "status": JobStatus.QUEUED,
-        }
-    if row.outcome is RetryOutcome.NOT_FOUND:
-        return {"file_id": file_id, "outcome": "skipped", "reason": "FILE_NOT_FOUND"}
+def _retried(row: RetryResult) -> dict[str, Any]:
     return {
-        "file_id": file_id,
-        "outcome": "skipped",
-        "reason": "FILE_NOT_RETRYABLE",
-        "details": _not_retryable_details(row),
+        "file_id": str(row.file_id),
+        "job_id": str(row.job_id),
+        "attempt": row.attempt,
+        "status": JobStatus.QUEUED,
     }
+
+
+def _batch_entry(row: RetryResult) -> dict[str, Any]:
+    if row.outcome is RetryOutcome.RETRIED:
+        return {**_retried(row), "outcome": RetryOutcome.RETRIED}
+    skipped = {"file_id": str(row.file_id), "outcome": "skipped"}
+    if row.outcome is RetryOutcome.NOT_FOUND:
+        return {**skipped, "reason": "FILE_NOT_FOUND"}
+    return {**skipped, "reason": "FILE_NOT_RETRYABLE", "details": _not_retryable_details(row)}
 
 
 async def get_file(request: web.Request) -> web.Response:
@@ -241,14 +231,11 @@ async def status(request: web.Request) -> web.Response:
     bridge that says it is alive (arm.bridge_instances: what a console whose process runs
     no bridge shows). Bounded reads, shared by the polls of STATUS_CACHE_SECONDS."""
     app = request.app
-    settings = app[SETTINGS]
     view, bridges, pacing = await app[METRICS].status_view()
-    bridge: dict[str, str] | None = None
-    if BRIDGE_VIEW in app:
-        own = app[BRIDGE_VIEW]
-        bridge = {"name": own.name, "nats": own.nats_state(), "listener": own.listener_status()}
-    elif settings.nats_enabled:
-        bridge = {"nats": "starting", "listener": "starting"}
+    nats, listener = bridge_states(app)
+    bridge = None if nats == "off" else {"nats": nats, "listener": listener}
+    if bridge is not None and BRIDGE_VIEW in app:
+        bridge["name"] = app[BRIDGE_VIEW].name
     at = view.last_sweep_at
     return web.json_response(
         {

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from arm_core.db import DatabaseError, DatabasePoolExhausted
 from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, SHUTDOWN, STORE
-from arm_core.metrics import AppMetrics, BridgeState, certificate_expiries
+from arm_core.metrics import AppMetrics, certificate_expiries
 from arm_core.version import installed
 
 # What generate_latest writes: the text format 0.0.4, which every Prometheus reads.
@@ -18,7 +18,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINE = ("ok", "off")
 
 
-def _bridge_states(app: web.Application) -> tuple[str, str]:
+def bridge_states(app: web.Application) -> tuple[str, str]:
     """The bridge's NATS and LISTEN states (`starting` before it is up)."""
     if not app[SETTINGS].nats_enabled:
         return "off", "off"
@@ -53,7 +53,7 @@ async def healthcheck(request: web.Request) -> web.Response:
         outbox = "unknown"
     except Exception as exc:
         db, outbox = _unavailable(exc), "unknown"
-    nats, _ = _bridge_states(app)
+    nats, _ = bridge_states(app)
     if age is not None and age > settings.outbox_stuck_seconds and nats in FINE:
         outbox = (
             f"stuck: the oldest job ready to publish has waited {age:.0f} s "
@@ -83,7 +83,7 @@ async def readyz(request: web.Request) -> web.Response:
         db = "ok"
     except Exception as exc:
         db = _unavailable(exc)
-    nats, listen = _bridge_states(app)
+    nats, listen = bridge_states(app)
     draining = app[SHUTDOWN].is_set()
     ok = db == "ok" and nats in FINE and listen in FINE and not draining
     status = "ready" if ok else "not_ready"
@@ -98,15 +98,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 def install_health(app: web.Application) -> None:
     """The four endpoints on `app`, with the gauges /metrics and /api/v1/status read."""
-
-    def bridge_state() -> BridgeState | None:
-        bridge = app.get(BRIDGE_VIEW)
-        return bridge.metrics_state() if bridge is not None else None
-
     settings = app[SETTINGS]
     app[METRICS] = AppMetrics(
         store=lambda: app[STORE],
-        bridge=bridge_state,
+        bridge=lambda: app[BRIDGE_VIEW].metrics_state() if BRIDGE_VIEW in app else None,
         instruments=app[INSTRUMENTS],
         ack_timeout=settings.ack_timeout_seconds,
         certificates=certificate_expiries(settings),

@@ -24,24 +24,22 @@ MAX_FIELD_BYTES = 8190
 MAX_HEADERS = 128
 
 
-class UnparsableRequestLog(logging.Filter):
+def _unparsable_request(record: logging.LogRecord) -> bool:
     """A request aiohttp's parser refused is logged as an ERROR whose traceback quotes
     the client's bytes (a header may be a credential): it becomes one INFO line (DEBUG
     where aiohttp chose DEBUG) naming the parser's complaint by class only."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if not isinstance(exc, HttpProcessingError):
-            return True
-        record.levelno = min(record.levelno, logging.INFO)
-        record.levelname = logging.getLevelName(record.levelno)
-        record.exc_info, record.exc_text = None, None
-        record.__dict__.update(action="http_bad_request", error=type(exc).__name__)
-        return PROTOCOL_LOG.isEnabledFor(record.levelno)
+    exc = record.exc_info[1] if record.exc_info else None
+    if not isinstance(exc, HttpProcessingError):
+        return True
+    record.levelno = min(record.levelno, logging.INFO)
+    record.levelname = logging.getLevelName(record.levelno)
+    record.exc_info, record.exc_text = None, None
+    record.__dict__.update(action="http_bad_request", error=type(exc).__name__)
+    return PROTOCOL_LOG.isEnabledFor(record.levelno)
 
 
 PROTOCOL_LOG = logging.getLogger(f"{__name__}.protocol")
-PROTOCOL_LOG.addFilter(UnparsableRequestLog())
+PROTOCOL_LOG.addFilter(_unparsable_request)
 
 
 @contextlib.asynccontextmanager

@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -106,10 +107,7 @@ class AppMetrics(Collector):
     async def status_series(self, minutes: int) -> list[SeriesPoint]:
         """arm.status_series(minutes), read and shared like the status view (a sample
         comes once a minute). Raises DatabaseError (a 503)."""
-
-        async def read() -> list[SeriesPoint]:
-            return await self.store().status_series(minutes, within=self.timeout)
-
+        read = partial(self.store().status_series, minutes, within=self.timeout)
         return await self._cached("series", minutes, self.status_cache_seconds, read)
 
     async def _read_figures(self) -> tuple[StatusView, list[PaceRow], float] | None:
