@@ -18,8 +18,7 @@ from arm_core.http import file_list, handlers
 from arm_core.http.auth import TOKEN_DIGESTS, auth_middleware, token_digests, warn_unlevelled_tokens
 from arm_core.http.errors import error_middleware
 from arm_core.http.health import install_health
-from arm_core.http.keys import INSTRUMENTS, SETTINGS, SHUTDOWN
-from arm_core.instruments import Instruments
+from arm_core.http.keys import SETTINGS, SHUTDOWN
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 # The operator console: static files, no build step. index.html at /, the rest
@@ -69,11 +68,10 @@ PERMISSIONS: dict[Callable[..., object], str] = {
 
 
 def _new_app(settings: Settings, **kwargs: Any) -> web.Application:
-    """An application with its settings, its instruments and its shutdown event, and
-    GET /healthcheck, /livez, /readyz and /metrics."""
+    """An application with its settings, its shutdown event, its metrics (and so its
+    instruments), and GET /healthcheck, /livez, /readyz and /metrics."""
     app = web.Application(**kwargs)
     app[SETTINGS] = settings
-    app[INSTRUMENTS] = Instruments()
     app[SHUTDOWN] = asyncio.Event()
     install_health(app)
     return app

@@ -17,7 +17,7 @@ from arm_core.access import shown_level
 from arm_core.http.auth import CALLER, Caller, authenticate
 from arm_core.http.errors import ApiError, invalid, invalid_parameter
 from arm_core.http.health import bridge_states
-from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, STORE
+from arm_core.http.keys import BRIDGE_VIEW, METRICS, SETTINGS, STORE
 from arm_core.rows import RetryResult
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
 from arm_core.version import installed
@@ -99,7 +99,7 @@ async def retry_file(request: web.Request) -> web.Response:
     row = await request.app[STORE].retry_file(
         file_id, caller.actor, expected, actor_level=caller.audit_level
     )
-    request.app[INSTRUMENTS].metrics.retries.labels(outcome=row.outcome.value).inc()
+    request.app[METRICS].instruments.metrics.retries.labels(outcome=row.outcome.value).inc()
     if row.outcome is RetryOutcome.NOT_FOUND:
         raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
     if row.outcome is RetryOutcome.NOT_RETRYABLE:
@@ -147,7 +147,7 @@ async def retry_files(request: web.Request) -> web.Response:
     rows = await request.app[STORE].retry_files(
         ids, caller.actor, expected, actor_level=caller.audit_level
     )
-    retries = request.app[INSTRUMENTS].metrics.retries
+    retries = request.app[METRICS].instruments.metrics.retries
     for row in rows:
         retries.labels(outcome=row.outcome.value).inc()
     by_id = {row.file_id: row for row in rows}
@@ -236,7 +236,6 @@ async def status(request: web.Request) -> web.Response:
     bridge = None if nats == "off" else {"nats": nats, "listener": listener}
     if bridge is not None and BRIDGE_VIEW in app:
         bridge["name"] = app[BRIDGE_VIEW].name
-    at = view.last_sweep_at
     return web.json_response(
         {
             "jobs": view.jobs,
@@ -245,7 +244,7 @@ async def status(request: web.Request) -> web.Response:
             "unacked_overdue": view.unacked_overdue,
             "past_deadline_unswept": view.past_deadline_unswept,
             "last_sweep": {
-                "at": at.isoformat() if at else None,
+                "at": view.last_sweep_at.isoformat() if view.last_sweep_at else None,
                 "result": view.last_sweep_result,
                 "error": view.last_sweep_error,
             },

@@ -7,7 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from arm_core.db import DatabaseError, DatabasePoolExhausted
-from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, SHUTDOWN, STORE
+from arm_core.http.keys import BRIDGE_VIEW, METRICS, SETTINGS, SHUTDOWN, STORE
 from arm_core.metrics import AppMetrics, certificate_expiries
 from arm_core.version import installed
 
@@ -59,8 +59,7 @@ async def healthcheck(request: web.Request) -> web.Response:
             f"stuck: the oldest job ready to publish has waited {age:.0f} s "
             f"(OUTBOX_STUCK_SECONDS={settings.outbox_stuck_seconds:g})"
         )
-    ok = db == "ok" and nats in FINE and outbox == "ok"
-    status = "ok" if ok else "degraded"
+    status = "ok" if db == "ok" and nats in FINE and outbox == "ok" else "degraded"
     body = {"status": status, "db": db, "nats": nats, "outbox": outbox, "version": installed()}
     return web.json_response(body, status=200 if db == "ok" else 503)
 
@@ -102,7 +101,6 @@ def install_health(app: web.Application) -> None:
     app[METRICS] = AppMetrics(
         store=lambda: app[STORE],
         bridge=lambda: app[BRIDGE_VIEW].metrics_state() if BRIDGE_VIEW in app else None,
-        instruments=app[INSTRUMENTS],
         ack_timeout=settings.ack_timeout_seconds,
         certificates=certificate_expiries(settings),
     )

@@ -10,7 +10,6 @@ from typing import Protocol
 from aiohttp import web
 
 from arm_core.config import Settings
-from arm_core.instruments import Instruments
 from arm_core.metrics import AppMetrics, BridgeState
 from arm_core.store import Store
 
@@ -35,12 +34,11 @@ class BridgeView(Protocol):
 
 
 SETTINGS = web.AppKey("settings", Settings)
-# The process's metrics, outage and pool exhaustion, handed to its Store and bridge.
-INSTRUMENTS = web.AppKey("instruments", Instruments)
 STORE = web.AppKey("store", Store)
 # The bridge this process runs, from its start on (absent: none, or not started yet).
 BRIDGE_VIEW: web.AppKey[BridgeView] = web.AppKey("bridge_view")
-# The gauges of GET /metrics and the cached status of GET /api/v1/status.
+# The gauges of GET /metrics, the cached status of GET /api/v1/status, and the process's
+# instruments (its counters, outage and pool exhaustion), handed to its Store and bridge.
 METRICS = web.AppKey("metrics", AppMetrics)
 # Set to stop the process (arm_core.http.server.run): by SIGINT or SIGTERM, or by the
 # bridge when it cannot go on (its `fatal` then makes the command exit 2).

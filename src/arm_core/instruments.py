@@ -2,7 +2,7 @@
 module globals: its counters and histograms (:class:`Metrics`, with the wait tally the
 console's chart is fed from), its database outage and its exhausted pool, each logged as
 one event. `arm-core serve` and `arm-core bridge` make one :class:`Instruments` per
-application (arm_core.http.app); a Store or service built without one gets its own."""
+application (on its AppMetrics); a Store or service built without one gets its own."""
 
 from __future__ import annotations
 

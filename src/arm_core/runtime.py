@@ -18,7 +18,7 @@ from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
 from arm_core.db import connection_options, pool_log_to, read_only, unclaimed_pool_name
 from arm_core.http.app import api_app, health_app
-from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, SETTINGS, SHUTDOWN, STORE
+from arm_core.http.keys import BRIDGE_VIEW, METRICS, SETTINGS, SHUTDOWN, STORE
 from arm_core.instruments import Instruments
 from arm_core.store import Store
 
@@ -70,7 +70,7 @@ async def _writable(conn: AsyncConnection[Any]) -> None:
 
 
 async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
-    instruments = app[INSTRUMENTS]
+    instruments = app[METRICS].instruments
     pool = make_pool(app[SETTINGS], instruments)
     with pool_log_to(pool.name, instruments.outage):
         await pool.open(wait=False)  # a database that is down at start shows in /healthcheck
