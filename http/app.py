@@ -68,8 +68,7 @@ PERMISSIONS: dict[Callable[..., object], str] = {
 
 
 def _new_app(settings: Settings, **kwargs: Any) -> web.Application:
-    """An application with its settings, its shutdown event, its metrics (and so its
-    instruments), and GET /healthcheck, /livez, /readyz and /metrics."""
+    """An application with its settings, shutdown event, metrics and health endpoints."""
     app = web.Application(**kwargs)
     app[SETTINGS] = settings
     app[SHUTDOWN] = asyncio.Event()

@@ -136,10 +136,8 @@ def warn_unlevelled_tokens(settings: Settings) -> None:
 def auth_middleware(
     settings: Settings, permissions: Mapping[Callable[..., object], str]
 ) -> Middleware:
-    """Sets request[CALLER] for every non-public path after checking its level; 401 or
-    403 (changing nothing) otherwise. What a request needs comes from its route's
-    handler: `permissions[handler]` ("retry"), else "read". GET /metrics asks what
-    METRICS_AUTH says."""
+    """Sets request[CALLER] for every non-public path whose caller may: what it needs is
+    `permissions[handler]`, else "read"; GET /metrics asks what METRICS_AUTH says."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -155,8 +153,7 @@ def auth_middleware(
                     require(caller, "read")  # in no group: no access at all
             return await handler(request)
         caller = authenticate(request, settings)
-        route_handler = request.match_info.handler
-        require(caller, permissions.get(route_handler, "read"))
+        require(caller, permissions.get(request.match_info.handler, "read"))
         request[CALLER] = caller
         return await handler(request)
 

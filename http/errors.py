@@ -67,8 +67,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         code = _HTTP_CODES.get(exc.status, "HTTP_ERROR")
         error = ApiError(exc.status, code, message, headers=headers)
     except DatabaseUnavailable as exc:
-        # The outage is logged once by the process's Outage (arm_core.db), not once per
-        # request.
+        # Logged once per outage by the process's Outage (arm_core.db), not per request.
         log.debug("database unavailable: %s", exc, extra={"action": "http"})
         error = ApiError(503, "DATABASE_UNAVAILABLE", "the database cannot be reached")
     except DatabaseConflict as exc:
@@ -82,8 +81,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             headers={"Retry-After": "1"},
         )
     except DatabasePoolExhausted as exc:
-        # The database answers; every connection of this process is busy. Logged once by
-        # the process's PoolExhaustion (action=db_pool_exhausted), not once per request.
+        # Not an outage: every connection is busy. Logged once by its PoolExhaustion.
         log.debug("database pool exhausted: %s", exc, extra={"action": "http"})
         error = ApiError(
             503,

@@ -183,6 +183,5 @@ async def list_files(request: web.Request) -> web.Response:
     limit = _limit(params.get("limit"))
     rows = await request.app[STORE].list_files(limit + 1, where, keyset)  # +1: is there more?
     page = rows[:limit]
-    more = len(rows) > limit
-    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if more else None
+    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
     return web.json_response({"items": [item(r) for r in page], "next_cursor": next_cursor})

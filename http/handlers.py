@@ -71,10 +71,8 @@ def _job_id(raw: object, where: str) -> uuid.UUID:
 
 
 def _expected_job(request: web.Request, body: object) -> uuid.UUID | None:
-    """The job the caller saw as the file's current one: {"job_id": …} in the body or
-    `If-Match: "<job_id>"` (a retry names the failed attempt it retries, so two requests
-    against the same failed attempt never make two new jobs).
-    Neither: whichever job is current (documented)."""
+    """The job the caller saw as the file's current one, from the body or If-Match (so
+    two retries of one failed attempt never make two new jobs); None: whichever is."""
     from_body: uuid.UUID | None = None
     if body is not NO_BODY and body != {}:
         if not isinstance(body, dict) or set(body) - {"job_id"}:
@@ -88,8 +86,7 @@ def _expected_job(request: web.Request, body: object) -> uuid.UUID | None:
 
 
 async def retry_file(request: web.Request) -> web.Response:
-    """POST /api/v1/files/{file_id}/retry [{"job_id": …} | If-Match] → 201 new job | 409
-    | 404 | 400."""
+    """POST /api/v1/files/{file_id}/retry [{"job_id": …} | If-Match] → 201 new job."""
     file_id = _file_id(request)
     body: object = NO_BODY
     if request.can_read_body:  # an empty body, {} or {"job_id": …}
@@ -155,9 +152,8 @@ async def retry_files(request: web.Request) -> web.Response:
 
 
 def _named_files(raw: object) -> tuple[list[object], list[uuid.UUID | None]]:
-    """The "files" of a batch: [{"file_id": …, "job_id": … | null}] — each file with the
-    job the caller saw as its current one (null or absent: whichever is current). Gives
-    the raw file ids (checked as file_ids are) and the expected jobs."""
+    """A batch's [{"file_id": …, "job_id": … | null}]: the raw file ids (checked as
+    file_ids are) and the jobs expected current (null or absent: whichever is)."""
     if not isinstance(raw, list):
         raise invalid('files must be a list of {"file_id", "job_id"}')
     ids: list[object] = []
@@ -201,10 +197,8 @@ async def get_file(request: web.Request) -> web.Response:
 
 
 async def whoami(request: web.Request) -> web.Response:
-    """GET /api/v1/whoami → {"actor": who the credentials say (null without valid ones),
-    "level": the level to show (viewer, operator, metrics; null without one), "levels":
-    every level held, "auth_mode"}. Public: the console asks it to know whether to show
-    its sign-in form, and whether to offer retries."""
+    """GET /api/v1/whoami, public: the console asks it whether to show its sign-in form,
+    and whether to offer retries."""
     settings = request.app[SETTINGS]
     try:
         caller: Caller | None = authenticate(request, settings)
@@ -226,10 +220,7 @@ BRIDGE_SILENT_SECONDS = 15.0
 
 
 async def status(request: web.Request) -> web.Response:
-    """GET /api/v1/status → one glance: jobs and files per status, the outbox's age, what
-    is overdue, the last sweep, this process's bridge (null when it runs none) and every
-    bridge that says it is alive (arm.bridge_instances: what a console whose process runs
-    no bridge shows). Bounded reads, shared by the polls of STATUS_CACHE_SECONDS."""
+    """GET /api/v1/status (http/openapi.json Status), from reads the polls share."""
     app = request.app
     view, bridges, pacing = await app[METRICS].status_view()
     nats, listener = bridge_states(app)
@@ -289,10 +280,8 @@ SERIES_MINUTES = (1, 1440)  # arm.status_series's window: a minute to the day it
 
 
 async def status_series(request: web.Request) -> web.Response:
-    """GET /api/v1/status/series?minutes=60 → the console's charts: one point per sample
-    (a minute apart) of the last `minutes` — jobs finished per outcome since the sample
-    before, queued and the oldest queued age then, the bridges' waits per phase (p50,
-    p99). One bounded read of arm.status_series, shared like the status's."""
+    """GET /api/v1/status/series?minutes=60: the console's charts (http/openapi.json
+    StatusSeries), from a read the polls share."""
     params = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
     unknown = sorted({name for name, _ in params} - {"minutes"})
     if unknown:

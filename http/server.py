@@ -18,11 +18,6 @@ from aiohttp.http import HttpProcessingError
 
 from arm_core.http.keys import SETTINGS, SHUTDOWN
 
-# The parser's limits (aiohttp's defaults, stated here so the documented numbers are ours).
-MAX_LINE_BYTES = 8190
-MAX_FIELD_BYTES = 8190
-MAX_HEADERS = 128
-
 
 def _unparsable_request(record: logging.LogRecord) -> bool:
     """A request aiohttp's parser refused is logged as an ERROR whose traceback quotes
@@ -56,9 +51,10 @@ async def serving(app: web.Application, host: str, port: int) -> AsyncIterator[t
         keepalive_timeout=settings.http_header_timeout_seconds,
         # A body no handler read is read and dropped for at most this long.
         lingering_time=settings.http_body_timeout_seconds,
-        max_line_size=MAX_LINE_BYTES,
-        max_field_size=MAX_FIELD_BYTES,
-        max_headers=MAX_HEADERS,
+        # The parser's limits: aiohttp's defaults, stated so the documented numbers are ours.
+        max_line_size=8190,
+        max_field_size=8190,
+        max_headers=128,
     )
     await runner.setup()
     try:

@@ -32,13 +32,6 @@ from arm_core.tls import expires_at
 
 log = logging.getLogger(__name__)
 
-# How long a scrape (or a status poll) may wait for the database, and how long what it
-# read (or the failure) is reused.
-DB_READ_TIMEOUT_SECONDS = 1.0
-DB_CACHE_SECONDS = 5.0
-# GET /api/v1/status is polled by consoles every few seconds: one read serves them all.
-STATUS_CACHE_SECONDS = 2.0
-
 
 @dataclass
 class BridgeState:
@@ -63,9 +56,12 @@ class AppMetrics(Collector):
     instruments: Instruments = field(default_factory=Instruments)
     # ACK_TIMEOUT_SECONDS: a published job older than this without an ack is overdue.
     ack_timeout: float = 30.0
-    timeout: float = DB_READ_TIMEOUT_SECONDS
-    cache_seconds: float = DB_CACHE_SECONDS
-    status_cache_seconds: float = STATUS_CACHE_SECONDS
+    # How long a scrape (or a status poll) may wait for each read of the database, and
+    # how long a scrape's read (or its failure) is reused.
+    timeout: float = 1.0
+    cache_seconds: float = 5.0
+    # GET /api/v1/status is polled by consoles every few seconds: one read serves them all.
+    status_cache_seconds: float = 2.0
     # When each certificate file this process read at start expires first, by the
     # variable naming it (Unix time): files are read once, so this is what it serves.
     certificates: dict[str, float] = field(default_factory=dict)
@@ -91,8 +87,7 @@ class AppMetrics(Collector):
             return value
 
     async def status_view(self) -> tuple[StatusView, list[BridgeInstance], list[PaceRow]]:
-        """arm.status_view, arm.bridge_instances and arm.pace_view, each read within
-        `timeout`, shared for status_cache_seconds. Raises DatabaseError (a 503)."""
+        """What GET /api/v1/status shows, shared for status_cache_seconds; may raise."""
 
         async def read() -> tuple[StatusView, list[BridgeInstance], list[PaceRow]]:
             store = self.store()
@@ -105,8 +100,7 @@ class AppMetrics(Collector):
         return await self._cached("status", None, self.status_cache_seconds, read)
 
     async def status_series(self, minutes: int) -> list[SeriesPoint]:
-        """arm.status_series(minutes), read and shared like the status view (a sample
-        comes once a minute). Raises DatabaseError (a 503)."""
+        """What GET /api/v1/status/series shows, shared like the status view."""
         read = partial(self.store().status_series, minutes, within=self.timeout)
         return await self._cached("series", minutes, self.status_cache_seconds, read)
 

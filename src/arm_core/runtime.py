@@ -86,8 +86,7 @@ async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
         log.info("NATS_ENABLED=false: no bridge tasks", extra={"action": "bridge_off"})
         yield
         return
-    shutdown = app[SHUTDOWN]
-    bridge = Bridge(BridgeConfig(settings), app[STORE], on_fatal=lambda fatal: shutdown.set())
+    bridge = Bridge(BridgeConfig(settings), app[STORE], on_fatal=lambda _: app[SHUTDOWN].set())
     await bridge.start()
     app[BRIDGE] = app[BRIDGE_VIEW] = bridge
     yield
