@@ -39,8 +39,6 @@ CALLER = web.RequestKey("caller", Caller)
 # The console's shell ("/", "/console/…") holds no data; /api/v1/whoami answers
 # {"actor": null} without credentials, so the console knows to show its sign-in form.
 PUBLIC_PATHS = ("/healthcheck", "/livez", "/readyz", "/api/v1/openapi.json", "/", "/api/v1/whoami")
-PUBLIC_PREFIXES = ("/console/",)
-METRICS_PATH = "/metrics"
 
 _WHAT = {"read": "reading", "retry": "retrying files", "metrics": "GET /metrics"}
 
@@ -142,9 +140,9 @@ def auth_middleware(
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+        if path in PUBLIC_PATHS or path.startswith("/console/"):
             return await handler(request)
-        if path == METRICS_PATH:
+        if path == "/metrics":
             if settings.metrics_auth != "none":
                 caller = authenticate(request, settings)
                 if settings.metrics_auth == "level":
