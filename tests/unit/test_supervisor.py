@@ -26,7 +26,10 @@ FAST = RestartPolicy(
 
 
 def restarts(supervisor: Supervisor, name: str) -> float:
-    return supervisor.metrics.value("arm_service_restarts_total", {"service": name})
+    found = supervisor.metrics.registry.get_sample_value(
+        "arm_service_restarts_total", {"service": name}
+    )
+    return found or 0.0
 
 
 class Crashy(Service):
