@@ -49,18 +49,11 @@ class Listener(Service):
     name = "listen"
 
     def conninfo(self) -> str:
-        """The LISTEN connection's: its URL (DATABASE_LISTEN_URL, or DATABASE_URL) with
-        the options of every session (arm_core.db.connection_options)."""
+        """The LISTEN connection's: its URL with the options of every session."""
         options = connection_options(
             self.database_url, idle_in_transaction=self.idle_in_transaction
         )
         return make_conninfo(self.database_url, **options)
-
-    def status(self) -> ListenerState:
-        """The connection's state; `stopped` once the loop has ended."""
-        if self.ended():
-            return ListenerState.STOPPED
-        return self.state
 
     async def run(self, stopping: asyncio.Event) -> None:
         backoff = 0.5

@@ -61,12 +61,9 @@ async def confirm(nc: Client) -> None:
 
 
 def auth_options(settings: Settings) -> dict[str, Any]:
-    """nats.connect keyword arguments for the configured credentials.
-
-    Settings.from_env has already checked them (arm-core stops at start, exit 2, on a
-    seed or JWT that cannot work); the same check runs here for Settings built in code,
-    so a bad seed is a ConfigError naming the variable, never a connection that retries
-    forever."""
+    """nats.connect keyword arguments for the configured credentials. nats_keypair checks
+    them again for Settings built in code: a bad seed is a ConfigError naming the
+    variable, never a connection that retries forever."""
     seed, jwt = settings.nats_seed.get_secret_value(), settings.nats_jwt.get_secret_value()
     keypair = nats_keypair(seed, jwt)
     if keypair is None:
@@ -91,7 +88,9 @@ async def connect(
     closing: Callable[[], bool] = lambda: False,
     **overrides: Any,
 ) -> None:
-    """Connects `client`, retrying until the server is there, and logs state changes."""
+    """Connects `client`, retrying until the server is there, and logs state changes;
+    `on_state` hears of each reconnect ("reconnected") and message lost because its
+    subscription's queue was full ("slow_consumer")."""
 
     async def state(event: str) -> None:
         if on_state is not None:
@@ -100,7 +99,6 @@ async def connect(
     async def disconnected() -> None:
         if not closing():
             log.warning("NATS disconnected", extra={"action": "nats_disconnected"})
-        await state("disconnected")
 
     async def reconnected() -> None:
         log.info("NATS reconnected", extra={"action": "nats_reconnected"})
@@ -119,9 +117,6 @@ async def connect(
             last_error[text] = now
             log.warning("NATS error: %s", text, extra={"action": "nats_error"})
 
-    async def closed() -> None:
-        await state("closed")
-
     async def lame_duck() -> None:
         # The server is going away (a planned restart: nats-server --signal ldm) and will
         # close this connection within seconds. A connection the server closes can lose
@@ -137,33 +132,22 @@ async def connect(
         if others:
             await client.force_reconnect()
 
+    # The one SSL context of arm_core.tls, when NATS TLS is configured. nats-py speaks TLS
+    # when the server's first message (INFO) says it requires it, which anyone in the
+    # middle could not say; with NATS_TLS_HANDSHAKE_FIRST the handshake comes first.
+    tls = settings.nats_tls_context()
     options: dict[str, Any] = {
         "servers": list(settings.nats_urls),
         "name": name,
-        "allow_reconnect": True,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
-        "connect_timeout": 2,
         "pending_size": 0,
         "disconnected_cb": disconnected,
         "reconnected_cb": reconnected,
         "error_cb": error,
-        "closed_cb": closed,
         "lame_duck_mode_cb": lame_duck,
         **auth_options(settings),
-        **tls_options(settings),
+        **({"tls": tls, "tls_handshake_first": settings.nats_tls_handshake_first} if tls else {}),
         **overrides,
     }
     await client.connect(**options)
-
-
-def tls_options(settings: Settings) -> dict[str, Any]:
-    """nats.connect's `tls`: the one SSL context of arm_core.tls (the CA, the client
-    certificate, name verification), when NATS TLS is configured. nats-py speaks TLS
-    when the server's first message (INFO) says it requires it — which a server with a
-    tls block does, but so could anyone in the middle not say; with
-    NATS_TLS_HANDSHAKE_FIRST the handshake comes before any byte is read or sent."""
-    context = settings.nats_tls_context()
-    if context is None:
-        return {}
-    return {"tls": context, "tls_handshake_first": settings.nats_tls_handshake_first}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
-from arm_core.bridge.config import PublisherConfig
+from arm_core.bridge.config import BridgeConfig
 from arm_core.rows import PacedJob, PublishedJob
 from arm_core.store import Store
 
@@ -31,7 +31,7 @@ UNHEARD_RETRY_SECONDS = 1.0
 
 @dataclass(eq=False)
 class Probes:
-    config: PublisherConfig
+    config: BridgeConfig
     store: Store
     nats: Client
     _inbox: Subscription | None = None

@@ -61,9 +61,10 @@ class Bridge:
     # LISTEN connection's URL, DATABASE_LISTEN_URL or DATABASE_URL) and its services'.
     config: BridgeConfig
     store: Store
-    # Told once when the bridge cannot go on: RESULTS_STREAM set but the server cannot
-    # hold the stream (exit 2), or a loop that crashed past SERVICE_RESTART_LIMIT (exit
-    # 1). `arm-core bridge`/`serve` then stop as on SIGTERM and exit with its code.
+    # Told once (by the supervisor) when the bridge cannot go on: RESULTS_STREAM set but
+    # the server cannot hold the stream (exit 2), or a loop that crashed past
+    # SERVICE_RESTART_LIMIT (exit 1). `arm-core bridge`/`serve` then stop as on SIGTERM
+    # and exit with its code.
     on_fatal: Callable[[Fatal], None] = lambda fatal: None
     name: str = field(default_factory=lambda: f"arm-core@{socket.gethostname()}:{os.getpid()}")
     nats: Client = field(default_factory=Client)
@@ -80,8 +81,6 @@ class Bridge:
     # RESULTS_STREAM: the durable pull consumer the answers are fetched from (instead of
     # `subscription`).
     consumer: Any = None
-    # Why the bridge cannot go on (also told to on_fatal).
-    fatal: Fatal | None = None
     # Runs every loop of the bridge.
     supervisor: Supervisor = field(init=False)
     # Connects, then subscribes or opens the stream (a supervised one-shot loop).
@@ -98,15 +97,11 @@ class Bridge:
         # bridge and its store were made.
         instruments = self.store.instruments
         metrics = instruments.metrics
-        self.supervisor = Supervisor(self.config.restarts, self._fail, metrics=metrics)
-        self.publisher = Publisher(self.config.publisher, self.store, self.nats, metrics=metrics)
+        self.supervisor = Supervisor(self.config, self.on_fatal, metrics=metrics)
+        self.publisher = Publisher(self.config, self.store, self.nats, metrics=metrics)
         self.publisher.answers_open = not self.config.settings.results_stream  # until it exists
-        self.inbox = Inbox(
-            self.config.inbox, self.store, metrics=metrics, answered=self.publisher.wake
-        )
-        self.scheduler = Scheduler(
-            self.config.scheduler, self.store, report=self.instance, metrics=metrics
-        )
+        self.inbox = Inbox(self.config, self.store, metrics=metrics, answered=self.publisher.wake)
+        self.scheduler = Scheduler(self.config, self.store, report=self.instance, metrics=metrics)
         s = self.config.settings
         listen_url = s.listen_url()
         self.listener = Listener(
@@ -117,10 +112,10 @@ class Bridge:
             outage=instruments.outage if listen_url == s.database_url else Outage(),
         )
 
-    def _fail(self, fatal: Fatal) -> None:
-        if self.fatal is None:
-            self.fatal = fatal
-            self.on_fatal(fatal)
+    @property
+    def fatal(self) -> Fatal | None:
+        """Why the bridge cannot go on (also told to on_fatal)."""
+        return self.supervisor.fatal
 
     async def start(self) -> None:
         """Starts every service; returns at once, waiting for neither the database nor
@@ -130,11 +125,6 @@ class Bridge:
         )
         for service in (self.publisher, self.inbox, self.listener, self.scheduler):
             service.start(self.supervisor)
-
-    def services(self) -> tuple[Publisher | Inbox | Listener | Scheduler | StreamConsumer, ...]:
-        """Every service of the bridge, the stream's once it is open."""
-        found: list[Any] = [self.publisher, self.inbox, self.listener, self.scheduler]
-        return (*found, *(s for s in (self.stream, self.replayer) if s is not None))
 
     async def _connect(self, stopping: asyncio.Event) -> None:
         """Connects (once), then subscribes to the result subject or opens the results
@@ -216,7 +206,8 @@ class Bridge:
                 break
             except StreamUnavailable as exc:
                 log.error("%s", exc, extra={"action": "stream_unavailable"})
-                self._fail(Fatal(str(exc), exit_code=2))  # until it stops, it says `refused`
+                # Until it stops, it says `refused`.
+                self.supervisor.fail(Fatal(str(exc), exit_code=2))
                 return
             except Exception as exc:
                 # No answer from the JetStream API: a cluster electing its leader, a
@@ -276,7 +267,7 @@ class Bridge:
 
     def listener_status(self) -> ListenerState:
         """The LISTEN connection's state; `stopped` when its loop has ended."""
-        return self.listener.status()
+        return ListenerState.STOPPED if self.listener.ended() else self.listener.state
 
     def instance(self) -> BridgeInstance:
         """This bridge as its row of arm.bridge_instance has it (the schedule writes it):
@@ -342,8 +333,17 @@ class Bridge:
             *(s.stop(left()) for s in (self.publisher, self.listener, self.scheduler, *feeders))
         )
         if self.subscription is not None and self.nats.is_connected:
+            # nats-py's drain(), not unsubscribe(): UNSUB, a PING round trip, then every
+            # message nats-py has queued for the subscription (hundreds, when the inbox is
+            # behind) through the callback into the inbox before the subscription goes.
             try:
-                await asyncio.wait_for(self._drain_subscription(self.subscription), left())
+                await asyncio.wait_for(self.subscription.drain(), left())
+                log.info(
+                    "left queue group %s on %s; applying what is held",
+                    self.config.settings.nats_queue_group,
+                    self.config.settings.result_subject,
+                    extra={"action": "nats_drained", "count": self.inbox.buffered()},
+                )
             except Exception as exc:
                 log.warning(
                     "could not drain the subscription to %s (%s): messages still in "
@@ -355,34 +355,18 @@ class Bridge:
         await self.inbox.stop(left())
         if self._connected and not self.nats.is_closed:
             await self.nats.close()
-        await self._forget(min(2.0, max(0.5, left())))
-        log.info(
-            "bridge stopped",
-            extra={"action": "bridge_stopped", "count": self.inbox.dropped()},
-        )
-
-    async def _forget(self, within: float) -> None:
-        """Deletes this bridge's row of arm.bridge_instance: a bridge that stopped cleanly
-        is not one that stopped saying it is alive. When the database cannot be reached
-        the row stays, and grows old like a dead bridge's."""
+        # A bridge that stopped cleanly is not one that stopped saying it is alive: its row
+        # of arm.bridge_instance goes (when the database cannot be reached it stays, and
+        # grows old like a dead bridge's).
         try:
-            await self.store.forget_bridge(self.name, within)
+            await self.store.forget_bridge(self.name, min(2.0, max(0.5, left())))
         except (DatabaseError, TimeoutError) as exc:
             log.warning(
                 "could not remove this bridge from arm.bridge_instance: %s",
                 exc,
                 extra={"action": "bridge_forget_failed"},
             )
-
-    async def _drain_subscription(self, sub: Subscription) -> None:
-        """Leaves the queue group through nats-py's public drain(): UNSUB, a PING round
-        trip, then every message nats-py has queued for the subscription (hundreds, when
-        the inbox is behind) through the callback into the inbox, before nats-py removes
-        the subscription. A plain unsubscribe() would throw that queue away."""
-        await sub.drain()
         log.info(
-            "left queue group %s on %s; applying what is held",
-            self.config.settings.nats_queue_group,
-            self.config.settings.result_subject,
-            extra={"action": "nats_drained", "count": self.inbox.buffered()},
+            "bridge stopped",
+            extra={"action": "bridge_stopped", "count": self.inbox.dropped()},
         )

@@ -2,22 +2,12 @@
 schedule runner, the results stream's consumer and its replay), after River's, and the
 supervisor that watches them, after Procrastinate's side-task monitor.
 
-A service has one or more loops (:meth:`Service.loops`; most have one, :meth:`Service.run`;
-the inbox has one per worker). :meth:`Service.start` hands each to the process's
-:class:`Supervisor`, which runs it as a task until its `stopping` event is set;
-:meth:`Service.stop` asks the loops to finish and waits, cancelling them past the
-timeout. Each service also has a `run_once()` returning what one step did, and
-`counts`, the events it saw (arm_core.bridge.events).
-
-The supervisor is why no loop dies in silence. An exception a loop does not handle
-itself is logged at once — one ERROR line naming the loop, with the traceback
-(`action=service_crashed`) — counted (`arm_service_restarts_total{service}`), and the
-loop starts again after a backoff (0.5 s, doubling up to 10 s). A loop
-that crashes more than SERVICE_RESTART_LIMIT times within SERVICE_RESTART_WINDOW_SECONDS
-makes the process fatal: it stops as on SIGTERM, draining what it can, and exits 1, so
-whatever supervises the process (a container runtime, systemd, Kubernetes) starts a
-fresh one. A loop also gives a heartbeat on every turn (:meth:`Service.beat`); one that
-has given none for LIVENESS_STALL_SECONDS counts as stalled, and `GET /livez` fails."""
+A service's loops (one, `run`, unless it has several) run under the process's
+:class:`Supervisor` until their `stopping` event is set. The supervisor is why no loop
+dies in silence: an exception a loop does not handle is logged at once with its
+traceback, counted and the loop restarted after a backoff; past SERVICE_RESTART_LIMIT
+the process stops and exits 1. A loop that gave no heartbeat (:meth:`Service.beat`) for
+LIVENESS_STALL_SECONDS is stalled, and `GET /livez` fails (docs/runbooks.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from arm_core.bridge.config import RestartPolicy
+from arm_core.bridge.config import BridgeConfig
 from arm_core.instruments import Metrics
 
 log = logging.getLogger(__name__)
@@ -97,22 +87,21 @@ class _Watched:
     beat_at: float = 0.0
     crashes: deque[float] = field(default_factory=deque)
     last_error: str = ""
-    task: asyncio.Task[None] | None = None
     once: bool = False
 
 
 class Supervisor:
     """Runs the process's loops, restarts the ones that crash, and tells `on_fatal`
-    once when one crashed past the policy's limit."""
+    once when the process cannot go on."""
 
     def __init__(
         self,
-        policy: RestartPolicy | None = None,
+        config: BridgeConfig | None = None,
         on_fatal: Callable[[Fatal], None] = lambda fatal: None,
         clock: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
     ) -> None:
-        self.policy = policy or RestartPolicy()
+        self.config = config or BridgeConfig()
         self.metrics = metrics or Metrics()  # the process's: arm_service_restarts_total
         self.on_fatal = on_fatal
         self.fatal: Fatal | None = None
@@ -128,11 +117,9 @@ class Supervisor:
         watched = _Watched(name, beat_at=self._clock(), once=once)
         self._loops[name] = watched
         self.metrics.service_restarts.labels(service=name)  # the series exists from the start
-        watched.task = asyncio.create_task(self._run(watched, loop, stopping), name=name)
-        return watched.task
+        return asyncio.create_task(self._run(watched, loop, stopping), name=name)
 
     def beat(self, name: str) -> None:
-        """A heartbeat of the loop `name`: it is alive."""
         watched = self._loops.get(name)
         if watched is not None:
             watched.beat_at = self._clock()
@@ -145,7 +132,7 @@ class Supervisor:
 
     def states(self) -> dict[str, LoopState]:
         """Every loop's state now (a running loop silent for stall_seconds is STALLED)."""
-        now, stall = self._clock(), self.policy.settings.liveness_stall_seconds
+        now, stall = self._clock(), self.config.settings.liveness_stall_seconds
         return {
             name: LoopState.STALLED
             if w.state is LoopState.RUNNING and not w.once and now - w.beat_at > stall
@@ -162,10 +149,10 @@ class Supervisor:
             ok = ok and state not in (LoopState.FAILED, LoopState.STALLED)
             error = self._loops[name].last_error
             said[name] = f"{state}: {error}" if error and state is not LoopState.RUNNING else state
-        return ok and self.fatal is None, said
+        return ok, said
 
     async def _run(self, watched: _Watched, loop: Loop, stopping: asyncio.Event) -> None:
-        p, s, name = self.policy, self.policy.settings, watched.name
+        c, s, name = self.config, self.config.settings, watched.name
         while True:
             try:
                 await loop(stopping)
@@ -196,14 +183,17 @@ class Supervisor:
                         exc_info=exc,
                         extra={"action": "service_failed", "service": name, "count": len(crashes)},
                     )
-                    self._fail(
+                    self.fail(
                         Fatal(
                             f"{name} crashed {len(crashes)} times within "
                             f"{s.service_restart_window_seconds:g} s (last: {watched.last_error})"
                         )
                     )
                     return
-                backoff = min(p.backoff_seconds * 2 ** (len(crashes) - 1), p.backoff_max_seconds)
+                backoff = min(
+                    c.restart_backoff_seconds * 2 ** (len(crashes) - 1),
+                    c.restart_backoff_max_seconds,
+                )
                 watched.state = LoopState.RESTARTING
                 self.metrics.service_restarts.labels(service=name).inc()
                 log.error(
@@ -228,7 +218,8 @@ class Supervisor:
                 "%s restarted", name, extra={"action": "service_restarted", "service": name}
             )
 
-    def _fail(self, fatal: Fatal) -> None:
+    def fail(self, fatal: Fatal) -> None:
+        """Tells on_fatal, once, why the process cannot go on."""
         if self.fatal is None:
             self.fatal = fatal
             self.on_fatal(fatal)
@@ -258,7 +249,6 @@ class Service:
         )
 
     def beat(self, loop: str | None = None) -> None:
-        """A heartbeat of the loop (this service's only one when None)."""
         if self.supervisor is not None:
             self.supervisor.beat(loop or self.name)
 
