@@ -12,7 +12,7 @@ from enum import StrEnum
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from arm_core.bridge.service import Service
+from arm_core.bridge.service import Service, stopped_within
 from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
 from arm_core.db import Outage, connection_options
 from arm_core.redaction import mask_urls_in
@@ -83,8 +83,5 @@ class Listener(Service):
                     )
                 self.state = ListenerState.RECONNECTING
                 self.outage.failed(f"listen: {mask_urls_in(str(exc))}")
-                try:
-                    await asyncio.wait_for(stopping.wait(), backoff)
-                except TimeoutError:
-                    pass
+                await stopped_within(stopping, backoff)
                 backoff = min(backoff * 2, self.backoff_max_seconds)

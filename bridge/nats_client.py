@@ -60,6 +60,16 @@ async def confirm(nc: Client) -> None:
         raise
 
 
+def refusal(nc: Client, before: Exception | None, what: str) -> Exception | None:
+    """The server's refusal of `what` ("publish", 'subscription to "<subject>"') since
+    nc.last_error was `before`, if any. A user's publish or SUB that is not allowed is
+    dropped by the server, which keeps the connection and sends -ERR ahead of confirm()'s
+    PONG; nats-py only hands it to the error callback and keeps it as last_error."""
+    error = nc.last_error
+    refused = f"permissions violation for {what}".lower() in str(error).lower()
+    return error if error is not None and error is not before and refused else None
+
+
 def auth_options(settings: Settings) -> dict[str, Any]:
     """nats.connect keyword arguments for the configured credentials. nats_keypair checks
     them again for Settings built in code: a bad seed is a ConfigError naming the

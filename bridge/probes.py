@@ -40,7 +40,7 @@ class Probes:
     # Request subjects nobody listened on at the last probe (logged once per outage).
     _unheard: set[str] = field(default_factory=set)
 
-    async def replies(self, probes: set[int]) -> dict[int, str]:
+    async def replies(self, probes: frozenset[int]) -> dict[int, str]:
         """A reply subject per probe (by its index in the batch), unique to the batch."""
         if not probes:
             return {}

@@ -28,7 +28,7 @@ from nats.aio.client import Client
 
 from arm_core.bridge import events
 from arm_core.bridge.config import BridgeConfig
-from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
+from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm, refusal
 from arm_core.bridge.probes import Probes
 from arm_core.bridge.service import Service
 from arm_core.db import DatabaseError, DatabaseUnavailable
@@ -75,14 +75,6 @@ class Cycle:
     dead_lettered: tuple[DeadLetteredJob, ...] = ()
     # Republished, overdue and unacked, with the same Nats-Msg-Id.
     republished: tuple[UnackedJob, ...] = ()
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """One transaction: the rows it claimed (and committed), or failed (rolled back)."""
-
-    claimed: tuple[PublishedJob, ...] = ()
-    failed: bool = False
 
 
 @dataclass(eq=False)
@@ -170,14 +162,14 @@ class Publisher(Service):
         # (under a steady trickle the others would claim nothing, a wasted round trip).
         batches = [await self._publish_batch()]
         s = self.config.settings
-        if len(batches[0].claimed) == s.outbox_batch_size:
+        if len(batches[0] or ()) == s.outbox_batch_size:
             drained = await asyncio.gather(*(self._drain() for _ in range(s.outbox_publishers)))
             batches += [b for d in drained for b in d]
-        claimed = [c for b in batches for c in b.claimed]
+        claimed = [c for b in batches for c in b or ()]
         published = Cycle(
             published=tuple(c for c in claimed if c.outcome is PublishOutcome.PUBLISHED),
             unpublishable=tuple(c for c in claimed if c.outcome is PublishOutcome.DLQ),
-            failed_batches=sum(b.failed for b in batches),
+            failed_batches=batches.count(None),
         )
         if self._stopping.is_set():
             return published
@@ -211,26 +203,26 @@ class Publisher(Service):
             republished=tuple(republished),
         )
 
-    async def _drain(self) -> list[_Batch]:
+    async def _drain(self) -> list[list[PublishedJob] | None]:
         """Publishes full batches until the queue is empty. OUTBOX_PUBLISHERS of these run
         at once: SKIP LOCKED gives each its own jobs, and while one batch waits for the
         server's confirmation or its commit, another is being claimed."""
         full = self.config.settings.outbox_batch_size
         batches = [await self._publish_batch()]
-        while len(batches[-1].claimed) == full and not self._stopping.is_set():
+        while len(batches[-1] or ()) == full and not self._stopping.is_set():
             self.beat()  # a backlog of millions takes minutes: still alive
             batches.append(await self._publish_batch())
         return batches
 
-    async def _publish_batch(self) -> _Batch:
+    async def _publish_batch(self) -> list[PublishedJob] | None:
         """Publishes one batch of queued jobs in one transaction; returns what was claimed
-        (nothing when the batch failed). arm.publish_queued_jobs_v2 claims and marks them in
+        (None when the batch failed). arm.publish_queued_jobs_v2 claims and marks them in
         one statement and dead-letters, in the same statement, any whose request exceeds
         the server's max_payload, so one such job never holds back the others."""
         c = self.config.settings
 
         async def send(jobs: list[PublishedJob]) -> None:
-            probes = {i for i, j in enumerate(jobs) if isinstance(j, PacedJob) and j.probe}
+            probes = frozenset(i for i, j in enumerate(jobs) if isinstance(j, PacedJob) and j.probe)
             await self._send(jobs, "publish", probes)
 
         try:
@@ -256,9 +248,9 @@ class Publisher(Service):
             )
         except NoResponders as exc:
             await self.probes.hold(exc.subjects)
-            return _Batch()
+            return []
         except PublishFailed:
-            return _Batch(failed=True)
+            return None
         self.probes.heard(claimed)
         sent = [j for j in claimed if j.outcome is PublishOutcome.PUBLISHED]
         if sent:
@@ -266,7 +258,7 @@ class Publisher(Service):
         for job in claimed:
             if job.outcome is PublishOutcome.DLQ:
                 events.unpublishable(self, job)
-        return _Batch(tuple(claimed))
+        return claimed
 
     async def _republish_batch(self) -> tuple[list[UnackedJob], bool]:
         """Republishes one batch of overdue unacked jobs in one transaction; returns what
@@ -299,7 +291,7 @@ class Publisher(Service):
         self,
         jobs: Sequence[PublishedJob | UnackedJob],
         action: str,
-        probes: set[int] | None = None,
+        probes: frozenset[int] = frozenset(),
     ) -> None:
         """Publishes and confirms a batch, or raises PublishFailed.
 
@@ -312,7 +304,6 @@ class Publisher(Service):
         (no responders), ahead of the PONG: then NoResponders is raised.
         """
         nc = self.nats
-        probes = probes or set()
         try:
             if not nc.is_connected:
                 raise PublishFailed("NATS not connected")
@@ -333,13 +324,8 @@ class Publisher(Service):
                 raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
             if not nc.is_connected or nc.stats["reconnects"] != reconnects:
                 raise PublishFailed("NATS connection dropped during the batch")
-            # A publish the user may not make is dropped by the server, which keeps the
-            # connection and sends -ERR ahead of confirm()'s PONG; nats-py hands it to
-            # the error callback and keeps it as last_error. Those messages never
-            # arrived: the batch must not commit as published.
-            error = nc.last_error
-            refused = "permissions violation for publish" in str(error).lower()
-            if error is not None and error is not error_before and refused:
+            # Refused publishes never arrived: the batch must not commit as published.
+            if (error := refusal(nc, error_before, "publish")) is not None:
                 raise PublishFailed(
                     f"NATS refused the publish ({error}): allow this bridge's user to "
                     "publish on the request subjects (deploy/nats/nats-permissions.conf)"

@@ -22,11 +22,11 @@ from nats.aio.subscription import Subscription
 from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import Listener, ListenerState
-from arm_core.bridge.nats_client import confirm, connect
+from arm_core.bridge.nats_client import confirm, connect, refusal
 from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.replay import Recent, Replayer, keep_recent_answers
 from arm_core.bridge.scheduler import Scheduler
-from arm_core.bridge.service import Fatal, LoopState, Supervisor, cancel_all
+from arm_core.bridge.service import Fatal, LoopState, Supervisor, cancel_all, stopped_within
 from arm_core.bridge.stream_fetch import StreamConsumer
 from arm_core.bridge.stream_setup import (
     StreamUnavailable,
@@ -56,9 +56,6 @@ class NatsState(StrEnum):
 
 @dataclass(eq=False)
 class Bridge:
-    # Its settings (config.settings: the NATS connection's servers and credentials,
-    # bridge/nats_client.py; the results stream's options, bridge/stream_setup.py; the
-    # LISTEN connection's URL, DATABASE_LISTEN_URL or DATABASE_URL) and its services'.
     config: BridgeConfig
     store: Store
     # Told once (by the supervisor) when the bridge cannot go on: RESULTS_STREAM set but
@@ -160,11 +157,8 @@ class Bridge:
             pending_bytes_limit=s.inbox_buffer_bytes,
         )
         await confirm(self.nats)  # the server has the SUB before we say we are subscribed
-        # A refused SUB leaves the connection up; the server's -ERR comes before the PONG
-        # and nats-py only passes it to the error callback (and keeps it as last_error).
-        error = self.nats.last_error
-        refusal = f'permissions violation for subscription to "{s.result_subject}"'.lower()
-        if error is not None and error is not error_before and refusal in str(error).lower():
+        error = refusal(self.nats, error_before, f'subscription to "{s.result_subject}"')
+        if error is not None:
             self.subscription_refused = str(error)
             log.error(
                 "NATS refused the subscription to %s in queue group %s (%s): this bridge "
@@ -219,11 +213,8 @@ class Bridge:
                     f"{type(exc).__name__}: {exc}",
                     extra={"action": "stream_waiting"},
                 )
-                try:
-                    await asyncio.wait_for(self.stopping.wait(), c.stream_retry_seconds)
+                if await stopped_within(self.stopping, c.stream_retry_seconds):
                     return
-                except TimeoutError:
-                    continue
         self.inbox.acks = True
         self.consumer = consumer
         self.publisher.answers_open = True
@@ -250,9 +241,6 @@ class Bridge:
         self.stream.start(self.supervisor)
 
     def nats_state(self) -> NatsState:
-        """`ok` when connected and subscribed (or consuming the results stream), `refused`
-        when connected but the server refused the subscription (or cannot hold the
-        stream); otherwise what it is doing."""
         if self.fatal is not None and self.fatal.exit_code == 2:  # the server cannot do it
             return NatsState.REFUSED
         if self.nats.is_connected and self.consumer is not None:
@@ -300,23 +288,15 @@ class Bridge:
         1. the publisher, listener and schedule runner stop (and, with RESULTS_STREAM,
            the fetches and replays: what they fetched is handed to the inbox); the
            publisher's batch in flight commits or rolls back — no new requests go out;
-        2. the subscription leaves the queue group by draining (nats-py's
-           Subscription.drain): UNSUB, a round trip, then every message nats-py holds for
-           it handed to the inbox before the subscription goes. From the UNSUB on the
+        2. the subscription leaves the queue group by draining; from its UNSUB on the
            server gives the answers to the group's other members;
         3. the inbox applies everything it holds, batch by batch, each committed;
         4. NATS is closed.
 
-        Until step 2 the bridge stays subscribed, so answers to the requests it
-        published keep arriving here and are applied. An envelope is dropped (counted,
-        logged with its job id) only when the grace runs out or the database stays
-        unreachable past it.
-
-        One gap is nats-py's: drain() writes its PING ahead of the UNSUB, so an answer
-        the server routes here between the two (a round trip at most) reaches nats-py
-        after the subscription is gone and is lost — core NATS does not deliver it
-        again. RESULTS_STREAM (a durable consumer: what is not acked comes again) is
-        the setting for losing none."""
+        Until step 2 answers to the requests it published keep arriving here and are
+        applied. An envelope is dropped (counted, logged with its job id) only when the
+        grace runs out or the database stays unreachable past it. The one gap (nats-py's
+        drain) is in docs/not-losing-answers.md."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.config.stop_grace_seconds if grace is None else grace)
 
@@ -324,10 +304,8 @@ class Bridge:
             return max(0.0, deadline - loop.time())
 
         self.stopping.set()
-        connecting = self._connecting
-        if connecting is not None and not connecting.done():
-            # Still waiting for a server or the stream: nothing to finish.
-            await cancel_all([connecting])
+        if self._connecting is not None:  # still waiting for a server or the stream?
+            await cancel_all([self._connecting])
         feeders = [s for s in (self.stream, self.replayer) if s is not None]
         await asyncio.gather(
             *(s.stop(left()) for s in (self.publisher, self.listener, self.scheduler, *feeders))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from arm_core.bridge import events
 from arm_core.bridge.config import BridgeConfig
-from arm_core.bridge.service import Service
+from arm_core.bridge.service import Service, stopped_within
 from arm_core.db import DatabaseError, DatabaseUnavailable
 from arm_core.instruments import Metrics
 from arm_core.rows import BridgeInstance, TaskRun
@@ -82,10 +82,7 @@ class Scheduler(Service):
         while not stopping.is_set():
             self.beat()
             await _logged("schedule tick", self.run_once())
-            try:
-                await asyncio.wait_for(stopping.wait(), self.config.settings.schedule_tick_seconds)
-            except TimeoutError:
-                pass
+            await stopped_within(stopping, self.config.settings.schedule_tick_seconds)
 
 
 async def _logged(step: str, call: Awaitable[object]) -> bool:

@@ -12,6 +12,7 @@ LIVENESS_STALL_SECONDS is stalled, and `GET /livez` fails (docs/runbooks.md)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -61,6 +62,13 @@ async def cancel_all(tasks: Iterable[asyncio.Task[None]], within: float = 5.0) -
     return len(pending)
 
 
+async def stopped_within(stopping: asyncio.Event, seconds: float) -> bool:
+    """Waits up to `seconds` for `stopping`; whether it is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), seconds)
+    return stopping.is_set()
+
+
 class LoopState(StrEnum):
     """A supervised loop, as GET /livez reports it."""
 
@@ -96,12 +104,12 @@ class Supervisor:
 
     def __init__(
         self,
-        config: BridgeConfig | None = None,
+        config: BridgeConfig,
         on_fatal: Callable[[Fatal], None] = lambda fatal: None,
         clock: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
     ) -> None:
-        self.config = config or BridgeConfig()
+        self.config = config
         self.metrics = metrics or Metrics()  # the process's: arm_service_restarts_total
         self.on_fatal = on_fatal
         self.fatal: Fatal | None = None
@@ -153,6 +161,7 @@ class Supervisor:
 
     async def _run(self, watched: _Watched, loop: Loop, stopping: asyncio.Event) -> None:
         c, s, name = self.config, self.config.settings, watched.name
+        window = s.service_restart_window_seconds
         while True:
             try:
                 await loop(stopping)
@@ -167,28 +176,21 @@ class Supervisor:
                 now = self._clock()
                 crashes = watched.crashes
                 crashes.append(now)
-                while crashes and now - crashes[0] > s.service_restart_window_seconds:
+                while crashes and now - crashes[0] > window:
                     crashes.popleft()
                 watched.last_error = f"{type(exc).__name__}: {exc}"[:500]
                 if len(crashes) > s.service_restart_limit:
                     watched.state = LoopState.FAILED
+                    why = f"{name} crashed {len(crashes)} times within {window:g} s"
                     log.error(
-                        "%s crashed %d times within %g s; stopping the process "
-                        "(SERVICE_RESTART_LIMIT=%d): %s",
-                        name,
-                        len(crashes),
-                        s.service_restart_window_seconds,
+                        "%s; stopping the process (SERVICE_RESTART_LIMIT=%d): %s",
+                        why,
                         s.service_restart_limit,
                         watched.last_error,
                         exc_info=exc,
                         extra={"action": "service_failed", "service": name, "count": len(crashes)},
                     )
-                    self.fail(
-                        Fatal(
-                            f"{name} crashed {len(crashes)} times within "
-                            f"{s.service_restart_window_seconds:g} s (last: {watched.last_error})"
-                        )
-                    )
+                    self.fail(Fatal(f"{why} (last: {watched.last_error})"))
                     return
                 backoff = min(
                     c.restart_backoff_seconds * 2 ** (len(crashes) - 1),
@@ -202,17 +204,14 @@ class Supervisor:
                     backoff,
                     len(crashes),
                     s.service_restart_limit,
-                    s.service_restart_window_seconds,
+                    window,
                     watched.last_error,
                     exc_info=exc,
                     extra={"action": "service_crashed", "service": name, "count": len(crashes)},
                 )
-            try:
-                await asyncio.wait_for(stopping.wait(), backoff)
+            if await stopped_within(stopping, backoff):
                 watched.state = LoopState.STOPPED
                 return
-            except TimeoutError:
-                pass
             watched.state, watched.beat_at = LoopState.RUNNING, self._clock()
             log.warning(
                 "%s restarted", name, extra={"action": "service_restarted", "service": name}
@@ -227,8 +226,8 @@ class Supervisor:
 
 class Service:
     name = "service"
-    # The supervisor of the running loops (a bare one until start() is given the
-    # process's), and the loops' tasks.
+    # The supervisor of the running loops (none until start(): beat() does nothing), and
+    # the loops' tasks.
     supervisor: Supervisor | None = None
     tasks: tuple[asyncio.Task[None], ...] = ()
 
@@ -239,9 +238,9 @@ class Service:
         """The service's loops by name; one, `run`, unless a service has several."""
         return {self.name: self.run}
 
-    def start(self, supervisor: Supervisor | None = None) -> None:
-        """Hands every loop to `supervisor` (a bare one when None); returns at once."""
-        self.supervisor = supervisor or self.supervisor or Supervisor()
+    def start(self, supervisor: Supervisor) -> None:
+        """Hands every loop to `supervisor`; returns at once."""
+        self.supervisor = supervisor
         self._stop_asked = asyncio.Event()
         self.tasks = tuple(
             self.supervisor.supervise(name, loop, self._stop_asked)
