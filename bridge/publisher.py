@@ -1,19 +1,9 @@
-"""The outbox publisher.
-
-Each cycle, in one database transaction per batch:
-claim queued jobs (FOR UPDATE SKIP LOCKED) → publish every request → confirm the server
-has the batch (PING/PONG on a connection that never dropped meanwhile) → mark them
-published → commit. If anything fails the transaction rolls back and the batch stays
-queued for the next cycle: a job is never marked published unless its message reached
-the server. (A batch that reached the server but could not be confirmed is published
-again later with the same Nats-Msg-Id; services treat a repeated request as a repeat.)
-
-Then overdue, unacked jobs are republished the same way with the same Nats-Msg-Id and
-attempt, and jobs past OUTBOX_MAX_REPUBLISH are dead-lettered by the database.
-
-Cycles run every OUTBOX_POLL_SECONDS and at once when a NOTIFY arrives (LISTEN is a
-wake-up, polling is the backstop).
-"""
+"""The outbox publisher (docs/behaviour.md: R-OUT-1, R-ACK-2). One transaction per
+batch: claim queued jobs → publish every request → confirm the server has them → mark
+them published → commit; on any failure it rolls back and the batch stays queued, so a
+job is never marked published unless its message reached the server. Then overdue,
+unacked jobs are republished the same way, with the same Nats-Msg-Id, or dead-lettered
+past OUTBOX_MAX_REPUBLISH."""
 
 from __future__ import annotations
 
@@ -216,9 +206,8 @@ class Publisher(Service):
 
     async def _publish_batch(self) -> list[PublishedJob] | None:
         """Publishes one batch of queued jobs in one transaction; returns what was claimed
-        (None when the batch failed). arm.publish_queued_jobs_v2 claims and marks them in
-        one statement and dead-letters, in the same statement, any whose request exceeds
-        the server's max_payload, so one such job never holds back the others."""
+        (None when the batch failed). A job whose request exceeds the server's max_payload
+        is dead-lettered in the claim's statement: it never holds back the others."""
         c = self.config.settings
 
         async def send(jobs: list[PublishedJob]) -> None:
@@ -262,9 +251,8 @@ class Publisher(Service):
 
     async def _republish_batch(self) -> tuple[list[UnackedJob], bool]:
         """Republishes one batch of overdue unacked jobs in one transaction; returns what
-        went out and whether the batch failed. A request that no longer fits the server's
-        max_payload (it was lowered) is dead-lettered at once, REQUEST_TOO_LARGE, in the
-        same transaction, and logged once: every overdue job ends."""
+        went out and whether the batch failed. A request that no longer fits a lowered
+        max_payload is dead-lettered (REQUEST_TOO_LARGE): every overdue job ends."""
         c, limit = self.config.settings, self.nats.max_payload
 
         async def send(fits: list[UnackedJob]) -> list[UnackedJob]:
@@ -293,16 +281,11 @@ class Publisher(Service):
         action: str,
         probes: frozenset[int] = frozenset(),
     ) -> None:
-        """Publishes and confirms a batch, or raises PublishFailed.
-
-        Confirmed means: the connection was up before the first publish, nats-py did not
-        reconnect in between (a reconnect can drop or replay buffered data), and the
-        server answered a PING that went out after the last publish.
-
-        The messages at the indexes `probes` go with a reply subject; when nobody
-        subscribes to a probe's subject the server answers it at once with a 503 status
-        (no responders), ahead of the PONG: then NoResponders is raised.
-        """
+        """Publishes and confirms a batch, or raises PublishFailed. Confirmed: the
+        connection was up before the first publish, nats-py did not reconnect in between
+        (a reconnect can drop or replay buffered data), and the server answered a PING
+        sent after the last publish. The jobs at the indexes `probes` go with a reply
+        subject: NoResponders when the server said nobody subscribes (bridge/probes.py)."""
         nc = self.nats
         try:
             if not nc.is_connected:

@@ -78,7 +78,6 @@ class Bridge:
     # RESULTS_STREAM: the durable pull consumer the answers are fetched from (instead of
     # `subscription`).
     consumer: Any = None
-    # Runs every loop of the bridge.
     supervisor: Supervisor = field(init=False)
     # Connects, then subscribes or opens the stream (a supervised one-shot loop).
     _connecting: asyncio.Task[None] | None = None
@@ -125,8 +124,7 @@ class Bridge:
 
     async def _connect(self, stopping: asyncio.Event) -> None:
         """Connects (once), then subscribes to the result subject or opens the results
-        stream; started again by the supervisor should anything unexpected end it, it
-        picks up where it was."""
+        stream; restarted by the supervisor, it picks up where it was."""
         s = self.config.settings
 
         async def on_state(event: str) -> None:
@@ -254,13 +252,11 @@ class Bridge:
         return NatsState.CONNECTING if self.subscription is None else NatsState.DISCONNECTED
 
     def listener_status(self) -> ListenerState:
-        """The LISTEN connection's state; `stopped` when its loop has ended."""
         return ListenerState.STOPPED if self.listener.ended() else self.listener.state
 
     def instance(self) -> BridgeInstance:
-        """This bridge as its row of arm.bridge_instance has it (the schedule writes it):
-        what a console without a bridge of its own shows. `loops`: the loops that are
-        restarting, stalled or failed, with their state (as GET /livez says it)."""
+        """This bridge's row of arm.bridge_instance (what a console without a bridge of
+        its own shows); `loops`: those restarting, stalled or failed, as GET /livez says."""
         _, said = self.supervisor.live()
         troubled = (LoopState.RESTARTING, LoopState.STALLED, LoopState.FAILED)
         states = self.supervisor.states()
@@ -276,8 +272,6 @@ class Bridge:
         )
 
     def metrics_state(self) -> BridgeState:
-        """arm_nats_connected (connected and subscribed), arm_inbox_buffered and, with
-        RESULTS_STREAM, arm_results_stream_pending."""
         pending = self.stream.pending if self.stream is not None else None
         return BridgeState(self.nats_state() is NatsState.OK, self.inbox.held(), pending)
 

@@ -27,13 +27,10 @@ log = logging.getLogger(__name__)
 
 Loop = Callable[[asyncio.Event], Awaitable[None]]
 
-# How often cancel_all() cancels a task again that is still running.
-CANCEL_AGAIN_SECONDS = 0.1
-
 
 async def cancel_all(tasks: Iterable[asyncio.Task[None]], within: float = 5.0) -> int:
-    """Cancels `tasks` and waits until each has ended, cancelling again every
-    CANCEL_AGAIN_SECONDS: one cancellation can be lost. On Python 3.11
+    """Cancels `tasks` and waits until each has ended, cancelling again every 0.1 s:
+    one cancellation can be lost. On Python 3.11
     asyncio.wait_for drops a cancellation that arrives as the awaited call completes —
     nats-py's connect timeout is such a wait_for, and a bridge retrying an absent
     server then went on connecting after SIGTERM, never stopping. Returns how many
@@ -48,7 +45,7 @@ async def cancel_all(tasks: Iterable[asyncio.Task[None]], within: float = 5.0) -
         left = deadline - loop.time()
         if left <= 0:
             break
-        _, pending = await asyncio.wait(pending, timeout=min(CANCEL_AGAIN_SECONDS, left))
+        _, pending = await asyncio.wait(pending, timeout=min(0.1, left))
     for task in tasks:
         if task.done() and not task.cancelled():
             task.exception()  # retrieved: the supervisor has logged what it means
