@@ -12,7 +12,7 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client
@@ -94,17 +94,14 @@ async def connect(
     client: Client,
     settings: Settings,
     name: str,
-    on_state: Callable[[str], Awaitable[None]] | None = None,
+    on_reconnect: Callable[[], None] = lambda: None,
+    on_slow_consumer: Callable[[], None] = lambda: None,
     closing: Callable[[], bool] = lambda: False,
     **overrides: Any,
 ) -> None:
     """Connects `client`, retrying until the server is there, and logs state changes;
-    `on_state` hears of each reconnect ("reconnected") and message lost because its
-    subscription's queue was full ("slow_consumer")."""
-
-    async def state(event: str) -> None:
-        if on_state is not None:
-            await on_state(event)
+    `on_slow_consumer` hears of each message lost because its subscription's queue was
+    full."""
 
     async def disconnected() -> None:
         if not closing():
@@ -112,13 +109,13 @@ async def connect(
 
     async def reconnected() -> None:
         log.info("NATS reconnected", extra={"action": "nats_reconnected"})
-        await state("reconnected")
+        on_reconnect()
 
     last_error: dict[str, float] = {}
 
     async def error(exc: Exception) -> None:
-        if isinstance(exc, SlowConsumerError):  # a message lost: count every one
-            await state("slow_consumer")
+        if isinstance(exc, SlowConsumerError):
+            on_slow_consumer()
         # While the server is down nats-py reports every failed attempt: log each kind of
         # error once per 30 s, not twice a second.
         text = mask_urls_in(f"{type(exc).__name__}: {exc}")  # a ws:// error names its URL

@@ -127,16 +127,20 @@ class Bridge:
         stream; restarted by the supervisor, it picks up where it was."""
         s = self.config.settings
 
-        async def on_state(event: str) -> None:
-            if event == "reconnected":
-                self.publisher.wake.set()
-                if self.replayer is not None:
-                    self.replayer.reconnected()
-            elif event == "slow_consumer":
-                self.inbox.slow_consumer()
+        def reconnected() -> None:
+            self.publisher.wake.set()
+            if self.replayer is not None:
+                self.replayer.reconnected()
 
         if not self._connected:
-            await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
+            await connect(
+                self.nats,
+                s,
+                self.name,
+                on_reconnect=reconnected,
+                on_slow_consumer=self.inbox.slow_consumer,
+                closing=self.stopping.is_set,
+            )
             self._connected = True
         if s.results_stream:
             await self._open_stream()
