@@ -1,6 +1,7 @@
 """LISTEN arm_recognition_job_queued on a dedicated autocommit connection and set the
-publisher's wake-up event on every notification. A wake-up only: if the connection
-drops, it reconnects with backoff while polling keeps the publisher going."""
+publisher's wake-up event on every notification, and once LISTEN is (again) in place.
+A wake-up only: if the connection drops, it reconnects with backoff while polling keeps
+the publisher going."""
 
 from __future__ import annotations
 
@@ -34,8 +35,6 @@ class ListenerState(StrEnum):
 
 @dataclass(eq=False)
 class Listener(Service):
-    """Sets `wake` on every notification, and once LISTEN is (again) in place."""
-
     database_url: str
     wake: asyncio.Event
     # DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, like every session of the process.

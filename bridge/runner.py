@@ -189,10 +189,9 @@ class Bridge:
         the loop that fetches from it into the inbox (bridge/stream_fetch.py) and the
         replay's. The inbox acks each message once its envelope's outcome is final
         (committed); what it never settles comes again."""
-        c = self.config
-        s = c.settings
         if self.stream is not None:
             return
+        c, s = self.config, self.config.settings
         while True:
             try:
                 js = await ensure_results_stream(self.nats, s)
