@@ -80,14 +80,10 @@ def auth_options(settings: Settings) -> dict[str, Any]:
         return {}
     if not jwt:
         return {"nkeys_seed_str": seed}
-
-    def user_jwt() -> bytearray:
-        return bytearray(jwt.encode())
-
-    def sign(nonce: str) -> bytes:
-        return base64.b64encode(keypair.sign(nonce.encode()))
-
-    return {"user_jwt_cb": user_jwt, "signature_cb": sign}
+    return {
+        "user_jwt_cb": lambda: bytearray(jwt.encode()),
+        "signature_cb": lambda nonce: base64.b64encode(keypair.sign(nonce.encode())),
+    }
 
 
 async def connect(
