@@ -35,7 +35,7 @@ from nats.aio.msg import Msg
 
 from arm_core.bridge import events
 from arm_core.bridge.buffer import Buffer, DropBursts
-from arm_core.bridge.config import InboxConfig
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.envelope import Envelope, Rejected, parse_envelope
 from arm_core.bridge.service import Loop, Service
 from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable
@@ -70,7 +70,7 @@ class Inbox(Service):
     """Receives answers, buffers them, and applies them batch by batch (see the module's
     docstring)."""
 
-    config: InboxConfig
+    config: BridgeConfig
     store: Store
     counts: events.Counts = field(default_factory=events.Counts)
     # The process's counters (arm_core.instruments); a service made alone has its own.

@@ -214,7 +214,7 @@ async def whoami(request: web.Request) -> web.Response:
     )
 
 
-# A bridge writes its row every few seconds (SchedulerConfig.heartbeat_seconds, 5): one
+# A bridge writes its row every few seconds (BridgeConfig.heartbeat_seconds, 5): one
 # silent for three of those has died, hangs, or cannot reach the database.
 BRIDGE_SILENT_SECONDS = 15.0
 

@@ -20,7 +20,7 @@ import pytest
 from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.config import SchedulerConfig
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.testbed.polling import wait_for
@@ -373,7 +373,7 @@ async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
         conn.execute(
             "UPDATE arm.periodic_task SET next_run_at = clock_timestamp() + interval '1 hour'"
         )
-    scheduler = Scheduler(SchedulerConfig(fast_settings(db_url, NO_NATS)), Store(pool))
+    scheduler = Scheduler(BridgeConfig(fast_settings(db_url, NO_NATS)), Store(pool))
 
     assert await scheduler.run_once() == []  # nothing due
     with dict_conn(db_url) as conn:
@@ -393,6 +393,41 @@ async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
             "SELECT run_count, last_result FROM arm.periodic_task WHERE name = 'sweep_timeouts'"
         ).fetchone()
     assert task == {"run_count": 1, "last_result": "1"}
+
+
+async def test_the_first_tick_sets_the_sweep_period_only_when_it_was_given(
+    db_url: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    """TIMEOUT_SWEEP_SECONDS, when given, is the sweep's period in arm.periodic_task,
+    written by the schedule's first tick; otherwise the period a DBA set there stands."""
+
+    def period() -> float:
+        with dict_conn(db_url) as conn:
+            [row] = conn.execute(
+                "SELECT extract(epoch FROM run_every) AS seconds FROM arm.periodic_task "
+                "WHERE name = 'sweep_timeouts'"
+            ).fetchall()
+        return float(row["seconds"])
+
+    with dict_conn(db_url) as conn:  # a DBA's period
+        conn.execute(
+            "UPDATE arm.periodic_task SET run_every = interval '45 s' WHERE name = 'sweep_timeouts'"
+        )
+    defaulted = fast_settings(db_url, NO_NATS)
+    assert "TIMEOUT_SWEEP_SECONDS" not in defaulted.explicit
+    await Scheduler(BridgeConfig(defaulted), Store(pool)).run_once()
+    assert period() == 45
+    given = Scheduler(
+        BridgeConfig(fast_settings(db_url, NO_NATS, timeout_sweep_seconds=12)), Store(pool)
+    )
+    await given.run_once()
+    assert period() == 12
+    with dict_conn(db_url) as conn:  # set once: a later tick leaves a DBA's change alone
+        conn.execute(
+            "UPDATE arm.periodic_task SET run_every = interval '45 s' WHERE name = 'sweep_timeouts'"
+        )
+    await given.run_once()
+    assert period() == 45
 
 
 async def test_an_overdue_request_too_large_to_republish_is_dead_lettered_once(
@@ -440,7 +475,7 @@ async def test_the_schedule_hands_the_waits_the_steps_observed_to_the_database(
         assert len((await pub.run_once()).published) == 3
     # The process's metrics, as a bridge hands them to both.
     scheduler = Scheduler(
-        SchedulerConfig(fast_settings(db_url, NO_NATS)), Store(pool), metrics=pub.metrics
+        BridgeConfig(fast_settings(db_url, NO_NATS)), Store(pool), metrics=pub.metrics
     )
     stored = await scheduler.record_waits(force=True)
     assert stored is not None and set(stored) == {"queued"} and sum(stored["queued"]) == 3

@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.config import InboxConfig, PublisherConfig
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
 from arm_core.bridge.envelope import Envelope
 from arm_core.bridge.inbox import EnvelopeOutcome, Inbox
@@ -77,7 +77,7 @@ async def publisher(
     closing = False
     await connect(nc, config, "publisher-step", closing=lambda: closing)
     try:
-        yield Publisher(PublisherConfig(config), Store(pool), nc)
+        yield Publisher(BridgeConfig(config), Store(pool), nc)
     finally:
         closing = True
         await nc.close()
@@ -177,7 +177,7 @@ async def inbox_feed(
 ) -> InboxFeed:
     """An inbox of one worker (fast_settings plus `settings`) fed through `client`."""
     given = fast_settings(db_url, NO_NATS, **{"inbox_workers": 1, **settings})
-    inbox = Inbox(InboxConfig(given), Store(pool))
+    inbox = Inbox(BridgeConfig(given), Store(pool))
     sub = await client.subscribe(given.result_subject)
     await _flush(client)
     return InboxFeed(inbox, client, sub, given.result_subject)
