@@ -253,7 +253,13 @@ def typed_row(cls: type[R]) -> BaseRowFactory[R]:
         def make(values: Sequence[Any]) -> R:
             converted = list(values)
             for i, members in enums.items():
-                converted[i] = members[converted[i]]
+                try:
+                    converted[i] = members[converted[i]]
+                except KeyError:  # a label a newer schema added, met mid-upgrade
+                    raise ValueError(
+                        f"the database returned {converted[i]!r} for {cls.__name__}."
+                        f"{names[i]}, which this arm-core does not know"
+                    ) from None
             return cls(*converted)
 
         return make
