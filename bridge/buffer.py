@@ -1,10 +1,6 @@
 """An inbox worker's buffer, bounded by count and by bytes (INBOX_BUFFER_SIZE and
 INBOX_BUFFER_BYTES, shared among the workers), and the account of the envelopes lost
-when it is full: one line when a burst of drops starts, one when it ends.
-
-An envelope costs the buffer its message's size as it came (Envelope.size). The buffer
-takes an envelope while both bounds hold; one that would break either waits or is
-dropped (bridge/inbox.py decides which)."""
+when it is full: docs/behaviour.md, "The inbox buffer"."""
 
 from __future__ import annotations
 
@@ -13,7 +9,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from arm_core.bridge.envelope import Envelope
 from arm_core.episodes import Episode
@@ -32,16 +27,8 @@ class Buffer:
         self._items: deque[Envelope] = deque()
         self._changed = asyncio.Event()
 
-    def qsize(self) -> int:
+    def __len__(self) -> int:
         return len(self._items)
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def fits(self, envelope: Envelope) -> bool:
-        if not self._items:
-            return True
-        return len(self._items) < self.max_count and self.bytes + envelope.size <= self.max_bytes
 
     def room(self) -> tuple[int, int]:
         """How many more envelopes, and how many more bytes, it takes now."""
@@ -49,7 +36,8 @@ class Buffer:
 
     def put_nowait(self, envelope: Envelope) -> bool:
         """Takes `envelope` when it fits; False (and nothing changes) when not."""
-        if not self.fits(envelope):
+        count, free = self.room()
+        if self._items and (count <= 0 or envelope.size > free):
             return False
         self._items.append(envelope)
         self.bytes += envelope.size
@@ -58,12 +46,7 @@ class Buffer:
 
     async def put(self, envelope: Envelope, within: float) -> bool:
         """Takes `envelope` once it fits, waiting up to `within` seconds; False if not."""
-        deadline = time.monotonic() + within
-        while not self.put_nowait(envelope):
-            left = deadline - time.monotonic()
-            if left <= 0 or not await self._wait(left):
-                return False
-        return True
+        return await self._until(lambda: self.put_nowait(envelope), within)
 
     def take(self, which: Callable[[Envelope], bool]) -> list[Envelope]:
         """Takes out every envelope `which` says, in order; the others stay, in order."""
@@ -82,77 +65,40 @@ class Buffer:
 
     async def get(self, within: float) -> Envelope | None:
         """The oldest envelope, waiting up to `within` seconds for one; None if none."""
-        deadline = time.monotonic() + within
-        while not self._items:
-            left = deadline - time.monotonic()
-            if left <= 0 or not await self._wait(left):
-                return None
-        return self.get_nowait()
+        if await self._until(lambda: bool(self._items), within):
+            return self.get_nowait()
+        return None
 
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def _wait(self, within: float) -> bool:
-        try:
-            await asyncio.wait_for(self._changed.wait(), within)
-            return True
-        except TimeoutError:
-            return False
+    async def _until(self, done: Callable[[], bool], within: float) -> bool:
+        """Whether `done()` came true within `within` seconds, asked at each change."""
+        deadline = time.monotonic() + within
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return False
+        return True
 
 
-class Snoozed:
-    """Envelopes of one worker that wait to be applied again at a later time (their job
-    is still queued: see Inbox), the oldest first."""
+class DropBursts:
+    """Envelopes lost before the database saw them, told as bursts (arm_core.episodes),
+    one per reason: an ERROR line naming the first job, and a WARNING with the count
+    once it ends (the database answers again, or the inbox stops)."""
 
     def __init__(self) -> None:
-        self._items: deque[tuple[float, Envelope]] = deque()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def add(self, envelope: Envelope, at: float) -> None:
-        self._items.append((at, envelope))
-
-    def ready(self, now: float) -> bool:
-        """Whether the oldest one's time has come."""
-        return bool(self._items) and self._items[0][0] <= now
-
-    def due(self, now: float) -> list[Envelope]:
-        """Takes out those whose time has come, in order."""
-        taken: list[Envelope] = []
-        while self._items and self._items[0][0] <= now:
-            taken.append(self._items.popleft()[1])
-        return taken
-
-    def take_all(self) -> list[Envelope]:
-        taken = [e for _, e in self._items]
-        self._items.clear()
-        return taken
-
-
-@dataclass
-class DropBursts:
-    """Envelopes lost before the database saw them, told as bursts (arm_core.episodes):
-    an ERROR line when a burst of drops for a reason starts (naming the first job), one
-    every `report_every` seconds while it lasts, and a WARNING with the count when it
-    ends (the database answers again, or the inbox stops). Each envelope is also a
-    DEBUG line with its job id."""
-
-    report_every: float = 30.0
-    clock: Callable[[], float] = time.monotonic
-    _bursts: dict[str, Episode] = field(default_factory=dict)
+        self._bursts: dict[str, Episode] = {}
 
     def dropped(self, envelope: Envelope, reason: str, why: str) -> None:
         burst = self._bursts.get(reason)
         if burst is None:
-            burst = self._bursts[reason] = Episode(
-                "inbox_drops",
-                log,
-                report_every=self.report_every,
-                clock=self.clock,
-                extra={"reason": reason},
-            )
+            burst = self._bursts[reason] = Episode("inbox_drops", log, extra={"reason": reason})
         burst.happened(
             "dropping answers: %s; their jobs time out at their reply deadline unless "
             "the answer comes again (first: job %s)",
@@ -166,6 +112,3 @@ class DropBursts:
         for burst in self._bursts.values():
             burst.end("dropped answers for %.1f s: %d of them")
         self._bursts.clear()
-
-    def __bool__(self) -> bool:
-        return any(self._bursts.values())

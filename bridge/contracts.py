@@ -55,8 +55,7 @@ def problem(name: str, body: Any, limit: int = 300) -> str | None:
     compiled = validator(name)
     if compiled.is_valid(body):
         return None
-    error = min(compiled.iter_errors(body), key=lambda e: len(e.instance_path), default=None)
-    if error is None:  # is_valid and iter_errors are one engine's: never seen apart
-        return f"(top): refused by {name}"
+    # is_valid and iter_errors are one engine's: an invalid body has an error.
+    error = min(compiled.iter_errors(body), key=lambda e: len(e.instance_path))
     where = "/".join(str(part) for part in error.instance_path) or "(top)"
     return f"{where}: {error.message[:limit]}"

@@ -1,8 +1,5 @@
-"""Parsing and validating inbound envelopes from files.tabular_parsed (R-IN-1).
-
-Pure functions: bytes and headers in, an :class:`Envelope` or a :class:`Rejected` with a
-reason out. Nothing here raises on input, whatever it is.
-"""
+"""Parsing and validating inbound envelopes: bytes and headers in, an :class:`Envelope`
+or a :class:`Rejected` with a reason out. Nothing here raises on input, whatever it is."""
 
 from __future__ import annotations
 
@@ -34,10 +31,7 @@ class Envelope:
 
     msg_id: str
     job_id: uuid.UUID
-    file_id: uuid.UUID
     status: JobStatus  # processing (an ack), done, needs_check or error
-    service_name: str
-    service_version: str
     # One element of arm.apply_envelopes_v2's JSON array (arm_core.store.Answer).
     row_json: str
     # What it costs the inbox's buffer, in bytes: its message's size as it came, twice
@@ -50,8 +44,7 @@ class Envelope:
     msg_id_derived: bool = False
     # The JSON paths cut to the caps (capped): stored cut, with the original length.
     truncated: tuple[str, ...] = ()
-    # RESULTS_STREAM: the message it came in, acknowledged once its outcome is final
-    # (bridge/inbox.py); None when there is nothing to acknowledge (core NATS).
+    # RESULTS_STREAM: the message it came in, settled once its outcome is final.
     msg: Msg | None = None
     # When it arrived (time.monotonic()).
     received_at: float = field(default_factory=time.monotonic)
@@ -59,11 +52,6 @@ class Envelope:
     @property
     def is_ack(self) -> bool:
         return self.status is JobStatus.PROCESSING
-
-    def row(self) -> dict[str, Any]:
-        """The row as a dict (what row_json says)."""
-        loaded: dict[str, Any] = json.loads(self.row_json)
-        return loaded
 
 
 def _row_json(body: dict[str, Any], msg_id: str, status: JobStatus) -> str:
@@ -104,8 +92,7 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
     NaN and ±Infinity become null (JSON has no such numbers; Python's json writes them),
     and lone UTF-16 surrogates become U+FFFD (they cannot be encoded as UTF-8)."""
     if isinstance(value, str):
-        fixed = value.replace("\x00", "")
-        fixed = _LONE_SURROGATE.sub("\ufffd", fixed)
+        fixed = _LONE_SURROGATE.sub("\ufffd", value.replace("\x00", ""))
         return fixed, ([path or "/"] if fixed != value else [])
     if isinstance(value, float) and not math.isfinite(value):
         return None, [path or "/"]
@@ -118,20 +105,13 @@ def storable(value: Any, path: str = "") -> tuple[Any, list[str]]:
             changed += [f"{path}/{new_key}"] * bool(key_changed) + item_changed
         return out, list(dict.fromkeys(changed))
     if isinstance(value, list):
-        items, changed = [], []
-        for i, item in enumerate(value):
-            new_item, item_changed = storable(item, f"{path}/{i}")
-            items.append(new_item)
-            changed += item_changed
-        return items, changed
+        done = [storable(item, f"{path}/{i}") for i, item in enumerate(value)]
+        return [item for item, _ in done], [p for _, changed in done for p in changed]
     return value, []
 
 
 # What the core keeps of an answer's free text and metrics (docs/contracts/README.md,
-# "Caps"). The seeds set no limit; these bound what a job's row and a log line carry.
-# Longer text is stored cut, ending with a marker that gives its length, and extra
-# metrics keys go, counted: an answer is never dropped for its size within
-# INBOX_MAX_PAYLOAD_BYTES (an error answer keeps its service's code).
+# "Caps"): an answer is never dropped for its size within INBOX_MAX_PAYLOAD_BYTES.
 TEXT_CAPS: tuple[tuple[str | None, str, int], ...] = (
     ("service", "name", 200),
     ("service", "version", 100),
@@ -140,11 +120,6 @@ TEXT_CAPS: tuple[tuple[str | None, str, int], ...] = (
 )
 METRICS_KEYS_CAP = 100
 METRICS_CUT_KEY = "_truncated_keys"
-
-
-def _cut(text: str, cap: int) -> str:
-    marker = f" …[truncated: {len(text)} characters]"
-    return text[: cap - len(marker)] + marker
 
 
 def capped(body: dict[str, Any]) -> list[str]:
@@ -156,7 +131,8 @@ def capped(body: dict[str, Any]) -> list[str]:
         if isinstance(holder, dict):
             value = holder.get(key)
             if isinstance(value, str) and len(value) > cap:
-                holder[key] = _cut(value, cap)
+                marker = f" …[truncated: {len(value)} characters]"
+                holder[key] = value[: cap - len(marker)] + marker
                 cut.append(f"/{parent}/{key}" if parent else f"/{key}")
     metrics = body.get("metrics")
     if isinstance(metrics, dict) and len(metrics) > METRICS_KEYS_CAP:
@@ -175,14 +151,6 @@ def capped(body: dict[str, Any]) -> list[str]:
 _NEEDS_WALK = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])|NaN|Infinity|[eE]\+?\d{3}|\d{300}")
 
 
-def _readable_job_id(body: Any) -> str | None:
-    if isinstance(body, dict):
-        value = body.get("job_id")
-        if isinstance(value, str) and len(value) <= 64:
-            return value
-    return None
-
-
 def parse_envelope(
     data: bytes, headers: dict[str, str] | None, max_bytes: int
 ) -> Envelope | Rejected:
@@ -196,18 +164,17 @@ def parse_envelope(
         return Rejected("not_json", str(exc)[:200], msg_id=msg_id)
     if not isinstance(body, dict):
         return Rejected("not_object", f"JSON {type(body).__name__}", msg_id=msg_id)
-    job_id = _readable_job_id(body)
+    job_id = body.get("job_id")
+    job_id = job_id if isinstance(job_id, str) and len(job_id) <= 64 else None  # for the log
     if (major := other_major(body.get("schema_version"))) is not None:
         # A later MINOR is read (its new fields ignored); another MAJOR may mean anything.
         said = f"schema_version MAJOR {major}: this core reads MAJOR {CONTRACT_MAJOR}"
         return Rejected("schema_version_unsupported", said, job_id, msg_id)
     derived = False
     if not msg_id or not msg_id.strip():
-        # An ack needs no id: nothing in the state machine reads it (a repeated ack is
-        # told by the job's status). It is named as the contract names it, less the
-        # attempt its body does not carry. A result does: its id is how a repeated
-        # result is told from another one (result_msg_id), so without it the
-        # result is dropped, and says why.
+        # An ack needs no id: nothing reads it (a repeated ack is told by the job's
+        # status); it is named as the contract names it, less the attempt. A result's id
+        # is how a repeated result is told from another one: without it, it is dropped.
         if body.get("status") != "processing" or job_id is None:
             return Rejected("missing_msg_id", f"no {MSG_ID_HEADER} header", job_id=job_id)
         msg_id, derived = f"ack:{job_id}", True
@@ -216,8 +183,6 @@ def parse_envelope(
     if (why := problem(RESULT_SCHEMA, body)) is not None:
         return Rejected("schema", why, job_id, msg_id)
     # Schema-valid is recorded: what PostgreSQL cannot store as given is made storable.
-    # The walk is needed only when the text has a NUL or surrogate escape or a number
-    # that is not finite; most envelopes have none, and skip it.
     changed: list[str] = []
     if _NEEDS_WALK.search(data):
         body, changed = storable(body)
@@ -227,10 +192,7 @@ def parse_envelope(
     return Envelope(
         msg_id=msg_id,
         job_id=uuid.UUID(body["job_id"]),
-        file_id=uuid.UUID(body["file_id"]),
         status=status,
-        service_name=body["service"]["name"],
-        service_version=body["service"]["version"],
         row_json=_row_json(body, msg_id, status),
         size=len(data),
         made_storable=tuple(msg_id_changed + changed),

@@ -1,11 +1,8 @@
-"""One call per event of the bridge: each function here takes the service that saw the
-event, updates the Prometheus metrics it was handed (the process's: arm_core.instruments),
-writes the log line, and counts the event in the service's `counts` — the per-instance
-figures a test reads. Nothing else in the bridge records these
-events, so a metric, its log line and its count cannot disagree.
-
-The keys of `counts` are the functions' names below (`published`, `dropped.buffer_full`,
-an envelope's outcome such as `applied` or `duplicate`, …)."""
+"""One call per event of the bridge: each function here updates the Prometheus metrics
+of the service that saw the event (the process's: arm_core.instruments), writes the log
+line, and counts the event in the service's `counts` (the per-instance figures a test
+reads, keyed mostly by the functions' names). Nothing else in the bridge records these
+events, so a metric, its log line and its count cannot disagree."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ from typing import Any, Protocol
 from arm_core.bridge.envelope import Envelope, Rejected
 from arm_core.bridge.nats_client import MSG_ID_HEADER
 from arm_core.instruments import Metrics
-from arm_core.rows import DeadLetteredJob, PublishedJob, TaskRun, UnackedJob
+from arm_core.rows import AppliedEnvelope, DeadLetteredJob, PublishedJob, TaskRun, UnackedJob
 from arm_core.statuses import ApplyOutcome, JobStatus
 
 log = logging.getLogger(__name__)
@@ -26,14 +23,10 @@ Counts = Counter[str]
 
 
 class Source(Protocol):
-    """The service that saw an event: its own `counts`, and the process's `metrics`
-    (arm_core.instruments) it updates."""
+    """The service that saw an event."""
 
-    @property
-    def counts(self) -> Counts: ...
-
-    @property
-    def metrics(self) -> Metrics: ...
+    counts: Counts
+    metrics: Metrics
 
 
 # Why an envelope was lost before the database saw it, as its log line says it.
@@ -67,15 +60,12 @@ def published(seen: Source, jobs: Sequence[PublishedJob]) -> None:
     log.info("published %d jobs", len(jobs), extra={"action": "publish", "count": len(jobs)})
 
 
-def unpublishable(seen: Source, job: PublishedJob) -> None:
-    """Dead-lettered at claim: the request exceeds the server's max_payload."""
+def unpublishable(seen: Source, job: PublishedJob | UnackedJob, why: str) -> None:
+    """Dead-lettered (REQUEST_TOO_LARGE): the request exceeds the server's max_payload, at
+    claim or (max_payload lowered) when it was to be republished."""
     seen.metrics.transition("dlq")
     seen.counts["unpublishable"] += 1
-    log.error(
-        "dead-lettered: the request cannot be published: %s",
-        job.error_message,
-        extra={**_job("dlq", job), "reason": "REQUEST_TOO_LARGE"},
-    )
+    log.error("dead-lettered: %s", why, extra={**_job("dlq", job), "reason": "REQUEST_TOO_LARGE"})
 
 
 def batch_failed(seen: Source, action: str, n: int, error: str) -> None:
@@ -101,20 +91,6 @@ def republished(seen: Source, jobs: Sequence[UnackedJob]) -> None:
             "republished: no ack yet",
             extra={**_job("republish", job), "count": job.republish_count + 1},
         )
-
-
-def cannot_republish(seen: Source, job: UnackedJob, max_payload: int) -> None:
-    """An overdue request no longer fits max_payload (it was lowered): its job went to
-    dlq at once (REQUEST_TOO_LARGE), its file to ERROR. Once per job."""
-    seen.counts["unpublishable"] += 1
-    seen.metrics.transition("dlq")
-    log.error(
-        "dead-lettered: the request of %d bytes exceeds the server's max_payload %d and "
-        "cannot be republished",
-        job.bytes,
-        max_payload,
-        extra={**_job("dlq", job), "reason": "REQUEST_TOO_LARGE"},
-    )
 
 
 def dead_lettered(seen: Source, jobs: Sequence[DeadLetteredJob]) -> None:
@@ -155,43 +131,36 @@ def rejected(seen: Source, subject: str, why: Rejected) -> None:
     )
 
 
-def made_storable(seen: Source, envelope: Envelope) -> None:
-    """A schema-valid envelope whose NUL, NaN/Infinity or lone surrogates were replaced."""
-    seen.counts["made_storable"] += 1
-    log.warning(
-        "envelope made storable (NUL, NaN/Infinity or lone surrogates replaced): %s",
-        ", ".join(envelope.made_storable)[:300],
-        extra=_envelope(envelope, "inbox_sanitize", status=envelope.status),
-    )
-
-
-def truncated(seen: Source, envelope: Envelope) -> None:
-    """A schema-valid answer with text (or metrics) over the core's caps: stored cut,
-    with a marker giving the original length; never dropped for it."""
-    seen.counts["truncated"] += 1
-    log.warning(
-        "answer stored with over-long fields cut to the caps: %s",
-        ", ".join(envelope.truncated),
-        extra=_envelope(envelope, "inbox_truncate", status=envelope.status),
-    )
-
-
-def ack_without_msg_id(seen: Source, envelope: Envelope) -> None:
-    """An ack without a Nats-Msg-Id header: taken (nothing reads an ack's id), named
-    ack:<job_id>, and said once per ack so the service's team can add the header."""
-    seen.counts["ack_without_msg_id"] += 1
-    log.info(
-        "ack without %s: taken as %s",
-        MSG_ID_HEADER,
-        envelope.msg_id,
-        extra=_envelope(envelope, "inbox_ack_without_msg_id", status=envelope.status),
-    )
+def accepted(seen: Source, envelope: Envelope) -> None:
+    """A schema-valid envelope taken as it came, or: made storable (NUL, NaN/Infinity or
+    lone surrogates replaced), an ack without Nats-Msg-Id named ack:<job_id> (said once
+    per ack, so the service's team can add the header), text over the core's caps cut."""
+    if envelope.made_storable:
+        seen.counts["made_storable"] += 1
+        log.warning(
+            "envelope made storable (NUL, NaN/Infinity or lone surrogates replaced): %s",
+            ", ".join(envelope.made_storable)[:300],
+            extra=_envelope(envelope, "inbox_sanitize", status=envelope.status),
+        )
+    if envelope.msg_id_derived:
+        seen.counts["ack_without_msg_id"] += 1
+        log.info(
+            "ack without %s: taken as %s",
+            MSG_ID_HEADER,
+            envelope.msg_id,
+            extra=_envelope(envelope, "inbox_ack_without_msg_id", status=envelope.status),
+        )
+    if envelope.truncated:
+        seen.counts["truncated"] += 1
+        log.warning(
+            "answer stored with over-long fields cut to the caps: %s",
+            ", ".join(envelope.truncated),
+            extra=_envelope(envelope, "inbox_truncate", status=envelope.status),
+        )
 
 
 def redelivered(seen: Source, n: int) -> None:
-    """Messages of a fetch from the results stream that were delivered before and not
-    acknowledged in time, or handed back: the answers an instance held when it died, or
-    when it lost its database, come back this way."""
+    """Messages of a fetch from the results stream that were delivered before."""
     seen.metrics.redelivered.inc(n)
     seen.counts["redelivered"] += n
     log.info(
@@ -204,8 +173,8 @@ def redelivered(seen: Source, n: int) -> None:
 
 
 def replayed(seen: Source, n: int, stream: str, leader: str) -> None:
-    """The stream elected a leader: the answers core NATS brought in the last seconds go
-    to the inbox again (bridge/replay.py)."""
+    """The stream elected a leader: the last seconds' core NATS answers go to the inbox
+    again (bridge/replay.py)."""
     seen.metrics.replayed.inc(n)
     seen.counts["replayed"] += n
     log.info(
@@ -219,9 +188,8 @@ def replayed(seen: Source, n: int, stream: str, leader: str) -> None:
 
 
 def dropped(seen: Source, envelope: Envelope, reason: str) -> None:
-    """An envelope lost before the database saw it (buffer_full, shutdown): counted, and
-    a DEBUG line with its job id (the burst it belongs to is told once at ERROR:
-    bridge/buffer.py DropBursts)."""
+    """An envelope lost before the database saw it (buffer_full, shutdown); its burst is
+    told once (bridge/buffer.py DropBursts)."""
     seen.metrics.envelope("dropped")
     seen.counts[f"dropped.{reason}"] += 1
     log.debug(
@@ -232,8 +200,7 @@ def dropped(seen: Source, envelope: Envelope, reason: str) -> None:
 
 
 def handed_back(seen: Source, n: int, reason: str) -> None:
-    """Messages of the results stream this bridge let go unapplied (a NAK): the stream
-    delivers them again within seconds, to a bridge that can apply them."""
+    """Messages of the results stream this bridge let go unapplied (a NAK)."""
     seen.metrics.handed_back.inc(n)
     seen.counts["handed_back"] += n
     log.info(
@@ -244,62 +211,55 @@ def handed_back(seen: Source, n: int, reason: str) -> None:
     )
 
 
-def intake_paused(seen: Source, error: Exception) -> None:
-    """RESULTS_STREAM: the database is unreachable; the bridge takes no more answers."""
+def intake(seen: Source, paused_by: Exception | None) -> None:
+    """RESULTS_STREAM: the database is unreachable (`paused_by` says why), so the bridge
+    takes no more answers; or it answers again."""
+    if paused_by is None:
+        seen.counts["intake_resumed"] += 1
+        log.info(
+            "the database answers: taking answers from the results stream again",
+            extra={"action": "stream_intake", "state": "resumed"},
+        )
+        return
     seen.counts["intake_paused"] += 1
     log.warning(
         "this bridge cannot reach its database: it takes no more answers from the results "
         "stream and hands back what it holds, until the database answers (%s)",
-        error,
+        paused_by,
         extra={"action": "stream_intake", "state": "paused"},
     )
 
 
-def intake_resumed(seen: Source) -> None:
-    seen.counts["intake_resumed"] += 1
-    log.info(
-        "the database answers: taking answers from the results stream again",
-        extra={"action": "stream_intake", "state": "resumed"},
-    )
-
-
 def slow_consumer(seen: Source) -> None:
-    """nats-py dropped a message because the subscription's queue was full (nats-py
-    logs it through the connection's error callback)."""
+    """nats-py dropped a message: the subscription's queue was full (nats-py logs it)."""
     seen.metrics.envelope("dropped")
     seen.counts["dropped.slow_consumer"] += 1
 
 
-def outcome(
-    seen: Source,
-    envelope: Envelope,
-    result: ApplyOutcome,
-    attempt: int | None,
-    status: JobStatus | None = None,
-    wait_seconds: float | None = None,
-    error: str | None = None,
-) -> None:
-    """What the database made of one envelope (`busy`: not yet, it is applied again)."""
+def outcome(seen: Source, envelope: Envelope, row: AppliedEnvelope | None, error: str = "") -> None:
+    """What the database made of one envelope (`busy`: not yet, it is applied again); no
+    `row`: it raised on this envelope even alone (`failed`, with the error)."""
+    result = row.outcome if row else ApplyOutcome.FAILED
     seen.counts[result.value] += 1
     if result is ApplyOutcome.BUSY:
         return
     seen.metrics.envelope(result.value)
     action = "ack" if envelope.is_ack else "result"
+    attempt = row.attempt if row else None
     extra = _envelope(envelope, action, attempt=attempt, status=envelope.status)
-    if result is ApplyOutcome.APPLIED:
-        if status is not None:
-            seen.metrics.transition(status.value)
-            seen.metrics.waited(
-                "ack" if status is JobStatus.PROCESSING else "processing", wait_seconds
-            )
-        log.debug("%s applied", action, extra=extra)
-    elif result is ApplyOutcome.FAILED:
+    if row is None:
         log.error(
             "%s could not be applied: %s",
             action,
             error,
             extra={**extra, "reason": "apply_error", "outcome": result},
         )
+    elif result is ApplyOutcome.APPLIED:
+        if row.status is not None:
+            seen.metrics.transition(row.status.value)
+            phase = "ack" if row.status is JobStatus.PROCESSING else "processing"
+            seen.metrics.waited(phase, row.wait_seconds)
+        log.debug("%s applied", action, extra=extra)
     else:  # a valid envelope with nothing to change: duplicate, already_final, …
         seen.counts["ignored"] += 1
         level = logging.INFO if result is ApplyOutcome.DUPLICATE else logging.WARNING
@@ -311,8 +271,7 @@ def applied_batch(seen: Source, outcomes: Counter[ApplyOutcome]) -> None:
     """One arm.apply_envelopes_v2 call: one line at INFO for the batch (one per envelope
     is DEBUG: a line per envelope cost a fifth of the bridge's CPU in a burst)."""
     seen.counts["batches"] += 1
-    applied = outcomes[ApplyOutcome.APPLIED]
-    if applied:
+    if applied := outcomes[ApplyOutcome.APPLIED]:
         log.info(
             "applied %d envelopes in one transaction (%s)",
             applied,
@@ -322,8 +281,7 @@ def applied_batch(seen: Source, outcomes: Counter[ApplyOutcome]) -> None:
 
 
 def held(seen: Source, n: int, waiting: int, error: Exception) -> None:
-    """The database is unreachable, or no connection of the pool came free: the inbox
-    holds its batch and tries again."""
+    """The database is unreachable, or the pool exhausted: the inbox tries again."""
     seen.counts["db_retries"] += 1
     # DEBUG: the outage (or the exhausted pool) is logged once by arm_core.db, not once
     # per retry; `error` says which.

@@ -1,6 +1,7 @@
 """LISTEN arm_recognition_job_queued on a dedicated autocommit connection and set the
-publisher's wake-up event on every notification. A wake-up only: if the connection
-drops, it reconnects with backoff while polling keeps the publisher going."""
+publisher's wake-up event on every notification, and once LISTEN is (again) in place.
+A wake-up only: if the connection drops, it reconnects with backoff while polling keeps
+the publisher going."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from enum import StrEnum
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from arm_core.bridge.service import Service
+from arm_core.bridge.service import Service, stopped_within
 from arm_core.config import IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
 from arm_core.db import Outage, connection_options
 from arm_core.redaction import mask_urls_in
@@ -34,8 +35,6 @@ class ListenerState(StrEnum):
 
 @dataclass(eq=False)
 class Listener(Service):
-    """Sets `wake` on every notification, and once LISTEN is (again) in place."""
-
     database_url: str
     wake: asyncio.Event
     # DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS, like every session of the process.
@@ -49,18 +48,11 @@ class Listener(Service):
     name = "listen"
 
     def conninfo(self) -> str:
-        """The LISTEN connection's: its URL (DATABASE_LISTEN_URL, or DATABASE_URL) with
-        the options of every session (arm_core.db.connection_options)."""
+        """The LISTEN connection's: its URL with the options of every session."""
         options = connection_options(
             self.database_url, idle_in_transaction=self.idle_in_transaction
         )
         return make_conninfo(self.database_url, **options)
-
-    def status(self) -> ListenerState:
-        """The connection's state; `stopped` once the loop has ended."""
-        if self.ended():
-            return ListenerState.STOPPED
-        return self.state
 
     async def run(self, stopping: asyncio.Event) -> None:
         backoff = 0.5
@@ -90,8 +82,5 @@ class Listener(Service):
                     )
                 self.state = ListenerState.RECONNECTING
                 self.outage.failed(f"listen: {mask_urls_in(str(exc))}")
-                try:
-                    await asyncio.wait_for(stopping.wait(), backoff)
-                except TimeoutError:
-                    pass
+                await stopped_within(stopping, backoff)
                 backoff = min(backoff * 2, self.backoff_max_seconds)

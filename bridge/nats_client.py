@@ -12,7 +12,7 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client
@@ -60,57 +60,58 @@ async def confirm(nc: Client) -> None:
         raise
 
 
-def auth_options(settings: Settings) -> dict[str, Any]:
-    """nats.connect keyword arguments for the configured credentials.
+def refusal(nc: Client, before: Exception | None, what: str) -> Exception | None:
+    """The server's refusal of `what` ("publish", 'subscription to "<subject>"') since
+    nc.last_error was `before`, if any. A user's publish or SUB that is not allowed is
+    dropped by the server, which keeps the connection and sends -ERR ahead of confirm()'s
+    PONG; nats-py only hands it to the error callback and keeps it as last_error."""
+    error = nc.last_error
+    refused = f"permissions violation for {what}".lower() in str(error).lower()
+    return error if error is not None and error is not before and refused else None
 
-    Settings.from_env has already checked them (arm-core stops at start, exit 2, on a
-    seed or JWT that cannot work); the same check runs here for Settings built in code,
-    so a bad seed is a ConfigError naming the variable, never a connection that retries
-    forever."""
+
+def auth_options(settings: Settings) -> dict[str, Any]:
+    """nats.connect keyword arguments for the configured credentials. nats_keypair checks
+    them again for Settings built in code: a bad seed is a ConfigError naming the
+    variable, never a connection that retries forever."""
     seed, jwt = settings.nats_seed.get_secret_value(), settings.nats_jwt.get_secret_value()
     keypair = nats_keypair(seed, jwt)
     if keypair is None:
         return {}
     if not jwt:
         return {"nkeys_seed_str": seed}
-
-    def user_jwt() -> bytearray:
-        return bytearray(jwt.encode())
-
-    def sign(nonce: str) -> bytes:
-        return base64.b64encode(keypair.sign(nonce.encode()))
-
-    return {"user_jwt_cb": user_jwt, "signature_cb": sign}
+    return {
+        "user_jwt_cb": lambda: bytearray(jwt.encode()),
+        "signature_cb": lambda nonce: base64.b64encode(keypair.sign(nonce.encode())),
+    }
 
 
 async def connect(
     client: Client,
     settings: Settings,
     name: str,
-    on_state: Callable[[str], Awaitable[None]] | None = None,
+    on_reconnect: Callable[[], None] = lambda: None,
+    on_slow_consumer: Callable[[], None] = lambda: None,
     closing: Callable[[], bool] = lambda: False,
     **overrides: Any,
 ) -> None:
-    """Connects `client`, retrying until the server is there, and logs state changes."""
-
-    async def state(event: str) -> None:
-        if on_state is not None:
-            await on_state(event)
+    """Connects `client`, retrying until the server is there, and logs state changes;
+    `on_slow_consumer` hears of each message lost because its subscription's queue was
+    full."""
 
     async def disconnected() -> None:
         if not closing():
             log.warning("NATS disconnected", extra={"action": "nats_disconnected"})
-        await state("disconnected")
 
     async def reconnected() -> None:
         log.info("NATS reconnected", extra={"action": "nats_reconnected"})
-        await state("reconnected")
+        on_reconnect()
 
     last_error: dict[str, float] = {}
 
     async def error(exc: Exception) -> None:
-        if isinstance(exc, SlowConsumerError):  # a message lost: count every one
-            await state("slow_consumer")
+        if isinstance(exc, SlowConsumerError):
+            on_slow_consumer()
         # While the server is down nats-py reports every failed attempt: log each kind of
         # error once per 30 s, not twice a second.
         text = mask_urls_in(f"{type(exc).__name__}: {exc}")  # a ws:// error names its URL
@@ -118,9 +119,6 @@ async def connect(
         if not closing() and now - last_error.get(text, -1e9) >= 30:
             last_error[text] = now
             log.warning("NATS error: %s", text, extra={"action": "nats_error"})
-
-    async def closed() -> None:
-        await state("closed")
 
     async def lame_duck() -> None:
         # The server is going away (a planned restart: nats-server --signal ldm) and will
@@ -137,33 +135,22 @@ async def connect(
         if others:
             await client.force_reconnect()
 
+    # The one SSL context of arm_core.tls, when NATS TLS is configured. nats-py speaks TLS
+    # when the server's first message (INFO) says it requires it, which anyone in the
+    # middle could not say; with NATS_TLS_HANDSHAKE_FIRST the handshake comes first.
+    tls = settings.nats_tls_context()
     options: dict[str, Any] = {
         "servers": list(settings.nats_urls),
         "name": name,
-        "allow_reconnect": True,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
-        "connect_timeout": 2,
         "pending_size": 0,
         "disconnected_cb": disconnected,
         "reconnected_cb": reconnected,
         "error_cb": error,
-        "closed_cb": closed,
         "lame_duck_mode_cb": lame_duck,
         **auth_options(settings),
-        **tls_options(settings),
+        **({"tls": tls, "tls_handshake_first": settings.nats_tls_handshake_first} if tls else {}),
         **overrides,
     }
     await client.connect(**options)
-
-
-def tls_options(settings: Settings) -> dict[str, Any]:
-    """nats.connect's `tls`: the one SSL context of arm_core.tls (the CA, the client
-    certificate, name verification), when NATS TLS is configured. nats-py speaks TLS
-    when the server's first message (INFO) says it requires it — which a server with a
-    tls block does, but so could anyone in the middle not say; with
-    NATS_TLS_HANDSHAKE_FIRST the handshake comes before any byte is read or sent."""
-    context = settings.nats_tls_context()
-    if context is None:
-        return {}
-    return {"tls": context, "tls_handshake_first": settings.nats_tls_handshake_first}

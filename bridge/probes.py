@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
-from arm_core.bridge.config import PublisherConfig
+from arm_core.bridge.config import BridgeConfig
 from arm_core.rows import PacedJob, PublishedJob
 from arm_core.store import Store
 
@@ -31,7 +31,7 @@ UNHEARD_RETRY_SECONDS = 1.0
 
 @dataclass(eq=False)
 class Probes:
-    config: PublisherConfig
+    config: BridgeConfig
     store: Store
     nats: Client
     _inbox: Subscription | None = None
@@ -40,7 +40,7 @@ class Probes:
     # Request subjects nobody listened on at the last probe (logged once per outage).
     _unheard: set[str] = field(default_factory=set)
 
-    async def replies(self, probes: set[int]) -> dict[int, str]:
+    async def replies(self, probes: frozenset[int]) -> dict[int, str]:
         """A reply subject per probe (by its index in the batch), unique to the batch."""
         if not probes:
             return {}

@@ -1,36 +1,24 @@
-"""The outbox publisher (R-OUT-1, R-ACK-2).
-
-Each cycle, in one database transaction per batch:
-claim queued jobs (FOR UPDATE SKIP LOCKED) → publish every request → confirm the server
-has the batch (PING/PONG on a connection that never dropped meanwhile) → mark them
-published → commit. If anything fails the transaction rolls back and the batch stays
-queued for the next cycle: a job is never marked published unless its message reached
-the server. (A batch that reached the server but could not be confirmed is published
-again later with the same Nats-Msg-Id; services treat a repeated request as a repeat.)
-
-Then overdue, unacked jobs are republished the same way with the same Nats-Msg-Id and
-attempt, and jobs past OUTBOX_MAX_REPUBLISH are dead-lettered by the database.
-
-Cycles run every OUTBOX_POLL_SECONDS and at once when a NOTIFY arrives (LISTEN is a
-wake-up, polling is the backstop). One cycle is one step, :meth:`Publisher.run_once`,
-which returns what it did; the loop calls it, and so can a test.
-"""
+"""The outbox publisher (docs/behaviour.md: R-OUT-1, R-ACK-2). One transaction per
+batch: claim queued jobs → publish every request → confirm the server has them → mark
+them published → commit; on any failure it rolls back and the batch stays queued, so a
+job is never marked published unless its message reached the server. Then overdue,
+unacked jobs are republished the same way, with the same Nats-Msg-Id, or dead-lettered
+past OUTBOX_MAX_REPUBLISH."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from nats.aio.client import Client
 
 from arm_core.bridge import events
-from arm_core.bridge.config import PublisherConfig
-from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm
+from arm_core.bridge.config import BridgeConfig
+from arm_core.bridge.nats_client import MSG_ID_HEADER, confirm, refusal
 from arm_core.bridge.probes import Probes
 from arm_core.bridge.service import Service
 from arm_core.db import DatabaseError, DatabaseUnavailable
@@ -79,17 +67,9 @@ class Cycle:
     republished: tuple[UnackedJob, ...] = ()
 
 
-@dataclass(frozen=True)
-class _Batch:
-    """One transaction: the rows it claimed (and committed), or failed (rolled back)."""
-
-    claimed: tuple[PublishedJob, ...] = ()
-    failed: bool = False
-
-
 @dataclass(eq=False)
 class Publisher(Service):
-    config: PublisherConfig
+    config: BridgeConfig
     store: Store
     nats: Client
     # Set by a NOTIFY (bridge/listener.py) or a reconnect: a cycle runs at once.
@@ -123,30 +103,26 @@ class Publisher(Service):
                 cycle = await self.run_once()
                 if cycle.published or cycle.unpublishable or cycle.republished:
                     self._active_until = time.monotonic() + self.config.active_seconds
-            except DatabaseUnavailable as exc:  # logged once as an outage (arm_core.db)
-                log.debug("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
             except DatabaseError as exc:
-                log.warning("publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
+                # An unavailable database is logged once as an outage (arm_core.db).
+                level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+                log.log(level, "publisher cycle failed: %s", exc, extra={"action": "publish_cycle"})
             # Anything else is the supervisor's (bridge/service.py): logged, restarted.
-            await self._sleep(stopping, self.next_poll())
-
-    def next_poll(self) -> float:
-        """Seconds until the next cycle unless woken: active_poll_seconds for
-        active_seconds after the last cycle that claimed jobs (a job that joined the
-        queue while the others were published sent no NOTIFY: db/functions/
-        10_triggers.sql), poll_seconds otherwise."""
-        if time.monotonic() < self._active_until:
-            return self.config.active_poll_seconds
-        return self.config.settings.outbox_poll_seconds
-
-    async def _sleep(self, stopping: asyncio.Event, seconds: float) -> None:
-        waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stopping.wait())]
-        try:
-            await asyncio.wait(waits, timeout=seconds, return_when="FIRST_COMPLETED")
-        finally:
-            for w in waits:
-                w.cancel()
-        self.wake.clear()
+            # Right after cycles that claimed jobs, poll fast: a job that joined the queue
+            # while the others were published sent no NOTIFY (db/functions/10_triggers.sql).
+            poll = self.config.settings.outbox_poll_seconds
+            if time.monotonic() < self._active_until:
+                poll = self.config.active_poll_seconds
+            waits = [
+                asyncio.ensure_future(self.wake.wait()),
+                asyncio.ensure_future(stopping.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, timeout=poll, return_when="FIRST_COMPLETED")
+            finally:
+                for w in waits:
+                    w.cancel()
+            self.wake.clear()
 
     async def run_once(self) -> Cycle:
         """One cycle: publish everything queued (one batch, more only behind a full one),
@@ -176,14 +152,14 @@ class Publisher(Service):
         # (under a steady trickle the others would claim nothing, a wasted round trip).
         batches = [await self._publish_batch()]
         s = self.config.settings
-        if len(batches[0].claimed) == s.outbox_batch_size:
+        if len(batches[0] or ()) == s.outbox_batch_size:
             drained = await asyncio.gather(*(self._drain() for _ in range(s.outbox_publishers)))
             batches += [b for d in drained for b in d]
-        claimed = [c for b in batches for c in b.claimed]
+        claimed = [c for b in batches for c in b or ()]
         published = Cycle(
             published=tuple(c for c in claimed if c.outcome is PublishOutcome.PUBLISHED),
             unpublishable=tuple(c for c in claimed if c.outcome is PublishOutcome.DLQ),
-            failed_batches=sum(b.failed for b in batches),
+            failed_batches=batches.count(None),
         )
         if self._stopping.is_set():
             return published
@@ -191,51 +167,52 @@ class Publisher(Service):
         # uploads NOTIFY wakes the publisher every few milliseconds, and two more queries
         # each time would only delay the next publish.
         now = time.monotonic()
-        c = self.config
         if now - self._ack_checked_at < min(
-            c.ack_check_seconds, c.settings.ack_timeout_seconds / 4
+            self.config.ack_check_seconds, s.ack_timeout_seconds / 4
         ):
             return published
         self._ack_checked_at = now
-        dead = await self._dead_letter()
+        dead = await self.store.dead_letter_unacked(
+            ack_timeout=s.ack_timeout_seconds, max_republish=s.outbox_max_republish
+        )
+        if dead:
+            events.dead_lettered(self, dead)
         republished: list[UnackedJob] = []
-        full, failed = self.config.settings.outbox_batch_size, published.failed_batches
+        failed = published.failed_batches
         while True:
             sent, batch_failed = await self._republish_batch()
             republished += sent
             failed += batch_failed
-            if len(sent) != full or self._stopping.is_set():
+            if len(sent) != s.outbox_batch_size or self._stopping.is_set():
                 break
-        return Cycle(
-            published=published.published,
-            unpublishable=published.unpublishable,
+        return dataclasses.replace(
+            published,
             failed_batches=failed,
             ack_checked=True,
             dead_lettered=tuple(dead),
             republished=tuple(republished),
         )
 
-    async def _drain(self) -> list[_Batch]:
+    async def _drain(self) -> list[list[PublishedJob] | None]:
         """Publishes full batches until the queue is empty. OUTBOX_PUBLISHERS of these run
         at once: SKIP LOCKED gives each its own jobs, and while one batch waits for the
         server's confirmation or its commit, another is being claimed."""
         full = self.config.settings.outbox_batch_size
         batches = [await self._publish_batch()]
-        while len(batches[-1].claimed) == full and not self._stopping.is_set():
+        while len(batches[-1] or ()) == full and not self._stopping.is_set():
             self.beat()  # a backlog of millions takes minutes: still alive
             batches.append(await self._publish_batch())
         return batches
 
-    async def _publish_batch(self) -> _Batch:
+    async def _publish_batch(self) -> list[PublishedJob] | None:
         """Publishes one batch of queued jobs in one transaction; returns what was claimed
-        (nothing when the batch failed). arm.publish_queued_jobs_v2 claims and marks them in
-        one statement and dead-letters, in the same statement, any whose request exceeds
-        the server's max_payload, so one such job never holds back the others."""
+        (None when the batch failed). A job whose request exceeds the server's max_payload
+        is dead-lettered in the claim's statement: it never holds back the others."""
         c = self.config.settings
 
         async def send(jobs: list[PublishedJob]) -> None:
-            probes = {i for i, j in enumerate(jobs) if isinstance(j, PacedJob) and j.probe}
-            await self._send([(j.subject, j.msg_id, j.request) for j in jobs], "publish", probes)
+            probes = frozenset(i for i, j in enumerate(jobs) if isinstance(j, PacedJob) and j.probe)
+            await self._send(jobs, "publish", probes)
 
         try:
             claimed = await self.store.publish_queued_jobs(
@@ -246,45 +223,41 @@ class Publisher(Service):
                 image_subject=c.image_request_subject,
                 max_bytes=self.nats.max_payload,
                 send=send,
-                pacing=self._pacing(),
+                # With PACING=off it claims every queued job at once, and says so in the
+                # pipelines' rows.
+                pacing=Pacing(
+                    pacing=c.pacing,
+                    tabular_min=c.tabular_min_in_flight,
+                    tabular_max=c.tabular_max_in_flight,
+                    image_min=c.image_min_in_flight,
+                    image_max=c.image_max_in_flight,
+                    ack_timeout=c.ack_timeout_seconds,
+                    max_republish=c.outbox_max_republish,
+                ),
             )
         except NoResponders as exc:
             await self.probes.hold(exc.subjects)
-            return _Batch()
+            return []
         except PublishFailed:
-            return _Batch(failed=True)
+            return None
         self.probes.heard(claimed)
         sent = [j for j in claimed if j.outcome is PublishOutcome.PUBLISHED]
         if sent:
             events.published(self, sent)
         for job in claimed:
             if job.outcome is PublishOutcome.DLQ:
-                events.unpublishable(self, job)
-        return _Batch(tuple(claimed))
-
-    def _pacing(self) -> Pacing:
-        """The paced claim's settings (with PACING=off it claims every queued job at once,
-        as arm.publish_queued_jobs_v2 does, and says so in the pipelines' rows)."""
-        c = self.config.settings
-        return Pacing(
-            pacing=c.pacing,
-            tabular_min=c.tabular_min_in_flight,
-            tabular_max=c.tabular_max_in_flight,
-            image_min=c.image_min_in_flight,
-            image_max=c.image_max_in_flight,
-            ack_timeout=c.ack_timeout_seconds,
-            max_republish=c.outbox_max_republish,
-        )
+                why = f"the request cannot be published: {job.error_message}"
+                events.unpublishable(self, job, why)
+        return claimed
 
     async def _republish_batch(self) -> tuple[list[UnackedJob], bool]:
         """Republishes one batch of overdue unacked jobs in one transaction; returns what
-        went out and whether the batch failed. A request that no longer fits the server's
-        max_payload (it was lowered) is dead-lettered at once, REQUEST_TOO_LARGE, in the
-        same transaction, and logged once: every overdue job ends."""
+        went out and whether the batch failed. A request that no longer fits a lowered
+        max_payload is dead-lettered (REQUEST_TOO_LARGE): every overdue job ends."""
         c, limit = self.config.settings, self.nats.max_payload
 
         async def send(fits: list[UnackedJob]) -> list[UnackedJob]:
-            await self._send([(j.subject, j.msg_id, j.request) for j in fits], "republish")
+            await self._send(fits, "republish")
             return fits
 
         try:
@@ -300,36 +273,22 @@ class Publisher(Service):
         if sent:
             events.republished(self, sent)
         for job in too_large:
-            events.cannot_republish(self, job, limit)
+            why = f"the request of {job.bytes} bytes exceeds the server's max_payload {limit}"
+            events.unpublishable(self, job, f"{why} and cannot be republished")
         return sent, False
-
-    async def _dead_letter(self) -> list[DeadLetteredJob]:
-        s = self.config.settings
-        dead = await self.store.dead_letter_unacked(
-            ack_timeout=s.ack_timeout_seconds, max_republish=s.outbox_max_republish
-        )
-        if dead:
-            events.dead_lettered(self, dead)
-        return dead
 
     async def _send(
         self,
-        messages: Sequence[tuple[str, str, Any]],
+        jobs: Sequence[PublishedJob | UnackedJob],
         action: str,
-        probes: set[int] | None = None,
+        probes: frozenset[int] = frozenset(),
     ) -> None:
-        """Publishes and confirms a batch, or raises PublishFailed.
-
-        Confirmed means: the connection was up before the first publish, nats-py did not
-        reconnect in between (a reconnect can drop or replay buffered data), and the
-        server answered a PING that went out after the last publish.
-
-        The messages at the indexes `probes` go with a reply subject; when nobody
-        subscribes to a probe's subject the server answers it at once with a 503 status
-        (no responders), ahead of the PONG: then NoResponders is raised.
-        """
+        """Publishes and confirms a batch, or raises PublishFailed. Confirmed: the
+        connection was up before the first publish, nats-py did not reconnect in between
+        (a reconnect can drop or replay buffered data), and the server answered a PING
+        sent after the last publish. The jobs at the indexes `probes` go with a reply
+        subject: NoResponders when the server said nobody subscribes (bridge/probes.py)."""
         nc = self.nats
-        probes = probes or set()
         try:
             if not nc.is_connected:
                 raise PublishFailed("NATS not connected")
@@ -337,12 +296,12 @@ class Publisher(Service):
             error_before = nc.last_error
             try:
                 replies = await self.probes.replies(probes)
-                for i, (subject, msg_id, body) in enumerate(messages):
+                for i, job in enumerate(jobs):
                     await nc.publish(
-                        subject,
-                        _dumps(body),
+                        job.subject,
+                        (job.request or "").encode(),  # JSON text (None: dead-lettered, not sent)
                         reply=replies.get(i, ""),
-                        headers={MSG_ID_HEADER: msg_id},
+                        headers={MSG_ID_HEADER: job.msg_id},
                     )
                 await confirm(nc)
                 unheard = await self.probes.unheard(replies)
@@ -350,28 +309,14 @@ class Publisher(Service):
                 raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
             if not nc.is_connected or nc.stats["reconnects"] != reconnects:
                 raise PublishFailed("NATS connection dropped during the batch")
-            # A publish the user may not make is dropped by the server, which keeps the
-            # connection and sends -ERR ahead of confirm()'s PONG; nats-py hands it to
-            # the error callback and keeps it as last_error. Those messages never
-            # arrived: the batch must not commit as published.
-            error = nc.last_error
-            if error is not None and error is not error_before and _refused(error):
+            # Refused publishes never arrived: the batch must not commit as published.
+            if (error := refusal(nc, error_before, "publish")) is not None:
                 raise PublishFailed(
                     f"NATS refused the publish ({error}): allow this bridge's user to "
                     "publish on the request subjects (deploy/nats/nats-permissions.conf)"
                 )
         except PublishFailed as exc:
-            events.batch_failed(self, action, len(messages), str(exc))
+            events.batch_failed(self, action, len(jobs), str(exc))
             raise
         if unheard:
-            raise NoResponders({messages[i][0] for i in unheard})
-
-
-def _refused(error: Exception) -> bool:
-    return "permissions violation for publish" in str(error).lower()
-
-
-def _dumps(body: Any) -> bytes:
-    if isinstance(body, str):  # JSON text from the database
-        return body.encode()
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+            raise NoResponders({jobs[i].subject for i in unheard})

@@ -1,30 +1,18 @@
 """The answers of the last few seconds, as core NATS delivered them, for the moments
-RESULTS_STREAM did not store what services published.
+RESULTS_STREAM did not store what services published: a stream captures a core NATS
+publish only through its leader, so what comes while the leadership moves is stored by
+no one (docs/not-losing-answers.md, "On a NATS cluster").
 
-A stream captures a core NATS publish only through its leader. When the leadership
-moves — the leader's node dies (the others take seconds to elect), or a planned
-restart hands it over (tens of milliseconds) — what services publish with core NATS in
-between is stored by no one. Services that publish through JetStream retry until the
-stream has their answer; services that publish with core NATS do not know.
-
-So, with RESULTS_STREAM, each bridge also subscribes to the result subject with core
-NATS, in its queue group (each answer reaches one bridge), and keeps what arrives for
-`seconds` in memory — nothing is parsed, nothing reaches the database. When the stream
-announces a new leader (the `$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.<stream>`
-advisory), every bridge hands what it kept to its inbox as if it had just come: the
-database applies what the stream lost and calls the rest duplicates (each answer has its
-Nats-Msg-Id). A bridge whose connection moved does the same once it is back: the
-advisory may have come while it was away (a node in lame-duck mode hands over the
-stream's leadership and its clients at once). Cost: each answer crosses the network
-twice, and a leader's election (or a reconnect) replays `seconds` of answers into the
-database once.
-
-:class:`Replayer` is the loop (a supervised service, `replay`) that waits for the
-advisories and hands what :class:`Recent` kept to the inbox."""
+With RESULTS_STREAM each bridge also subscribes to the result subject with core NATS,
+in its queue group, and keeps what arrives for `seconds` in memory, unparsed. When the
+stream announces a new leader (the LEADER_ELECTED advisory), or this bridge's connection
+comes back (the advisory may have come meanwhile), it hands what it kept to its inbox:
+the database applies what the stream lost and calls the rest duplicates."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -84,8 +72,8 @@ class Recent:
 @dataclass(eq=False)
 class Replayer(Service):
     """On each leader-elected advisory of the stream, waits `delay_seconds` for the
-    answers published before the election to arrive here by core NATS, then hands what
-    `recent` kept to the inbox (nothing to acknowledge: they came by core NATS)."""
+    answers published before the election to arrive here, then hands what `recent` kept
+    to the inbox."""
 
     recent: Recent
     inbox: Inbox
@@ -106,9 +94,7 @@ class Replayer(Service):
 
     def reconnected(self) -> None:
         """This bridge's NATS connection came back (it moved to another server, say when
-        its node entered lame-duck mode): an advisory sent meanwhile never reached it, so
-        what it kept is replayed as if one had come (what the stream holds is a
-        duplicate to the database)."""
+        its node entered lame-duck mode): an advisory sent meanwhile never reached it."""
         self._elected.put_nowait("")
 
     async def run_once(self, leader: str = "") -> int:
@@ -127,12 +113,10 @@ class Replayer(Service):
             except TimeoutError:
                 continue
             # Answers published just before the election may still be on their way here.
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self.delay_seconds)
-                return
-            except TimeoutError:
-                pass
-            await self.run_once(leader)
+            if not stopping.is_set():
+                await self.run_once(leader)
 
 
 async def keep_recent_answers(
@@ -151,11 +135,11 @@ async def keep_recent_answers(
     recent = Recent(s.results_stream_replay_seconds, max_bytes=share)
     replayer = Replayer(recent, inbox, stream, c.replay_delay_seconds)
     replayer.start(supervisor)
-    elected = f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"
     error_before = nats.last_error
     await nats.subscribe(
         s.result_subject, queue=s.nats_queue_group, cb=recent.keep, pending_bytes_limit=share
     )
+    elected = f"$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"
     await nats.subscribe(elected, cb=replayer.on_advisory)
     await confirm(nats)
     error = nats.last_error

@@ -19,14 +19,15 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
+from arm_core.bridge import events
 from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.listener import Listener, ListenerState
-from arm_core.bridge.nats_client import confirm, connect
+from arm_core.bridge.nats_client import confirm, connect, refusal
 from arm_core.bridge.publisher import Publisher
 from arm_core.bridge.replay import Recent, Replayer, keep_recent_answers
 from arm_core.bridge.scheduler import Scheduler
-from arm_core.bridge.service import Fatal, LoopState, Supervisor, cancel_all
+from arm_core.bridge.service import Fatal, LoopState, Supervisor, cancel_all, stopped_within
 from arm_core.bridge.stream_fetch import StreamConsumer
 from arm_core.bridge.stream_setup import (
     StreamUnavailable,
@@ -56,14 +57,12 @@ class NatsState(StrEnum):
 
 @dataclass(eq=False)
 class Bridge:
-    # Its settings (config.settings: the NATS connection's servers and credentials,
-    # bridge/nats_client.py; the results stream's options, bridge/stream_setup.py; the
-    # LISTEN connection's URL, DATABASE_LISTEN_URL or DATABASE_URL) and its services'.
     config: BridgeConfig
     store: Store
-    # Told once when the bridge cannot go on: RESULTS_STREAM set but the server cannot
-    # hold the stream (exit 2), or a loop that crashed past SERVICE_RESTART_LIMIT (exit
-    # 1). `arm-core bridge`/`serve` then stop as on SIGTERM and exit with its code.
+    # Told once (by the supervisor) when the bridge cannot go on: RESULTS_STREAM set but
+    # the server cannot hold the stream (exit 2), or a loop that crashed past
+    # SERVICE_RESTART_LIMIT (exit 1). `arm-core bridge`/`serve` then stop as on SIGTERM
+    # and exit with its code.
     on_fatal: Callable[[Fatal], None] = lambda fatal: None
     name: str = field(default_factory=lambda: f"arm-core@{socket.gethostname()}:{os.getpid()}")
     nats: Client = field(default_factory=Client)
@@ -80,9 +79,6 @@ class Bridge:
     # RESULTS_STREAM: the durable pull consumer the answers are fetched from (instead of
     # `subscription`).
     consumer: Any = None
-    # Why the bridge cannot go on (also told to on_fatal).
-    fatal: Fatal | None = None
-    # Runs every loop of the bridge.
     supervisor: Supervisor = field(init=False)
     # Connects, then subscribes or opens the stream (a supervised one-shot loop).
     _connecting: asyncio.Task[None] | None = None
@@ -98,15 +94,11 @@ class Bridge:
         # bridge and its store were made.
         instruments = self.store.instruments
         metrics = instruments.metrics
-        self.supervisor = Supervisor(self.config.restarts, self._fail, metrics=metrics)
-        self.publisher = Publisher(self.config.publisher, self.store, self.nats, metrics=metrics)
+        self.supervisor = Supervisor(self.config, self.on_fatal, metrics=metrics)
+        self.publisher = Publisher(self.config, self.store, self.nats, metrics=metrics)
         self.publisher.answers_open = not self.config.settings.results_stream  # until it exists
-        self.inbox = Inbox(
-            self.config.inbox, self.store, metrics=metrics, answered=self.publisher.wake
-        )
-        self.scheduler = Scheduler(
-            self.config.scheduler, self.store, report=self.instance, metrics=metrics
-        )
+        self.inbox = Inbox(self.config, self.store, metrics=metrics, answered=self.publisher.wake)
+        self.scheduler = Scheduler(self.config, self.store, report=self.instance, metrics=metrics)
         s = self.config.settings
         listen_url = s.listen_url()
         self.listener = Listener(
@@ -117,10 +109,10 @@ class Bridge:
             outage=instruments.outage if listen_url == s.database_url else Outage(),
         )
 
-    def _fail(self, fatal: Fatal) -> None:
-        if self.fatal is None:
-            self.fatal = fatal
-            self.on_fatal(fatal)
+    @property
+    def fatal(self) -> Fatal | None:
+        """Why the bridge cannot go on (also told to on_fatal)."""
+        return self.supervisor.fatal
 
     async def start(self) -> None:
         """Starts every service; returns at once, waiting for neither the database nor
@@ -131,27 +123,25 @@ class Bridge:
         for service in (self.publisher, self.inbox, self.listener, self.scheduler):
             service.start(self.supervisor)
 
-    def services(self) -> tuple[Publisher | Inbox | Listener | Scheduler | StreamConsumer, ...]:
-        """Every service of the bridge, the stream's once it is open."""
-        found: list[Any] = [self.publisher, self.inbox, self.listener, self.scheduler]
-        return (*found, *(s for s in (self.stream, self.replayer) if s is not None))
-
     async def _connect(self, stopping: asyncio.Event) -> None:
         """Connects (once), then subscribes to the result subject or opens the results
-        stream; started again by the supervisor should anything unexpected end it, it
-        picks up where it was."""
+        stream; restarted by the supervisor, it picks up where it was."""
         s = self.config.settings
 
-        async def on_state(event: str) -> None:
-            if event == "reconnected":
-                self.publisher.wake.set()
-                if self.replayer is not None:
-                    self.replayer.reconnected()
-            elif event == "slow_consumer":
-                self.inbox.slow_consumer()
+        def reconnected() -> None:
+            self.publisher.wake.set()
+            if self.replayer is not None:
+                self.replayer.reconnected()
 
         if not self._connected:
-            await connect(self.nats, s, self.name, on_state, closing=self.stopping.is_set)
+            await connect(
+                self.nats,
+                s,
+                self.name,
+                on_reconnect=reconnected,
+                on_slow_consumer=lambda: events.slow_consumer(self.inbox),
+                closing=self.stopping.is_set,
+            )
             self._connected = True
         if s.results_stream:
             await self._open_stream()
@@ -170,11 +160,8 @@ class Bridge:
             pending_bytes_limit=s.inbox_buffer_bytes,
         )
         await confirm(self.nats)  # the server has the SUB before we say we are subscribed
-        # A refused SUB leaves the connection up; the server's -ERR comes before the PONG
-        # and nats-py only passes it to the error callback (and keeps it as last_error).
-        error = self.nats.last_error
-        refusal = f'permissions violation for subscription to "{s.result_subject}"'.lower()
-        if error is not None and error is not error_before and refusal in str(error).lower():
+        error = refusal(self.nats, error_before, f'subscription to "{s.result_subject}"')
+        if error is not None:
             self.subscription_refused = str(error)
             log.error(
                 "NATS refused the subscription to %s in queue group %s (%s): this bridge "
@@ -203,10 +190,9 @@ class Bridge:
         the loop that fetches from it into the inbox (bridge/stream_fetch.py) and the
         replay's. The inbox acks each message once its envelope's outcome is final
         (committed); what it never settles comes again."""
-        c = self.config
-        s = c.settings
         if self.stream is not None:
             return
+        c, s = self.config, self.config.settings
         while True:
             try:
                 js = await ensure_results_stream(self.nats, s)
@@ -216,7 +202,8 @@ class Bridge:
                 break
             except StreamUnavailable as exc:
                 log.error("%s", exc, extra={"action": "stream_unavailable"})
-                self._fail(Fatal(str(exc), exit_code=2))  # until it stops, it says `refused`
+                # Until it stops, it says `refused`.
+                self.supervisor.fail(Fatal(str(exc), exit_code=2))
                 return
             except Exception as exc:
                 # No answer from the JetStream API: a cluster electing its leader, a
@@ -228,11 +215,8 @@ class Bridge:
                     f"{type(exc).__name__}: {exc}",
                     extra={"action": "stream_waiting"},
                 )
-                try:
-                    await asyncio.wait_for(self.stopping.wait(), c.stream_retry_seconds)
+                if await stopped_within(self.stopping, c.stream_retry_seconds):
                     return
-                except TimeoutError:
-                    continue
         self.inbox.acks = True
         self.consumer = consumer
         self.publisher.answers_open = True
@@ -253,15 +237,11 @@ class Bridge:
             consumer,
             self.inbox,
             s.results_stream,
-            batch_size=s.inbox_batch_size,
             fetch_pause_max_seconds=c.fetch_pause_max_seconds,
         )
         self.stream.start(self.supervisor)
 
     def nats_state(self) -> NatsState:
-        """`ok` when connected and subscribed (or consuming the results stream), `refused`
-        when connected but the server refused the subscription (or cannot hold the
-        stream); otherwise what it is doing."""
         if self.fatal is not None and self.fatal.exit_code == 2:  # the server cannot do it
             return NatsState.REFUSED
         if self.nats.is_connected and self.consumer is not None:
@@ -275,13 +255,11 @@ class Bridge:
         return NatsState.CONNECTING if self.subscription is None else NatsState.DISCONNECTED
 
     def listener_status(self) -> ListenerState:
-        """The LISTEN connection's state; `stopped` when its loop has ended."""
-        return self.listener.status()
+        return ListenerState.STOPPED if self.listener.ended() else self.listener.state
 
     def instance(self) -> BridgeInstance:
-        """This bridge as its row of arm.bridge_instance has it (the schedule writes it):
-        what a console without a bridge of its own shows. `loops`: the loops that are
-        restarting, stalled or failed, with their state (as GET /livez says it)."""
+        """This bridge's row of arm.bridge_instance (what a console without a bridge of
+        its own shows); `loops`: those restarting, stalled or failed, as GET /livez says."""
         _, said = self.supervisor.live()
         troubled = (LoopState.RESTARTING, LoopState.STALLED, LoopState.FAILED)
         states = self.supervisor.states()
@@ -297,8 +275,6 @@ class Bridge:
         )
 
     def metrics_state(self) -> BridgeState:
-        """arm_nats_connected (connected and subscribed), arm_inbox_buffered and, with
-        RESULTS_STREAM, arm_results_stream_pending."""
         pending = self.stream.pending if self.stream is not None else None
         return BridgeState(self.nats_state() is NatsState.OK, self.inbox.held(), pending)
 
@@ -309,23 +285,15 @@ class Bridge:
         1. the publisher, listener and schedule runner stop (and, with RESULTS_STREAM,
            the fetches and replays: what they fetched is handed to the inbox); the
            publisher's batch in flight commits or rolls back — no new requests go out;
-        2. the subscription leaves the queue group by draining (nats-py's
-           Subscription.drain): UNSUB, a round trip, then every message nats-py holds for
-           it handed to the inbox before the subscription goes. From the UNSUB on the
+        2. the subscription leaves the queue group by draining; from its UNSUB on the
            server gives the answers to the group's other members;
         3. the inbox applies everything it holds, batch by batch, each committed;
         4. NATS is closed.
 
-        Until step 2 the bridge stays subscribed, so answers to the requests it
-        published keep arriving here and are applied. An envelope is dropped (counted,
-        logged with its job id) only when the grace runs out or the database stays
-        unreachable past it.
-
-        One gap is nats-py's: drain() writes its PING ahead of the UNSUB, so an answer
-        the server routes here between the two (a round trip at most) reaches nats-py
-        after the subscription is gone and is lost — core NATS does not deliver it
-        again. RESULTS_STREAM (a durable consumer: what is not acked comes again) is
-        the setting for losing none."""
+        Until step 2 answers to the requests it published keep arriving here and are
+        applied. An envelope is dropped (counted, logged with its job id) only when the
+        grace runs out or the database stays unreachable past it. The one gap (nats-py's
+        drain) is in docs/not-losing-answers.md."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.config.stop_grace_seconds if grace is None else grace)
 
@@ -333,17 +301,24 @@ class Bridge:
             return max(0.0, deadline - loop.time())
 
         self.stopping.set()
-        connecting = self._connecting
-        if connecting is not None and not connecting.done():
-            # Still waiting for a server or the stream: nothing to finish.
-            await cancel_all([connecting])
+        if self._connecting is not None:  # still waiting for a server or the stream?
+            await cancel_all([self._connecting])
         feeders = [s for s in (self.stream, self.replayer) if s is not None]
         await asyncio.gather(
             *(s.stop(left()) for s in (self.publisher, self.listener, self.scheduler, *feeders))
         )
         if self.subscription is not None and self.nats.is_connected:
+            # nats-py's drain(), not unsubscribe(): UNSUB, a PING round trip, then every
+            # message nats-py has queued for the subscription (hundreds, when the inbox is
+            # behind) through the callback into the inbox before the subscription goes.
             try:
-                await asyncio.wait_for(self._drain_subscription(self.subscription), left())
+                await asyncio.wait_for(self.subscription.drain(), left())
+                log.info(
+                    "left queue group %s on %s; applying what is held",
+                    self.config.settings.nats_queue_group,
+                    self.config.settings.result_subject,
+                    extra={"action": "nats_drained", "count": self.inbox.buffered()},
+                )
             except Exception as exc:
                 log.warning(
                     "could not drain the subscription to %s (%s): messages still in "
@@ -355,34 +330,18 @@ class Bridge:
         await self.inbox.stop(left())
         if self._connected and not self.nats.is_closed:
             await self.nats.close()
-        await self._forget(min(2.0, max(0.5, left())))
-        log.info(
-            "bridge stopped",
-            extra={"action": "bridge_stopped", "count": self.inbox.dropped()},
-        )
-
-    async def _forget(self, within: float) -> None:
-        """Deletes this bridge's row of arm.bridge_instance: a bridge that stopped cleanly
-        is not one that stopped saying it is alive. When the database cannot be reached
-        the row stays, and grows old like a dead bridge's."""
+        # A bridge that stopped cleanly is not one that stopped saying it is alive: its row
+        # of arm.bridge_instance goes (when the database cannot be reached it stays, and
+        # grows old like a dead bridge's).
         try:
-            await self.store.forget_bridge(self.name, within)
+            await self.store.forget_bridge(self.name, min(2.0, max(0.5, left())))
         except (DatabaseError, TimeoutError) as exc:
             log.warning(
                 "could not remove this bridge from arm.bridge_instance: %s",
                 exc,
                 extra={"action": "bridge_forget_failed"},
             )
-
-    async def _drain_subscription(self, sub: Subscription) -> None:
-        """Leaves the queue group through nats-py's public drain(): UNSUB, a PING round
-        trip, then every message nats-py has queued for the subscription (hundreds, when
-        the inbox is behind) through the callback into the inbox, before nats-py removes
-        the subscription. A plain unsubscribe() would throw that queue away."""
-        await sub.drain()
         log.info(
-            "left queue group %s on %s; applying what is held",
-            self.config.settings.nats_queue_group,
-            self.config.settings.result_subject,
-            extra={"action": "nats_drained", "count": self.inbox.buffered()},
+            "bridge stopped",
+            extra={"action": "bridge_stopped", "count": self.inbox.dropped()},
         )

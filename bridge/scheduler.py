@@ -1,22 +1,18 @@
-"""Calls arm.run_due_tasks() every SCHEDULE_TICK_SECONDS (R-TO-1 scheduling).
-
-The database decides what is due and locks each task while it runs, so any number of
-bridge instances (and pg_cron) can tick at once and a task still runs once per period.
-One tick is one step, :meth:`Scheduler.run_once`, which returns the tasks that ran; the
-loop calls it, and so can a test.
-"""
+"""Calls arm.run_due_tasks() every SCHEDULE_TICK_SECONDS (R-TO-1). The database decides
+what is due and locks each task while it runs, so any number of bridge instances (and
+pg_cron) can tick at once and a task still runs once per period."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from arm_core.bridge import events
-from arm_core.bridge.config import SchedulerConfig
-from arm_core.bridge.service import Service
+from arm_core.bridge.config import BridgeConfig
+from arm_core.bridge.service import Service, stopped_within
 from arm_core.db import DatabaseError, DatabaseUnavailable
 from arm_core.instruments import Metrics
 from arm_core.rows import BridgeInstance, TaskRun
@@ -27,108 +23,75 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Scheduler(Service):
-    config: SchedulerConfig
+    config: BridgeConfig
     store: Store
     counts: events.Counts = field(default_factory=events.Counts)
     # The process's counters (arm_core.instruments); a service made alone has its own.
     metrics: Metrics = field(default_factory=Metrics)
     name = "schedule"
-    _compacted_at: float = float("-inf")
     # The bridge's state for its row of arm.bridge_instance (None: no row is written).
     report: Callable[[], BridgeInstance] | None = None
-    _waits_recorded_at: float = float("-inf")
-    _beat_at: float = float("-inf")
     _settings_applied: bool = False
-
-    async def apply_settings(self) -> None:
-        """TIMEOUT_SWEEP_SECONDS, when given, sets the sweep's period in arm.periodic_task;
-        otherwise the period a DBA set there stands."""
-        if self.config.sweep_interval_seconds is not None:
-            await self.store.set_sweep_interval(self.config.sweep_interval_seconds)
-        self._settings_applied = True
+    # When each of the steps that run at most every so often last ran.
+    _ran_at: dict[str, float] = field(default_factory=dict)
 
     async def run_once(self) -> list[TaskRun]:
         """One tick: runs every task that is due now, records each, returns them (none
-        when nothing was due or another caller holds them). Raises DatabaseError.
-
-        The first tick that reaches the database applies the settings first, so start-up
-        never waits for a database that is down, and the period is set once it is up."""
+        when nothing was due or another caller holds them). Raises DatabaseError."""
+        s = self.config.settings
+        # The first tick that reaches the database applies the settings, so start-up never
+        # waits for a database that is down. TIMEOUT_SWEEP_SECONDS, when given, sets the
+        # sweep's period in arm.periodic_task; otherwise the period a DBA set there stands.
         if not self._settings_applied:
-            await self.apply_settings()
+            if "TIMEOUT_SWEEP_SECONDS" in s.explicit:
+                await self.store.set_sweep_interval(s.timeout_sweep_seconds)
+            self._settings_applied = True
         ran = await self.store.run_due_tasks()
         for task in ran:
             events.task_ran(self, task)
-        await self.compact_counts()
+        c = self.config
+        # The per-status count deltas (arm_jobs, the status view) folded.
+        if self._due("compact_counts", c.compact_every_seconds):
+            await _logged("compact_counts", self.store.compact_counts())
         await self.record_waits()
-        await self.record_bridge()
+        if self.report is not None and self._due("record_bridge", c.heartbeat_seconds):
+            await _logged("record_bridge", self.store.record_bridge(self.report()))
         return ran
 
-    async def compact_counts(self, force: bool = False) -> int | None:
-        """Folds the per-status count deltas (arm_jobs, the status view) when the last
-        fold is compact_every_seconds old, or `force`; returns how many rows it folded
-        (None when not due). A failure is logged; the next tick tries again."""
+    def _due(self, step: str, period: float, force: bool = False) -> bool:
         now = time.monotonic()
-        if not force and now - self._compacted_at < self.config.compact_every_seconds:
-            return None
-        self._compacted_at = now
-        try:
-            return await self.store.compact_counts()
-        except DatabaseError as exc:
-            level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
-            log.log(level, "compact_counts failed: %s", exc, extra={"action": "schedule"})
-            return None
+        if not force and now - self._ran_at.get(step, float("-inf")) < period:
+            return False
+        self._ran_at[step] = now
+        return True
 
     async def record_waits(self, force: bool = False) -> dict[str, list[int]] | None:
         """Hands the waits the process observed (its metrics' tally) since the last time
         to arm.record_waits (the console's wait chart) when that was wait_sample_seconds
-        ago, or `force`; returns what it stored (None when not due). On a failure the
-        counts are kept for the next time, and it is logged like a failed fold."""
-        now = time.monotonic()
-        if not force and now - self._waits_recorded_at < self.config.wait_sample_seconds:
+        ago, or `force`; returns what it stored (None when not due or it failed: then the
+        counts are kept for the next time)."""
+        if not self._due("record_waits", self.config.wait_sample_seconds, force):
             return None
-        self._waits_recorded_at = now
         taken = self.metrics.waits.take()
-        if not taken:
-            return {}
-        try:
-            await self.store.record_waits(taken)
-        except DatabaseError as exc:
+        if taken and not await _logged("record_waits", self.store.record_waits(taken)):
             self.metrics.waits.give_back(taken)
-            level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
-            log.log(level, "record_waits failed: %s", exc, extra={"action": "schedule"})
             return None
         return taken
 
-    async def record_bridge(self, force: bool = False) -> BridgeInstance | None:
-        """Writes the bridge's row of arm.bridge_instance when the last write is
-        heartbeat_seconds old, or `force`; returns what it wrote (None when not due or
-        there is no report). A failure is logged like a failed fold."""
-        now = time.monotonic()
-        if self.report is None or (
-            not force and now - self._beat_at < self.config.heartbeat_seconds
-        ):
-            return None
-        self._beat_at = now
-        state = self.report()
-        try:
-            await self.store.record_bridge(state)
-        except DatabaseError as exc:
-            level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
-            log.log(level, "record_bridge failed: %s", exc, extra={"action": "schedule"})
-            return None
-        return state
-
     async def run(self, stopping: asyncio.Event) -> None:
-        """Ticks every SCHEDULE_TICK_SECONDS until `stopping` is set."""
         while not stopping.is_set():
             self.beat()
-            try:
-                await self.run_once()
-            except DatabaseError as exc:
-                # An unavailable database is logged once as an outage (arm_core.db).
-                level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
-                log.log(level, "schedule tick failed: %s", exc, extra={"action": "schedule"})
-            try:
-                await asyncio.wait_for(stopping.wait(), self.config.settings.schedule_tick_seconds)
-            except TimeoutError:
-                pass
+            await _logged("schedule tick", self.run_once())
+            await stopped_within(stopping, self.config.settings.schedule_tick_seconds)
+
+
+async def _logged(step: str, call: Awaitable[object]) -> bool:
+    """Awaits `call`; a DatabaseError is logged (the next tick tries again) and False. An
+    unavailable database is logged once as an outage (arm_core.db), so here at DEBUG."""
+    try:
+        await call
+    except DatabaseError as exc:
+        level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+        log.log(level, "%s failed: %s", step, exc, extra={"action": "schedule"})
+        return False
+    return True

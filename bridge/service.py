@@ -2,26 +2,17 @@
 schedule runner, the results stream's consumer and its replay), after River's, and the
 supervisor that watches them, after Procrastinate's side-task monitor.
 
-A service has one or more loops (:meth:`Service.loops`; most have one, :meth:`Service.run`;
-the inbox has one per worker). :meth:`Service.start` hands each to the process's
-:class:`Supervisor`, which runs it as a task until its `stopping` event is set;
-:meth:`Service.stop` asks the loops to finish and waits, cancelling them past the
-timeout. Each service also has a `run_once()` returning what one step did, and
-`counts`, the events it saw (arm_core.bridge.events).
-
-The supervisor is why no loop dies in silence. An exception a loop does not handle
-itself is logged at once — one ERROR line naming the loop, with the traceback
-(`action=service_crashed`) — counted (`arm_service_restarts_total{service}`), and the
-loop starts again after a backoff (0.5 s, doubling up to 10 s). A loop
-that crashes more than SERVICE_RESTART_LIMIT times within SERVICE_RESTART_WINDOW_SECONDS
-makes the process fatal: it stops as on SIGTERM, draining what it can, and exits 1, so
-whatever supervises the process (a container runtime, systemd, Kubernetes) starts a
-fresh one. A loop also gives a heartbeat on every turn (:meth:`Service.beat`); one that
-has given none for LIVENESS_STALL_SECONDS counts as stalled, and `GET /livez` fails."""
+A service's loops (one, `run`, unless it has several) run under the process's
+:class:`Supervisor` until their `stopping` event is set. The supervisor is why no loop
+dies in silence: an exception a loop does not handle is logged at once with its
+traceback, counted and the loop restarted after a backoff; past SERVICE_RESTART_LIMIT
+the process stops and exits 1. A loop that gave no heartbeat (:meth:`Service.beat`) for
+LIVENESS_STALL_SECONDS is stalled, and `GET /livez` fails (docs/runbooks.md)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -29,20 +20,17 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from arm_core.bridge.config import RestartPolicy
+from arm_core.bridge.config import BridgeConfig
 from arm_core.instruments import Metrics
 
 log = logging.getLogger(__name__)
 
 Loop = Callable[[asyncio.Event], Awaitable[None]]
 
-# How often cancel_all() cancels a task again that is still running.
-CANCEL_AGAIN_SECONDS = 0.1
-
 
 async def cancel_all(tasks: Iterable[asyncio.Task[None]], within: float = 5.0) -> int:
-    """Cancels `tasks` and waits until each has ended, cancelling again every
-    CANCEL_AGAIN_SECONDS: one cancellation can be lost. On Python 3.11
+    """Cancels `tasks` and waits until each has ended, cancelling again every 0.1 s:
+    one cancellation can be lost. On Python 3.11
     asyncio.wait_for drops a cancellation that arrives as the awaited call completes —
     nats-py's connect timeout is such a wait_for, and a bridge retrying an absent
     server then went on connecting after SIGTERM, never stopping. Returns how many
@@ -57,7 +45,7 @@ async def cancel_all(tasks: Iterable[asyncio.Task[None]], within: float = 5.0) -
         left = deadline - loop.time()
         if left <= 0:
             break
-        _, pending = await asyncio.wait(pending, timeout=min(CANCEL_AGAIN_SECONDS, left))
+        _, pending = await asyncio.wait(pending, timeout=min(0.1, left))
     for task in tasks:
         if task.done() and not task.cancelled():
             task.exception()  # retrieved: the supervisor has logged what it means
@@ -69,6 +57,13 @@ async def cancel_all(tasks: Iterable[asyncio.Task[None]], within: float = 5.0) -
             extra={"action": "cancel_late"},
         )
     return len(pending)
+
+
+async def stopped_within(stopping: asyncio.Event, seconds: float) -> bool:
+    """Waits up to `seconds` for `stopping`; whether it is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), seconds)
+    return stopping.is_set()
 
 
 class LoopState(StrEnum):
@@ -97,22 +92,21 @@ class _Watched:
     beat_at: float = 0.0
     crashes: deque[float] = field(default_factory=deque)
     last_error: str = ""
-    task: asyncio.Task[None] | None = None
     once: bool = False
 
 
 class Supervisor:
     """Runs the process's loops, restarts the ones that crash, and tells `on_fatal`
-    once when one crashed past the policy's limit."""
+    once when the process cannot go on."""
 
     def __init__(
         self,
-        policy: RestartPolicy | None = None,
+        config: BridgeConfig,
         on_fatal: Callable[[Fatal], None] = lambda fatal: None,
         clock: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
     ) -> None:
-        self.policy = policy or RestartPolicy()
+        self.config = config
         self.metrics = metrics or Metrics()  # the process's: arm_service_restarts_total
         self.on_fatal = on_fatal
         self.fatal: Fatal | None = None
@@ -128,11 +122,9 @@ class Supervisor:
         watched = _Watched(name, beat_at=self._clock(), once=once)
         self._loops[name] = watched
         self.metrics.service_restarts.labels(service=name)  # the series exists from the start
-        watched.task = asyncio.create_task(self._run(watched, loop, stopping), name=name)
-        return watched.task
+        return asyncio.create_task(self._run(watched, loop, stopping), name=name)
 
     def beat(self, name: str) -> None:
-        """A heartbeat of the loop `name`: it is alive."""
         watched = self._loops.get(name)
         if watched is not None:
             watched.beat_at = self._clock()
@@ -145,7 +137,7 @@ class Supervisor:
 
     def states(self) -> dict[str, LoopState]:
         """Every loop's state now (a running loop silent for stall_seconds is STALLED)."""
-        now, stall = self._clock(), self.policy.settings.liveness_stall_seconds
+        now, stall = self._clock(), self.config.settings.liveness_stall_seconds
         return {
             name: LoopState.STALLED
             if w.state is LoopState.RUNNING and not w.once and now - w.beat_at > stall
@@ -162,10 +154,11 @@ class Supervisor:
             ok = ok and state not in (LoopState.FAILED, LoopState.STALLED)
             error = self._loops[name].last_error
             said[name] = f"{state}: {error}" if error and state is not LoopState.RUNNING else state
-        return ok and self.fatal is None, said
+        return ok, said
 
     async def _run(self, watched: _Watched, loop: Loop, stopping: asyncio.Event) -> None:
-        p, s, name = self.policy, self.policy.settings, watched.name
+        c, s, name = self.config, self.config.settings, watched.name
+        window = s.service_restart_window_seconds
         while True:
             try:
                 await loop(stopping)
@@ -180,30 +173,26 @@ class Supervisor:
                 now = self._clock()
                 crashes = watched.crashes
                 crashes.append(now)
-                while crashes and now - crashes[0] > s.service_restart_window_seconds:
+                while crashes and now - crashes[0] > window:
                     crashes.popleft()
                 watched.last_error = f"{type(exc).__name__}: {exc}"[:500]
                 if len(crashes) > s.service_restart_limit:
                     watched.state = LoopState.FAILED
+                    why = f"{name} crashed {len(crashes)} times within {window:g} s"
                     log.error(
-                        "%s crashed %d times within %g s; stopping the process "
-                        "(SERVICE_RESTART_LIMIT=%d): %s",
-                        name,
-                        len(crashes),
-                        s.service_restart_window_seconds,
+                        "%s; stopping the process (SERVICE_RESTART_LIMIT=%d): %s",
+                        why,
                         s.service_restart_limit,
                         watched.last_error,
                         exc_info=exc,
                         extra={"action": "service_failed", "service": name, "count": len(crashes)},
                     )
-                    self._fail(
-                        Fatal(
-                            f"{name} crashed {len(crashes)} times within "
-                            f"{s.service_restart_window_seconds:g} s (last: {watched.last_error})"
-                        )
-                    )
+                    self.fail(Fatal(f"{why} (last: {watched.last_error})"))
                     return
-                backoff = min(p.backoff_seconds * 2 ** (len(crashes) - 1), p.backoff_max_seconds)
+                backoff = min(
+                    c.restart_backoff_seconds * 2 ** (len(crashes) - 1),
+                    c.restart_backoff_max_seconds,
+                )
                 watched.state = LoopState.RESTARTING
                 self.metrics.service_restarts.labels(service=name).inc()
                 log.error(
@@ -212,23 +201,21 @@ class Supervisor:
                     backoff,
                     len(crashes),
                     s.service_restart_limit,
-                    s.service_restart_window_seconds,
+                    window,
                     watched.last_error,
                     exc_info=exc,
                     extra={"action": "service_crashed", "service": name, "count": len(crashes)},
                 )
-            try:
-                await asyncio.wait_for(stopping.wait(), backoff)
+            if await stopped_within(stopping, backoff):
                 watched.state = LoopState.STOPPED
                 return
-            except TimeoutError:
-                pass
             watched.state, watched.beat_at = LoopState.RUNNING, self._clock()
             log.warning(
                 "%s restarted", name, extra={"action": "service_restarted", "service": name}
             )
 
-    def _fail(self, fatal: Fatal) -> None:
+    def fail(self, fatal: Fatal) -> None:
+        """Tells on_fatal, once, why the process cannot go on."""
         if self.fatal is None:
             self.fatal = fatal
             self.on_fatal(fatal)
@@ -236,8 +223,8 @@ class Supervisor:
 
 class Service:
     name = "service"
-    # The supervisor of the running loops (a bare one until start() is given the
-    # process's), and the loops' tasks.
+    # The supervisor of the running loops (none until start(): beat() does nothing), and
+    # the loops' tasks.
     supervisor: Supervisor | None = None
     tasks: tuple[asyncio.Task[None], ...] = ()
 
@@ -248,9 +235,9 @@ class Service:
         """The service's loops by name; one, `run`, unless a service has several."""
         return {self.name: self.run}
 
-    def start(self, supervisor: Supervisor | None = None) -> None:
-        """Hands every loop to `supervisor` (a bare one when None); returns at once."""
-        self.supervisor = supervisor or self.supervisor or Supervisor()
+    def start(self, supervisor: Supervisor) -> None:
+        """Hands every loop to `supervisor`; returns at once."""
+        self.supervisor = supervisor
         self._stop_asked = asyncio.Event()
         self.tasks = tuple(
             self.supervisor.supervise(name, loop, self._stop_asked)
@@ -258,7 +245,6 @@ class Service:
         )
 
     def beat(self, loop: str | None = None) -> None:
-        """A heartbeat of the loop (this service's only one when None)."""
         if self.supervisor is not None:
             self.supervisor.beat(loop or self.name)
 

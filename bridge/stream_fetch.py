@@ -1,9 +1,6 @@
 """RESULTS_STREAM: the loop that fetches answers from the durable consumer every bridge
 shares and hands them to the inbox, which acks each once its outcome is final
-(bridge/inbox.py). What it never settles comes again after the consumer's ack wait.
-
-One fetch is one step, :meth:`StreamConsumer.run_once`: it returns the messages it
-handed over. The loop calls it; so can a test."""
+(bridge/inbox.py). What it never settles comes again after the consumer's ack wait."""
 
 from __future__ import annotations
 
@@ -25,12 +22,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class StreamConsumer(Service):
-    # nats-py's pull subscription of the durable consumer (bridge/stream_setup.py
-    # results_consumer).
+    # nats-py's pull subscription of the durable consumer (stream_setup.results_consumer).
     consumer: Any
     inbox: Inbox
     stream: str
-    batch_size: int = 500
     # The longest pause between failed fetches (they double from 0.1 s).
     fetch_pause_max_seconds: float = 2.0
     # While the inbox cannot reach the database: how often it is asked again.
@@ -41,26 +36,21 @@ class StreamConsumer(Service):
     name = "stream"
 
     def fetch_size(self) -> int:
-        """How many messages a fetch may bring: batch_size, fewer when the inbox's
-        buffers have less room — counted as if each were as large as a message may be
-        (INBOX_MAX_PAYLOAD_BYTES), so what a fetch brings always fits INBOX_BUFFER_BYTES —
-        and no more than makes what the inbox holds two batches per worker
-        (INBOX_BATCH_SIZE), what the workers apply next: the rest waits in the stream,
-        where another bridge takes it, not in this process's memory while its database
-        is slow or away. 0 when it holds that much."""
+        """How many messages a fetch may bring: INBOX_BATCH_SIZE, fewer when the inbox's
+        buffers have less room for messages as large as they may be, and no more than
+        makes what the inbox holds two batches per worker: the rest waits in the stream,
+        where another bridge takes it, not in this process's memory."""
         count, free = self.inbox.room()
         # A message kept until acked costs the buffer twice its size (it and its row).
         s = self.inbox.config.settings
         largest = 2 * s.inbox_max_payload_bytes
-        ahead = 2 * s.inbox_batch_size * s.inbox_workers
-        return max(0, min(self.batch_size, count, free // largest, ahead - self.inbox.held()))
+        ahead = 2 * s.inbox_batch_size * s.inbox_workers - self.inbox.held()
+        return max(0, min(s.inbox_batch_size, count, free // largest, ahead))
 
     async def run_once(self, wait: float = 1.0) -> list[Msg]:
         """One fetch of up to fetch_size() messages, waiting up to `wait` seconds for
         the first; each is handed to the inbox (even when stopping: they are ours now).
-        Nothing is fetched while the buffers are full (what the stream keeps waits
-        there, not in this process's memory). Raises what the fetch raised; nats'
-        TimeoutError when nothing came."""
+        Raises what the fetch raised; nats' TimeoutError when nothing came."""
         if self.inbox.db_unreachable:
             # Paused: nothing is fetched until the database answers again.
             await self.release_late()
@@ -78,8 +68,7 @@ class StreamConsumer(Service):
             raise
         if msgs:
             self.pending = msgs[-1].metadata.num_pending
-        again = sum(1 for msg in msgs if msg.metadata.num_delivered > 1)
-        if again:
+        if again := sum(1 for msg in msgs if msg.metadata.num_delivered > 1):
             events.redelivered(self.inbox, again)
         for msg in msgs:
             await self.inbox.on_message(msg)
@@ -87,10 +76,8 @@ class StreamConsumer(Service):
 
     async def release_late(self) -> None:
         """A fetch returns once it has messages, but its request stays open at the server
-        until it expires (up to the fetch's wait): what the server sends to it after the
-        inbox paused waits in the subscription's queue, unread. Those are nacked too (the
-        inbox releases what it is given while it cannot reach its database), or they
-        would wait for the consumer's ack wait."""
+        until it expires: what the server sends to it after the inbox paused waits in the
+        subscription's queue, unread. Those are handed back too, not left to the ack wait."""
         if self.consumer.pending_msgs == 0:
             return
         with contextlib.suppress(TimeoutError, NatsError):
@@ -103,14 +90,12 @@ class StreamConsumer(Service):
             self.beat()
             try:
                 await self.run_once()
+                pause = 0.1
             except TimeoutError:  # nats.errors.TimeoutError is one: nothing came
                 pause = 0.1
-                continue
             except (NatsError, OSError) as exc:  # disconnected, the leader moving, …
                 # (Anything else is a bug, not the network: the supervisor's.)
                 if not stopping.is_set():
                     log.debug("fetch from %s failed: %s", self.stream, exc)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, self.fetch_pause_max_seconds)
-                continue
-            pause = 0.1

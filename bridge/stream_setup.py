@@ -59,14 +59,10 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 
 def wanted_stream(settings: Settings) -> StreamConfig:
     """The stream arm-core creates when RESULTS_STREAM does not exist yet, and the limits
-    it sets on one it owns (:func:`ensure_results_stream`).
-
-    Interest retention: a message goes once the one durable consumer all bridges share
-    has acked (or terminated) it, so the stream holds only what is not applied yet. A
-    byte limit with discard new: a full stream refuses a new message (a JetStream
-    publisher is told, and tries again) rather than remove one not applied yet. A
-    duplicate window shorter than ACK_TIMEOUT_SECONDS (Settings.duplicate_window_seconds):
-    a service's ack to a republished request is stored, not dropped as a duplicate."""
+    it sets on one it owns: interest retention (the stream holds only what is not
+    applied yet), a byte limit with discard new (a full stream refuses a new answer
+    rather than remove one not applied), a duplicate window shorter than
+    ACK_TIMEOUT_SECONDS (an ack to a republished request is stored, not a duplicate)."""
     return StreamConfig(
         name=settings.results_stream,
         subjects=[settings.result_subject],
@@ -86,7 +82,6 @@ def wanted_stream(settings: Settings) -> StreamConfig:
 # data between nodes, the operator's call.
 OWNED_LIMITS = ("retention", "discard", "max_bytes", "max_age", "duplicate_window")
 REPORTED = ("storage", "num_replicas")
-_SHOWN_NAME = {"num_replicas": "replicas"}
 
 
 def _shown(name: str, value: Any) -> str:
@@ -96,38 +91,33 @@ def _shown(name: str, value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _differs(name: str, have: Any, want: Any) -> bool:
+def _differs(name: str, have: StreamConfig, want: StreamConfig) -> bool:
+    value, wanted = getattr(have, name), getattr(want, name)
     if name in ("max_age", "duplicate_window"):
-        return abs((have or 0.0) - (want or 0.0)) >= 1e-6
+        return abs((value or 0.0) - (wanted or 0.0)) >= 1e-6
     if name == "max_bytes":
-        return (-1 if have is None else have) != want
-    return getattr(have, "value", have) != getattr(want, "value", want)
+        return (-1 if value is None else value) != wanted
+    return bool(value != wanted)  # the server's strings equal nats-py's str enums
 
 
-def _difference(name: str, have: Any, want: Any) -> str:
-    shown = _SHOWN_NAME.get(name, name)
-    return f"{shown} {_shown(name, have)} (arm-core would use {_shown(name, want)})"
+def _difference(name: str, have: StreamConfig, want: StreamConfig) -> str:
+    value, wanted = (_shown(name, getattr(config, name)) for config in (have, want))
+    shown = "replicas" if name == "num_replicas" else name
+    return f"{shown} {value} (arm-core would use {wanted})"
 
 
 def stream_differences(
     have: StreamConfig, want: StreamConfig, names: tuple[str, ...] = OWNED_LIMITS + REPORTED
 ) -> list[str]:
     """How an existing stream differs from the one arm-core would create, in `names`."""
-    return [
-        _difference(name, getattr(have, name), getattr(want, name))
-        for name in names
-        if _differs(name, getattr(have, name), getattr(want, name))
-    ]
+    return [_difference(name, have, want) for name in names if _differs(name, have, want)]
 
 
 async def _update_limits(js: JetStreamContext, have: StreamConfig, want: StreamConfig) -> list[str]:
     """Sets the OWNED_LIMITS of stream `have` to `want`'s: in one update, or one by one
     when the server refuses that (a server that cannot change the retention still gets
-    the rest). Logs each change made (`stream_updated`); returns each difference left,
-    with the server's reason."""
-    changes = {
-        n: getattr(want, n) for n in OWNED_LIMITS if _differs(n, getattr(have, n), getattr(want, n))
-    }
+    the rest). Logs each change made; returns each difference left, with its reason."""
+    changes = {n: getattr(want, n) for n in OWNED_LIMITS if _differs(n, have, want)}
     if not changes:
         return []
     made: list[str] = []
@@ -140,7 +130,7 @@ async def _update_limits(js: JetStreamContext, have: StreamConfig, want: StreamC
             f"no answer to the update ({type(exc).__name__}): is the user allowed "
             f"$JS.API.STREAM.UPDATE.{have.name}?"
         )
-        refused = [f"{_difference(n, getattr(have, n), v)}: {reason}" for n, v in changes.items()]
+        refused = [f"{_difference(n, have, want)}: {reason}" for n in changes]
     except APIError:
         current = have
         for n, value in changes.items():
@@ -148,10 +138,8 @@ async def _update_limits(js: JetStreamContext, have: StreamConfig, want: StreamC
                 await js.update_stream(dataclasses.replace(current, **{n: value}))
             except APIError as exc:
                 reason = exc.description or str(exc)
-                refused.append(
-                    f"{_difference(n, getattr(have, n), value)}: the server refused the "
-                    f"change ({reason})"
-                )
+                said = f"the server refused the change ({reason})"
+                refused.append(f"{_difference(n, have, want)}: {said}")
                 continue
             current = dataclasses.replace(current, **{n: value})
             made.append(n)
@@ -168,15 +156,12 @@ async def _update_limits(js: JetStreamContext, have: StreamConfig, want: StreamC
 
 
 async def ensure_results_stream(nc: Client, settings: Settings) -> JetStreamContext:
-    """Makes sure the stream RESULTS_STREAM captures RESULT_SUBJECT: creates it
-    (:func:`wanted_stream`) when it does not exist. An existing stream that captures
-    RESULT_SUBJECT and nothing else is arm-core's: its OWNED_LIMITS are set to the
-    configuration, each change logged (`stream_updated`), and what stays different is
-    logged (`stream_differs`: storage, replicas, a change the server refused). One that
-    captures more subjects is the operator's and is used as it is (interest retention or
-    a byte limit would act on the other subjects' messages too), its differences logged.
-    Raises StreamUnavailable when the server has no JetStream, refuses to create the
-    stream, or the existing stream does not capture RESULT_SUBJECT."""
+    """Makes sure the stream RESULTS_STREAM captures RESULT_SUBJECT: creates it when it
+    does not exist. An existing stream that captures RESULT_SUBJECT and nothing else is
+    arm-core's: its OWNED_LIMITS are set to the configuration; one that captures more is
+    the operator's, used as it is. What differs is logged. Raises StreamUnavailable when
+    the server has no JetStream, refuses to create the stream, or the existing stream
+    does not capture RESULT_SUBJECT."""
     name, subject = settings.results_stream, settings.result_subject
     js = nc.jetstream(timeout=5)
     want = wanted_stream(settings)
@@ -247,13 +232,9 @@ async def results_consumer(
     pending_bytes_limit: int = 32 << 20,
 ) -> Any:
     """The one durable pull consumer (named NATS_QUEUE_GROUP) that every core instance
-    fetches from: explicit acks, everything in the stream from its start, delivered
-    again until acked. `pending_bytes_limit` bounds nats-py's queue of the pull
-    subscription (as INBOX_BUFFER_BYTES bounds the inbox's buffer). Warns when the
-    stream has other consumers: with interest retention a message stays until every
-    consumer has acked it, so one that reads nothing (the consumer of an earlier
-    NATS_QUEUE_GROUP, an operator's) keeps every answer until the stream is full and
-    refuses new ones."""
+    fetches from, `pending_bytes_limit` bounding nats-py's queue of it. Warns when the
+    stream has other consumers: with interest retention one that reads nothing (the
+    consumer of an earlier NATS_QUEUE_GROUP, an operator's) keeps every answer."""
     durable = settings.nats_queue_group
     config = ConsumerConfig(
         durable_name=durable,
@@ -283,7 +264,7 @@ async def results_consumer(
         log.debug("stream info of %s: %s", settings.results_stream, exc)
         return consumer
     others = (info.state.consumer_count or 0) - 1
-    if others > 0 and _shown("retention", info.config.retention) == RetentionPolicy.INTEREST.value:
+    if others > 0 and info.config.retention == RetentionPolicy.INTEREST:
         log.warning(
             "JetStream stream %s has %d consumer(s) besides %s: with interest retention it "
             "keeps every message until each consumer has acked it, so one that reads "

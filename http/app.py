@@ -15,16 +15,10 @@ from aiohttp import web
 import arm_core
 from arm_core.config import Settings
 from arm_core.http import file_list, handlers
-from arm_core.http.auth import (
-    TOKEN_DIGESTS,
-    TokenDigests,
-    auth_middleware,
-    warn_unlevelled_tokens,
-)
+from arm_core.http.auth import TOKEN_DIGESTS, auth_middleware, token_digests, warn_unlevelled_tokens
 from arm_core.http.errors import error_middleware
 from arm_core.http.health import install_health
-from arm_core.http.keys import INSTRUMENTS, SETTINGS, SHUTDOWN
-from arm_core.instruments import Instruments
+from arm_core.http.keys import SETTINGS, SHUTDOWN
 
 OPENAPI_PATH = Path(__file__).with_name("openapi.json")
 # The operator console: static files, no build step. index.html at /, the rest
@@ -46,16 +40,10 @@ CONSOLE_CSP = (
 )
 
 
-def _console_files() -> dict[str, tuple[bytes, str]]:
-    return {
-        path.name: (path.read_bytes(), CONSOLE_TYPES[path.suffix])
-        for path in sorted(CONSOLE_DIR.iterdir())
-        if path.suffix in CONSOLE_TYPES
-    }
-
-
-def _console_response(request: web.Request, name: str) -> web.Response:
-    found = request.app[CONSOLE].get(name)
+async def console(request: web.Request) -> web.Response:
+    """GET / (index.html) and GET /console/<name>: the operator console's files (the
+    data comes from /api/v1/*)."""
+    found = request.app[CONSOLE].get(request.match_info.get("name", "index.html"))
     if found is None:
         raise web.HTTPNotFound()
     body, content_type = found
@@ -72,16 +60,6 @@ def _console_response(request: web.Request, name: str) -> web.Response:
     )
 
 
-async def console_index(request: web.Request) -> web.Response:
-    """GET / → the operator console's page (the data comes from /api/v1/*)."""
-    return _console_response(request, "index.html")
-
-
-async def console_file(request: web.Request) -> web.Response:
-    """GET /console/<name> → one of the console's static files."""
-    return _console_response(request, request.match_info["name"])
-
-
 # What a request needs beyond the viewer's "read" (arm_core.access), by its handler.
 PERMISSIONS: dict[Callable[..., object], str] = {
     handlers.retry_file: "retry",
@@ -90,11 +68,9 @@ PERMISSIONS: dict[Callable[..., object], str] = {
 
 
 def _new_app(settings: Settings, **kwargs: Any) -> web.Application:
-    """An application with its settings, its instruments and its shutdown event, and
-    GET /healthcheck, /livez, /readyz and /metrics."""
+    """An application with its settings, shutdown event, metrics and health endpoints."""
     app = web.Application(**kwargs)
     app[SETTINGS] = settings
-    app[INSTRUMENTS] = Instruments()
     app[SHUTDOWN] = asyncio.Event()
     install_health(app)
     return app
@@ -113,14 +89,18 @@ def api_app(settings: Settings) -> web.Application:
         middlewares=[error_middleware, auth_middleware(settings, PERMISSIONS)],
         client_max_size=settings.http_max_body_bytes,
     )
-    app[TOKEN_DIGESTS] = TokenDigests.of(settings.api_tokens)
+    app[TOKEN_DIGESTS] = token_digests(settings.api_tokens)
     app[handlers.OPENAPI] = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
-    app[CONSOLE] = _console_files()
+    app[CONSOLE] = {
+        path.name: (path.read_bytes(), CONSOLE_TYPES[path.suffix])
+        for path in sorted(CONSOLE_DIR.iterdir())
+        if path.suffix in CONSOLE_TYPES
+    }
     app.router.add_get("/api/v1/status", handlers.status)
     app.router.add_get("/api/v1/status/series", handlers.status_series)
     app.router.add_get("/api/v1/openapi.json", handlers.openapi)
-    app.router.add_get("/", console_index)
-    app.router.add_get("/console/{name}", console_file)
+    app.router.add_get("/", console)
+    app.router.add_get("/console/{name}", console)
     app.router.add_get("/api/v1/whoami", handlers.whoami)
     app.router.add_get("/api/v1/files", file_list.list_files)
     app.router.add_post("/api/v1/files/retry", handlers.retry_files)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from arm_core.access import EVERY_LEVEL, NEEDED, ApiToken, Level, may, shown_level
+from arm_core.access import EVERY_LEVEL, NEEDED, ApiToken, Level, may
 from arm_core.config import Settings
 from arm_core.http.errors import ApiError, Handler
 
@@ -27,15 +27,9 @@ class Caller:
     levels: frozenset[Level]
 
     @property
-    def level(self) -> str | None:
-        """The level to show (arm_core.access.shown_level)."""
-        return shown_level(self.levels)
-
-    @property
     def audit_level(self) -> str:
-        """What the retry audit records beside the actor of a retry (a caller who may
-        retry): `operator`, or `all` for a credential that holds every level (a token
-        without a level, AUTH_MODE=none, AUTH_MODE=header without a groups header)."""
+        """What the retry audit records beside the actor of a retry: `operator`, or `all`
+        for a credential that holds every level."""
         return "all" if self.levels == EVERY_LEVEL else Level.OPERATOR.value
 
 
@@ -44,16 +38,7 @@ log = logging.getLogger(__name__)
 CALLER = web.RequestKey("caller", Caller)
 # The console's shell ("/", "/console/…") holds no data; /api/v1/whoami answers
 # {"actor": null} without credentials, so the console knows to show its sign-in form.
-PUBLIC_PATHS = (
-    "/healthcheck",
-    "/livez",
-    "/readyz",
-    "/api/v1/openapi.json",
-    "/",
-    "/api/v1/whoami",
-)
-PUBLIC_PREFIXES = ("/console/",)
-METRICS_PATH = "/metrics"
+PUBLIC_PATHS = ("/healthcheck", "/livez", "/readyz", "/api/v1/openapi.json", "/", "/api/v1/whoami")
 
 _WHAT = {"read": "reading", "retry": "retrying files", "metrics": "GET /metrics"}
 
@@ -63,19 +48,13 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
-@dataclass(frozen=True)
-class TokenDigests:
+def token_digests(tokens: Sequence[ApiToken]) -> tuple[tuple[ApiToken, bytes], ...]:
     """API_TOKENS' entries, each with the sha256 of its token: worked out once per
     application (TOKEN_DIGESTS), compared on every request."""
-
-    entries: tuple[tuple[ApiToken, bytes], ...]
-
-    @classmethod
-    def of(cls, tokens: Sequence[ApiToken]) -> TokenDigests:
-        return cls(tuple((t, _digest(t.token)) for t in tokens))
+    return tuple((t, _digest(t.token)) for t in tokens)
 
 
-TOKEN_DIGESTS = web.AppKey("token_digests", TokenDigests)
+TOKEN_DIGESTS: web.AppKey[tuple[tuple[ApiToken, bytes], ...]] = web.AppKey("token_digests")
 
 
 def authenticate(request: web.Request, settings: Settings) -> Caller:
@@ -96,7 +75,7 @@ def authenticate(request: web.Request, settings: Settings) -> Caller:
     # which entry matched or whether one did.
     given = _digest(token.strip())
     found = None
-    for entry, expected in request.app[TOKEN_DIGESTS].entries:
+    for entry, expected in request.app[TOKEN_DIGESTS]:
         if hmac.compare_digest(given, expected):
             found = entry
     if found is None:
@@ -112,14 +91,12 @@ def _group_levels(request: web.Request, settings: Settings) -> frozenset[Level]:
     # A proxy may send one line per group (oauth2-proxy does) or one comma-separated line.
     lines = request.headers.getall(settings.auth_groups_header, [])
     groups = {g.strip() for line in lines for g in line.split(",") if g.strip()}
-    levels = set()
-    if groups & settings.auth_operator_groups:
-        levels.add(Level.OPERATOR)
-    if groups & settings.auth_viewer_groups:
-        levels.add(Level.VIEWER)
-    if groups & settings.auth_metrics_groups:
-        levels.add(Level.METRICS)
-    return frozenset(levels)
+    granted = {
+        Level.OPERATOR: settings.auth_operator_groups,
+        Level.VIEWER: settings.auth_viewer_groups,
+        Level.METRICS: settings.auth_metrics_groups,
+    }
+    return frozenset(level for level, names in granted.items() if groups & names)
 
 
 def require(caller: Caller, permission: str) -> None:
@@ -143,14 +120,13 @@ def warn_unlevelled_tokens(settings: Settings) -> None:
     unlevelled = settings.unlevelled_tokens()
     if not unlevelled:
         return
-    actors = ", ".join(t.actor for t in unlevelled)
     log.warning(
         "API_TOKENS: %d of %d entries name no access level (actors: %s); each holds every "
         "level (viewer, operator, metrics) until 2.0, which refuses it. Name one per entry: "
         "actor:viewer=…, actor:operator=… or actor:metrics=… (docs/security.md)",
         len(unlevelled),
         len(settings.api_tokens),
-        actors,
+        ", ".join(t.actor for t in unlevelled),
         extra={"action": "deprecated"},
     )
 
@@ -158,17 +134,15 @@ def warn_unlevelled_tokens(settings: Settings) -> None:
 def auth_middleware(
     settings: Settings, permissions: Mapping[Callable[..., object], str]
 ) -> Middleware:
-    """Sets request[CALLER] for every non-public path after checking its level; 401 or
-    403 (changing nothing) otherwise. What a request needs comes from its route's
-    handler: `permissions[handler]` ("retry"), else "read". GET /metrics asks what
-    METRICS_AUTH says."""
+    """Sets request[CALLER] for every non-public path whose caller may: what it needs is
+    `permissions[handler]`, else "read"; GET /metrics asks what METRICS_AUTH says."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+        if path in PUBLIC_PATHS or path.startswith("/console/"):
             return await handler(request)
-        if path == METRICS_PATH:
+        if path == "/metrics":
             if settings.metrics_auth != "none":
                 caller = authenticate(request, settings)
                 if settings.metrics_auth == "level":
@@ -177,8 +151,7 @@ def auth_middleware(
                     require(caller, "read")  # in no group: no access at all
             return await handler(request)
         caller = authenticate(request, settings)
-        route_handler = request.match_info.handler
-        require(caller, permissions.get(route_handler, "read"))
+        require(caller, permissions.get(request.match_info.handler, "read"))
         request[CALLER] = caller
         return await handler(request)
 

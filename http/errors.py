@@ -1,11 +1,7 @@
-"""Every error the API sends is JSON: {"error": {"code", "message"[, "details"]}}.
-
-The middleware turns aiohttp's own HTTP errors (unknown route, method not allowed, body
-too large) and the project's database errors into that shape; an unexpected exception
-becomes a 500 with a logged traceback, never an HTML page. What aiohttp answers itself
-before any middleware runs (a request it cannot parse) is its own plain-text 400; see
-arm_core.http.server.
-"""
+"""Every error the API sends is JSON: {"error": {"code", "message"[, "details"]}}: the
+middleware gives that shape to ApiError, aiohttp's own HTTP errors and the database's,
+and makes an unexpected exception a 500 with a logged traceback. (A request aiohttp
+cannot parse gets its own plain-text 400: arm_core.http.server.)"""
 
 from __future__ import annotations
 
@@ -37,36 +33,24 @@ _HTTP_CODES = {
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, code: str, message: str, details: dict[str, Any] | None = None
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.code, self.message, self.details = status, code, message, details
+        self.status, self.code, self.message = status, code, message
+        self.details, self.headers = details, headers
 
 
-class RequestTimeout(ApiError):
-    """The request's body did not arrive within HTTP_BODY_TIMEOUT_SECONDS: the handler
-    reading it (arm_core.http.handlers) raises this; the answer is a 408 and the
-    connection is closed (what is left of the body never comes)."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__(
-            408,
-            "REQUEST_TIMEOUT",
-            f"the request body did not arrive within HTTP_BODY_TIMEOUT_SECONDS={seconds:g}",
-        )
+def invalid(message: str, details: dict[str, Any] | None = None) -> ApiError:
+    return ApiError(400, "VALIDATION_ERROR", message, details)
 
 
-def error_response(
-    status: int,
-    code: str,
-    message: str,
-    details: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
-) -> web.Response:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if details:
-        error["details"] = details
-    return web.json_response({"error": error}, status=status, headers=headers)
+def invalid_parameter(parameter: str, message: str) -> ApiError:
+    return invalid(f"{parameter}: {message}", {"parameter": parameter})
 
 
 @web.middleware
@@ -74,38 +58,32 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as exc:
-        response = error_response(exc.status, exc.code, exc.message, exc.details)
-        if isinstance(exc, RequestTimeout):
-            response.force_close()
-        return response
+        error = exc
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         message = exc.reason if exc.status != 404 else f"no route {request.method} {request.path}"
-        return error_response(
-            exc.status, _HTTP_CODES.get(exc.status, "HTTP_ERROR"), message, headers=headers
-        )
+        code = _HTTP_CODES.get(exc.status, "HTTP_ERROR")
+        error = ApiError(exc.status, code, message, headers=headers)
     except DatabaseUnavailable as exc:
-        # The outage is logged once by the process's Outage (arm_core.db), not once per
-        # request.
+        # Logged once per outage by the process's Outage (arm_core.db), not per request.
         log.debug("database unavailable: %s", exc, extra={"action": "http"})
-        return error_response(503, "DATABASE_UNAVAILABLE", "the database cannot be reached")
+        error = ApiError(503, "DATABASE_UNAVAILABLE", "the database cannot be reached")
     except DatabaseConflict as exc:
         # Rolled back by a concurrent transaction after every try the store makes
-        # (arm_core.pooled); nothing of the request was done.
+        # (arm_core.store); nothing of the request was done.
         log.warning("database conflict: %s", exc, extra={"action": "http"})
-        return error_response(
+        error = ApiError(
             503,
             "DATABASE_CONFLICT",
             "a concurrent change got in the way and nothing was done; try again",
             headers={"Retry-After": "1"},
         )
     except DatabasePoolExhausted as exc:
-        # The database answers; every connection of this process is busy. Logged once by
-        # the process's PoolExhaustion (action=db_pool_exhausted), not once per request.
+        # Not an outage: every connection is busy. Logged once by its PoolExhaustion.
         log.debug("database pool exhausted: %s", exc, extra={"action": "http"})
-        return error_response(
+        error = ApiError(
             503,
             "DATABASE_POOL_EXHAUSTED",
             "every database connection of this process is in use "
@@ -113,4 +91,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         )
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(500, "INTERNAL", "internal error; see the server log")
+        error = ApiError(500, "INTERNAL", "internal error; see the server log")
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.details:
+        body["details"] = error.details
+    response = web.json_response({"error": body}, status=error.status, headers=error.headers)
+    if error.status == 408:  # the body did not arrive in time: the rest never comes
+        response.force_close()
+    return response

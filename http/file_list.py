@@ -1,17 +1,11 @@
-"""GET /api/v1/files: the file list of operators and of the console.
-
-Validate the query string → one store call (arm.list_files, db/functions/75_list_files.sql)
-→ the page and its cursor. Kept beside handlers.py (same shape) so the list's parsing —
-filters, timestamps, the opaque cursor — has a module of its own.
+"""GET /api/v1/files: the file list of operators and of the console (docs/operators.md).
 
 The cursor is the keyset of the last file of a page, (created_at, id), as
 base64url("v1:<created_at in µs since the epoch>:<uuid>:<check>") without padding, the
 check being 8 hex digits of the SHA-256 of what precedes it: opaque to clients, exact
 (PostgreSQL keeps microseconds), the same from every API process, and checked on the way
-back in — a cut, edited or made-up cursor is 400 INVALID_CURSOR. The check is no secret
-(a keyset shows nothing the list does not); it catches corruption, not forgery. A page
-after a cursor holds the files older than that one, so files uploaded meanwhile never
-shift it (keyset, not offset).
+back in. The check is no secret (a keyset shows nothing the list does not); it catches
+corruption, not forgery.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 from multidict import MultiDict
 
-from arm_core.http.errors import ApiError
+from arm_core.http.errors import ApiError, invalid_parameter
 from arm_core.http.keys import STORE
 from arm_core.rows import FileListFilter, FileListItem
 from arm_core.statuses import FileStatus, FileType, JobStatus
@@ -45,14 +39,9 @@ _SINGLE = {"consolidation_id", "q", "updated_after", "updated_before", "limit", 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
-_CURSOR_CHARS = re.compile(r"[A-Za-z0-9_-]+")
-_CURSOR_TEXT = re.compile(r"(v1:(-?[0-9]{1,18}):([0-9a-f-]{36})):([0-9a-f]{8})")
+_CURSOR_TEXT = re.compile(r"v1:(-?[0-9]{1,18}):([0-9a-f-]{36}):[0-9a-f]{8}")
 
 E = TypeVar("E", bound=StrEnum)
-
-
-def _invalid(parameter: str, message: str) -> ApiError:
-    return ApiError(400, "VALIDATION_ERROR", f"{parameter}: {message}", {"parameter": parameter})
 
 
 def _enums(params: MultiDict[str], parameter: str, enum: type[E]) -> tuple[E, ...]:
@@ -63,24 +52,30 @@ def _enums(params: MultiDict[str], parameter: str, enum: type[E]) -> tuple[E, ..
                 found[enum(value)] = None
             except ValueError:
                 allowed = ", ".join(member.value for member in enum)
-                raise _invalid(parameter, f"{value[:40]!r} is not one of {allowed}") from None
+                raise invalid_parameter(
+                    parameter, f"{value[:40]!r} is not one of {allowed}"
+                ) from None
     return tuple(found)
 
 
-def _uuid(parameter: str, raw: str) -> uuid.UUID:
+def _uuid(parameter: str, raw: str | None) -> uuid.UUID | None:
+    if raw is None:
+        return None
     try:
         return uuid.UUID(raw)
     except ValueError:
-        raise _invalid(parameter, f"not a uuid: {raw[:64]!r}") from None
+        raise invalid_parameter(parameter, f"not a uuid: {raw[:64]!r}") from None
 
 
-def _timestamp(parameter: str, raw: str) -> dt.datetime:
+def _timestamp(parameter: str, raw: str | None) -> dt.datetime | None:
+    if raw is None:
+        return None
     try:
         value = dt.datetime.fromisoformat(raw)
     except ValueError:
-        raise _invalid(parameter, f"not an ISO 8601 timestamp: {raw[:64]!r}") from None
+        raise invalid_parameter(parameter, f"not an ISO 8601 timestamp: {raw[:64]!r}") from None
     if value.tzinfo is None:
-        raise _invalid(parameter, "the timestamp needs a time zone (Z or ±hh:mm)")
+        raise invalid_parameter(parameter, "the timestamp needs a time zone (Z or ±hh:mm)")
     return value
 
 
@@ -88,7 +83,9 @@ def _limit(raw: str | None) -> int:
     if raw is None:
         return DEFAULT_LIMIT
     if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
-        raise _invalid("limit", f"must be an integer from 1 to {MAX_LIMIT}, not {raw[:20]!r}")
+        raise invalid_parameter(
+            "limit", f"must be an integer from 1 to {MAX_LIMIT}, not {raw[:20]!r}"
+        )
     return int(raw)
 
 
@@ -96,82 +93,41 @@ def _q(raw: str | None) -> str | None:
     if raw is None or raw == "":
         return None
     if len(raw) > MAX_Q_CHARS:
-        raise _invalid("q", f"at most {MAX_Q_CHARS} characters")
+        raise invalid_parameter("q", f"at most {MAX_Q_CHARS} characters")
     if "\x00" in raw:
-        raise _invalid("q", "contains a NUL character")
+        raise invalid_parameter("q", "contains a NUL character")
     try:
         raw.encode("utf-8")
     except UnicodeEncodeError:
-        raise _invalid("q", "is not valid UTF-8") from None
+        raise invalid_parameter("q", "is not valid UTF-8") from None
     return raw
-
-
-def _check(keyset: str) -> str:
-    return hashlib.sha256(keyset.encode()).hexdigest()[:8]
 
 
 def encode_cursor(created_at: dt.datetime, file_id: uuid.UUID) -> str:
     keyset = f"v1:{(created_at - _EPOCH) // _MICROSECOND}:{file_id}"
-    text = f"{keyset}:{_check(keyset)}"
+    text = f"{keyset}:{hashlib.sha256(keyset.encode()).hexdigest()[:8]}"
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
 def decode_cursor(raw: str) -> tuple[dt.datetime, uuid.UUID]:
     """The keyset a cursor of encode_cursor holds; INVALID_CURSOR for anything else."""
     invalid = ApiError(400, "INVALID_CURSOR", "the cursor is not one this API gave out")
-    if len(raw) > MAX_CURSOR_CHARS or not _CURSOR_CHARS.fullmatch(raw):
+    if len(raw) > MAX_CURSOR_CHARS:
         raise invalid
     try:
         text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
+        match = _CURSOR_TEXT.fullmatch(text)
+        if match is None:
+            raise invalid
+        created_at = _EPOCH + int(match[1]) * _MICROSECOND
+        file_id = uuid.UUID(match[2])
+    except (binascii.Error, UnicodeDecodeError, ValueError, OverflowError):
         raise invalid from None
-    match = _CURSOR_TEXT.fullmatch(text)
-    if match is None or match[4] != _check(match[1]):
-        raise invalid
-    try:
-        created_at = _EPOCH + int(match[2]) * _MICROSECOND
-        file_id = uuid.UUID(match[3])
-    except (ValueError, OverflowError):
-        raise invalid from None
-    if encode_cursor(created_at, file_id) != raw:  # one spelling per keyset
+    # Encoding the keyset again gives the cursor back only when its check is right and
+    # it is spelt as this API spells it (one spelling per keyset).
+    if encode_cursor(created_at, file_id) != raw:
         raise invalid
     return created_at, file_id
-
-
-def parse_params(
-    raw_query_string: str,
-) -> tuple[int, FileListFilter, tuple[dt.datetime, uuid.UUID] | None]:
-    """The limit, the filters and the keyset of a request's query string (as sent:
-    percent-decoded here once, + as a space, invalid UTF-8 as U+FFFD)."""
-    params = MultiDict(parse_qsl(raw_query_string, keep_blank_values=True))
-    unknown = sorted(set(params) - _REPEATABLE - _SINGLE)
-    if unknown:
-        name = unknown[0][:40]
-        raise _invalid(name, "unknown parameter")
-    single: dict[str, str] = {}
-    for name in _SINGLE:
-        values = params.getall(name, [])
-        if len(values) > 1:
-            raise _invalid(name, "given more than once")
-        if values:
-            single[name] = values[0]
-    consolidation = single.get("consolidation_id")
-    after = single.get("updated_after")
-    before = single.get("updated_before")
-    where = FileListFilter(
-        statuses=_enums(params, "status", FileStatus),
-        job_statuses=_enums(params, "job_status", JobStatus),
-        consolidation_id=None
-        if consolidation is None
-        else _uuid("consolidation_id", consolidation),
-        file_types=_enums(params, "file_type", FileType),
-        q=_q(single.get("q")),
-        updated_after=None if after is None else _timestamp("updated_after", after),
-        updated_before=None if before is None else _timestamp("updated_before", before),
-    )
-    cursor = single.get("cursor")
-    keyset = decode_cursor(cursor) if cursor else None
-    return _limit(single.get("limit")), where, keyset
 
 
 def _utc(value: dt.datetime) -> str:
@@ -203,10 +159,29 @@ def item(row: FileListItem) -> dict[str, Any]:
 
 
 async def list_files(request: web.Request) -> web.Response:
-    """GET /api/v1/files → {"items": [...], "next_cursor": "…" | null}, newest first."""
-    limit, where, keyset = parse_params(request.rel_url.raw_query_string)
+    """GET /api/v1/files → {"items": [...], "next_cursor": "…" | null}, newest first. The
+    query string is read as sent: percent-decoded here once, + as a space, invalid UTF-8
+    as U+FFFD."""
+    params = MultiDict(parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True))
+    unknown = sorted(set(params) - _REPEATABLE - _SINGLE)
+    if unknown:
+        raise invalid_parameter(unknown[0][:40], "unknown parameter")
+    for name in _SINGLE:
+        if len(params.getall(name, [])) > 1:
+            raise invalid_parameter(name, "given more than once")
+    where = FileListFilter(
+        statuses=_enums(params, "status", FileStatus),
+        job_statuses=_enums(params, "job_status", JobStatus),
+        consolidation_id=_uuid("consolidation_id", params.get("consolidation_id")),
+        file_types=_enums(params, "file_type", FileType),
+        q=_q(params.get("q")),
+        updated_after=_timestamp("updated_after", params.get("updated_after")),
+        updated_before=_timestamp("updated_before", params.get("updated_before")),
+    )
+    cursor = params.get("cursor")
+    keyset = decode_cursor(cursor) if cursor else None
+    limit = _limit(params.get("limit"))
     rows = await request.app[STORE].list_files(limit + 1, where, keyset)  # +1: is there more?
     page = rows[:limit]
-    more = len(rows) > limit
-    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if more else None
+    next_cursor = encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
     return web.json_response({"items": [item(r) for r in page], "next_cursor": next_cursor})

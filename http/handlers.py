@@ -7,14 +7,17 @@ import asyncio
 import json
 import logging
 import uuid
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import parse_qsl
 
 from aiohttp import web
 
+from arm_core.access import shown_level
 from arm_core.http.auth import CALLER, Caller, authenticate
-from arm_core.http.errors import ApiError, RequestTimeout
-from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, STORE
+from arm_core.http.errors import ApiError, invalid, invalid_parameter
+from arm_core.http.health import bridge_states
+from arm_core.http.keys import BRIDGE_VIEW, METRICS, SETTINGS, STORE
 from arm_core.rows import RetryResult
 from arm_core.statuses import JobStatus, RetryOutcome, RetryReason
 from arm_core.version import installed
@@ -36,12 +39,19 @@ _WHY = {
 }
 
 
+def _uuid(raw: object) -> uuid.UUID | None:
+    """`raw` as a uuid; None when it is not a string spelling one."""
+    try:
+        return uuid.UUID(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+
+
 def _file_id(request: web.Request) -> uuid.UUID:
     raw = request.match_info["file_id"]
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise ApiError(400, "INVALID_FILE_ID", f"not a uuid: {raw[:64]!r}") from None
+    if (found := _uuid(raw)) is None:
+        raise ApiError(400, "INVALID_FILE_ID", f"not a uuid: {raw[:64]!r}")
+    return found
 
 
 def _not_retryable_details(row: RetryResult) -> dict[str, Any]:
@@ -55,36 +65,28 @@ def _not_retryable_details(row: RetryResult) -> dict[str, Any]:
 
 
 def _job_id(raw: object, where: str) -> uuid.UUID:
-    try:
-        if not isinstance(raw, str):
-            raise ValueError
-        return uuid.UUID(raw)
-    except ValueError:
-        raise ApiError(400, "VALIDATION_ERROR", f"{where}: not a job id (a uuid)") from None
+    if (found := _uuid(raw)) is None:
+        raise invalid(f"{where}: not a job id (a uuid)")
+    return found
 
 
 def _expected_job(request: web.Request, body: object) -> uuid.UUID | None:
-    """The job the caller saw as the file's current one: {"job_id": …} in the body or
-    `If-Match: "<job_id>"` (a retry names the failed attempt it retries, so two requests
-    against the same failed attempt never make two new jobs).
-    Neither: whichever job is current (documented)."""
+    """The job the caller saw as the file's current one, from the body or If-Match (so
+    two retries of one failed attempt never make two new jobs); None: whichever is."""
     from_body: uuid.UUID | None = None
     if body is not NO_BODY and body != {}:
         if not isinstance(body, dict) or set(body) - {"job_id"}:
-            raise ApiError(400, "VALIDATION_ERROR", 'the body takes one field: "job_id"')
+            raise invalid('the body takes one field: "job_id"')
         from_body = _job_id(body.get("job_id"), "job_id")
-    header = request.headers.get("If-Match", "").strip()
-    from_header = None
-    if header:  # an empty If-Match names nothing
-        from_header = _job_id(header.strip().removeprefix("W/").strip('"'), "If-Match")
+    header = request.headers.get("If-Match", "").strip()  # an empty one names nothing
+    from_header = _job_id(header.removeprefix("W/").strip('"'), "If-Match") if header else None
     if from_body and from_header and from_body != from_header:
-        raise ApiError(400, "VALIDATION_ERROR", "job_id and If-Match name different jobs")
+        raise invalid("job_id and If-Match name different jobs")
     return from_body or from_header
 
 
 async def retry_file(request: web.Request) -> web.Response:
-    """POST /api/v1/files/{file_id}/retry [{"job_id": …} | If-Match] → 201 new job | 409
-    | 404 | 400."""
+    """POST /api/v1/files/{file_id}/retry [{"job_id": …} | If-Match] → 201 new job."""
     file_id = _file_id(request)
     body: object = NO_BODY
     if request.can_read_body:  # an empty body, {} or {"job_id": …}
@@ -94,7 +96,7 @@ async def retry_file(request: web.Request) -> web.Response:
     row = await request.app[STORE].retry_file(
         file_id, caller.actor, expected, actor_level=caller.audit_level
     )
-    request.app[INSTRUMENTS].metrics.retries.labels(outcome=row.outcome.value).inc()
+    request.app[METRICS].instruments.metrics.retries.labels(outcome=row.outcome.value).inc()
     if row.outcome is RetryOutcome.NOT_FOUND:
         raise ApiError(404, "FILE_NOT_FOUND", f"no file {file_id}")
     if row.outcome is RetryOutcome.NOT_RETRYABLE:
@@ -106,14 +108,7 @@ async def retry_file(request: web.Request) -> web.Response:
             _not_retryable_details(row),
         )
     return web.json_response(
-        {
-            "file_id": str(file_id),
-            "job_id": str(row.job_id),
-            "attempt": row.attempt,
-            "status": JobStatus.QUEUED,
-            "previous_job_id": str(row.previous_job_id),
-        },
-        status=201,
+        {**_retried(row), "previous_job_id": str(row.previous_job_id)}, status=201
     )
 
 
@@ -121,46 +116,35 @@ async def retry_files(request: web.Request) -> web.Response:
     """POST /api/v1/files/retry {"file_ids": [...]} → one entry per distinct file."""
     body = await _json_body(request, required=True)
     if not isinstance(body, dict):
-        raise ApiError(400, "VALIDATION_ERROR", "the body must be a JSON object")
+        raise invalid("the body must be a JSON object")
     unknown = sorted(set(body) - {"file_ids", "files"})
     if unknown:
-        raise ApiError(400, "VALIDATION_ERROR", f"unknown fields: {', '.join(unknown)[:200]}")
+        raise invalid(f"unknown fields: {', '.join(unknown)[:200]}")
     if ("file_ids" in body) == ("files" in body):
-        raise ApiError(400, "VALIDATION_ERROR", 'give either "file_ids" or "files"')
+        raise invalid('give either "file_ids" or "files"')
     expected: list[uuid.UUID | None] | None = None
     if "files" in body:
         raw_ids, expected = _named_files(body["files"])
     else:
         raw_ids = body["file_ids"]
     if not isinstance(raw_ids, list):
-        raise ApiError(400, "VALIDATION_ERROR", "file_ids must be a list of uuids")
+        raise invalid("file_ids must be a list of uuids")
     limit = request.app[SETTINGS].retry_batch_max
     if len(raw_ids) > limit:
         raise ApiError(413, "TOO_MANY_FILES", f"{len(raw_ids)} file ids; at most {limit} a request")
     if not raw_ids:
-        raise ApiError(400, "VALIDATION_ERROR", "file_ids is empty")
-    ids: list[uuid.UUID] = []
-    bad: list[int] = []
-    for i, raw in enumerate(raw_ids):
-        try:
-            if not isinstance(raw, str):
-                raise ValueError
-            ids.append(uuid.UUID(raw))
-        except ValueError:
-            bad.append(i)
+        raise invalid("file_ids is empty")
+    parsed = [_uuid(raw) for raw in raw_ids]
+    ids = [found for found in parsed if found is not None]
+    bad = [i for i, found in enumerate(parsed) if found is None]
     if bad:
-        raise ApiError(
-            400,
-            "VALIDATION_ERROR",
-            "file_ids must hold uuids only",
-            {"invalid_indexes": bad[:50]},
-        )
+        raise invalid("file_ids must hold uuids only", {"invalid_indexes": bad[:50]})
     distinct = list(dict.fromkeys(ids))  # request order, duplicates once
     caller = request[CALLER]
     rows = await request.app[STORE].retry_files(
         ids, caller.actor, expected, actor_level=caller.audit_level
     )
-    retries = request.app[INSTRUMENTS].metrics.retries
+    retries = request.app[METRICS].instruments.metrics.retries
     for row in rows:
         retries.labels(outcome=row.outcome.value).inc()
     by_id = {row.file_id: row for row in rows}
@@ -168,20 +152,16 @@ async def retry_files(request: web.Request) -> web.Response:
 
 
 def _named_files(raw: object) -> tuple[list[object], list[uuid.UUID | None]]:
-    """The "files" of a batch: [{"file_id": …, "job_id": … | null}] — each file with the
-    job the caller saw as its current one (null or absent: whichever is current). Gives
-    the raw file ids (checked as file_ids are) and the expected jobs."""
+    """A batch's [{"file_id": …, "job_id": … | null}]: the raw file ids (checked as
+    file_ids are) and the jobs expected current (null or absent: whichever is)."""
     if not isinstance(raw, list):
-        raise ApiError(400, "VALIDATION_ERROR", 'files must be a list of {"file_id", "job_id"}')
+        raise invalid('files must be a list of {"file_id", "job_id"}')
     ids: list[object] = []
     expected: list[uuid.UUID | None] = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict) or "file_id" not in item or set(item) - {"file_id", "job_id"}:
-            raise ApiError(
-                400,
-                "VALIDATION_ERROR",
-                f'files[{i}]: expected {{"file_id": …, "job_id": …}}',
-                {"invalid_indexes": [i]},
+            raise invalid(
+                f'files[{i}]: expected {{"file_id": …, "job_id": …}}', {"invalid_indexes": [i]}
             )
         ids.append(item["file_id"])
         job = item.get("job_id")
@@ -189,24 +169,22 @@ def _named_files(raw: object) -> tuple[list[object], list[uuid.UUID | None]]:
     return ids, expected
 
 
-def _batch_entry(row: RetryResult) -> dict[str, Any]:
-    file_id = str(row.file_id)
-    if row.outcome is RetryOutcome.RETRIED:
-        return {
-            "file_id": file_id,
-            "outcome": RetryOutcome.RETRIED,
-            "job_id": str(row.job_id),
-            "attempt": row.attempt,
-            "status": JobStatus.QUEUED,
-        }
-    if row.outcome is RetryOutcome.NOT_FOUND:
-        return {"file_id": file_id, "outcome": "skipped", "reason": "FILE_NOT_FOUND"}
+def _retried(row: RetryResult) -> dict[str, Any]:
     return {
-        "file_id": file_id,
-        "outcome": "skipped",
-        "reason": "FILE_NOT_RETRYABLE",
-        "details": _not_retryable_details(row),
+        "file_id": str(row.file_id),
+        "job_id": str(row.job_id),
+        "attempt": row.attempt,
+        "status": JobStatus.QUEUED,
     }
+
+
+def _batch_entry(row: RetryResult) -> dict[str, Any]:
+    if row.outcome is RetryOutcome.RETRIED:
+        return {**_retried(row), "outcome": RetryOutcome.RETRIED}
+    skipped = {"file_id": str(row.file_id), "outcome": "skipped"}
+    if row.outcome is RetryOutcome.NOT_FOUND:
+        return {**skipped, "reason": "FILE_NOT_FOUND"}
+    return {**skipped, "reason": "FILE_NOT_RETRYABLE", "details": _not_retryable_details(row)}
 
 
 async def get_file(request: web.Request) -> web.Response:
@@ -219,10 +197,8 @@ async def get_file(request: web.Request) -> web.Response:
 
 
 async def whoami(request: web.Request) -> web.Response:
-    """GET /api/v1/whoami → {"actor": who the credentials say (null without valid ones),
-    "level": the level to show (viewer, operator, metrics; null without one), "levels":
-    every level held, "auth_mode"}. Public: the console asks it to know whether to show
-    its sign-in form, and whether to offer retries."""
+    """GET /api/v1/whoami, public: the console asks it whether to show its sign-in form,
+    and whether to offer retries."""
     settings = request.app[SETTINGS]
     try:
         caller: Caller | None = authenticate(request, settings)
@@ -231,33 +207,26 @@ async def whoami(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "actor": caller.actor if caller else None,
-            "level": caller.level if caller else None,
+            "level": shown_level(caller.levels) if caller else None,
             "levels": sorted(level.value for level in caller.levels) if caller else [],
             "auth_mode": settings.auth_mode,
         }
     )
 
 
-# A bridge writes its row every few seconds (SchedulerConfig.heartbeat_seconds, 5): one
+# A bridge writes its row every few seconds (BridgeConfig.heartbeat_seconds, 5): one
 # silent for three of those has died, hangs, or cannot reach the database.
 BRIDGE_SILENT_SECONDS = 15.0
 
 
 async def status(request: web.Request) -> web.Response:
-    """GET /api/v1/status → one glance: jobs and files per status, the outbox's age, what
-    is overdue, the last sweep, this process's bridge (null when it runs none) and every
-    bridge that says it is alive (arm.bridge_instances: what a console whose process runs
-    no bridge shows). Bounded reads, shared by the polls of STATUS_CACHE_SECONDS."""
+    """GET /api/v1/status (http/openapi.json Status), from reads the polls share."""
     app = request.app
-    settings = app[SETTINGS]
-    view, bridges, pacing = await app[METRICS].status_view(settings.ack_timeout_seconds)
-    bridge: dict[str, str] | None = None
-    if BRIDGE_VIEW in app:
-        own = app[BRIDGE_VIEW]
-        bridge = {"name": own.name, "nats": own.nats_state(), "listener": own.listener_status()}
-    elif settings.nats_enabled:
-        bridge = {"nats": "starting", "listener": "starting"}
-    at = view.last_sweep_at
+    view, bridges, pacing = await app[METRICS].status_view()
+    nats, listener = bridge_states(app)
+    bridge = None if nats == "off" else {"nats": nats, "listener": listener}
+    if bridge is not None and BRIDGE_VIEW in app:
+        bridge["name"] = app[BRIDGE_VIEW].name
     return web.json_response(
         {
             "jobs": view.jobs,
@@ -266,7 +235,7 @@ async def status(request: web.Request) -> web.Response:
             "unacked_overdue": view.unacked_overdue,
             "past_deadline_unswept": view.past_deadline_unswept,
             "last_sweep": {
-                "at": at.isoformat() if at else None,
+                "at": view.last_sweep_at.isoformat() if view.last_sweep_at else None,
                 "result": view.last_sweep_result,
                 "error": view.last_sweep_error,
             },
@@ -274,15 +243,10 @@ async def status(request: web.Request) -> web.Response:
             "bridge": bridge,
             "bridges": [
                 {
-                    "name": b.name,
-                    "version": b.version,
+                    **asdict(b),
                     "started_at": b.started_at.isoformat(),
                     "seen_seconds_ago": round(max(0.0, b.seen_seconds_ago), 1),
                     "silent": b.seen_seconds_ago > BRIDGE_SILENT_SECONDS,
-                    "nats": b.nats,
-                    "listener": b.listener,
-                    "loops": b.loops,
-                    "held": b.held,
                 }
                 for b in bridges
             ],
@@ -316,29 +280,17 @@ SERIES_MINUTES = (1, 1440)  # arm.status_series's window: a minute to the day it
 
 
 async def status_series(request: web.Request) -> web.Response:
-    """GET /api/v1/status/series?minutes=60 → the console's charts: one point per sample
-    (a minute apart) of the last `minutes` — jobs finished per outcome since the sample
-    before, queued and the oldest queued age then, the bridges' waits per phase (p50,
-    p99). One bounded read of arm.status_series, shared like the status's."""
+    """GET /api/v1/status/series?minutes=60: the console's charts (http/openapi.json
+    StatusSeries), from a read the polls share."""
     params = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
     unknown = sorted({name for name, _ in params} - {"minutes"})
     if unknown:
-        raise ApiError(
-            400,
-            "VALIDATION_ERROR",
-            f"{unknown[0][:40]}: unknown parameter",
-            {"parameter": unknown[0][:40]},
-        )
+        raise invalid_parameter(unknown[0][:40], "unknown parameter")
     raw = [value for _, value in params] or ["60"]
     low, high = SERIES_MINUTES
     whole = len(raw) == 1 and raw[0].isascii() and raw[0].isdigit() and len(raw[0]) <= 4
     if not whole or not low <= int(raw[0]) <= high:
-        raise ApiError(
-            400,
-            "VALIDATION_ERROR",
-            f"minutes: one whole number from {low} to {high}",
-            {"parameter": "minutes"},
-        )
+        raise invalid_parameter("minutes", f"one whole number from {low} to {high}")
     minutes = int(raw[0])
     points = await request.app[METRICS].status_series(minutes)
     return web.json_response(
@@ -379,7 +331,11 @@ async def _json_body(request: web.Request, required: bool) -> Any:
             seconds,
             extra={"action": "http_timeout"},
         )
-        raise RequestTimeout(seconds) from None
+        raise ApiError(
+            408,
+            "REQUEST_TIMEOUT",
+            f"the request body did not arrive within HTTP_BODY_TIMEOUT_SECONDS={seconds:g}",
+        ) from None
     if not raw.strip():
         if required:
             raise ApiError(400, "INVALID_JSON", "the request needs a JSON body")

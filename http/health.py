@@ -1,15 +1,14 @@
 """The process's own endpoints, on `arm-core serve`'s port and on `arm-core bridge`'s
-health port: GET /healthcheck (as it always was), /livez, /readyz and /metrics. They
-read what the application holds (arm_core.http.keys): the settings, the store, the
-bridge the process runs when it runs one, the shutdown event."""
+health port: GET /healthcheck, /livez, /readyz (docs/containers.md says what each
+answers) and /metrics (arm_core.metrics)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from arm_core.db import DatabaseError, DatabasePoolExhausted
-from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, METRICS, SETTINGS, SHUTDOWN, STORE
-from arm_core.metrics import AppMetrics, BridgeState, certificate_expiries
+from arm_core.http.keys import BRIDGE_VIEW, METRICS, SETTINGS, SHUTDOWN, STORE
+from arm_core.metrics import AppMetrics, certificate_expiries
 from arm_core.version import installed
 
 # What generate_latest writes: the text format 0.0.4, which every Prometheus reads.
@@ -19,9 +18,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINE = ("ok", "off")
 
 
-def _bridge_states(app: web.Application) -> tuple[str, str]:
-    """The bridge's NATS and LISTEN states: `off` without NATS, `starting` before its
-    bridge is up."""
+def bridge_states(app: web.Application) -> tuple[str, str]:
+    """The bridge's NATS and LISTEN states (`starting` before it is up)."""
     if not app[SETTINGS].nats_enabled:
         return "off", "off"
     bridge = app.get(BRIDGE_VIEW)
@@ -31,23 +29,16 @@ def _bridge_states(app: web.Application) -> tuple[str, str]:
 
 
 def _unavailable(exc: Exception) -> str:
-    """The database's state after a failed read: the driver's error names the cause (the
-    store wraps it in DatabaseUnavailable)."""
+    """The database's state after a failed read, named by the driver's error."""
     cause = exc.__cause__ if isinstance(exc, DatabaseError) and exc.__cause__ else exc
     return f"unavailable: {type(cause).__name__}"
 
 
 async def healthcheck(request: web.Request) -> web.Response:
-    """GET /healthcheck: 200 while the process can serve; 503 with the reason when the
-    database is down (`db: unavailable: …`) or no connection of the pool came free in
-    time (`db: pool exhausted: …`).
-
-    `outbox` says "stuck: …" when the oldest job ready to publish has waited longer than
-    OUTBOX_STUCK_SECONDS although NATS is up (or this process runs no bridge and so
-    cannot tell): a job the publisher cannot get out is then visible to any monitor. A
-    job pacing holds back (its pipeline at its limit, or its service away) is not ready
-    (arm.outbox_ready_age); a long burst is not stuck. `version`: the arm-core version
-    the process runs."""
+    """GET /healthcheck: 503 when the database is down or no connection of the pool came
+    free in time. `outbox` is "stuck: …" when the oldest job ready to publish (one pacing
+    does not hold back) has waited over OUTBOX_STUCK_SECONDS although NATS is up, or
+    this process runs no bridge and so cannot tell."""
     app = request.app
     settings = app[SETTINGS]
     db, outbox = "ok", "ok"
@@ -62,24 +53,20 @@ async def healthcheck(request: web.Request) -> web.Response:
         outbox = "unknown"
     except Exception as exc:
         db, outbox = _unavailable(exc), "unknown"
-    nats, _ = _bridge_states(app)
+    nats, _ = bridge_states(app)
     if age is not None and age > settings.outbox_stuck_seconds and nats in FINE:
         outbox = (
             f"stuck: the oldest job ready to publish has waited {age:.0f} s "
             f"(OUTBOX_STUCK_SECONDS={settings.outbox_stuck_seconds:g})"
         )
-    ok = db == "ok" and nats in FINE and outbox == "ok"
-    status = "ok" if ok else "degraded"
+    status = "ok" if db == "ok" and nats in FINE and outbox == "ok" else "degraded"
     body = {"status": status, "db": db, "nats": nats, "outbox": outbox, "version": installed()}
     return web.json_response(body, status=200 if db == "ok" else 503)
 
 
 async def livez(request: web.Request) -> web.Response:
-    """GET /livez: 200 while the event loop answers (it does, to answer) and every loop
-    of the bridge runs or is being restarted; 503 when one crashed past
-    SERVICE_RESTART_LIMIT or has had no heartbeat for LIVENESS_STALL_SECONDS — what a
-    restart of the process fixes. An unreachable database or NATS is not: the process
-    waits for them, and says so in /readyz."""
+    """GET /livez: 503 when a loop of the bridge crashed past SERVICE_RESTART_LIMIT or
+    has had no heartbeat for LIVENESS_STALL_SECONDS (what a restart fixes)."""
     bridge = request.app.get(BRIDGE_VIEW)
     ok, loops = bridge.supervisor.live() if bridge is not None else (True, {})
     body = {"status": "alive" if ok else "dead", "loops": loops}
@@ -87,18 +74,15 @@ async def livez(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """GET /readyz: 200 when the process can do its work now — the database answers;
-    when the bridge runs, NATS is connected and subscribed and its LISTEN session is in
-    place (`listen`: without it the publisher still runs, but a job waits for the next
-    OUTBOX_POLL_SECONDS poll instead of going out at once); and it is not stopping. 503
-    with what is missing otherwise. Nothing a restart would fix."""
+    """GET /readyz: 503, with what is missing, unless the database answers, the bridge
+    (when it runs) has NATS and its LISTEN session, and the process is not stopping."""
     app = request.app
     try:
         await app[STORE].answers(pool_timeout=min(2.0, app[SETTINGS].db_pool_timeout_seconds))
         db = "ok"
     except Exception as exc:
         db = _unavailable(exc)
-    nats, listen = _bridge_states(app)
+    nats, listen = bridge_states(app)
     draining = app[SHUTDOWN].is_set()
     ok = db == "ok" and nats in FINE and listen in FINE and not draining
     status = "ready" if ok else "not_ready"
@@ -107,25 +91,16 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """GET /metrics: this process's counters, the bridge's state when it runs one, and
-    the database's gauges (bounded and cached: arm_core.metrics)."""
     body = await request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def install_health(app: web.Application) -> None:
-    """GET /healthcheck, /livez, /readyz and /metrics on `app`, with the gauges /metrics
-    and GET /api/v1/status read."""
-
-    def bridge_state() -> BridgeState | None:
-        bridge = app.get(BRIDGE_VIEW)
-        return bridge.metrics_state() if bridge is not None else None
-
+    """The four endpoints on `app`, with the gauges /metrics and /api/v1/status read."""
     settings = app[SETTINGS]
     app[METRICS] = AppMetrics(
-        store=lambda: app.get(STORE),
-        bridge=bridge_state,
-        instruments=app[INSTRUMENTS],
+        store=lambda: app[STORE],
+        bridge=lambda: app[BRIDGE_VIEW].metrics_state() if BRIDGE_VIEW in app else None,
         ack_timeout=settings.ack_timeout_seconds,
         certificates=certificate_expiries(settings),
     )

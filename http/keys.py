@@ -1,8 +1,6 @@
 """What an application of `arm-core serve` or `arm-core bridge` holds, under aiohttp's
-typed keys. The process's wiring (arm_core.runtime) puts the store and the bridge in;
-the handlers read them. The API imports neither the wiring nor the bridge:
-it sees the bridge its process runs as a :class:`BridgeView`, which
-arm_core.bridge.runner.Bridge is without naming it."""
+typed keys (arm_core.runtime puts the store and the bridge in). The API does not import
+the bridge: it sees it as a :class:`BridgeView`."""
 
 from __future__ import annotations
 
@@ -12,7 +10,6 @@ from typing import Protocol
 from aiohttp import web
 
 from arm_core.config import Settings
-from arm_core.instruments import Instruments
 from arm_core.metrics import AppMetrics, BridgeState
 from arm_core.store import Store
 
@@ -22,11 +19,9 @@ class Liveness(Protocol):
 
 
 class BridgeView(Protocol):
-    """What the API reads of its process's bridge: its name, its NATS and LISTEN states
-    (`ok` when working), its loops (GET /livez) and its gauges (GET /metrics)."""
+    """What the API reads of its process's bridge (arm_core.bridge.runner.Bridge)."""
 
-    @property
-    def name(self) -> str: ...
+    name: str
 
     @property
     def supervisor(self) -> Liveness: ...
@@ -39,12 +34,11 @@ class BridgeView(Protocol):
 
 
 SETTINGS = web.AppKey("settings", Settings)
-# The process's metrics, outage and pool exhaustion, handed to its Store and bridge.
-INSTRUMENTS = web.AppKey("instruments", Instruments)
 STORE = web.AppKey("store", Store)
 # The bridge this process runs, from its start on (absent: none, or not started yet).
 BRIDGE_VIEW: web.AppKey[BridgeView] = web.AppKey("bridge_view")
-# The gauges of GET /metrics and the cached status of GET /api/v1/status.
+# The gauges of GET /metrics, the cached status of GET /api/v1/status, and the process's
+# instruments (its counters, outage and pool exhaustion), handed to its Store and bridge.
 METRICS = web.AppKey("metrics", AppMetrics)
 # Set to stop the process (arm_core.http.server.run): by SIGINT or SIGTERM, or by the
 # bridge when it cannot go on (its `fatal` then makes the command exit 2).

@@ -12,7 +12,7 @@
 -- lock the job, then the file). A retry of many files (retry_files_v3) can: it holds the
 -- files it has passed while it waits for the next, and a batch of the inbox updates its
 -- files in no set order. PostgreSQL then rolls one of the two back; the API's store and
--- the bridge's send that call again (src/arm_core/pooled.py), a DBA's SQL sees the
+-- the bridge's send that call again (src/arm_core/store.py), a DBA's SQL sees the
 -- error (40P01) and runs it again.
 --
 -- Outcomes: retried | not_found | not_retryable, with a reason for not_retryable:

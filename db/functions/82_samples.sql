@@ -3,7 +3,7 @@
 --   SELECT * FROM arm.status_series(60);
 -- arm.sample_status() runs every minute from the schedule (periodic task sample_status);
 -- the bridges add their observed waits with arm.record_waits() every 15 s
--- (bridge/scheduler.py, SchedulerConfig.wait_sample_seconds).
+-- (bridge/scheduler.py, BridgeConfig.wait_sample_seconds).
 
 -- The upper bounds of the wait buckets, in seconds: those of the histogram
 -- arm_job_wait_seconds (src/arm_core/instruments.py JOB_WAIT_BUCKETS;

@@ -1,14 +1,5 @@
-"""Who may do what over HTTP: three access levels, granted by a token's level (AUTH_MODE=
-token) or by the caller's groups (AUTH_MODE=header with AUTH_GROUPS_HEADER).
-
-- ``viewer``: everything that reads — the file list, a file, the status and its
-  series, the console;
-- ``operator``: a viewer who may also retry files, one or many;
-- ``metrics``: GET /metrics only (a scraper's token).
-
-A caller holds a set of these. An API_TOKENS entry without a level, every caller of
-AUTH_MODE=none and every caller of AUTH_MODE=header without a groups header hold all
-three: what every caller could do before levels existed.
+"""Who may do what over HTTP: the access levels a caller holds a set of
+(docs/security.md#access-levels).
 """
 
 from __future__ import annotations
@@ -35,9 +26,6 @@ GRANTS: dict[Level, frozenset[str]] = {
 NEEDED: dict[str, Level] = {"read": Level.VIEWER, "retry": Level.OPERATOR, "metrics": Level.METRICS}
 EVERY_LEVEL = frozenset(Level)
 
-# METRICS_AUTH: what GET /metrics asks of its caller.
-METRICS_AUTH_MODES = ("level", "any", "none")
-
 
 class ApiToken(NamedTuple):
     """One API_TOKENS entry: `actor:level=token`, or `actor=token` (level None: every
@@ -60,7 +48,5 @@ def may(levels: frozenset[Level], permission: str) -> bool:
 def shown_level(levels: frozenset[Level]) -> str | None:
     """The one level to show for a caller (the console's "signed in as … (level)"): the
     highest of the API's levels it holds, else metrics; None for no level."""
-    for level in (Level.OPERATOR, Level.VIEWER, Level.METRICS):
-        if level in levels:
-            return level.value
-    return None
+    order = (Level.OPERATOR, Level.VIEWER, Level.METRICS)
+    return next((level.value for level in order if level in levels), None)

@@ -177,27 +177,13 @@ COMMANDS: dict[str, tuple[str, Callable[[Settings], int]]] = {
 }
 
 
-class _Version(argparse.Action):
-    """--version, reading the installed version only when asked (argparse's own
-    "version" action wants the text when the parser is built, at every command)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS) -> None:
-        super().__init__(
-            option_strings, dest, default=argparse.SUPPRESS, nargs=0, help="print the version"
-        )
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        print(f"arm-core {installed()}")
-        parser.exit()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="arm-core",
         description="arm-core recognition job exchange. Configuration is read from the "
         "environment (see docs/configuration.md).",
     )
-    parser.add_argument("--version", action=_Version)
+    parser.add_argument("--version", action="version", version=f"arm-core {installed()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, _) in COMMANDS.items():
         sub.add_parser(name, help=help_text, description=help_text)

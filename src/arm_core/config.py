@@ -1,15 +1,11 @@
 """Configuration from the environment: :class:`Settings`, one pydantic-settings model.
 
 Each variable is one field, written once: its type, its parser, its default, and its
-meaning (the description docs/configuration.md shows, written by `make docs`). The rules
-that span several variables are its validator. :meth:`Settings.from_env` reads them all
-at start; a bad value raises :class:`ConfigError` whose message names the variable and
-quotes no secret, so a misconfigured container stops at once (exit 2) and says why.
-
-A Settings made in code (tests, tools) is taken as given: only from_env checks the
-start-time rules (the tests run with periods no deployment would want). Secrets are
-masked in messages and in ``repr`` (arm_core.redaction); the NATS seed and JWT are
-checked by arm_core.nats_credentials, the TLS files by arm_core.tls.
+meaning (docs/configuration.md, written by `make docs`); the rules that span several are
+its validator. :meth:`Settings.from_env` reads them at start; a bad value raises
+:class:`ConfigError` naming the variable and quoting no secret (exit 2). A Settings made
+in code (tests, tools) is taken as given: the tests run with periods no deployment would
+want.
 """
 
 from __future__ import annotations
@@ -37,40 +33,34 @@ from pydantic import (
 from pydantic.json_schema import JsonDict
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from arm_core.access import LEVELS, METRICS_AUTH_MODES, ApiToken, Level
+from arm_core.access import LEVELS, ApiToken, Level
 from arm_core.config_error import ConfigError
-from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair, parse_jwt, parse_seed
+from arm_core.nats_credentials import JWT_VAR, SEED_VAR, nats_keypair
 from arm_core.redaction import mask_url, mask_urls_in, url_secrets
-from arm_core.tls import https_server_context, nats_client_context
+from arm_core.tls import check_certificates, load_pair
 
 N = TypeVar("N", int, float)
 
 # --- parsers: the raw text of a variable → its value, or ValueError saying why (the
 # variable's name is put in front of the message by from_env; no secret is quoted) ---
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
-
-def parse_bool(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value not in _TRUE | _FALSE:
-        raise ValueError(f"expected true or false, got {raw!r}")
-    return value in _TRUE
-
-
-def number(kind: Callable[[str], N], minimum: float | None = None) -> Callable[[str], N]:
+def number(
+    kind: Callable[[str], N], minimum: float | None = None, maximum: float | None = None
+) -> Callable[[str], N]:
     """An int or float parser; nan and inf are not numbers here."""
 
     def parse(raw: str) -> N:
         try:
             value = kind(raw.strip())
+            if not math.isfinite(value):
+                raise ValueError
         except ValueError:
             raise ValueError(f"expected a number, got {raw!r}") from None
-        if not math.isfinite(value):
-            raise ValueError(f"expected a number, got {raw!r}")
         if minimum is not None and value < minimum:
             raise ValueError(f"must be at least {minimum}, got {raw!r}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be at most {maximum}, got {raw!r}")
         return value
 
     return parse
@@ -90,17 +80,8 @@ def one_of(
     return parse
 
 
-def parse_port(raw: str) -> int:
-    value = number(int, 0)(raw)
-    if value > 65535:
-        raise ValueError(f"not a TCP port: {raw!r}")
-    return value
-
-
 def parse_database_url(raw: str) -> str:
-    """A libpq connection string: a postgresql:// URL (several hosts allowed, as
-    host1:5432,host2:5432 with target_session_attrs=read-write) or the key=value form
-    (host=a,b port=5432,5432 dbname=arm …)."""
+    """A libpq connection string: a postgresql:// URL or the key=value form."""
     value = raw.strip()
     scheme, sep, _ = value.partition("://")
     is_url, is_keywords = bool(sep), not sep and "=" in value
@@ -121,34 +102,25 @@ def parse_database_url(raw: str) -> str:
     return value
 
 
-# What DATABASE_URL goes through (DATABASE_POOLER): PostgreSQL itself — or a pooler that
-# keeps a client's server session while it stays connected (PgBouncer's pool_mode =
-# session), which is the same to arm-core — or one that gives a client a server session
-# per transaction (pool_mode = transaction). Said, not detected: PgBouncer does not tell
-# a client it is there (a regular connection's SHOW pool_mode reaches PostgreSQL, which
-# knows no such setting; only its admin console answers, to its admin users), other
-# poolers answer differently again, and one client seeing the same backend twice proves
-# nothing.
+# DATABASE_POOLER's values. Said, not detected: PgBouncer does not tell a client it is
+# there (a regular connection's SHOW pool_mode reaches PostgreSQL; only its admin console
+# answers), other poolers answer differently again, and one client seeing the same
+# backend twice proves nothing.
 POOLERS = ("none", "transaction")
 
 
+_REFUSED_POOLERS = {
+    "statement": "statement pooling cannot work: the bridge's transactions span several "
+    "statements (the publisher's claim, NATS's confirmation, the commit); use "
+    "pool_mode = transaction",
+    "session": "a session pooler is the same to arm-core as PostgreSQL itself: leave "
+    "DATABASE_POOLER unset (none); see docs/dbas.md#through-pgbouncer for its startup options",
+}
+
+
 def parse_pooler(raw: str) -> str:
-    """One of POOLERS. A statement pooler is refused by name (the publisher holds a
-    transaction across statements while NATS confirms the batch), and so is `session`,
-    which needs nothing: arm-core treats it as PostgreSQL itself."""
-    value = raw.strip().lower()
-    if value == "statement":
-        raise ValueError(
-            "statement pooling cannot work: the bridge's transactions span several "
-            "statements (the publisher's claim, NATS's confirmation, the commit); use "
-            "pool_mode = transaction"
-        )
-    if value == "session":
-        raise ValueError(
-            "a session pooler is the same to arm-core as PostgreSQL itself: leave "
-            "DATABASE_POOLER unset (none); see docs/dbas.md#through-pgbouncer for its "
-            "startup options"
-        )
+    if refused := _REFUSED_POOLERS.get(raw.strip().lower()):
+        raise ValueError(refused)
     return one_of(POOLERS)(raw)
 
 
@@ -178,18 +150,16 @@ def parse_nats_urls(raw: str) -> tuple[str, ...]:
     return urls
 
 
-def parse_subject(raw: str) -> str:
-    value = raw.strip()
-    if not value or any(c.isspace() for c in value) or value.startswith(".") or ".." in value:
-        raise ValueError(f"not a NATS subject: {raw!r}")
-    return value
+def matching(pattern: str, what: str) -> Callable[[str], str]:
+    """A parser of a name that must match `pattern` whole, after stripping."""
 
+    def parse(raw: str) -> str:
+        value = raw.strip()
+        if not re.fullmatch(pattern, value):
+            raise ValueError(f"not {what}: {raw!r}")
+        return value
 
-def parse_header(raw: str) -> str:
-    value = raw.strip()
-    if not value or not all(c.isalnum() or c == "-" for c in value):
-        raise ValueError(f"not an HTTP header name: {raw!r}")
-    return value
+    return parse
 
 
 AUTH_MODES = ("none", "token", "header")
@@ -240,28 +210,12 @@ def parse_groups(raw: str) -> frozenset[str]:
 
 # A JetStream stream or consumer name: what every server version accepts (no `.`, `*`,
 # `>`, path separators or spaces).
-_JS_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_JS_NAME = r"[A-Za-z0-9_-]{1,64}"
 
 
-def parse_stream_name(raw: str) -> str:
-    value = raw.strip()
-    if not _JS_NAME.fullmatch(value):
-        raise ValueError(f"not a JetStream stream name (1 to 64 of A-Z a-z 0-9 _ -): {raw!r}")
-    return value
-
-
-def parse_replicas(raw: str) -> int:
-    value = number(int, 1)(raw)
-    if value > 5:
-        raise ValueError(f"JetStream keeps 1 to 5 replicas, got {raw!r}")
-    return value
-
-
-# Connections of the pool kept beside the bridge's loops for the API's requests,
-# /healthcheck and /metrics (and `arm-core bridge`'s health port): each holds one for a
-# statement of a few milliseconds, so four let a health check and a scrape run beside
-# two requests before a request waits (DATABASE_POOL_TIMEOUT_SECONDS); a burst beyond
-# that waits its turn rather than costing the server more sessions.
+# The pool's connections beside the bridge's loops (DATABASE_POOL_MAX_SIZE): each request,
+# check or scrape holds one for a few milliseconds, so four let a health check and a scrape
+# run beside two requests; a burst beyond that waits its turn rather than costing sessions.
 POOL_RESERVE = 4
 
 # The longest the processes sit idle inside a transaction on purpose: the publisher
@@ -269,28 +223,20 @@ POOL_RESERVE = 4
 # confirm: two flushes of up to CONFIRM_FLUSH_SECONDS each) before it commits.
 CONFIRM_FLUSH_SECONDS = 5
 PUBLISH_CONFIRM_SECONDS = 2 * CONFIRM_FLUSH_SECONDS
-# idle_in_transaction_session_timeout of every session the processes open (the pool's,
-# the LISTEN connection's, migrate's: arm_core.db.connection_options): twice the
-# publisher's longest legitimate idle, so a slow NATS never gets a healthy publish's
-# session ended, and well under a minute, so the session of a process whose network path
-# went silent mid-transaction gives back its snapshot and row locks within seconds
-# instead of hours.
+# DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS' default: twice the publisher's longest
+# legitimate idle, so a slow NATS never gets a healthy publish's session ended, and well
+# under a minute, so a session cut off mid-transaction gives back its locks in seconds.
 IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = 20.0
-# PostgreSQL takes the timeout in milliseconds, as a 32-bit integer (about 24.8 days).
-_PG_MAX_MILLISECONDS = 2**31 - 1
 
 
 def parse_idle_in_transaction(raw: str) -> float:
-    """0 (leave the server's setting), or more than the publisher's wait for NATS inside
-    its transaction and within what PostgreSQL takes."""
-    value = number(float, 0)(raw)
+    # At most what PostgreSQL takes: milliseconds as a 32-bit integer (about 24.8 days).
+    value = number(float, 0, (2**31 - 1) // 1000)(raw)
     if 0 < value <= PUBLISH_CONFIRM_SECONDS:
         raise ValueError(
             f"must be 0 (the server's setting) or more than {PUBLISH_CONFIRM_SECONDS:g} s, "
             f"the publisher's wait for NATS's confirmation inside its transaction, got {raw!r}"
         )
-    if value * 1000 > _PG_MAX_MILLISECONDS:
-        raise ValueError(f"at most {_PG_MAX_MILLISECONDS // 1000} s, got {raw!r}")
     return value
 
 
@@ -308,19 +254,19 @@ def parsed(parse: Callable[[str], Any]) -> BeforeValidator:
     )
 
 
-def _stripped(raw: str) -> str:
-    return raw.strip()
-
-
 # The kinds of value most variables are.
-Flag = Annotated[bool, parsed(parse_bool)]
+Flag = Annotated[bool, parsed(str.strip)]  # pydantic's: true, false, 1, 0, yes, no, on, off
 Seconds = Annotated[float, parsed(number(float, 0.001))]
 Count = Annotated[int, parsed(number(int, 1))]
-Port = Annotated[int, parsed(parse_port)]
-Subject = Annotated[str, parsed(parse_subject)]
-Header = Annotated[str, parsed(parse_header)]
+Natural = Annotated[int, parsed(number(int, 0))]  # a count that may be 0
+Kibibytes = Annotated[int, parsed(number(int, 1024))]  # a size in bytes, at least 1 KiB
+LongSeconds = Annotated[float, parsed(number(float, 1))]  # a second or more
+Port = Annotated[int, parsed(number(int, 0, 65535))]
+# No space and no empty token but a last one: "a.b" and "a.", not ".a", "a..b" or "a b".
+Subject = Annotated[str, parsed(matching(r"[^\s.]+(\.[^\s.]+)*\.?", "a NATS subject"))]
+Header = Annotated[str, parsed(matching(r"([^\W_]|-)+", "an HTTP header name"))]
 Groups = Annotated[frozenset[str], parsed(parse_groups)]
-FilePath = Annotated[str, parsed(_stripped)]  # read and checked by arm_core.tls at start
+Stripped = Annotated[str, parsed(str.strip)]
 DatabaseUrl = Annotated[str | None, parsed(parse_database_url)]
 
 # An empty variable counts as not given, but for a field with this in json_schema_extra.
@@ -330,10 +276,9 @@ BLANK_IS_A_VALUE: JsonDict = {"blank_is_a_value": True}
 def _config_error(exc: ValidationError) -> ConfigError:
     """The first error, as `VARIABLE: what is wrong`."""
     error = exc.errors()[0]
-    cause = error.get("ctx", {}).get("error")
-    said = str(cause) if cause is not None else error["msg"]
-    name = ".".join(str(part) for part in error["loc"])
-    return ConfigError(said if not name or said.startswith(f"{name}: ") else f"{name}: {said}")
+    said = str(error.get("ctx", {}).get("error") or error["msg"])  # a parser's words
+    name = ".".join(str(part) for part in error["loc"])  # empty: a rule of several
+    return ConfigError(f"{name}: {said}" if name else said)
 
 
 class EnvSettings(BaseSettings):
@@ -363,9 +308,8 @@ class EnvSettings(BaseSettings):
 
     @classmethod
     def _read(cls, environ: Mapping[str, str] | None, **given: Any) -> Self:
-        """Reads every variable of `environ` (os.environ by default) a field names, and
-        checks the rules that span several; raises ConfigError naming the first bad one.
-        A blank value counts as not given. `given`: fields that are no variable."""
+        """Every variable of `environ` a field names (a blank one is not given), checked;
+        ConfigError names the first bad one. `given`: fields that are no variable."""
         environ = os.environ if environ is None else environ
         for field in cls.model_fields.values():
             name = field.alias or ""
@@ -390,6 +334,7 @@ class EnvSettings(BaseSettings):
 
 # The defaults the pool's size is computed from (DATABASE_POOL_MAX_SIZE's meaning).
 _PUBLISHERS, _INBOX_WORKERS = 2, 2
+_DEFAULT_POOL = _PUBLISHERS + _INBOX_WORKERS + 1 + POOL_RESERVE
 
 
 class Settings(EnvSettings):
@@ -397,8 +342,7 @@ class Settings(EnvSettings):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
-        """Every variable of `environ` (os.environ by default), checked; ConfigError
-        names the first bad one."""
+        """Every variable of `environ` (os.environ by default), checked."""
         return cls._read(environ)
 
     database_url: DatabaseUrl = Field(None, alias="DATABASE_URL")
@@ -425,42 +369,37 @@ class Settings(EnvSettings):
     refused: [Through PgBouncer](dbas.md#through-pgbouncer)"""
     db_pool_timeout_seconds: Seconds = Field(5.0, alias="DATABASE_POOL_TIMEOUT_SECONDS")
     """how long a request waits for a database connection before 503"""
-    db_pool_max_size: Annotated[int | None, parsed(number(int, 1))] = Field(
+    db_pool_max_size: Count | None = Field(
         None,
         alias="DATABASE_POOL_MAX_SIZE",
-        description="the most connections the process's pool opens, shared by "
-        "the API's requests, `/healthcheck`, `/metrics` and the bridge's loops. Unset: with "
-        "`NATS_ENABLED=true`, `OUTBOX_PUBLISHERS + INBOX_WORKERS + 1 + "
-        f"{POOL_RESERVE}` (one connection per publisher and per inbox worker, one for the "
-        f"schedule runner, {POOL_RESERVE} for the API, health checks and scrapes), which is "
-        f"{_PUBLISHERS + _INBOX_WORKERS + 1 + POOL_RESERVE} with the defaults; with "
-        f"`NATS_ENABLED=false`, {POOL_RESERVE}. Not from the pool: the bridge's "
-        "LISTEN connection and `arm-core migrate`'s, one each. A value below the bridge's "
-        "loops plus 1 stops the process at start (exit 2). A request that finds every "
-        "connection in use for `DATABASE_POOL_TIMEOUT_SECONDS` gets `503 "
-        "DATABASE_POOL_EXHAUSTED` (not an outage: [Logs](logs-and-metrics.md#logs)). Every "
-        "process opens up to this "
-        "many sessions plus its LISTEN one: keep their sum under the server's "
-        "`max_connections`",
-        json_schema_extra={
-            "shown_default": f"{_PUBLISHERS + _INBOX_WORKERS + 1 + POOL_RESERVE} (computed)"
-        },
+        description="the most connections the process's pool opens, shared by the API's requests, "
+        "`/healthcheck`, `/metrics` and the bridge's loops. Unset: with `NATS_ENABLED=true`, "
+        f"`OUTBOX_PUBLISHERS + INBOX_WORKERS + 1 + {POOL_RESERVE}` (one connection per publisher "
+        f"and per inbox worker, one for the schedule runner, {POOL_RESERVE} for the API, health "
+        f"checks and scrapes), which is {_DEFAULT_POOL} with the defaults; with "
+        f"`NATS_ENABLED=false`, {POOL_RESERVE}. Not from the pool: the bridge's LISTEN connection "
+        "and `arm-core migrate`'s, one each. A value below the bridge's loops plus 1 stops the "
+        "process at start (exit 2). A request that finds every connection in use for "
+        "`DATABASE_POOL_TIMEOUT_SECONDS` gets `503 DATABASE_POOL_EXHAUSTED` (not an outage: "
+        "[Logs](logs-and-metrics.md#logs)). Every process opens up to this many sessions plus "
+        "its LISTEN one: keep their sum under the server's `max_connections`",
+        json_schema_extra={"shown_default": f"{_DEFAULT_POOL} (computed)"},
     )
     db_idle_in_transaction_timeout_seconds: Annotated[float, parsed(parse_idle_in_transaction)] = (
         Field(
             IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
             alias="DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS",
-            description="every session the processes open (the "
-            "pool's — not through a transaction pooler: `DATABASE_POOLER` —, the bridge's LISTEN "
-            "connection, `arm-core migrate`'s) sets PostgreSQL's "
-            "`idle_in_transaction_session_timeout` to this, so the server ends a session left "
-            "idle inside a transaction that long (a process whose network path to PostgreSQL went "
-            "silent mid-transaction no longer holds its snapshot and row locks for hours); above "
-            "the publisher's longest wait inside a transaction, NATS's confirmation "
-            f"({PUBLISH_CONFIRM_SECONDS:g} s), or the process stops at start (exit 2). `0`: "
-            "the server's setting. A `DATABASE_URL` whose `options` set it (`options=-c "
-            "idle_in_transaction_session_timeout=…`) wins; its other options are kept. See also "
-            "the server's TCP keepalives: [For DBAs](dbas.md#connections-and-dead-clients)",
+            description="every session the processes open (the pool's — not through a "
+            "transaction pooler: `DATABASE_POOLER` —, the bridge's LISTEN connection, `arm-core "
+            "migrate`'s) sets PostgreSQL's `idle_in_transaction_session_timeout` to this, so the "
+            "server ends a session left idle inside a transaction that long (a process whose "
+            "network path to PostgreSQL went silent mid-transaction no longer holds its snapshot "
+            "and row locks for hours); above the publisher's longest wait inside a transaction, "
+            f"NATS's confirmation ({PUBLISH_CONFIRM_SECONDS:g} s), or the process stops at start "
+            "(exit 2). `0`: the server's setting. A `DATABASE_URL` whose `options` set it "
+            "(`options=-c idle_in_transaction_session_timeout=…`) wins; its other options are "
+            "kept. See also the server's TCP keepalives: "
+            "[For DBAs](dbas.md#connections-and-dead-clients)",
         )
     )
     nats_urls: Annotated[tuple[str, ...], parsed(parse_nats_urls)] = Field(
@@ -475,10 +414,10 @@ class Settings(EnvSettings):
     log_format: Annotated[str, parsed(one_of(("text", "json")))] = Field("text", alias="LOG_FORMAT")
     """`text` (key=value lines for people) or `json` (one JSON object a line, for Loki/ELK); see
     [Logs](logs-and-metrics.md#logs)"""
-    nats_seed: Annotated[SecretStr, parsed(parse_seed)] = Field(SecretStr(""), alias=SEED_VAR)
+    nats_seed: Annotated[SecretStr, parsed(str.strip)] = Field(SecretStr(""), alias=SEED_VAR)
     """a user nkey seed (`SU…`): alone, nkey auth; with `OPENBAO__NATS__NATS_JWT`, JWT auth; both
     empty: no credentials (checked at start, see above)"""
-    nats_jwt: Annotated[SecretStr, parsed(parse_jwt)] = Field(SecretStr(""), alias=JWT_VAR)
+    nats_jwt: Annotated[SecretStr, parsed(str.strip)] = Field(SecretStr(""), alias=JWT_VAR)
     """the user JWT issued to the seed's key, for JWT auth; needs `OPENBAO__NATS__NATS_SEED`
     (checked at start, see above)"""
     outbox_poll_seconds: Seconds = Field(5.0, alias="OUTBOX_POLL_SECONDS")
@@ -490,9 +429,7 @@ class Settings(EnvSettings):
     confirmation)"""
     ack_timeout_seconds: Seconds = Field(30.0, alias="ACK_TIMEOUT_SECONDS")
     """republish after this long without an ack"""
-    outbox_max_republish: Annotated[int, parsed(number(int, 0))] = Field(
-        3, alias="OUTBOX_MAX_REPUBLISH"
-    )
+    outbox_max_republish: Natural = Field(3, alias="OUTBOX_MAX_REPUBLISH")
     """republishes before `dlq`"""
     pacing: Annotated[str, parsed(one_of(("auto", "fixed", "off")))] = Field("auto", alias="PACING")
     """how many jobs of a pipeline its service holds at once (docs/pacing.md): `auto` adapts the
@@ -508,9 +445,7 @@ class Settings(EnvSettings):
     """as TABULAR_MIN_IN_FLIGHT, for the image pipeline"""
     image_max_in_flight: Count = Field(1000, alias="IMAGE_MAX_IN_FLIGHT")
     """as TABULAR_MAX_IN_FLIGHT, for the image pipeline"""
-    timeout_sweep_seconds: Annotated[float, parsed(number(float, 1))] = Field(
-        30.0, alias="TIMEOUT_SWEEP_SECONDS"
-    )
+    timeout_sweep_seconds: LongSeconds = Field(30.0, alias="TIMEOUT_SWEEP_SECONDS")
     """sweep period; when set, written to `arm.periodic_task` once the bridge reaches the
     database (otherwise a DBA's value stands)"""
     schedule_tick_seconds: Seconds = Field(1.0, alias="SCHEDULE_TICK_SECONDS")
@@ -522,9 +457,7 @@ class Settings(EnvSettings):
     default_max_attempts: Count = Field(3, alias="DEFAULT_MAX_ATTEMPTS")
     """`max_attempts` of new uploads; when set, `arm-core migrate` writes it to `arm.setting`
     (otherwise the stored value, 3 at first, stands)"""
-    http_host: Annotated[str, parsed(_stripped)] = Field(
-        "127.0.0.1", alias="HTTP_HOST", json_schema_extra=BLANK_IS_A_VALUE
-    )
+    http_host: Stripped = Field("127.0.0.1", alias="HTTP_HOST", json_schema_extra=BLANK_IS_A_VALUE)
     """API listen address (and of the bridge's health port); off loopback, `serve` needs
     `AUTH_MODE` `token` or `header`, or `AUTH_ALLOW_ANONYMOUS=true`"""
     http_port: Port = Field(8080, alias="HTTP_PORT")
@@ -541,9 +474,7 @@ class Settings(EnvSettings):
     """inbox subject (acks and results)"""
     nats_queue_group: Subject = Field("arm-core", alias="NATS_QUEUE_GROUP")
     """inbox queue group (and, with `RESULTS_STREAM`, the durable consumer's name)"""
-    inbox_max_payload_bytes: Annotated[int, parsed(number(int, 1024))] = Field(
-        1 << 20, alias="INBOX_MAX_PAYLOAD_BYTES"
-    )
+    inbox_max_payload_bytes: Kibibytes = Field(1 << 20, alias="INBOX_MAX_PAYLOAD_BYTES")
     """larger envelopes are dropped (logged)"""
     inbox_buffer_size: Count = Field(10_000, alias="INBOX_BUFFER_SIZE")
     """envelopes the inbox's buffers hold, at most, while a worker is behind or the database is
@@ -567,9 +498,7 @@ class Settings(EnvSettings):
     `degraded`, `outbox: stuck: …`"""
     retry_batch_max: Count = Field(1000, alias="RETRY_BATCH_MAX")
     """most file ids in one batch retry"""
-    http_max_body_bytes: Annotated[int, parsed(number(int, 1024))] = Field(
-        256 * 1024, alias="HTTP_MAX_BODY_BYTES"
-    )
+    http_max_body_bytes: Kibibytes = Field(256 * 1024, alias="HTTP_MAX_BODY_BYTES")
     """larger request bodies get 413"""
     http_header_timeout_seconds: Seconds = Field(10.0, alias="HTTP_HEADER_TIMEOUT_SECONDS")
     """a connection must deliver a complete request line and headers within this of its opening
@@ -592,14 +521,13 @@ class Settings(EnvSettings):
         alias="API_TOKENS",
         description="`actor:level=token,actor2:level=token2` for `AUTH_MODE=token`: level "
         f"{', '.join(f'`{level}`' for level in LEVELS)}, tokens of 16+ characters, no token "
-        "twice. An entry without `:level` holds every level (logged at start, "
-        "`action=deprecated`) until 2.0, which refuses it "
-        "([Access levels](security.md#access-levels))",
+        "twice. An entry without `:level` holds every level (logged at start, `action=deprecated`) "
+        "until 2.0, which refuses it ([Access levels](security.md#access-levels))",
     )
     auth_header: Header = Field("X-Forwarded-User", alias="AUTH_HEADER")
     """identity header set by an authenticating proxy, for `AUTH_MODE=header` (only behind such a
     proxy: anyone reaching the port directly can claim any identity)"""
-    auth_groups_header: Annotated[str, parsed(parse_header)] = Field("", alias="AUTH_GROUPS_HEADER")
+    auth_groups_header: Header = Field("", alias="AUTH_GROUPS_HEADER")
     """`AUTH_MODE=header` only: the header in which the proxy lists the caller's groups,
     comma-separated (oauth2-proxy: `X-Forwarded-Groups`); set, a caller's groups give its levels
     and a caller in none of the groups below gets 403; empty: every identified caller holds every
@@ -614,22 +542,24 @@ class Settings(EnvSettings):
     auth_metrics_groups: Groups = Field(frozenset(), alias="AUTH_METRICS_GROUPS")
     """groups (comma-separated) whose members hold `metrics`: `GET /metrics` only; needs
     `AUTH_GROUPS_HEADER`"""
-    metrics_auth: Annotated[str, parsed(one_of(METRICS_AUTH_MODES))] = Field(
+    metrics_auth: Annotated[str, parsed(one_of(("level", "any", "none")))] = Field(
         "level", alias="METRICS_AUTH"
     )
     """what `GET /metrics` of `serve` asks: `level`, a caller of level `metrics` (anyone with
     `AUTH_MODE=none`); `any`, any caller the API accepts; `none`, no credentials (a scrape on a
     private network). The probes never ask, nor does the bridge's health port"""
-    results_stream: Annotated[str, parsed(parse_stream_name)] = Field("", alias="RESULTS_STREAM")
+    results_stream: Annotated[
+        str, parsed(matching(_JS_NAME, "a JetStream stream name (1 to 64 of A-Z a-z 0-9 _ -)"))
+    ] = Field("", alias="RESULTS_STREAM")
     """the name of a JetStream stream that captures `RESULT_SUBJECT`; the core consumes it
     through one durable consumer named `NATS_QUEUE_GROUP` (see [The results
     stream](not-losing-answers.md#the-results-stream)). Needs a server with JetStream: without it
     the process exits 2 naming `RESULTS_STREAM`. Empty: off"""
-    results_stream_replicas: Annotated[int, parsed(parse_replicas)] = Field(
+    results_stream_replicas: Annotated[int, parsed(number(int, 1, 5))] = Field(
         1, alias="RESULTS_STREAM_REPLICAS"
     )
     """replicas (1–5) of the stream the core creates"""
-    results_stream_max_age_seconds: Annotated[float, parsed(number(float, 1))] = Field(
+    results_stream_max_age_seconds: LongSeconds = Field(
         7 * 24 * 3600.0, alias="RESULTS_STREAM_MAX_AGE_SECONDS"
     )
     """the stream removes a message older than this, applied or not (the default is 7 days; by
@@ -642,7 +572,7 @@ class Settings(EnvSettings):
     when full, the stream refuses new answers ([the stream's
     bounds](not-losing-answers.md#the-streams-bounds)). The server reserves it from its
     `max_file_store` ([Capacity](capacity.md#the-results-stream))"""
-    results_stream_ack_wait_seconds: Annotated[float | None, parsed(number(float, 1))] = Field(
+    results_stream_ack_wait_seconds: LongSeconds | None = Field(
         None, alias="RESULTS_STREAM_ACK_WAIT_SECONDS", json_schema_extra={"shown_default": "30"}
     )
     """how long the stream waits for a bridge to settle an answer it delivered before it delivers
@@ -671,14 +601,14 @@ class Settings(EnvSettings):
     again, so that what services published with core NATS while the stream had none is not lost
     (duplicates are ignored; [Not losing answers](not-losing-answers.md#on-a-nats-cluster)); `0`:
     off"""
-    nats_tls_ca_file: FilePath = Field("", alias="NATS_TLS_CA_FILE")
+    nats_tls_ca_file: Stripped = Field("", alias="NATS_TLS_CA_FILE")
     """PEM file of the CA(s) that signed the NATS servers' certificates (a private CA); empty:
     the system's CAs. Setting any `NATS_TLS_*` (or a `tls://` URL) makes every NATS connection
     verify the server's certificate and name, TLS 1.2 or later"""
-    nats_tls_cert_file: FilePath = Field("", alias="NATS_TLS_CERT_FILE")
+    nats_tls_cert_file: Stripped = Field("", alias="NATS_TLS_CERT_FILE")
     """PEM client certificate (with its chain) for servers that verify clients (mutual TLS);
     needs `NATS_TLS_KEY_FILE`"""
-    nats_tls_key_file: FilePath = Field("", alias="NATS_TLS_KEY_FILE")
+    nats_tls_key_file: Stripped = Field("", alias="NATS_TLS_KEY_FILE")
     """PEM private key of `NATS_TLS_CERT_FILE`, unencrypted, in a file only this process's user
     may read"""
     nats_tls_handshake_first: Flag = Field(False, alias="NATS_TLS_HANDSHAKE_FIRST")
@@ -686,14 +616,12 @@ class Settings(EnvSettings):
     in clear, whatever answers at the address (the servers need `tls { handshake_first: true }`,
     nats-server 2.10.4 or later). `false`: TLS when the server announces it requires TLS, as
     every server with a `tls` block does"""
-    http_tls_cert_file: FilePath = Field("", alias="HTTP_TLS_CERT_FILE")
+    http_tls_cert_file: Stripped = Field("", alias="HTTP_TLS_CERT_FILE")
     """PEM certificate (with its chain): `serve` and the bridge's health port answer HTTPS only
     (TLS 1.2 or later); empty: plain HTTP, for a TLS-terminating proxy in front"""
-    http_tls_key_file: FilePath = Field("", alias="HTTP_TLS_KEY_FILE")
+    http_tls_key_file: Stripped = Field("", alias="HTTP_TLS_KEY_FILE")
     """PEM private key of `HTTP_TLS_CERT_FILE`, unencrypted"""
-    service_restart_limit: Annotated[int, parsed(number(int, 0))] = Field(
-        5, alias="SERVICE_RESTART_LIMIT"
-    )
+    service_restart_limit: Natural = Field(5, alias="SERVICE_RESTART_LIMIT")
     """a loop of the bridge (publisher, an inbox worker, the listener, the schedule, the results
     stream's fetch or replay) that raises what it does not handle is logged
     (`action=service_crashed`) and restarted; one more crash than this within
@@ -701,9 +629,7 @@ class Settings(EnvSettings):
     1, for its supervisor to start a fresh one"""
     service_restart_window_seconds: Seconds = Field(300.0, alias="SERVICE_RESTART_WINDOW_SECONDS")
     """the window of `SERVICE_RESTART_LIMIT`"""
-    liveness_stall_seconds: Annotated[float, parsed(number(float, 1))] = Field(
-        180.0, alias="LIVENESS_STALL_SECONDS"
-    )
+    liveness_stall_seconds: LongSeconds = Field(180.0, alias="LIVENESS_STALL_SECONDS")
     """`GET /livez` (and so the image's `HEALTHCHECK`) fails when a loop of the bridge has not
     had a heartbeat for this long: it is stuck, and a restart helps; more than twice
     `DATABASE_POOL_TIMEOUT_SECONDS` (a loop waits that long for a connection while the database
@@ -719,9 +645,7 @@ class Settings(EnvSettings):
         self._check_pooler(environ.get("PGOPTIONS", ""))
         self._check_access()
         nats_keypair(self.nats_seed.get_secret_value(), self.nats_jwt.get_secret_value())
-        self._check_inbox()
-        self._check_liveness()
-        self._check_pacing()
+        self._check_bounds()
         self.check_results_stream()
         self.pool_max_size()  # too small for the bridge's loops
         self.nats_tls_context()
@@ -729,37 +653,28 @@ class Settings(EnvSettings):
         return self
 
     def _check_pooler(self, pgoptions: str) -> None:
-        """Through a transaction pooler no startup option reaches PostgreSQL (PgBouncer
-        1.18 refuses a connection that sends `options` unless ignore_startup_parameters
-        lists it, and then drops it): DATABASE_URL's `options`, or PGOPTIONS (which libpq
-        sends when the URL has none), would be lost, so they stop the process at start."""
+        """No startup option reaches PostgreSQL through a transaction pooler (PgBouncer 1.18
+        refuses `options` unless ignore_startup_parameters lists it, and then drops them)."""
         if not self.transaction_pooler or not self.database_url:
             return
-        if conninfo_to_dict(self.database_url).get("options"):
-            raise ConfigError(
-                "DATABASE_URL: its options cannot reach PostgreSQL through a transaction "
-                "pooler (DATABASE_POOLER=transaction: PgBouncer refuses or drops them); set "
-                "them on the login instead (ALTER ROLE … SET name = value) and take them out "
-                "of the URL"
-            )
-        if pgoptions.strip():
-            raise ConfigError(
-                "PGOPTIONS: cannot reach PostgreSQL through a transaction pooler "
-                "(DATABASE_POOLER=transaction: PgBouncer refuses or drops them); set them on "
-                "the login instead (ALTER ROLE … SET name = value) and unset PGOPTIONS"
-            )
+        options = {
+            "DATABASE_URL: its options": conninfo_to_dict(self.database_url).get("options"),
+            "PGOPTIONS:": pgoptions.strip(),
+        }
+        for said, given in options.items():
+            if given:
+                raise ConfigError(
+                    f"{said} cannot reach PostgreSQL through a transaction pooler "
+                    "(DATABASE_POOLER=transaction: PgBouncer refuses or drops them); set them "
+                    "on the login instead (ALTER ROLE … SET name = value) and unset them"
+                )
 
     def _check_access(self) -> None:
-        """API_TOKENS with AUTH_MODE=token; group settings only with AUTH_MODE=header and
-        its groups header, and a groups header only with a group that lets someone in."""
+        """The access variables, which only work together."""
         if self.auth_mode == "token" and not self.api_tokens:
             raise ConfigError("API_TOKENS: required when AUTH_MODE=token")
-        lists = {
-            "AUTH_OPERATOR_GROUPS": self.auth_operator_groups,
-            "AUTH_VIEWER_GROUPS": self.auth_viewer_groups,
-            "AUTH_METRICS_GROUPS": self.auth_metrics_groups,
-        }
-        given = [name for name, groups in lists.items() if groups]
+        lists = ("AUTH_OPERATOR_GROUPS", "AUTH_VIEWER_GROUPS", "AUTH_METRICS_GROUPS")
+        given = [name for name in lists if name in self.explicit]  # given: not empty
         header = self.auth_groups_header
         if header and self.auth_mode != "header":
             raise ConfigError(
@@ -781,9 +696,8 @@ class Settings(EnvSettings):
                 f"AUTH_GROUPS_HEADER: the same header as AUTH_HEADER ({self.auth_header})"
             )
 
-    def _check_inbox(self) -> None:
-        """Each inbox worker's share of INBOX_BUFFER_BYTES holds a message of
-        INBOX_MAX_PAYLOAD_BYTES (else such an answer could never be taken)."""
+    def _check_bounds(self) -> None:
+        """Variables bounded by others (the fields' descriptions say why)."""
         need = self.inbox_workers * self.inbox_max_payload_bytes
         if self.inbox_buffer_bytes < need:
             raise ConfigError(
@@ -795,37 +709,25 @@ class Settings(EnvSettings):
                 f"INBOX_BUFFER_SIZE: must be at least INBOX_WORKERS ({self.inbox_workers}), "
                 f"got {self.inbox_buffer_size}"
             )
-
-    def _check_liveness(self) -> None:
-        """A loop waits up to DATABASE_POOL_TIMEOUT_SECONDS for a connection while the
-        database is away, and that is no stall: LIVENESS_STALL_SECONDS must be longer
-        (twice it), or /livez would ask for restarts an outage does not need."""
         if self.liveness_stall_seconds <= 2 * self.db_pool_timeout_seconds:
             raise ConfigError(
                 "LIVENESS_STALL_SECONDS: must be more than twice DATABASE_POOL_TIMEOUT_SECONDS "
                 f"({2 * self.db_pool_timeout_seconds:g} s), got {self.liveness_stall_seconds:g}"
             )
-
-    def _check_pacing(self) -> None:
-        """Each pipeline's in-flight floor is at most its ceiling."""
-        for pipeline in ("tabular", "image"):
-            low = getattr(self, f"{pipeline}_min_in_flight")
-            high = getattr(self, f"{pipeline}_max_in_flight")
+        for name in ("TABULAR", "IMAGE"):
+            low = getattr(self, f"{name.lower()}_min_in_flight")
+            high = getattr(self, f"{name.lower()}_max_in_flight")
             if low > high:
-                name = pipeline.upper()
                 raise ConfigError(
                     f"{name}_MIN_IN_FLIGHT: must be at most {name}_MAX_IN_FLIGHT ({high}), "
                     f"got {low}"
                 )
 
     def check_results_stream(self) -> None:
-        """With RESULTS_STREAM set: the durable consumer is named after NATS_QUEUE_GROUP
-        (so it must be a valid consumer name), a given ack_wait is at most
-        ACK_TIMEOUT_SECONDS, JetStream wants the duplicate window within the maximum age,
-        and the window must be shorter than ACK_TIMEOUT_SECONDS."""
+        """With RESULTS_STREAM set: the rules between its variables and the others'."""
         if not self.results_stream:
             return
-        if not _JS_NAME.fullmatch(self.nats_queue_group):
+        if not re.fullmatch(_JS_NAME, self.nats_queue_group):
             raise ConfigError(
                 f"NATS_QUEUE_GROUP: names the durable consumer of RESULTS_STREAM, so only "
                 f"A-Z a-z 0-9 _ - (1 to 64): {self.nats_queue_group!r}"
@@ -853,19 +755,12 @@ class Settings(EnvSettings):
                 "stream would drop it as a duplicate"
             )
 
-    def bridge_connections(self) -> int:
-        """Connections the bridge's loops hold at once at most when this process runs the
-        bridge (NATS_ENABLED): one per publisher and per inbox worker, one for the
-        schedule runner; 0 otherwise."""
-        if not self.nats_enabled:
-            return 0
-        return self.outbox_publishers + self.inbox_workers + 1
-
     def pool_max_size(self) -> int:
         """The pool's max_size: DATABASE_POOL_MAX_SIZE, or by default the bridge's loops
-        plus POOL_RESERVE. An explicit value that leaves the API no connection beside the
-        bridge's loops raises ConfigError naming the variable."""
-        loops = self.bridge_connections()
+        plus POOL_RESERVE; ConfigError when it leaves the API no connection."""
+        # What the bridge's loops hold at once at most when this process runs them: one
+        # per publisher and per inbox worker, one for the schedule runner.
+        loops = self.outbox_publishers + self.inbox_workers + 1 if self.nats_enabled else 0
         if self.db_pool_max_size is None:
             return loops + POOL_RESERVE
         if self.db_pool_max_size < loops + 1:
@@ -879,26 +774,33 @@ class Settings(EnvSettings):
         return self.db_pool_max_size
 
     def nats_tls_context(self) -> ssl.SSLContext | None:
-        """The SSL context of every NATS connection (bridge/nats_client.connect): when a
-        NATS_TLS_* file is given or a URL is tls:// or wss://; None otherwise. Raises
-        ConfigError naming the variable of a file that cannot work."""
-        files = (self.nats_tls_ca_file, self.nats_tls_cert_file, self.nats_tls_key_file)
+        """The SSL context of every NATS connection: when a NATS_TLS_* file is given or a
+        URL is tls:// or wss://; None otherwise."""
+        ca, cert, key = self.nats_tls_ca_file, self.nats_tls_cert_file, self.nats_tls_key_file
         secure = self.nats_tls_handshake_first or any(
             urlsplit(u).scheme in ("tls", "wss") for u in self.nats_urls
         )
-        if not (any(files) or secure):
+        if not (ca or cert or key or secure):
             return None
-        return nats_client_context(*files)
+        if ca:
+            check_certificates("NATS_TLS_CA_FILE", ca)
+        context = ssl.create_default_context(cafile=ca or None)  # empty: the system's CAs
+        load_pair(context, "NATS_TLS_CERT_FILE", cert, "NATS_TLS_KEY_FILE", key)
+        return context
 
     def https_context(self) -> ssl.SSLContext | None:
         """The server context of `serve` and the bridge's health port (HTTP_TLS_CERT_FILE,
         HTTP_TLS_KEY_FILE); None: plain HTTP."""
-        return https_server_context(self.http_tls_cert_file, self.http_tls_key_file)
+        cert, key = self.http_tls_cert_file, self.http_tls_key_file
+        if not (cert or key):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        load_pair(context, "HTTP_TLS_CERT_FILE", cert, "HTTP_TLS_KEY_FILE", key)
+        return context
 
     def certificate_files(self) -> dict[str, str]:
-        """Every certificate file this process reads, by the variable that names it:
-        NATS_TLS_CA_FILE, NATS_TLS_CERT_FILE, HTTP_TLS_CERT_FILE, and the sslrootcert and
-        sslcert of DATABASE_URL and DATABASE_LISTEN_URL (as `DATABASE_URL sslcert`)."""
+        """Every certificate file this process reads, by the variable that names it (a
+        database URL's as `DATABASE_URL sslcert`)."""
         files = {
             "NATS_TLS_CA_FILE": self.nats_tls_ca_file,
             "NATS_TLS_CERT_FILE": self.nats_tls_cert_file,
@@ -908,18 +810,13 @@ class Settings(EnvSettings):
         for variable, url in urls.items():
             params = conninfo_to_dict(url) if url else {}
             for name in ("sslrootcert", "sslcert"):
-                value = str(params.get(name) or "")
-                if value and value != "system":  # libpq's "the system's CAs"
-                    files[f"{variable} {name}"] = value
+                if params.get(name) != "system":  # libpq's "the system's CAs"
+                    files[f"{variable} {name}"] = str(params.get(name) or "")
         return {var: path for var, path in files.items() if path}
 
     @property
     def duplicate_window_seconds(self) -> float:
-        """The results stream's duplicate window: RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS,
-        or when not given a third of ACK_TIMEOUT_SECONDS, at most 120 s and the maximum
-        age, at least the server's 0.1 s. Shorter than ACK_TIMEOUT_SECONDS, so that a
-        service's ack to a republished request (the same Nats-Msg-Id, ACK_TIMEOUT_SECONDS
-        after the first) is stored, not dropped as a duplicate of the first ack."""
+        """RESULTS_STREAM_DUPLICATE_WINDOW_SECONDS, or the default its description gives."""
         if self.results_stream_duplicate_window_seconds is not None:
             return self.results_stream_duplicate_window_seconds
         derived = min(self.ack_timeout_seconds / 3, 120.0, self.results_stream_max_age_seconds)
@@ -927,9 +824,7 @@ class Settings(EnvSettings):
 
     @property
     def stream_ack_wait_seconds(self) -> float:
-        """How long the results stream waits for a bridge to settle a message it
-        delivered before it delivers it again (to any bridge):
-        RESULTS_STREAM_ACK_WAIT_SECONDS, or STREAM_ACK_WAIT_SECONDS."""
+        """RESULTS_STREAM_ACK_WAIT_SECONDS, or STREAM_ACK_WAIT_SECONDS."""
         given = self.results_stream_ack_wait_seconds
         return STREAM_ACK_WAIT_SECONDS if given is None else given
 
@@ -951,9 +846,7 @@ class Settings(EnvSettings):
         written and percent-decoded), a token in a NATS URL, the NATS seed and JWT, the
         API tokens — for arm_core.logs.Redactor to keep out of every line."""
         found: list[str] = []
-        for url in (self.database_url, self.database_listen_url):
-            if not url:
-                continue
+        for url in filter(None, (self.database_url, self.database_listen_url)):
             found += url_secrets(url, bare_user_is_secret=False)
             with contextlib.suppress(psycopg.Error):
                 params = conninfo_to_dict(url)
@@ -971,9 +864,7 @@ class Settings(EnvSettings):
         return tuple(t for t in self.api_tokens if t.level is None)
 
     def require_safe_exposure(self) -> None:
-        """`arm-core serve` with AUTH_MODE=none on an address other machines can reach
-        would let anyone retry files, audited as "anonymous": refused unless
-        AUTH_ALLOW_ANONYMOUS=true says that is intended."""
+        """`arm-core serve`: AUTH_MODE=none off loopback needs AUTH_ALLOW_ANONYMOUS=true."""
         if self.auth_mode != "none" or self.auth_allow_anonymous or is_loopback(self.http_host):
             return
         raise ConfigError(
@@ -999,10 +890,8 @@ class Settings(EnvSettings):
         return self.database_pooler == "transaction"
 
     def listen_url(self) -> str:
-        """The URL of the bridge's LISTEN session: DATABASE_LISTEN_URL, or DATABASE_URL.
-        Through a transaction pooler a LISTEN lasts one transaction and its session then
-        serves another client, so DATABASE_LISTEN_URL is required there (ConfigError,
-        exit 2 at the start of `serve` and `bridge`)."""
+        """The URL of the bridge's LISTEN session: DATABASE_LISTEN_URL, or DATABASE_URL
+        but through a transaction pooler."""
         given = self.database_listen_url
         if given and not (self.transaction_pooler and given == self.database_url):
             return given
@@ -1016,9 +905,7 @@ class Settings(EnvSettings):
 
     def require_session_url(self, command: str) -> str:
         """DATABASE_URL for `command` (`migrate`, `rollback`), which holds an advisory
-        lock across transactions for its whole run; refused with
-        DATABASE_POOLER=transaction (ConfigError, exit 2): the lock would stay on
-        whichever server session took it."""
+        lock across transactions: refused through a transaction pooler."""
         url = self.require_database_url()
         if self.transaction_pooler:
             raise ConfigError(
@@ -1041,9 +928,7 @@ def is_loopback(host: str) -> bool:
     """Whether a listen address is reachable from this machine only: localhost,
     127.0.0.0/8, ::1. An empty host (every interface) or any other name is not."""
     value = host.strip().strip("[]").lower()
-    if value == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(value).is_loopback
+        return value == "localhost" or ipaddress.ip_address(value).is_loopback
     except ValueError:
         return False

@@ -1,6 +1,4 @@
-"""The one error of configuration: :class:`ConfigError`, raised by the parsers of
-arm_core.config_* and the NATS credential checks of arm_core.nats_credentials (kept apart
-so that both can raise it without importing each other)."""
+"""The one error of configuration, raised by arm_core.config and the modules it uses."""
 
 from __future__ import annotations
 

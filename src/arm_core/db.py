@@ -2,22 +2,18 @@
 the options every connection gets, and the outage log.
 
 Python never writes the job tables itself; every query here calls a function of
-db/functions. The runtime sends them only through arm_core.store, which types their
-parameters and rows; query(name) is for the store (and for tests that run a query as
-it is). Driver errors become :class:`DatabaseUnavailable` (the server cannot be reached,
-or is read-only — a standby: retrying later makes sense), :class:`DatabaseConflict` (the
-server answered and rolled the call back because a concurrent transaction got in the
-way: a second try may pass at once) or :class:`DatabaseError` (anything else). A wait
-for a connection of the pool that ran out while every connection was in use is neither:
-:class:`DatabasePoolExhausted` (the store tells the two apart, :meth:`PoolFigures.full`),
-logged as its own event by :class:`PoolExhaustion`.
+db/functions, and the runtime sends them only through arm_core.store. Driver errors
+become :class:`DatabaseUnavailable` (the server cannot be reached, or is read-only — a
+standby: retrying later makes sense), :class:`DatabaseConflict` (a concurrent
+transaction got in the way: a second try may pass at once) or :class:`DatabaseError`
+(anything else); a wait for a connection that ran out while every connection of the
+pool was in use is :class:`DatabasePoolExhausted`, logged by :class:`PoolExhaustion`.
 
 An outage is one event for the operator, however many connections and tasks meet it:
-the process's :class:`Outage` (on its arm_core.instruments.Instruments) logs it once
-when it starts (with the cause), every :data:`Outage.report_every` seconds while it
-lasts, and once when it ends (with its length). Every failure goes there — a query's
-(wrap_db_errors), the pool's connection attempts (its log records, taken over by
-:func:`pool_log_to`), the LISTEN connection's — and the first success ends it.
+the process's :class:`Outage` logs it as an arm_core.episodes.Episode. Every failure
+goes there — a query's (wrap_db_errors), the pool's connection attempts (its log
+records, taken over by :func:`pool_log_to`), the LISTEN connection's — and the first
+success ends it.
 """
 
 from __future__ import annotations
@@ -36,6 +32,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.errors import ReadOnlySqlTransaction
 
 from arm_core.episodes import Episode
 from arm_core.redaction import mask_urls_in
@@ -54,17 +51,15 @@ class DatabaseUnavailable(DatabaseError):
 class DatabaseConflict(DatabaseError):
     """The database answered and rolled the call back because a concurrent transaction
     got in the way: a deadlock, a serialization failure, a lock not available. Nothing
-    of the call was done; the same call again may pass (is_transient)."""
+    of the call was done; the same call again may pass."""
 
 
 @dataclass(frozen=True)
 class PoolFigures:
-    """The process's pool as it stands (read by Store.pool_figures). `in_use`:
-    connections the store has taken and not given back; `idle`: ready in the pool;
-    `connecting`: the rest of the pool's connections, being opened or opened again
-    after one was lost (psycopg_pool's `pool_size` counts those too, so a pool whose
-    connections an outage broke looks full); `waiting`: requests waiting for one, as
-    the pool counts them."""
+    """The process's pool as it stands (Store.pool_figures). `connecting`: the pool's
+    connections neither `in_use` (taken by the store) nor `idle`, being opened or opened
+    again after one was lost (psycopg_pool's `pool_size` counts those too, so a pool
+    whose connections an outage broke looks full)."""
 
     max_size: int
     in_use: int
@@ -95,37 +90,14 @@ def queries() -> dict[str, str]:
     """Every named query of arm_core/queries.sql, loaded once."""
     text = resources.files("arm_core").joinpath("queries.sql").read_text(encoding="utf-8")
     chunks = _NAME.split(text)
-    found = {name: body.strip() for name, body in zip(chunks[1::2], chunks[2::2], strict=True)}
-    if not found:
-        raise RuntimeError("arm_core/queries.sql holds no named queries")
-    return found
+    return {name: body.strip() for name, body in zip(chunks[1::2], chunks[2::2], strict=True)}
 
 
 def query(name: str) -> str:
-    try:
-        return queries()[name]
-    except KeyError:
-        raise KeyError(f"no query named {name!r} in arm_core/queries.sql") from None
+    return queries()[name]
 
 
 log = logging.getLogger(__name__)
-
-
-def is_unavailable(exc: BaseException) -> bool:
-    """Whether a psycopg error means the server is unreachable (worth waiting for). A
-    read-only server counts: a standby, or a primary being demoted, while the writable
-    one is elsewhere (a failover in progress). A conflict with another transaction (a
-    deadlock, a serialization failure), which psycopg also makes an OperationalError,
-    does not: the server answered (is_transient)."""
-    if is_transient(exc):
-        return False
-    return isinstance(
-        exc,
-        psycopg.OperationalError
-        | psycopg.errors.AdminShutdown
-        | psycopg.errors.CannotConnectNow
-        | psycopg.errors.ReadOnlySqlTransaction,
-    ) or (isinstance(exc, psycopg.InterfaceError) and "closed" in str(exc))
 
 
 # What every connection of the runtime gets unless DATABASE_URL says otherwise: a
@@ -146,14 +118,11 @@ CONNECTION_DEFAULTS = {
 
 
 def connection_options(database_url: str, *, idle_in_transaction: float) -> dict[str, str]:
-    """CONNECTION_DEFAULTS without those `database_url` sets itself (libpq reads both
-    forms: a URL, one or several hosts, and key=value); and, unless 0, libpq's `options`
-    with `-c idle_in_transaction_session_timeout=` `idle_in_transaction` seconds
-    (DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS): the server ends a session left idle
-    inside a transaction that long, e.g. one whose client's network path went silent.
-    The options the URL gives (or else PGOPTIONS, which libpq reads only when a
-    connection string has none) are kept ahead of it; when they set the timeout
-    themselves, they are left as they are."""
+    """CONNECTION_DEFAULTS without those `database_url` sets itself; and, unless 0,
+    `idle_in_transaction` seconds as libpq's `options`' idle_in_transaction_session_timeout
+    (docs/dbas.md "Connections and dead clients"). The options the URL gives (or else
+    PGOPTIONS, which libpq reads only when a connection string has none) are kept ahead
+    of it; when they set the timeout themselves, they are left as they are."""
     given = conninfo_to_dict(database_url)
     found = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
     options = str(given["options"]) if "options" in given else os.environ.get("PGOPTIONS", "")
@@ -176,25 +145,15 @@ def read_only(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> b
     return status("in_hot_standby") == "on" or status("default_transaction_read_only") == "on"
 
 
-class Outage:
+class Outage(Episode):
     """The database's unavailability as this process sees it, logged as one event."""
 
-    report_every = 30.0
-
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._episode = Episode("db_outage", log, report_every=self.report_every, clock=clock)
-
-    @property
-    def since(self) -> float | None:
-        return self._episode.since
-
-    @property
-    def failures(self) -> int:
-        return self._episode.count
+        super().__init__(action="db_outage", log=log, clock=clock)
 
     def failed(self, cause: str) -> None:
         """A query or a connection attempt failed because the database is unavailable."""
-        self._episode.happened(
+        self.happened(
             "database unavailable: %s",
             "database still unavailable after %.0f s (%d failed attempts): %s",
             cause,
@@ -202,26 +161,17 @@ class Outage:
 
     def available(self) -> None:
         """A query or a connection attempt succeeded: an outage, if any, has ended."""
-        self._episode.end("database available again after %.1f s (%d failed attempts)")
+        self.end("database available again after %.1f s (%d failed attempts)")
 
 
-class PoolExhaustion:
+class PoolExhaustion(Episode):
     """Waits for a connection that ran out on a full pool, logged as one event like an
-    outage (`action=db_pool_exhausted`, WARNING): once when it starts, at most every
-    :attr:`report_every` seconds while it lasts, and once (INFO) when a connection is had
-    again; `total` counts every such wait of the process (arm_db_pool_exhausted_total)."""
-
-    report_every = 30.0
+    outage (`action=db_pool_exhausted`, WARNING; INFO when a connection is had again);
+    `total` counts every such wait of the process (arm_db_pool_exhausted_total)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._episode = Episode(
-            "db_pool_exhausted",
-            log,
-            level=logging.WARNING,
-            end_level=logging.INFO,
-            report_every=self.report_every,
-            clock=clock,
-        )
+        super().__init__(action="db_pool_exhausted", log=log, clock=clock)
+        self.level, self.end_level = logging.WARNING, logging.INFO
         self.total = 0
 
     def exhausted(self, action: str, waited: float, figures: PoolFigures) -> DatabasePoolExhausted:
@@ -232,7 +182,7 @@ class PoolExhaustion:
             f"connections of the pool are in use ({figures.waiting} requests waiting); "
             f"raise DATABASE_POOL_MAX_SIZE (now {figures.max_size}) or find what holds them"
         )
-        self._episode.happened(
+        self.happened(
             "connection pool exhausted: %s",
             "connection pool still exhausted after %.0f s (%d waits ran out): %s",
             said,
@@ -244,9 +194,7 @@ class PoolExhaustion:
 
     def relieved(self) -> None:
         """A connection was had: an exhaustion, if any, has ended."""
-        self._episode.end(
-            "connection pool has connections to give again after %.1f s (%d waits ran out)"
-        )
+        self.end("connection pool has connections to give again after %.1f s (%d waits ran out)")
 
 
 class _PoolLog(logging.Filter):
@@ -299,14 +247,9 @@ def pool_log_to(pool: str, outage: Outage) -> Iterator[None]:
 
 
 # Errors that say "try again" rather than "this input is wrong": serialization failure,
-# deadlock detected, lock not available.
+# deadlock detected, lock not available. psycopg makes them OperationalErrors too, but the
+# server answered: no outage.
 _TRANSIENT = {"40001", "40P01", "55P03"}
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether a DatabaseError came from a conflict that a second try may not meet."""
-    cause = exc.__cause__ if isinstance(exc, DatabaseError) else exc
-    return isinstance(cause, psycopg.Error) and cause.sqlstate in _TRANSIENT
 
 
 @contextlib.contextmanager
@@ -318,10 +261,13 @@ def wrap_db_errors(action: str, outage: Outage) -> Iterator[None]:
     except psycopg.Error as exc:
         # libpq may quote the connection string it could not use: never its password.
         said = mask_urls_in(str(exc))
-        if is_transient(exc):  # psycopg makes these OperationalErrors too: not an outage
+        if exc.sqlstate in _TRANSIENT:
             outage.available()
             raise DatabaseConflict(f"{action}: {said}") from exc
-        if is_unavailable(exc):
+        # The server unreachable; a read-only one counts (a standby, or a primary being
+        # demoted, while the writable one is elsewhere: a failover in progress).
+        closed = isinstance(exc, psycopg.InterfaceError) and "closed" in str(exc)
+        if closed or isinstance(exc, psycopg.OperationalError | ReadOnlySqlTransaction):
             outage.failed(f"{action}: {said}")
             raise DatabaseUnavailable(f"{action}: database unavailable: {said}") from exc
         outage.available()

@@ -35,43 +35,28 @@ class Episode:
         `ongoing` % (seconds so far, count so far, *args) when report_every has passed
         since the last line."""
         now = self.clock()
-        fields = {"action": self.action, **self.extra, **extra}
         if self.since is None:
             self.since, self.count, self._reported_at = now, 1, now
-            self.log.log(self.level, started, *args, extra={**fields, "state": "started"})
+            self._log(self.level, started, *args, **extra, state="started")
             return
         self.count += 1
         if now - self._reported_at >= self.report_every:
             self._reported_at = now
-            self.log.log(
-                self.level,
-                ongoing,
-                now - self.since,
-                self.count,
-                *args,
-                extra={**fields, "state": "ongoing", "count": self.count},
-            )
+            seconds = now - self.since
+            extra |= {"state": "ongoing", "count": self.count}
+            self._log(self.level, ongoing, seconds, self.count, *args, **extra)
 
-    def end(self, message: str, **extra: Any) -> None:
+    def end(self, message: str) -> None:
         """The episode, if any, is over: logs `message` % (seconds, count)."""
         if self.since is None:
             return
         lasted = self.clock() - self.since
-        self.log.log(
-            self.end_level,
-            message,
-            lasted,
-            self.count,
-            extra={
-                "action": self.action,
-                **self.extra,
-                **extra,
-                "state": "ended",
-                "count": self.count,
-                "seconds": round(lasted, 1),
-            },
-        )
+        ended = {"state": "ended", "count": self.count, "seconds": round(lasted, 1)}
+        self._log(self.end_level, message, lasted, self.count, **ended)
         self.since, self.count = None, 0
+
+    def _log(self, level: int, message: str, *args: Any, **fields: Any) -> None:
+        self.log.log(level, message, *args, extra={"action": self.action, **self.extra, **fields})
 
     def __bool__(self) -> bool:
         """Whether it is under way."""

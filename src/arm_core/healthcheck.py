@@ -1,15 +1,7 @@
-"""`arm-core healthcheck`: the container's HEALTHCHECK, with nothing but Python.
-
-It asks the running `arm-core serve` (HTTP_PORT) or `arm-core bridge`
-(BRIDGE_HEALTH_PORT) for its own GET /livez, reading the same environment, and exits 0
-when the answer is 200 — the event loop answers and every loop of the bridge runs — and
-1 otherwise (a loop failed or is stuck, or no answer): what a restart fixes. An
-unreachable database or NATS is not a reason to restart, and does not fail it; `--ready`
-asks GET /readyz instead (the database, NATS, the LISTEN session, not stopping). Which
-command runs is named as the argument, or read from the container's PID 1 (`arm-core
-bridge`, or an init such as `podman run --init` running it), so the image needs one
-HEALTHCHECK line for every command. Commands without a health endpoint (migrate,
-reference) have nothing to check and exit 0."""
+"""`arm-core healthcheck`: the container's HEALTHCHECK, with nothing but Python
+(docs/containers.md). It asks the running `serve` (HTTP_PORT) or `bridge`
+(BRIDGE_HEALTH_PORT), named as the argument or read from PID 1, for its own GET /livez
+(or /readyz), reading the same environment."""
 
 from __future__ import annotations
 
@@ -34,8 +26,8 @@ class Probe:
 
 
 def running_command(cmdline: Path = Path("/proc/1/cmdline")) -> str | None:
-    """The arm-core command of the process whose argv is in `cmdline` (PID 1's by
-    default): the word after an `arm-core` argument, whatever runs it."""
+    """The word after an `arm-core` argument of PID 1's argv, whatever runs it (an init
+    such as `podman run --init`)."""
     try:
         argv = cmdline.read_bytes().split(b"\0")
     except OSError:

@@ -1,14 +1,8 @@
 """What a process observes about itself, on one object handed down instead of held in
-module globals (River's archetype): its counters and histograms (:class:`Metrics`, with
-the wait tally the console's chart is fed from), the database outage it logs as one event
-and the exhausted pool it logs the same way.
-
-`arm-core serve` and `arm-core bridge` make one :class:`Instruments` per application
-(arm_core.http.app) and hand it to the Store (arm_core.runtime), which hands it to the
-bridge and its services. Two bridges in one test process therefore count, tally and log apart; a
-service or a Store built without one gets a fresh one of its own.
-
-docs/logs-and-metrics.md "Metrics" lists every name, label and meaning."""
+module globals: its counters and histograms (:class:`Metrics`, with the wait tally the
+console's chart is fed from), its database outage and its exhausted pool, each logged as
+one event. `arm-core serve` and `arm-core bridge` make one :class:`Instruments` per
+application (on its AppMetrics); a Store or service built without one gets its own."""
 
 from __future__ import annotations
 
@@ -34,11 +28,9 @@ RETRY_OUTCOMES = ("retried", "not_found", "not_retryable")
 
 
 class WaitTally:
-    """The waits observed since the schedule runner last took them, per phase and bucket
-    of JOB_WAIT_BUCKETS (one more count, last, for the waits above the highest): what it
-    hands to arm.record_waits for the console's wait chart (bridge/scheduler.py). The
-    same observations as the histogram, kept apart because the histogram is cumulative
-    and this is taken and reset."""
+    """The waits since the schedule runner last took them for arm.record_waits, per phase
+    and bucket of JOB_WAIT_BUCKETS (one more, last, above the highest): the histogram's
+    observations, kept apart because this one is taken and reset."""
 
     def __init__(self) -> None:
         self._counts: dict[str, list[int]] = {}
@@ -60,11 +52,9 @@ class WaitTally:
 
 
 class Metrics:
-    """The counters and histograms of one process, in a registry of their own: what the
-    publisher, the inbox, the schedule runner and the API did. The steps count where
-    they decide (bridge/events.py, http/handlers.py). With several processes each
-    exposes its own; dashboards `sum()` them. Every label value exists from the start
-    (0), so a rate() has a series before the first event."""
+    """The counters and histograms of one process, in a registry of their own. Every
+    label value exists from the start (0), so a rate() has a series before the first
+    event."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -146,8 +136,7 @@ class Metrics:
         return counter
 
     def transition(self, to: str, n: int = 1) -> None:
-        if n:
-            self.job_transitions.labels(to=to).inc(n)
+        self.job_transitions.labels(to=to).inc(n)
 
     def envelope(self, outcome: str, n: int = 1) -> None:
         self.inbox_envelopes.labels(outcome=outcome).inc(n)
@@ -157,16 +146,9 @@ class Metrics:
             self.job_wait.labels(phase=phase).observe(max(0.0, seconds))
             self.waits.add(phase, seconds)
 
-    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """A sample's value now (0 when it has none yet): what tests and the benchmarks
-        read, e.g. value("arm_service_restarts_total", {"service": "inbox-0"})."""
-        return self.registry.get_sample_value(name, labels or {}) or 0.0
-
 
 @dataclass(frozen=True, eq=False)
 class Instruments:
-    """One process's metrics, outage and pool exhaustion (see the module's docstring)."""
-
     metrics: Metrics = field(default_factory=Metrics)
     outage: Outage = field(default_factory=Outage)
     pool_exhaustion: PoolExhaustion = field(default_factory=PoolExhaustion)

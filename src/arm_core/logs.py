@@ -1,32 +1,18 @@
 """Structured logs: one line per event, for people (``LOG_FORMAT=text``, the default) or
-for machines (``LOG_FORMAT=json``), on stderr.
-
-Code logs through the standard library, its fields passed with ``extra=`` (as
-Procrastinate does): every line about a job carries job_id, attempt and an action;
-ignored messages add a reason. structlog's ProcessorFormatter renders each record — every
-``extra=`` field, whatever its name, not a fixed list:
-
-- text: ``2026-11-30T05:00:00.123+00:00 INFO arm_core.bridge.inbox: result applied
-  action=result job_id=… attempt=1`` — the time in UTC with its offset, the known fields
-  (FIELDS) first, then any other in the order given; a traceback on the lines below,
-  indented by two spaces;
-- json: ``{"timestamp": "2026-11-30T05:00:00.123Z", "level": "info", "logger": …,
-  "message": …, "action": "result", "job_id": "…", "attempt": 1}`` — one object a line,
-  values typed (numbers stay numbers, a UUID is its text, anything else its str()), a
-  traceback as ``exception``.
+for machines (``LOG_FORMAT=json``), on stderr, rendered by structlog's
+ProcessorFormatter from the standard library's records and their ``extra=`` fields
+(docs/logs-and-metrics.md shows both formats).
 
 Two rules hold for every line in both formats, whatever a value holds:
 
-- **One event, one line.** :func:`escape` writes a newline, a carriage return and every
-  other control character as an escape (``\\n``, ``\\r``, ``\\x1b``, …) in the message,
-  in its arguments and in every field of a text line, so no value — a job_id read from a
-  rejected envelope, an error text from a driver — can start a line that looks like
-  another event. JSON escapes the C0 controls by nature; the other line breakers
-  (NEL, U+2028, U+2029) and the bidirectional overrides are written as ``\\uNNNN`` too.
-- **No secret.** :class:`Redactor` replaces every configured secret (passwords of
-  DATABASE_URL and NATS_URL, the NATS seed and JWT, the API tokens; see
-  ``Settings.secrets``) by ``***`` wherever it turns up: a driver that echoes the
-  connection string it could not parse does not put the password in the log.
+- **One event, one line.** :func:`escape` writes every control and line-breaking
+  character as an escape in the message, its arguments and every field of a text line,
+  so no value — a job_id read from a rejected envelope, a driver's error text — can
+  start a line that looks like another event. JSON escapes the C0 controls by nature;
+  the other line breakers and the bidirectional overrides are written as ``\\uNNNN``.
+- **No secret.** :class:`Redactor` replaces every configured secret (``Settings.secrets``)
+  by ``***`` wherever it turns up: a driver that echoes the connection string it could
+  not parse does not put the password in the log.
 """
 
 from __future__ import annotations
@@ -66,22 +52,14 @@ _NAMED = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escape_char(match: re.Match[str]) -> str:
-    c = match.group()
-    named = _NAMED.get(c)
-    if named is not None:
-        return named
-    code = ord(c)
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+    code = ord(match.group())
+    hexed = f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+    return _NAMED.get(match.group(), hexed)
 
 
 def escape(value: object) -> str:
-    """`value` as text on one line: a backslash doubled, a newline as ``\\n``, a
-    carriage return as ``\\r``, a tab as ``\\t``, any other control or line-breaking
-    character as ``\\xNN`` / ``\\uNNNN``. Text without any is returned as it is."""
-    text = str(value)
-    if _UNSAFE.search(text) is None:
-        return text
-    return _UNSAFE.sub(_escape_char, text)
+    """`value` as text on one line: _UNSAFE's characters as ``\\n``, ``\\xNN``, …"""
+    return _UNSAFE.sub(_escape_char, str(value))
 
 
 class Redactor:
@@ -100,9 +78,7 @@ class Redactor:
         self._pattern = re.compile("|".join(map(re.escape, kept))) if kept else None
 
     def __call__(self, text: str) -> str:
-        if self._pattern is None:
-            return text
-        return self._pattern.sub("***", text)
+        return self._pattern.sub("***", text) if self._pattern else text
 
 
 def _quote(value: object) -> str:
@@ -131,38 +107,31 @@ _BELOW = ("exception", "stack")
 _JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
-def extras(record: logging.LogRecord) -> dict[str, Any]:
-    """The record's ``extra=`` fields: FIELDS first (in that order), then the others in
-    the order given."""
-    given = {k: v for k, v in vars(record).items() if k not in _RECORD_KEYS}
-    known = {k: given.pop(k) for k in FIELDS if k in given}
-    return known | given
-
-
-class _FromRecord:
+def _from_record(utc_suffix: str) -> structlog.typing.Processor:
     """structlog's foreign_pre_chain step: the record's time (UTC, milliseconds), level,
-    logger, message and every extra field, in that order. An extra named like one of the
-    line's own keys (``level``, ``exception``, …) is kept as ``extra_<name>``."""
+    logger, message, then its ``extra=`` fields, FIELDS first. An extra named like one of
+    the line's own keys (``level``, ``exception``, …) is kept as ``extra_<name>``."""
 
-    def __init__(self, utc_suffix: str) -> None:
-        self.utc_suffix = utc_suffix
-
-    def __call__(self, _: Any, __: str, event_dict: EventDict) -> EventDict:
+    def step(_: Any, __: str, event_dict: EventDict) -> EventDict:
         record: logging.LogRecord = event_dict["_record"]
         stamp = datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%S")
         out: EventDict = {
-            "timestamp": f"{stamp}.{int(record.msecs):03d}{self.utc_suffix}",
+            "timestamp": f"{stamp}.{int(record.msecs):03d}{utc_suffix}",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": event_dict.pop("event"),
         }
-        for key, value in extras(record).items():
-            out[f"extra_{key}" if key in CORE or key in _BELOW else key] = value
+        given = {k: v for k, v in vars(record).items() if k not in _RECORD_KEYS}
+        ordered = [k for k in FIELDS if k in given] + [k for k in given if k not in FIELDS]
+        for key in ordered:
+            out[f"extra_{key}" if key in CORE or key in _BELOW else key] = given[key]
         stack = event_dict.pop("stack_info", None)
         out.update(event_dict)  # _record, _from_structlog, exc_info
         if stack:
             out["stack"] = stack
         return out
+
+    return step
 
 
 def _jsonable(value: object, redact: Redactor) -> object:
@@ -180,24 +149,20 @@ def _jsonable(value: object, redact: Redactor) -> object:
     return redact(str(value))
 
 
-class _Redact:
+def _redacted(redact: Redactor, typed: bool) -> structlog.typing.Processor:
     """The step before the renderer: every value of the line redacted (and, for JSON,
     made JSON-typed)."""
 
-    def __init__(self, redact: Redactor, typed: bool) -> None:
-        self.redact = redact
-        self.typed = typed
+    def step(_: Any, __: str, event_dict: EventDict) -> EventDict:
+        if typed:
+            return {redact(k): _jsonable(v, redact) for k, v in event_dict.items()}
+        return {redact(k): redact(str(v)) for k, v in event_dict.items()}
 
-    def __call__(self, _: Any, __: str, event_dict: EventDict) -> EventDict:
-        if self.typed:
-            return {self.redact(k): _jsonable(v, self.redact) for k, v in event_dict.items()}
-        return {self.redact(k): self.redact(str(v)) for k, v in event_dict.items()}
+    return step
 
 
 def _dumps(event_dict: EventDict, **_: Any) -> str:
     text = json.dumps(event_dict, ensure_ascii=False, default=str)
-    if _JSON_UNSAFE.search(text) is None:
-        return text
     return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
@@ -215,24 +180,22 @@ def _render_text(_: Any, __: str, event_dict: EventDict) -> str:
 
 
 class LogFormatter(structlog.stdlib.ProcessorFormatter):
-    """A stdlib formatter that renders each record through structlog, as JSON
-    (``fmt="json"``) or key=value text (``fmt="text"``), with `redact`'s secrets masked
-    (see the module's docstring)."""
+    """A stdlib formatter rendering each record through structlog as JSON or key=value
+    text, with `redact`'s secrets masked."""
 
     def __init__(self, fmt: str = "text", redact: Redactor | None = None) -> None:
         if fmt not in ("text", "json"):
             raise ValueError(f"log format {fmt!r}: expected text or json")
         self.fmt = fmt
-        self.redact = redact or Redactor()
         as_json = fmt == "json"
         super().__init__(
             foreign_pre_chain=[
-                _FromRecord("Z" if as_json else "+00:00"),
+                _from_record("Z" if as_json else "+00:00"),
                 structlog.processors.format_exc_info,
             ],
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                _Redact(self.redact, typed=as_json),
+                _redacted(redact or Redactor(), typed=as_json),
                 structlog.processors.JSONRenderer(serializer=_dumps) if as_json else _render_text,
             ],
         )

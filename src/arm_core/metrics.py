@@ -1,22 +1,9 @@
 """Prometheus metrics: what `GET /metrics` of `arm-core serve` and of the bridge's
-health port answers (arm_core.http.health serves it; docs/logs-and-metrics.md "Metrics"
-lists every name, label and meaning).
-
-Two kinds:
-
-* **counters and histograms of this process** (arm_core.instruments.Metrics, on the
-  process's Instruments): what the publisher, the inbox, the schedule runner and the
-  API did. With several processes each exposes its own; dashboards `sum()` them.
-* **gauges read at scrape time** (:class:`AppMetrics`, one per aiohttp application): the
-  bridge's state (NATS connected, envelopes buffered) and the connection pool's (in use,
-  idle, connecting, its maximum, requests waiting; with the instruments' count of waits
-  that ran out on a full pool, `arm_db_pool_exhausted_total`) from memory, and the figures of
-  the database (`arm_jobs{status}`, `arm_outbox_oldest_queued_age_seconds`, the overdue
-  jobs, the last sweep: `arm.status_view`) from one bounded read
-  (DB_READ_TIMEOUT_SECONDS) cached for DB_CACHE_SECONDS, so scrapes never hammer the
-  database and never wait on it for longer than the bound. When the read
-  fails, the database's gauges are left out of the answer and `arm_database_up` is 0;
-  everything else is still there.
+health port answers (docs/logs-and-metrics.md "Metrics" lists every name, label and
+meaning). The process's counters are arm_core.instruments.Metrics; :class:`AppMetrics`
+adds the gauges read at scrape time: the bridge's and the pool's from memory, the
+database's from one bounded read, cached (a failed read leaves them out and sets
+`arm_database_up` to 0; everything else is still there).
 """
 
 from __future__ import annotations
@@ -24,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -33,7 +23,7 @@ from prometheus_client.registry import Collector
 
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
-from arm_core.db import DatabaseError, DatabasePoolExhausted, DatabaseUnavailable
+from arm_core.db import DatabaseError, DatabasePoolExhausted
 from arm_core.instruments import Instruments
 from arm_core.rows import BridgeInstance, PaceRow, SeriesPoint, StatusView
 from arm_core.statuses import JobStatus
@@ -41,13 +31,6 @@ from arm_core.store import Store
 from arm_core.tls import expires_at
 
 log = logging.getLogger(__name__)
-
-# How long a scrape (or a status poll) may wait for the database, and how long what it
-# read (or the failure) is reused.
-DB_READ_TIMEOUT_SECONDS = 1.0
-DB_CACHE_SECONDS = 5.0
-# GET /api/v1/status is polled by consoles every few seconds: one read serves them all.
-STATUS_CACHE_SECONDS = 2.0
 
 
 @dataclass
@@ -61,160 +44,134 @@ class BridgeState:
     stream_pending: int | None = None
 
 
-@dataclass
-class _DbFigures:
-    jobs: dict[str, int]
-    oldest_queued_age: float
-    unacked_overdue: int = 0
-    past_deadline_unswept: int = 0
-    last_sweep_at: float | None = None  # Unix time
-    last_sweep_ok: bool = True
-    pacing: list[PaceRow] = field(default_factory=list)
-    ready_age: float = 0.0
-
-
 @dataclass(eq=False)  # a collector is registered: hashed by identity
 class AppMetrics(Collector):
-    """The gauges of one application, read when scraped. `store` and `bridge` are looked
-    up at scrape time (the pool opens after the app is built; the bridge may be off)."""
+    """The gauges of one application, and the reads GET /api/v1/status shares. `store`
+    and `bridge` are looked up when read (the pool opens after the app is built; the
+    bridge may be off)."""
 
-    store: Callable[[], Store | None]
+    store: Callable[[], Store]
     bridge: Callable[[], BridgeState | None]
     # The process's counters (exposed first) and its count of exhausted waits.
     instruments: Instruments = field(default_factory=Instruments)
     # ACK_TIMEOUT_SECONDS: a published job older than this without an ack is overdue.
     ack_timeout: float = 30.0
-    timeout: float = DB_READ_TIMEOUT_SECONDS
-    cache_seconds: float = DB_CACHE_SECONDS
-    status_cache_seconds: float = STATUS_CACHE_SECONDS
-    _figures: _DbFigures | None = None
-    _read_at: float = float("-inf")
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _status: tuple[float, StatusView, list[BridgeInstance], list[PaceRow]] | None = None
-    _status_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _series: dict[int, tuple[float, list[SeriesPoint]]] = field(default_factory=dict)
-    _series_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # How long a scrape (or a status poll) may wait for each read of the database, and
+    # how long a scrape's read (or its failure) is reused.
+    timeout: float = 1.0
+    cache_seconds: float = 5.0
+    # GET /api/v1/status is polled by consoles every few seconds: one read serves them all.
+    status_cache_seconds: float = 2.0
     # When each certificate file this process read at start expires first, by the
     # variable naming it (Unix time): files are read once, so this is what it serves.
     certificates: dict[str, float] = field(default_factory=dict)
+    # The database's gauges: the status view, the pacing and the oldest ready job's age.
+    _figures: tuple[StatusView, list[PaceRow], float] | None = None
+    # Each read's last result by its name: when, for which argument, what it gave.
+    _cache: dict[str, tuple[float, object, Any]] = field(default_factory=dict)
+    _locks: defaultdict[str, asyncio.Lock] = field(
+        default_factory=lambda: defaultdict(asyncio.Lock)
+    )
 
-    async def status_view(
-        self, ack_timeout: float
-    ) -> tuple[StatusView, list[BridgeInstance], list[PaceRow]]:
-        """arm.status_view, arm.bridge_instances and arm.pace_view, read within `timeout`
-        each and reused for status_cache_seconds (polls of many consoles cost one read).
-        Raises DatabaseUnavailable (a 503)."""
-        async with self._status_lock:
-            if self._status is not None:
-                read_at, view, bridges, pacing = self._status
-                if time.monotonic() - read_at < self.status_cache_seconds:
-                    return view, bridges, pacing
+    async def _cached(
+        self, name: str, arg: object, seconds: float, read: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """What read() gave less than `seconds` ago for `arg`, else read() again (one at
+        a time per name: the polls waiting meanwhile get its result)."""
+        async with self._locks[name]:
+            hit = self._cache.get(name)
+            if hit is not None and hit[1] == arg and time.monotonic() - hit[0] < seconds:
+                return hit[2]
+            value = await read()
+            self._cache[name] = (time.monotonic(), arg, value)
+            return value
+
+    async def status_view(self) -> tuple[StatusView, list[BridgeInstance], list[PaceRow]]:
+        """What GET /api/v1/status shows, shared for status_cache_seconds; may raise."""
+
+        async def read() -> tuple[StatusView, list[BridgeInstance], list[PaceRow]]:
             store = self.store()
-            if store is None:
-                raise DatabaseUnavailable("status_view: no connection pool yet")
-            view = await store.status_view(ack_timeout, within=self.timeout)
-            bridges = await store.bridge_instances(within=self.timeout)
-            pacing = await store.pace_view(within=self.timeout)
-            self._status = (time.monotonic(), view, bridges, pacing)
-            return view, bridges, pacing
+            return (
+                await store.status_view(self.ack_timeout, within=self.timeout),
+                await store.bridge_instances(within=self.timeout),
+                await store.pace_view(within=self.timeout),
+            )
+
+        return await self._cached("status", None, self.status_cache_seconds, read)
 
     async def status_series(self, minutes: int) -> list[SeriesPoint]:
-        """arm.status_series(minutes), read within `timeout` and reused for
-        status_cache_seconds like the status view (a sample comes once a minute). Raises
-        DatabaseUnavailable (a 503)."""
-        async with self._series_lock:
-            cached = self._series.get(minutes)
-            if cached is not None and time.monotonic() - cached[0] < self.status_cache_seconds:
-                return cached[1]
-            store = self.store()
-            if store is None:
-                raise DatabaseUnavailable("status_series: no connection pool yet")
-            points = await store.status_series(minutes, within=self.timeout)
-            self._series = {minutes: (time.monotonic(), points)}  # the last window asked
-            return points
+        """What GET /api/v1/status/series shows, shared like the status view."""
+        read = partial(self.store().status_series, minutes, within=self.timeout)
+        return await self._cached("series", minutes, self.status_cache_seconds, read)
 
-    async def refresh(self) -> None:
-        """Reads the database's figures unless read (or failed) less than cache_seconds
-        ago; never raises, never waits longer than `timeout` (plus the wait for another
-        scrape's read in flight, bounded the same way)."""
-        async with self._lock:
-            if time.monotonic() - self._read_at < self.cache_seconds:
-                return
-            store = self.store()
-            figures = None
-            if store is not None:
-                try:
-                    view = await store.status_view(self.ack_timeout, within=self.timeout)
-                    figures = _DbFigures(
-                        dict(view.jobs),
-                        view.oldest_queued_age_seconds,
-                        view.unacked_overdue,
-                        view.past_deadline_unswept,
-                        view.last_sweep_at.timestamp() if view.last_sweep_at else None,
-                        view.last_sweep_error is None,
-                        await store.pace_view(within=self.timeout),
-                    )
-                    async with asyncio.timeout(self.timeout):
-                        figures.ready_age = await store.outbox_ready_age(self.timeout)
-                except (DatabaseError, TimeoutError) as exc:
-                    busy = isinstance(exc, DatabasePoolExhausted)
-                    log.warning(
-                        "metrics: the database's gauges are left out: %s",
-                        exc,
-                        extra={
-                            "action": "metrics",
-                            "reason": "pool_exhausted" if busy else "database_unavailable",
-                        },
-                    )
-            self._figures, self._read_at = figures, time.monotonic()
+    async def _read_figures(self) -> tuple[StatusView, list[PaceRow], float] | None:
+        """The database's gauges, or None (logged) when the read fails or takes longer
+        than `timeout`."""
+        store = self.store()
+        try:
+            view = await store.status_view(self.ack_timeout, within=self.timeout)
+            pacing = await store.pace_view(within=self.timeout)
+            async with asyncio.timeout(self.timeout):
+                return view, pacing, await store.outbox_ready_age(self.timeout)
+        except (DatabaseError, TimeoutError) as exc:
+            busy = isinstance(exc, DatabasePoolExhausted)
+            log.warning(
+                "metrics: the database's gauges are left out: %s",
+                exc,
+                extra={
+                    "action": "metrics",
+                    "reason": "pool_exhausted" if busy else "database_unavailable",
+                },
+            )
+            return None
 
     def collect(self) -> Iterable[Metric]:
-        up = GaugeMetricFamily(
+        yield GaugeMetricFamily(
             "arm_database_up",
             "1 when the last read of the database's gauges (arm_jobs, "
             "arm_outbox_oldest_queued_age_seconds) succeeded; 0 and those gauges left out "
             "when it failed or took longer than 1 s",
+            value=1 if self._figures is not None else 0,
         )
-        up.add_metric([], 1 if self._figures is not None else 0)
-        yield up
         if self._figures is not None:
+            view, pacing, ready_age = self._figures
             jobs = GaugeMetricFamily("arm_jobs", "Recognition jobs per status", labels=["status"])
             for status in JobStatus:
-                jobs.add_metric([status.value], self._figures.jobs.get(status.value, 0))
+                jobs.add_metric([status.value], view.jobs.get(status.value, 0))
             yield jobs
             yield GaugeMetricFamily(
                 "arm_outbox_oldest_queued_age_seconds",
                 "Seconds the oldest queued job has waited to be published (0 when none)",
-                value=self._figures.oldest_queued_age,
+                value=view.oldest_queued_age_seconds,
             )
             yield GaugeMetricFamily(
                 "arm_outbox_oldest_ready_age_seconds",
                 "Seconds the oldest queued job that pacing does not hold back has waited to "
                 "be published (0 when none): what a stuck publisher leaves waiting",
-                value=self._figures.ready_age,
+                value=ready_age,
             )
             yield GaugeMetricFamily(
                 "arm_jobs_unacked_overdue",
                 "Published jobs without an ack for longer than ACK_TIMEOUT_SECONDS",
-                value=self._figures.unacked_overdue,
+                value=view.unacked_overdue,
             )
             yield GaugeMetricFamily(
                 "arm_jobs_past_deadline_unswept",
                 "Published or processing jobs past their reply deadline that no sweep has "
                 "timed out yet",
-                value=self._figures.past_deadline_unswept,
+                value=view.past_deadline_unswept,
             )
-            yield from _pacing(self._figures.pacing)
-            if self._figures.last_sweep_at is not None:
+            yield from _pacing(pacing)
+            if view.last_sweep_at is not None:
                 yield GaugeMetricFamily(
                     "arm_schedule_last_sweep_timestamp_seconds",
                     "When the timeout sweep last ran (Unix time; absent before its first run)",
-                    value=self._figures.last_sweep_at,
+                    value=view.last_sweep_at.timestamp(),
                 )
                 yield GaugeMetricFamily(
                     "arm_schedule_last_sweep_ok",
                     "1 when the timeout sweep's last run succeeded, 0 when it failed",
-                    value=1 if self._figures.last_sweep_ok else 0,
+                    value=1 if view.last_sweep_error is None else 0,
                 )
         yield CounterMetricFamily(
             "arm_db_pool_exhausted",
@@ -222,30 +179,28 @@ class AppMetrics(Collector):
             "pool was in use (DATABASE_POOL_MAX_SIZE reached; not an outage)",
             value=self.instruments.pool_exhaustion.total,
         )
-        store = self.store()
-        if store is not None:
-            pool = store.pool_figures
-            connections = GaugeMetricFamily(
-                "arm_db_pool_connections",
-                "Connections of this process's pool: in_use (taken by a request or a "
-                "loop), idle (ready), connecting (being opened, or opened again after one "
-                "was lost)",
-                labels=["state"],
-            )
-            connections.add_metric(["in_use"], pool.in_use)
-            connections.add_metric(["idle"], pool.idle)
-            connections.add_metric(["connecting"], pool.connecting)
-            yield connections
-            yield GaugeMetricFamily(
-                "arm_db_pool_max",
-                "The most connections this process's pool opens (DATABASE_POOL_MAX_SIZE)",
-                value=pool.max_size,
-            )
-            yield GaugeMetricFamily(
-                "arm_db_pool_requests_waiting",
-                "Requests waiting for a connection of this process's pool",
-                value=pool.waiting,
-            )
+        pool = self.store().pool_figures
+        connections = GaugeMetricFamily(
+            "arm_db_pool_connections",
+            "Connections of this process's pool: in_use (taken by a request or a "
+            "loop), idle (ready), connecting (being opened, or opened again after one "
+            "was lost)",
+            labels=["state"],
+        )
+        connections.add_metric(["in_use"], pool.in_use)
+        connections.add_metric(["idle"], pool.idle)
+        connections.add_metric(["connecting"], pool.connecting)
+        yield connections
+        yield GaugeMetricFamily(
+            "arm_db_pool_max",
+            "The most connections this process's pool opens (DATABASE_POOL_MAX_SIZE)",
+            value=pool.max_size,
+        )
+        yield GaugeMetricFamily(
+            "arm_db_pool_requests_waiting",
+            "Requests waiting for a connection of this process's pool",
+            value=pool.waiting,
+        )
         if self.certificates:
             expiry = GaugeMetricFamily(
                 "arm_tls_certificate_expiry_timestamp_seconds",
@@ -280,17 +235,16 @@ class AppMetrics(Collector):
 
     async def exposition(self) -> bytes:
         """The whole text of GET /metrics: this process's counters, then these gauges."""
-        await self.refresh()
+        self._figures = await self._cached("figures", None, self.cache_seconds, self._read_figures)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
         return generate_latest(self.instruments.metrics.registry) + generate_latest(registry)
 
 
 def certificate_expiries(settings: Settings) -> dict[str, float]:
-    """arm_tls_certificate_expiry_timestamp_seconds: when each certificate file expires
-    first. The NATS and HTTPS files were checked at start (a bad one stops it); a file
-    DATABASE_URL names is libpq's to judge, so one that cannot be read is left out, and
-    logged."""
+    """When each certificate file expires first. One DATABASE_URL names is libpq's to
+    judge: when it cannot be read it is left out, and logged (the others were checked
+    at start)."""
     found: dict[str, float] = {}
     for variable, path in settings.certificate_files().items():
         try:

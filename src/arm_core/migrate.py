@@ -2,14 +2,11 @@
 and who may call them.
 
 1. The group roles of db/roles.sql (cluster-wide) are created where missing, and the
-   migrating user is made a member of arm_owner. Where the migrating user may do neither
-   (no CREATEROLE), migrate changes nothing and stops with :class:`RolesMissing`, which
-   carries the SQL a DBA runs once (`arm-core migrate` prints it).
+   migrating user is made a member of arm_owner (or :class:`RolesMissing`: ensure_roles).
 2. Tables, types and indexes change only through db/migrations.
-3. The functions and triggers in db/functions are applied on every run (CREATE OR
-   REPLACE), then db/grants.sql gives everything in schema arm to arm_owner and grants
-   each role what it may do, all in one transaction: a function never shows its default
-   owner or PUBLIC's EXECUTE to anyone else.
+3. The functions and triggers in db/functions, then db/grants.sql, are applied on every
+   run, in one transaction: a function never shows its default owner or PUBLIC's
+   EXECUTE to anyone else.
 
 Running migrate twice changes nothing. Concurrent runs on one database queue on an
 advisory lock; runs on other databases of the cluster may create the roles at the same
@@ -97,9 +94,7 @@ def yoyo_url(
 
 
 @contextlib.contextmanager
-def _yoyo(
-    database_url: str, idle_in_transaction: float = IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
-) -> Iterator[tuple[Any, Any]]:
+def _yoyo(database_url: str, idle_in_transaction: float) -> Iterator[tuple[Any, Any]]:
     """yoyo's backend (holding its lock) and the migrations of db/migrations."""
     backend = get_backend(yoyo_url(database_url, idle_in_transaction))
     try:
@@ -295,9 +290,10 @@ def rollback_to(database_url: str, migration_id: str) -> list[str]:
     first, each with its .rollback.sql, under migrate's lock. Returns their ids. The
     function files stay as they are: the previous version's `arm-core migrate` (run next)
     applies its own."""
+    idle = IDLE_IN_TRANSACTION_TIMEOUT_SECONDS
     with (
-        _locked(database_url, "rollback", IDLE_IN_TRANSACTION_TIMEOUT_SECONDS),
-        _yoyo(database_url) as (backend, migrations),
+        _locked(database_url, "rollback", idle),
+        _yoyo(database_url, idle) as (backend, migrations),
     ):
         ids = [m.id for m in migrations]
         if migration_id not in ids:
@@ -310,12 +306,4 @@ def rollback_to(database_url: str, migration_id: str) -> list[str]:
         backend.rollback_migrations(todo)
     for migration in todo:
         log.info("rolled back migration %s", migration.id, extra={"action": "migrate"})
-    return [m.id for m in todo]
-
-
-def rollback_all(database_url: str) -> list[str]:
-    """Rolls every applied migration back (for tests and a DBA's clean-up)."""
-    with _yoyo(database_url) as (backend, migrations):
-        todo = backend.to_rollback(migrations)
-        backend.rollback_migrations(todo)
     return [m.id for m in todo]

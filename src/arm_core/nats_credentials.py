@@ -1,11 +1,7 @@
 """NATS credentials: the user nkey seed and its JWT (``OPENBAO__NATS__NATS_SEED``,
-``OPENBAO__NATS__NATS_JWT``), checked at start so a seed or JWT that cannot work is a
-:class:`ConfigError` naming its variable — never quoting any of it — instead of a
-connection that retries forever.
-
-:func:`user_keypair` checks a seed (length, base32, checksum, role), :func:`jwt_payload`
-the shape of a JWT, and :func:`nats_keypair` both together (the JWT was issued to the
-seed's user); :func:`parse_seed` and :func:`parse_jwt` are the variables' parsers.
+``OPENBAO__NATS__NATS_JWT``), checked together at start by :func:`nats_keypair`, so a seed
+or JWT that cannot work is a :class:`ConfigError` naming its variable — never quoting any
+of it — instead of a connection that retries forever.
 """
 
 from __future__ import annotations
@@ -64,14 +60,6 @@ def user_keypair(name: str, seed: str) -> nkeys.KeyPair:
     return nkeys.from_seed(seed.encode())
 
 
-def _b64_json_object(part: str) -> bool:
-    try:
-        value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
-    except (binascii.Error, ValueError):
-        return False
-    return isinstance(value, dict)
-
-
 def jwt_payload(name: str, jwt: str) -> dict[str, Any]:
     """The claims of a JWT of the right shape — three base64url parts, the header and
     the payload JSON objects — or ConfigError naming `name` (quoting none of it)."""
@@ -81,12 +69,14 @@ def jwt_payload(name: str, jwt: str) -> dict[str, Any]:
             f"{name}: not a JWT (three base64url parts joined by dots; a .creds file's "
             "JWT line alone is wanted)"
         )
-    if not _b64_json_object(parts[0]):
-        raise ConfigError(f"{name}: not a JWT (its header is not a base64url JSON object)")
-    if not _b64_json_object(parts[1]):
-        raise ConfigError(f"{name}: not a JWT (its payload is not a base64url JSON object)")
-    payload: dict[str, Any] = json.loads(base64.urlsafe_b64decode(parts[1] + "==="))
-    return payload
+    for part, what in zip(parts, ("header", "payload"), strict=False):
+        try:
+            value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+        except (binascii.Error, ValueError):
+            value = None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: not a JWT (its {what} is not a base64url JSON object)")
+    return value
 
 
 def nats_keypair(seed: str, jwt: str) -> nkeys.KeyPair | None:
@@ -105,17 +95,3 @@ def nats_keypair(seed: str, jwt: str) -> nkeys.KeyPair | None:
                 "(its sub is not that seed's public key)"
             )
     return keypair
-
-
-def parse_seed(raw: str) -> str:
-    """The parser of the seed's variable (arm_core.config.Settings): the seed, checked."""
-    seed = raw.strip()
-    user_keypair(SEED_VAR, seed)
-    return seed
-
-
-def parse_jwt(raw: str) -> str:
-    """The parser of the JWT's variable (arm_core.config.Settings): the JWT, checked."""
-    jwt = raw.strip()
-    jwt_payload(JWT_VAR, jwt)
-    return jwt

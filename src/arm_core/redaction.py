@@ -1,11 +1,5 @@
-"""Secrets in messages: a URL shown with its password (or NATS token) as ``***``.
-
-A message about a URL shows it with the password replaced by ***; a message about a
-token, a seed or a JWT shows none of it (its position, its length, what is wrong).
-:func:`mask_url` masks one URL, :func:`mask_urls_in` every URL and ``password=…`` in a
-longer text (a driver's error message), and :func:`url_secrets` gives the secret parts
-of a URL as written and percent-decoded (for ``Settings.secrets`` and
-arm_core.logs.Redactor, the net under every log line).
+"""Secrets in messages: a URL shown with its password (or NATS token) as ``***``; a
+message about a token, a seed or a JWT shows none of it.
 """
 
 from __future__ import annotations
@@ -15,20 +9,17 @@ from urllib.parse import unquote
 
 _KEYWORD_START = re.compile(r"\s*[A-Za-z_]+\s*=")
 _PASSWORD_PARAM = re.compile(r"(?i)\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)")
-# scheme://userinfo@ inside a longer text (a driver's message).
-_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/?#@\"']*)@")
+# scheme://user:password@ inside a longer text (a driver's message).
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^\s/?#@\"':]*)(:[^\s/?#@\"']*)?@")
 
 
 def _split_userinfo(url: str) -> tuple[str, str | None, str | None, str]:
     """(scheme://, user, password, the rest after @) of `url`, cut at the *last* @ so a
-    password with an unencoded @ stays whole; user and password are None without an @,
-    password is None without a colon."""
-    scheme, sep, rest = url.partition("://")
-    head = scheme + sep if sep else ""
-    if not sep:
-        rest = url
-    userinfo, at, location = rest.rpartition("@")
-    if not at:
+    password with an unencoded @ stays whole; None for a part not there."""
+    at = url.find("://")
+    head, rest = (url[: at + 3], url[at + 3 :]) if at >= 0 else ("", url)
+    userinfo, at_sign, location = rest.rpartition("@")
+    if not at_sign:
         return head, None, None, rest
     user, colon, password = userinfo.partition(":")
     return head, user, (password if colon else None), location
@@ -48,33 +39,26 @@ def mask_url(url: str, bare_user_is_secret: bool = False) -> str:
     if _keywords(url):  # only a password= to hide
         return _PASSWORD_PARAM.sub(r"\1***", url)
     head, user, password, location = _split_userinfo(url)
-    if user is not None:
-        if password is not None:
-            userinfo = f"{user}:***"
-        else:
-            userinfo = "***" if bare_user_is_secret or not head else user
-        location = f"{userinfo}@{location}"
+    if password is not None:
+        location = f"{user}:***@{location}"
+    elif user is not None:
+        location = f"{'***' if bare_user_is_secret or not head else user}@{location}"
     return head + _PASSWORD_PARAM.sub(r"\1***", location)
 
 
 def mask_urls_in(text: str) -> str:
     """`text` (a driver's error message, say) with every scheme://user:password@ in it
     masked and every password=… parameter replaced by ***."""
-
-    def userinfo(m: re.Match[str]) -> str:
-        user, colon, _ = m.group(2).partition(":")
-        return f"{m.group(1)}{user}{':***' if colon else ''}@"
-
-    return _PASSWORD_PARAM.sub(r"\1***", _URL_USERINFO.sub(userinfo, text))
+    masked = _URL_USERINFO.sub(lambda m: f"{m[1]}{':***' if m[2] else ''}@", text)
+    return _PASSWORD_PARAM.sub(r"\1***", masked)
 
 
 def url_secrets(url: str, bare_user_is_secret: bool) -> list[str]:
     """The password of `url` (or its token) as written and percent-decoded; of a
     key=value conninfo, its password= values."""
+    found = [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
     if _keywords(url):
-        return [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
+        return found
     _, user, password, _ = _split_userinfo(url)
     secret = password if password is not None else (user if bare_user_is_secret else None)
-    found = [secret, unquote(secret)] if secret else []
-    found += [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
-    return found
+    return [*found, secret, unquote(secret)] if secret else found

@@ -28,9 +28,6 @@ from arm_core.statuses import (
 
 R = TypeVar("R")
 
-# A JSON object as the database returns it (jsonb, loaded).
-JsonObject = dict[str, Any]
-
 
 # --- rows ---------------------------------------------------------------------------
 
@@ -70,10 +67,8 @@ class UnackedJob:
 
 @dataclass(frozen=True, slots=True)
 class PublishedJob:
-    """publish_queued_jobs_v2: a claimed job, marked published (its request is to be
-    sent, the transaction committed once NATS confirmed it) or dead-lettered at once
-    because the request exceeds the server's max_payload; for a published job the seconds
-    it waited queued (requested_at → the claim)."""
+    """publish_queued_jobs_v2: a claimed job, marked published (its request to be sent)
+    or dead-lettered because the request exceeds the server's max_payload."""
 
     job_id: uuid.UUID
     attempt: int
@@ -83,7 +78,7 @@ class PublishedJob:
     msg_id: str
     request: str | None  # JSON text to send as it is; None when dead-lettered
     error_message: str | None  # why it was dead-lettered
-    queued_seconds: float | None  # None when dead-lettered
+    queued_seconds: float | None  # requested_at → the claim; None when dead-lettered
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,35 +221,19 @@ class FileListFilter:
     updated_before: dt.datetime | None = None
 
 
-def _enum_of(hint: Any) -> type[Enum] | None:
-    """The enum a field holds (`X` or `X | None`), or None."""
-    for candidate in typing.get_args(hint) or (hint,):
-        if isinstance(candidate, type) and issubclass(candidate, Enum):
-            return candidate
-    return None
-
-
-class _Members(dict[Any, Any]):
-    """An enum's members by value, and None for NULL: a plain dict lookup per value,
-    three times faster than calling the enum (the inbox builds up to 500 rows a batch)."""
-
-    def __init__(self, enum: type[Enum]) -> None:
-        super().__init__({member.value: member for member in enum})
-        self[None] = None
-        self.enum = enum
-
-    def __missing__(self, value: Any) -> Any:
-        raise ValueError(f"the database returned {value!r}, which is no {self.enum.__name__}")
-
-
 @functools.cache
-def _fields(cls: type[Any]) -> tuple[tuple[str, ...], tuple[tuple[int, _Members], ...]]:
-    """A row class's field names, and the place and members of each enum field (worked
-    out once per class)."""
+def _fields(cls: type[Any]) -> tuple[tuple[str, ...], dict[int, dict[Any, Any]]]:
+    """A row class's field names, and for each enum field (`X` or `X | None`) its place
+    and members by value, None for NULL: a dict lookup is three times faster than
+    calling the enum, and the inbox builds up to 500 rows a batch."""
     hints = typing.get_type_hints(cls)
     names = tuple(f.name for f in fields(cls))
-    enums = [(i, _enum_of(hints[name])) for i, name in enumerate(names)]
-    return names, tuple((i, _Members(e)) for i, e in enums if e is not None)
+    enums = {}
+    for i, name in enumerate(names):
+        for hint in typing.get_args(hints[name]) or (hints[name],):
+            if isinstance(hint, type) and issubclass(hint, Enum):
+                enums[i] = {member.value: member for member in hint} | {None: None}
+    return names, enums
 
 
 def typed_row(cls: type[R]) -> BaseRowFactory[R]:
@@ -270,13 +249,17 @@ def typed_row(cls: type[R]) -> BaseRowFactory[R]:
         columns = tuple(c.name for c in cursor.description)
         if columns != names:
             raise TypeError(f"{cls.__name__} has the fields {names}; the query returns {columns}")
-        if not enums:
-            return lambda values: cls(*values)
 
         def make(values: Sequence[Any]) -> R:
             converted = list(values)
-            for i, members in enums:
-                converted[i] = members[converted[i]]
+            for i, members in enums.items():
+                try:
+                    converted[i] = members[converted[i]]
+                except KeyError:  # a label a newer schema added, met mid-upgrade
+                    raise ValueError(
+                        f"the database returned {converted[i]!r} for {cls.__name__}."
+                        f"{names[i]}, which this arm-core does not know"
+                    ) from None
             return cls(*converted)
 
         return make

@@ -1,8 +1,6 @@
 """How `arm-core serve` and `arm-core bridge` are put together: the application
-arm_core.http builds, the process's one connection pool and one Store (every handler and
-the bridge get the Store, nothing else gets the pool) and the bridge. The one module
-that knows both the API and the bridge; it hands the bridge to the API as the
-application's BRIDGE_VIEW."""
+arm_core.http builds, the process's one pool and one Store, and the bridge (handed to
+the API as its BRIDGE_VIEW). The one module that knows both the API and the bridge."""
 
 from __future__ import annotations
 
@@ -20,13 +18,12 @@ from arm_core.bridge.runner import Bridge
 from arm_core.config import Settings
 from arm_core.db import connection_options, pool_log_to, read_only, unclaimed_pool_name
 from arm_core.http.app import api_app, health_app
-from arm_core.http.keys import BRIDGE_VIEW, INSTRUMENTS, SETTINGS, SHUTDOWN, STORE
+from arm_core.http.keys import BRIDGE_VIEW, METRICS, SETTINGS, SHUTDOWN, STORE
 from arm_core.instruments import Instruments
 from arm_core.store import Store
 
 log = logging.getLogger(__name__)
 
-POOL = web.AppKey("pool", AsyncConnectionPool)
 # The bridge the process runs (NATS_ENABLED=true), once started: the command reads why
 # it stopped (its `fatal`).
 BRIDGE = web.AppKey("bridge", Bridge)
@@ -35,20 +32,11 @@ BRIDGE = web.AppKey("bridge", Bridge)
 def make_pool(
     settings: Settings, instruments: Instruments | None = None
 ) -> AsyncConnectionPool[Any]:
-    """The process's pool, of settings.pool_max_size() connections at most (the
-    bridge's loops and a reserve for the API: DATABASE_POOL_MAX_SIZE); connections
-    with arm_core.db's timeouts and keepalives; one that finds its server read-only (a
-    standby: the primary has moved) is discarded when taken, not reused; a new
-    connection ends the instruments' outage (pool_ctx also routes the pool's failed
-    attempts there). It is named `arm-core`, or `arm-core-2`, … while another pool of
-    the process routes its failures under that name. (The bridge's LISTEN connection is
-    its own.)
-
-    Through a transaction pooler (DATABASE_POOLER=transaction) each transaction may run
-    on another server session, so its connections prepare no statement (psycopg's
-    prepare_threshold=None: a statement prepared on one session is unknown to the next)
-    and send no startup options (the idle-in-transaction timeout is then the pooler's
-    and the login's to set: docs/dbas.md#through-pgbouncer)."""
+    """The process's pool (DATABASE_POOL_MAX_SIZE), with arm_core.db's timeouts and
+    keepalives; a connection to a read-only server (a standby: the primary has moved) is
+    discarded when taken, and a new one ends the instruments' outage. Through a
+    transaction pooler each transaction may run on another server session: no statement
+    is prepared and no startup option sent (docs/dbas.md#through-pgbouncer)."""
     url = settings.require_database_url()
     outage = (instruments or Instruments()).outage
     transaction = settings.transaction_pooler
@@ -75,33 +63,30 @@ def make_pool(
 
 
 async def _writable(conn: AsyncConnection[Any]) -> None:
-    """The pool's check, when a connection is taken: one to a read-only server is
-    closed (the pool then discards it and connects anew) and another one taken."""
+    """Closes a connection to a read-only server when taken: the pool takes another."""
     if read_only(conn):
         await conn.close()
         raise psycopg.errors.ReadOnlySqlTransaction("the server is read-only (a standby)")
 
 
 async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
-    instruments = app[INSTRUMENTS]
+    instruments = app[METRICS].instruments
     pool = make_pool(app[SETTINGS], instruments)
     with pool_log_to(pool.name, instruments.outage):
         await pool.open(wait=False)  # a database that is down at start shows in /healthcheck
-        app[POOL] = pool
         app[STORE] = Store(pool, instruments)
         yield
         await pool.close()
 
 
 async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Starts the bridge's background tasks only when NATS_ENABLED=true (S-NATS-3)."""
+    """Starts the bridge's background tasks only when NATS_ENABLED=true."""
     settings = app[SETTINGS]
     if not settings.nats_enabled:
         log.info("NATS_ENABLED=false: no bridge tasks", extra={"action": "bridge_off"})
         yield
         return
-    shutdown = app[SHUTDOWN]
-    bridge = Bridge(BridgeConfig(settings), app[STORE], on_fatal=lambda fatal: shutdown.set())
+    bridge = Bridge(BridgeConfig(settings), app[STORE], on_fatal=lambda _: app[SHUTDOWN].set())
     await bridge.start()
     app[BRIDGE] = app[BRIDGE_VIEW] = bridge
     yield
@@ -109,16 +94,14 @@ async def bridge_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings) -> web.Application:
-    """`arm-core serve`: the HTTP API (arm_core.http.app), with the bridge's tasks when
-    NATS_ENABLED=true."""
+    """`arm-core serve`: the HTTP API, with the bridge when NATS_ENABLED=true."""
     app = api_app(settings)
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
     return app
 
 
 def bridge_app(settings: Settings) -> web.Application:
-    """`arm-core bridge`: the bridge alone, with its own small health port (served by
-    arm_core.http.server like the API)."""
+    """`arm-core bridge`: the bridge alone, with its own small health port."""
     app = health_app(settings)
     app.cleanup_ctx.extend([pool_ctx, bridge_ctx])
     return app

@@ -1,9 +1,6 @@
-"""The names the database's enum types hold, as Python knows them, and the outcomes its
-functions return.
-
-tests/integration/test_schema.py checks that the first equal the database's enums;
-tests/integration/test_store.py that the outcomes are the ones db/functions returns.
-"""
+"""The labels of the database's enum types Python reads, and the outcomes its functions
+return (tests/integration/test_schema.py and test_store.py check both against the
+database)."""
 
 from enum import StrEnum
 
@@ -25,11 +22,6 @@ class FileStatus(StrEnum):
     ERROR = "ERROR"
 
 
-class Pipeline(StrEnum):
-    TABULAR = "tabular"
-    IMAGE = "image"
-
-
 class FileType(StrEnum):
     XLS = "XLS"
     XLSX = "XLSX"
@@ -37,21 +29,6 @@ class FileType(StrEnum):
     PDF = "PDF"
     PNG = "PNG"
     JPG = "JPG"
-
-
-TABULAR_TYPES = frozenset({FileType.XLS, FileType.XLSX, FileType.XLSB})
-
-
-def pipeline_for(file_type: str) -> Pipeline:
-    """The pipeline a file type goes to: spreadsheets to tabular, scans to image (the
-    same rule as arm.pipeline_for; tests/integration/test_schema.py checks they agree)."""
-    return Pipeline.TABULAR if FileType(file_type) in TABULAR_TYPES else Pipeline.IMAGE
-
-
-class BucketRole(StrEnum):
-    UPLOADS = "uploads"
-    RESULTS = "results"
-    RAW = "raw"
 
 
 class ApplyOutcome(StrEnum):
@@ -97,13 +74,3 @@ class RetryReason(StrEnum):
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     ATTEMPT_CHANGED = "attempt_changed"
     ARCHIVED = "archived"
-
-
-# The database enum each Python enum mirrors.
-DB_ENUMS: dict[str, type[StrEnum]] = {
-    "arm.job_status": JobStatus,
-    "arm.file_status": FileStatus,
-    "arm.pipeline": Pipeline,
-    "arm.file_type": FileType,
-    "arm.bucket_role": BucketRole,
-}

@@ -6,43 +6,48 @@ one runtime operation: it sends the named queries of src/arm_core/queries.sql it
 (tests/integration/test_store.py: each query is sent by exactly one method, and every
 method is called by the runtime or the admin code), owns its transaction, and turns
 driver errors into arm_core.db's DatabaseError / DatabaseUnavailable, named after the
-operation. How a query is sent is its base's (arm_core.pooled): a wait for a connection
-that runs out is DatabasePoolExhausted when every connection of the pool is in use (the
-store counts those it holds: nothing else takes the pool's), DatabaseUnavailable (an
-outage) when the pool could not connect. Rows come back typed (arm_core.rows). Every
-state change happens in the functions of db/functions; this module only says what goes
-in and what comes out.
+operation. Rows come back typed (arm_core.rows). Every state change happens in the
+functions of db/functions.
 
 The publisher's two operations take a `send` callback: the jobs are claimed, handed to
 `send` (which publishes them to NATS and returns once the server confirmed them) and
 marked within one transaction, so a job is never marked published unless `send`
 returned; when `send` raises, the transaction rolls back and the exception propagates.
-
-`arm-core migrate` is synchronous: :class:`SyncStore` has the two settings queries it
-sends, on its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
+import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import scalar_row
 from psycopg.types.json import Jsonb
+from psycopg.types.string import TextLoader
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from arm_core.db import DatabaseError, query, wrap_db_errors
-from arm_core.pooled import Pooled
+from arm_core.db import (
+    DatabaseConflict,
+    DatabaseError,
+    DatabaseUnavailable,
+    PoolFigures,
+    query,
+    wrap_db_errors,
+)
+from arm_core.instruments import Instruments
 from arm_core.rows import (
     AppliedEnvelope,
     BridgeInstance,
     DeadLetteredJob,
     FileListFilter,
     FileListItem,
-    JsonObject,
     MovedJob,
     PacedJob,
     PaceRow,
@@ -52,12 +57,26 @@ from arm_core.rows import (
     StatusView,
     TaskRun,
     UnackedJob,
+    typed_row,
 )
 from arm_core.statuses import PublishOutcome
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+# A call that a concurrent transaction rolled back (a deadlock, a serialization failure:
+# DatabaseConflict) goes again this many times, after 50 ms, 100 ms, 150 ms. Every call
+# of the store is one function call in one transaction, so nothing of the first try
+# stays behind. Two multi-row writers can meet in opposite orders — a retry of many
+# files and a batch of answers applied to some of the same files — and PostgreSQL then
+# rolls one of them back; the second try finds the other committed.
+CONFLICT_RETRIES = 3
 
 # The publisher's callbacks: publish these jobs' requests and return once NATS has them
 # (raise otherwise). The republishing one returns the jobs it sent.
 SendPublished = Callable[[list[PublishedJob]], Awaitable[None]]
+SendUnacked = Callable[[list[UnackedJob]], Awaitable[Sequence[UnackedJob]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +93,9 @@ class Pacing:
     max_republish: int
 
 
-SendUnacked = Callable[[list[UnackedJob]], Awaitable[Sequence[UnackedJob]]]
-
-
-# --- parameters -----------------------------------------------------------------------
-
-
 class Answer(Protocol):
-    """An ack or a result as apply_envelopes_v2 takes it: arm_core.bridge.envelope's
-    Envelope. row_json is one element of its JSON array (the keys: bridge/envelope.py's
-    _row_json, db/functions/30_inbox.sql)."""
+    """An ack or a result as apply_envelopes_v2 takes it (arm_core.bridge.envelope's
+    Envelope): row_json is one element of its JSON array."""
 
     @property
     def row_json(self) -> str: ...
@@ -99,9 +111,9 @@ def publish_params(
     max_bytes: int,
     pacing: Pacing | None = None,
 ) -> dict[str, Any]:
-    """The parameters of the publisher's claim as Store.publish_queued_jobs sends it
-    (the publish_paced_jobs query with `pacing`, publish_queued_jobs without); tests and
-    the benchmark send the claim with these."""
+    """The parameters of the publisher's claim (publish_paced_jobs with `pacing`,
+    publish_queued_jobs without), as Store.publish_queued_jobs, tests and the benchmark
+    send it."""
     params: dict[str, Any] = {
         "limit": limit,
         "tabular_timeout": tabular_timeout,
@@ -117,7 +129,7 @@ def file_list_params(
     limit: int, where: FileListFilter, after: tuple[dt.datetime, uuid.UUID] | None = None
 ) -> dict[str, Any]:
     """The parameters of the list_files query (`where` empty: every file), as
-    Store.list_files sends them; tests and the benchmark send the query with these."""
+    Store.list_files, tests and the benchmark send them."""
     return {
         "limit": limit,
         "after_created_at": after[0] if after else None,
@@ -132,52 +144,147 @@ def file_list_params(
     }
 
 
-# --- the store ------------------------------------------------------------------------
-
-
-class Store(Pooled):
+class Store:
     """Every runtime operation on the database, on `pool` (the process's only one).
-    `instruments` are the process's (arm_core.instruments): the outage and the
-    exhausted waits are reported there, and the bridge built on this store counts there.
-    How a query is sent (a connection, typed rows, a bound, errors translated) is
-    arm_core.pooled's."""
+    `instruments` are the process's: the outage and the exhausted waits are reported
+    there, and the bridge built on this store counts there."""
+
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], instruments: Instruments | None = None
+    ) -> None:
+        self.pool = pool
+        self.instruments = instruments or Instruments()
+        self._in_use = 0  # connections taken by _connection and not given back
+
+    @property
+    def pool_figures(self) -> PoolFigures:
+        """The pool now (the gauges of /metrics), from psycopg_pool's get_stats() and
+        this store's count of the connections in use."""
+        stats = self.pool.get_stats()
+        size, idle = stats.get("pool_size", 0), stats.get("pool_available", 0)
+        return PoolFigures(
+            max_size=self.pool.max_size,
+            in_use=self._in_use,
+            idle=idle,
+            connecting=max(0, size - idle - self._in_use),
+            waiting=stats.get("requests_waiting", 0),
+        )
+
+    # How a query is sent -----------------------------------------------------------------
+
+    async def _fetch(
+        self,
+        conn: AsyncConnection[Any],
+        name: str,
+        params: dict[str, Any] | None = None,
+        row: type[Any] | None = None,
+        json_as_text: bool = False,
+    ) -> Any:
+        """The query's `row`s, or its one value when `row` is None."""
+        cur = conn.cursor(row_factory=scalar_row if row is None else typed_row(row))
+        if json_as_text:  # a request goes out as PostgreSQL wrote it: no parse and re-dump
+            cur.adapters.register_loader("jsonb", TextLoader)
+        await cur.execute(query(name), params)
+        return await (cur.fetchone() if row is None else cur.fetchall())
+
+    @contextlib.asynccontextmanager
+    async def _connection(
+        self, action: str, pool_timeout: float | None = None
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection of the pool, for `action`. One whose server refused a write as
+        read-only (a standby, or a primary being demoted, at a failover) is closed, so the
+        pool replaces it with one to the writable server instead of handing it out again.
+
+        When none comes within `pool_timeout` (DATABASE_POOL_TIMEOUT_SECONDS by default)
+        while every connection of the pool is in use, DatabasePoolExhausted (logged and
+        counted by the instruments' PoolExhaustion); otherwise the pool could not connect,
+        and its PoolTimeout goes on to wrap_db_errors, which reports the outage."""
+        acquired = False
+        try:
+            async with self.pool.connection(timeout=pool_timeout) as conn:
+                acquired = True
+                self._in_use += 1
+                self.instruments.pool_exhaustion.relieved()
+                try:
+                    yield conn
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    await conn.close()
+                    raise
+                finally:
+                    self._in_use -= 1
+        except PoolTimeout as exc:
+            figures = self.pool_figures
+            if acquired or not figures.full:
+                raise
+            waited = self.pool.timeout if pool_timeout is None else pool_timeout
+            raise self.instruments.pool_exhaustion.exhausted(action, waited, figures) from exc
+
+    async def _pooled(
+        self,
+        name: str,
+        params: dict[str, Any] | None = None,
+        row: type[Any] | None = None,
+        pool_timeout: float | None = None,
+    ) -> Any:
+        """One statement in a transaction of its own (_fetch), sent again after a short
+        pause when a concurrent transaction rolled it back, up to CONFLICT_RETRIES times;
+        the last DatabaseConflict goes to the caller."""
+        tries = 0
+        while True:
+            try:
+                with wrap_db_errors(name, self.instruments.outage):
+                    async with self._connection(name, pool_timeout) as conn:
+                        return await self._fetch(conn, name, params, row)
+            except DatabaseConflict as exc:
+                if tries == CONFLICT_RETRIES:
+                    raise
+                tries += 1
+                log.info(
+                    "%s: trying again (%d of %d): %s",
+                    name,
+                    tries,
+                    CONFLICT_RETRIES,
+                    exc,
+                    extra={"action": "db_conflict", "count": tries},
+                )
+                await asyncio.sleep(0.05 * tries)
+
+    async def _bounded(
+        self, name: str, params: dict[str, Any] | None, row: type[Any] | None, within: float
+    ) -> Any:
+        """_fetch within `within` seconds, the wait for a connection included (past it, as
+        for any wait: DatabasePoolExhausted or DatabaseUnavailable); a statement still
+        running at the deadline is cancelled (psycopg sends the server a cancel request)
+        and DatabaseUnavailable raised."""
+        deadline = asyncio.get_running_loop().time() + within
+        with wrap_db_errors(name, self.instruments.outage):
+            async with self._connection(name, within) as conn:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        return await self._fetch(conn, name, params, row)
+                except TimeoutError as exc:
+                    raise DatabaseUnavailable(f"{name}: no answer within {within:g} s") from exc
 
     # The publisher's: claim, send, mark, in one transaction -----------------------------
 
     async def publish_queued_jobs(
-        self,
-        *,
-        limit: int,
-        tabular_timeout: float,
-        image_timeout: float,
-        tabular_subject: str,
-        image_subject: str,
-        max_bytes: int,
-        send: SendPublished,
-        pacing: Pacing | None = None,
+        self, *, send: SendPublished, pacing: Pacing | None = None, **claim: Any
     ) -> list[PublishedJob]:
         """Claims up to `limit` queued jobs, oldest first, marking them published — or
-        dlq, when the request exceeds `max_bytes` — in one statement; hands the published
-        ones to `send` and commits once it returned. Returns every claimed job. When
-        `send` raises, nothing changed (rolled back) and its exception propagates.
-        With `pacing`, each pipeline gives at most what its in-flight limit leaves, round
-        robin over its consolidations (arm.publish_queued_jobs_v3)."""
-        params = publish_params(
-            limit=limit,
-            tabular_timeout=tabular_timeout,
-            image_timeout=image_timeout,
-            tabular_subject=tabular_subject,
-            image_subject=image_subject,
-            max_bytes=max_bytes,
-            pacing=pacing,
-        )
-        name = "publish_queued_jobs"
-        row: type[PublishedJob] = PublishedJob
-        if pacing is not None:
-            name, row = "publish_paced_jobs", PacedJob
+        dlq, when the request exceeds `max_bytes` — in one statement (`claim`: the other
+        keywords of publish_params); hands the published ones to `send` and commits once
+        it returned. Returns every claimed job. When `send` raises, nothing changed
+        (rolled back) and its exception propagates. With `pacing`, each pipeline gives at
+        most what its in-flight limit leaves, round robin over its consolidations
+        (arm.publish_queued_jobs_v3)."""
+        params = publish_params(**claim, pacing=pacing)
+        name = "publish_queued_jobs" if pacing is None else "publish_paced_jobs"
+        row = PublishedJob if pacing is None else PacedJob
         with wrap_db_errors("publish", self.instruments.outage):  # the commit's errors too
             async with self._connection("publish") as conn, conn.transaction():
-                claimed = await self._rows(conn, name, row, params, json_as_text=True)
+                claimed: list[PublishedJob] = await self._fetch(
+                    conn, name, params, row, json_as_text=True
+                )
                 sent = [c for c in claimed if c.outcome is PublishOutcome.PUBLISHED]
                 if sent:
                     await send(sent)
@@ -201,15 +308,15 @@ class Store(Pooled):
         params = {"limit": limit, "ack_timeout": ack_timeout, "max_republish": max_republish}
         with wrap_db_errors("republish", self.instruments.outage):
             async with self._connection("republish") as conn, conn.transaction():
-                claimed = await self._rows(
-                    conn, "claim_unacked_jobs", UnackedJob, params, json_as_text=True
+                claimed: list[UnackedJob] = await self._fetch(
+                    conn, "claim_unacked_jobs", params, UnackedJob, json_as_text=True
                 )
                 fits = [c for c in claimed if c.bytes <= max_bytes]
                 too_large = [c for c in claimed if c.bytes > max_bytes]
                 sent = list(await send(fits)) if fits else []
                 if sent:
                     job_ids = [c.job_id for c in sent]
-                    await self._scalar(conn, "mark_republished", {"job_ids": job_ids})
+                    await self._fetch(conn, "mark_republished", {"job_ids": job_ids})
                 if too_large:
                     dead = {
                         "job_ids": [c.job_id for c in too_large],
@@ -220,7 +327,7 @@ class Store(Pooled):
                             for c in too_large
                         ],
                     }
-                    moved = await self._rows(conn, "dead_letter_unrepublishable", MovedJob, dead)
+                    moved = await self._fetch(conn, "dead_letter_unrepublishable", dead, MovedJob)
                     ids = {m.job_id for m in moved}
                     too_large = [c for c in too_large if c.job_id in ids]
         return sent, too_large
@@ -233,19 +340,16 @@ class Store(Pooled):
         """Moves published jobs unacked for `ack_timeout` seconds after `max_republish`
         republishes to dlq (NO_ACK)."""
         params = {"ack_timeout": ack_timeout, "max_republish": max_republish}
-        return await self._pooled_rows("dead_letter_unacked", DeadLetteredJob, params)
+        return await self._pooled("dead_letter_unacked", params, DeadLetteredJob)
 
     async def answers(self, pool_timeout: float | None = None) -> None:
-        """Returns once the database answered one trivial statement; raises as every
-        call does when it does not (`pool_timeout` bounds the wait for a connection)."""
-        await self._pooled_scalar("answers", pool_timeout=pool_timeout)
+        """Returns once the database answered one trivial statement."""
+        await self._pooled("answers", pool_timeout=pool_timeout)
 
     async def outbox_ready_age(self, pool_timeout: float | None = None) -> float:
         """Seconds the oldest queued job that pacing does not hold back has waited (0 when
-        there is none; arm.outbox_ready_age); `pool_timeout` bounds the wait for a
-        connection of the pool."""
-        age = await self._pooled_scalar("outbox_ready_age", pool_timeout=pool_timeout)
-        return float(age) if age is not None else 0.0
+        there is none: arm.outbox_ready_age coalesces)."""
+        return float(await self._pooled("outbox_ready_age", pool_timeout=pool_timeout))
 
     async def apply_envelopes(self, answers: Sequence[Answer]) -> list[AppliedEnvelope]:
         """Applies a batch of acks and results in one statement (one transaction), in
@@ -253,82 +357,67 @@ class Store(Pooled):
         the wait it ended."""
         # The rows are JSON text already: joined, not parsed and dumped again.
         payload = "[" + ",".join(a.row_json for a in answers) + "]"
-        rows = await self._pooled_rows("apply_envelopes", AppliedEnvelope, {"envelopes": payload})
+        rows = await self._pooled("apply_envelopes", {"envelopes": payload}, AppliedEnvelope)
         if len(rows) != len(answers):
             raise DatabaseError(f"apply_envelopes_v2 returned {len(rows)} rows for {len(answers)}")
         return rows
 
     async def compact_counts(self) -> int:
-        """Folds the per-status count deltas into the counts; returns how many it folded."""
-        return int(await self._pooled_scalar("compact_counts"))
+        """Folds the per-status count deltas into the counts; returns how many."""
+        return int(await self._pooled("compact_counts"))
+
+    # `within` bounds the wait for a connection and the statement of each of these.
 
     async def status_view(self, ack_timeout: float, within: float) -> StatusView:
-        """GET /api/v1/status's figures; `within` bounds the wait for a connection and
-        the statement."""
-        [row] = await self._bounded_rows(
-            "status_view", StatusView, {"ack_timeout": ack_timeout}, within
-        )
+        """GET /api/v1/status's figures."""
+        [row] = await self._bounded("status_view", {"ack_timeout": ack_timeout}, StatusView, within)
         return row
+
+    async def pace_view(self, within: float) -> list[PaceRow]:
+        """Each pipeline's pacing (arm.pace_view)."""
+        return await self._bounded("pace_view", {}, PaceRow, within)
+
+    async def status_series(self, minutes: int, within: float) -> list[SeriesPoint]:
+        """The console's charts: the samples of the last `minutes`, oldest first."""
+        return await self._bounded("status_series", {"minutes": minutes}, SeriesPoint, within)
+
+    async def bridge_instances(self, within: float) -> list[BridgeInstance]:
+        """Every bridge seen in the last day, the most recently seen first."""
+        return await self._bounded("bridge_instances", None, BridgeInstance, within)
+
+    async def forget_bridge(self, name: str, within: float) -> bool:
+        """Deletes the bridge's row (a clean stop)."""
+        return bool(await self._bounded("forget_bridge", {"name": name}, None, within))
 
     async def pace_unheard(self, pipeline: str, retry_seconds: float) -> None:
         """Nobody listens on `pipeline`'s request subject: hold it, probe again in
         `retry_seconds` (arm.pace_unheard)."""
-        await self._pooled_scalar(
-            "pace_unheard", {"pipeline": pipeline, "retry_seconds": retry_seconds}
-        )
-
-    async def pace_view(self, within: float) -> list[PaceRow]:
-        """Each pipeline's pacing (arm.pace_view); `within` bounds the wait for a
-        connection and the statement."""
-        return await self._bounded_rows("pace_view", PaceRow, {}, within)
-
-    async def status_series(self, minutes: int, within: float) -> list[SeriesPoint]:
-        """The console's charts: the samples of the last `minutes`, oldest first; `within`
-        bounds the wait for a connection and the statement."""
-        return await self._bounded_rows("status_series", SeriesPoint, {"minutes": minutes}, within)
+        await self._pooled("pace_unheard", {"pipeline": pipeline, "retry_seconds": retry_seconds})
 
     async def record_waits(self, waits: dict[str, list[int]]) -> None:
         """Stores the waits a bridge observed, per phase and bucket, in one transaction."""
         with wrap_db_errors("record_waits", self.instruments.outage):
             async with self._connection("record_waits") as conn, conn.transaction():
                 for phase, counts in waits.items():
-                    await self._scalar(conn, "record_waits", {"phase": phase, "counts": counts})
+                    await self._fetch(conn, "record_waits", {"phase": phase, "counts": counts})
 
     async def run_due_tasks(self) -> list[TaskRun]:
         """Runs every periodic task that is due (each once, whoever else ticks)."""
-        return await self._pooled_rows("run_due_tasks", TaskRun)
+        return await self._pooled("run_due_tasks", None, TaskRun)
 
     async def set_sweep_interval(self, seconds: float) -> None:
-        """Sets the period of the sweep_timeouts task (only that: whether it is enabled
-        stays as a DBA set it)."""
-        await self._pooled_scalar("set_sweep_interval", {"seconds": seconds})
+        """Sets the period of the sweep_timeouts task (not whether a DBA enabled it)."""
+        await self._pooled("set_sweep_interval", {"seconds": seconds})
 
     async def set_setting(self, name: str, value: str) -> None:
         """Writes one of arm.setting's values."""
-        await self._pooled_scalar("set_setting", {"name": name, "value": value})
+        await self._pooled("set_setting", {"name": name, "value": value})
 
     async def record_bridge(self, bridge: BridgeInstance) -> None:
         """Writes the bridge's row: it is alive, in this state (its seen_seconds_ago is
         the database's clock, not the caller's)."""
-        params = {
-            "name": bridge.name,
-            "version": bridge.version,
-            "started_at": bridge.started_at,
-            "nats": bridge.nats,
-            "listener": bridge.listener,
-            "loops": Jsonb(bridge.loops),
-            "held": bridge.held,
-        }
-        await self._pooled_scalar("record_bridge", params)
-
-    async def forget_bridge(self, name: str, within: float) -> bool:
-        """Deletes the bridge's row (a clean stop), within `within` seconds."""
-        forgotten = self._pooled_scalar("forget_bridge", {"name": name}, pool_timeout=within)
-        return bool(await asyncio.wait_for(forgotten, within))
-
-    async def bridge_instances(self, within: float) -> list[BridgeInstance]:
-        """Every bridge seen in the last day, the most recently seen first."""
-        return await self._bounded_rows("bridge_instances", BridgeInstance, None, within)
+        params = dataclasses.asdict(bridge) | {"loops": Jsonb(bridge.loops)}
+        await self._pooled("record_bridge", params)
 
     async def retry_file(
         self,
@@ -347,7 +436,7 @@ class Store(Pooled):
             "expected_job_id": expected_job_id,
             "actor_level": actor_level,
         }
-        [row] = await self._pooled_rows("retry_file", RetryResult, params)
+        [row] = await self._pooled("retry_file", params, RetryResult)
         return row
 
     async def retry_files(
@@ -367,13 +456,12 @@ class Store(Pooled):
             "expected_job_ids": expected,
             "actor_level": actor_level,
         }
-        return await self._pooled_rows("retry_files", RetryResult, params)
+        return await self._pooled("retry_files", params, RetryResult)
 
-    async def get_file(self, file_id: uuid.UUID) -> JsonObject | None:
+    async def get_file(self, file_id: uuid.UUID) -> dict[str, Any] | None:
         """The file, its current job and every attempt as one JSON document; None when
         there is no such file."""
-        document: JsonObject | None = await self._pooled_scalar("get_file", {"file_id": file_id})
-        return document
+        return await self._pooled("get_file", {"file_id": file_id})
 
     async def list_files(
         self,
@@ -383,25 +471,20 @@ class Store(Pooled):
     ) -> list[FileListItem]:
         """Up to `limit` files matching `where`, newest first (created_at, then id),
         after the keyset `after` (the last file of the previous page)."""
-        params = file_list_params(limit, where, after)
-        return await self._pooled_rows("list_files", FileListItem, params)
+        return await self._pooled("list_files", file_list_params(limit, where, after), FileListItem)
 
 
 class SyncStore:
-    """The queries `arm-core migrate` sends, on its (synchronous) connection and in its
-    transaction; it wraps the errors of the whole migration."""
+    """The queries `arm-core migrate` sends, on its connection and in its transaction
+    (whose errors it wraps)."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
 
-    def _execute(self, name: str, params: dict[str, Any]) -> None:
-        self.conn.execute(query(name), params)
-
     def set_sweep_interval(self, seconds: float) -> None:
-        """Sets the period of the sweep_timeouts task (only that: whether it is enabled
-        stays as a DBA set it)."""
-        self._execute("set_sweep_interval", {"seconds": seconds})
+        """Store.set_sweep_interval's."""
+        self.conn.execute(query("set_sweep_interval"), {"seconds": seconds})
 
     def set_setting(self, name: str, value: str) -> None:
-        """Writes one of arm.setting's values."""
-        self._execute("set_setting", {"name": name, "value": value})
+        """Store.set_setting's."""
+        self.conn.execute(query("set_setting"), {"name": name, "value": value})

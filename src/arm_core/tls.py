@@ -1,29 +1,19 @@
-"""TLS: the SSL contexts of NATS (a client: the bridge, serve, the reference service) and
-of HTTPS (a server: serve and the bridge's health port), each built in this one place
-from file paths (docs/configuration.md, TLS).
-
-Every file is read and checked when the process starts, so a deployment that cannot work
-fails at once, exit 2, with the variable named: a file that is missing or unreadable, a
-certificate that is not PEM, expired or not yet valid, a key that does not match its
-certificate, or an encrypted key (nothing here would ever type its passphrase). No
-message quotes a file's content — only its path, a certificate's subject and dates.
-
-Server names are always verified (``check_hostname``): there is no switch to turn that
-off. TLS 1.2 is the oldest version spoken.
+"""TLS files, read and checked when the process starts, so a deployment that cannot work
+fails at once, exit 2, naming the variable; no message quotes a file's content, only its
+path, a certificate's subject and dates. Settings builds its contexts with these, on the
+standard library's defaults: TLS 1.2 or later, and a client always verifies the server's
+certificate and name.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import ssl
-from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
 
 from arm_core.config_error import ConfigError
-
-MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
 
 
 def _read(var: str, path: str) -> bytes:
@@ -33,9 +23,7 @@ def _read(var: str, path: str) -> bytes:
         raise ConfigError(f"{var}: cannot read {path!r}: {exc.strerror or exc}") from None
 
 
-def check_certificates(
-    var: str, path: str, now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
-) -> list[x509.Certificate]:
+def check_certificates(var: str, path: str) -> list[x509.Certificate]:
     """The PEM certificates in `path` (a certificate, its chain, or a CA bundle), each
     within its validity period. Raises ConfigError naming `var`."""
     data = _read(var, path)
@@ -43,48 +31,45 @@ def check_certificates(
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
         raise ConfigError(f"{var}: {path!r} holds no PEM certificate") from None
-    moment = now()
+    now = dt.datetime.now(dt.UTC)
     for cert in certs:
+        if cert.not_valid_after_utc < now:
+            when = f"expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M}"
+        elif cert.not_valid_before_utc > now:
+            when = f"is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M}"
+        else:
+            continue
         subject = cert.subject.rfc4514_string() or "(no subject)"
-        if cert.not_valid_after_utc < moment:
-            raise ConfigError(
-                f"{var}: the certificate {subject!r} in {path!r} expired on "
-                f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
-            )
-        if cert.not_valid_before_utc > moment:
-            raise ConfigError(
-                f"{var}: the certificate {subject!r} in {path!r} is not valid before "
-                f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
-            )
+        raise ConfigError(f"{var}: the certificate {subject!r} in {path!r} {when} UTC")
     return certs
 
 
 def expires_at(var: str, path: str) -> dt.datetime:
-    """When the first certificate in `path` to expire does (a certificate with its
-    chain, or a CA bundle): what arm_tls_certificate_expiry_timestamp_seconds says.
-    Raises ConfigError naming `var` for a file that is not checked ones."""
+    """When the first certificate in `path` to expire does (checked as
+    check_certificates does): arm_tls_certificate_expiry_timestamp_seconds."""
     return min(cert.not_valid_after_utc for cert in check_certificates(var, path))
 
 
-def _no_passphrase(var: str) -> Callable[[], bytes]:
-    def refuse() -> bytes:
+def load_pair(context: ssl.SSLContext, cert_var: str, cert: str, key_var: str, key: str) -> None:
+    """The certificate (and its chain) and its key into `context`, checked, when given."""
+    if bool(cert) != bool(key):
+        missing, given = (key_var, cert_var) if cert else (cert_var, key_var)
+        raise ConfigError(f"{missing}: required when {given} is set")
+    if not cert:
+        return
+    check_certificates(cert_var, cert)
+    _read(key_var, key)  # unreadable: named as the key's variable, not the certificate's
+
+    def no_passphrase() -> bytes:
         raise ConfigError(
-            f"{var}: the key is encrypted; give the key unencrypted, in a file only this "
+            f"{key_var}: the key is encrypted; give the key unencrypted, in a file only this "
             "process's user may read (mounted read-only)"
         )
 
-    return refuse
-
-
-def _load_pair(context: ssl.SSLContext, cert_var: str, cert: str, key_var: str, key: str) -> None:
-    """The certificate (and its chain) and its key into `context`, checked."""
-    check_certificates(cert_var, cert)
-    _read(key_var, key)  # unreadable: named as the key's variable, not the certificate's
     try:
-        context.load_cert_chain(cert, key, password=_no_passphrase(key_var))
+        context.load_cert_chain(cert, key, password=no_passphrase)
     except ssl.SSLError as exc:
-        reason = (exc.reason or "").upper()
-        if "KEY_VALUES_MISMATCH" in reason:
+        if "KEY_VALUES_MISMATCH" in (exc.reason or "").upper():
             raise ConfigError(
                 f"{key_var}: the key in {key!r} does not match the certificate of {cert_var}"
             ) from None
@@ -93,46 +78,11 @@ def _load_pair(context: ssl.SSLContext, cert_var: str, cert: str, key_var: str, 
         ) from None
 
 
-def _pair_given(cert_var: str, cert: str, key_var: str, key: str) -> bool:
-    if bool(cert) != bool(key):
-        missing, given = (key_var, cert_var) if cert else (cert_var, key_var)
-        raise ConfigError(f"{missing}: required when {given} is set")
-    return bool(cert)
-
-
-def nats_client_context(ca_file: str, cert_file: str, key_file: str) -> ssl.SSLContext:
-    """The client context of every NATS connection: the server verified against
-    NATS_TLS_CA_FILE (the system's CAs when empty) and its name checked; the client
-    certificate and key of NATS_TLS_CERT_FILE / NATS_TLS_KEY_FILE when given (mutual
-    TLS)."""
-    if ca_file:
-        check_certificates("NATS_TLS_CA_FILE", ca_file)
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file or None)
-    context.minimum_version = MINIMUM_VERSION
-    context.check_hostname = True
-    context.verify_mode = ssl.CERT_REQUIRED
-    if _pair_given("NATS_TLS_CERT_FILE", cert_file, "NATS_TLS_KEY_FILE", key_file):
-        _load_pair(context, "NATS_TLS_CERT_FILE", cert_file, "NATS_TLS_KEY_FILE", key_file)
-    return context
-
-
-def https_server_context(cert_file: str, key_file: str) -> ssl.SSLContext | None:
-    """The server context of `arm-core serve` and the bridge's health port, from
-    HTTP_TLS_CERT_FILE / HTTP_TLS_KEY_FILE; None (plain HTTP) when neither is set."""
-    if not _pair_given("HTTP_TLS_CERT_FILE", cert_file, "HTTP_TLS_KEY_FILE", key_file):
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = MINIMUM_VERSION
-    _load_pair(context, "HTTP_TLS_CERT_FILE", cert_file, "HTTP_TLS_KEY_FILE", key_file)
-    return context
-
-
 def own_certificate_context(cert_file: str) -> ssl.SSLContext:
     """What `arm-core healthcheck` trusts when the process it asks serves HTTPS: exactly
     the certificate in HTTP_TLS_CERT_FILE (pinned: its chain need not be installed here),
     whatever name it was issued to, since the probe asks over loopback."""
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cert_file)
-    context.minimum_version = MINIMUM_VERSION
     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     context.check_hostname = False  # loopback; the certificate itself is pinned
     return context

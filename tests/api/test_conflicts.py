@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from psycopg.rows import dict_row
 
-import arm_core.pooled
+import arm_core.store
 from arm_core.devtools.testbed.polling import wait_for
 from arm_core.devtools.testbed.sql import API_LOGIN, dict_conn, fail_by_timeout, scalar, upload
 from tests.support.api import api_settings, running_api
@@ -137,7 +137,7 @@ async def test_a_retry_still_in_conflict_after_every_try_is_a_503_that_did_nothi
     db_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO)
-    monkeypatch.setattr(arm_core.pooled, "CONFLICT_RETRIES", 0)  # no second try
+    monkeypatch.setattr(arm_core.store, "CONFLICT_RETRIES", 0)  # no second try
     files = two_failed_files(db_url)
     async with running_api(api_settings(db_url)) as http, sessions(db_url) as (other, watcher):
         request = await retry_across_a_deadlock(http, files, other, watcher)

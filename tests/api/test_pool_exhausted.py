@@ -19,7 +19,6 @@ from arm_core.devtools.testbed.polling import wait_for
 from arm_core.devtools.testbed.proxies import TcpProxy
 from arm_core.devtools.testbed.sql import API_LOGIN, dict_conn, scalar, upload
 from arm_core.http.keys import STORE
-from arm_core.runtime import POOL
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import logged
 
@@ -117,7 +116,7 @@ async def test_a_starved_pool_is_exhausted_and_an_unreachable_database_an_outage
         async def looks_full_and_is_down() -> bool:
             resp = await http.get(path)
             answers.append((await resp.json()).get("error", {}).get("code", str(resp.status)))
-            stats = app[POOL].get_stats()
+            stats = app[STORE].pool.get_stats()
             return stats["pool_size"] == POOL_SIZE and stats["pool_available"] == 0
 
         await wait_for(looks_full_and_is_down, 20, "the pool's figures look full")

@@ -86,7 +86,7 @@ async def test_S_ACK_1_ack_over_nats(
 
     [applied] = step.results
     assert (applied.outcome, applied.status, applied.attempt) == (APPLIED, PROCESSING, 1)
-    assert applied.envelope.job_id == up.job_id and step.deferred == step.dropped == ()
+    assert applied.envelope.job_id == up.job_id and step.deferred == ()
     with dict_conn(db_url) as conn:
         row = job(conn, up.job_id)
         assert row["status"] == "processing"

@@ -158,7 +158,7 @@ async def test_without_its_listen_session_the_process_is_not_ready_until_it_is_b
             assert (body["db"], body["nats"], body["draining"]) == ("ok", "ok", False), body
             assert (await probe(http, "/livez"))[0] == 200
             listener = app[BRIDGE].listener
-            await wait_for(lambda: listener.outage.failures >= 3, 15, "three failed attempts")
+            await wait_for(lambda: listener.outage.count >= 3, 15, "three failed attempts")
             said = [r for r in caplog.records if r.getMessage().startswith("database unavailable")]
             assert len(said) == 1 and "listen: " in said[0].getMessage(), said
             proxy.unblock()

@@ -20,7 +20,7 @@ import pytest
 from nats.aio.client import Client
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.config import SchedulerConfig
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.scheduler import Scheduler
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.testbed.polling import wait_for
@@ -30,7 +30,7 @@ from arm_core.rows import TaskRun
 from arm_core.statuses import ApplyOutcome, JobStatus, PublishOutcome
 from arm_core.store import Store
 from tests.support.bridge import fast_settings
-from tests.support.steps import NO_NATS, inbox_feed, publisher, receive, step_pool
+from tests.support.steps import NO_NATS, inbox_feed, inbox_step, publisher, receive, step_pool
 
 pytestmark = pytest.mark.integration
 
@@ -184,8 +184,8 @@ async def test_an_inbox_step_applies_a_batch_of_acks_and_results(
     ]:
         await feed.send(body, msg_id)
     assert await feed.deliver() == 7 and inbox.buffered() == 7
-    step = await inbox.run_once()
-    empty = await inbox.run_once()
+    step = await inbox_step(inbox)
+    empty = await inbox_step(inbox)
 
     A = ApplyOutcome
     assert [(r.outcome, r.status) for r in step.results] == [
@@ -199,7 +199,7 @@ async def test_an_inbox_step_applies_a_batch_of_acks_and_results(
     ]
     assert [r.attempt for r in step.results] == [1, 1, 1, 1, 1, None, 1]
     assert [r.envelope.job_id for r in step.results][:2] == [done.job_id, done.job_id]
-    assert step.deferred == () and step.dropped == ()
+    assert step.deferred == ()
     assert step.outcomes() == Counter(
         {A.APPLIED: 4, A.DUPLICATE: 1, A.UNKNOWN_JOB: 1, A.NOT_PUBLISHED: 1}
     )
@@ -235,12 +235,12 @@ async def test_an_inbox_step_keeps_busy_envelopes_to_lead_the_next_one(
     await feed.put(envelope(free.job_id, free.file_id, "processing"), f"ack:{free.job_id}:1")
     with dict_conn(db_url) as locker, locker.transaction():
         locker.execute("SELECT 1 FROM arm.recognition_job WHERE id = %s FOR UPDATE", (held.job_id,))
-        step = await inbox.run_once()
+        step = await inbox_step(inbox)
     assert [r.outcome for r in step.results] == [ApplyOutcome.BUSY, ApplyOutcome.APPLIED]
     assert [e.job_id for e in step.deferred] == [held.job_id]
 
     await feed.put(envelope(held.job_id, held.file_id, "done"), f"result:{held.job_id}:1")
-    after = await inbox.run_once()
+    after = await inbox_step(inbox)
     assert [(r.envelope.status, r.outcome) for r in after.results] == [
         (JobStatus.PROCESSING, ApplyOutcome.APPLIED),  # the held ack first
         (JobStatus.DONE, ApplyOutcome.APPLIED),
@@ -309,7 +309,7 @@ async def test_an_inbox_step_that_meets_a_starved_pool_holds_its_batch_until_it_
             locker.execute("LOCK TABLE arm.periodic_task IN ACCESS EXCLUSIVE MODE")
             tick = asyncio.ensure_future(store.run_due_tasks())
             await wait_for(lambda: store.pool_figures.in_use == 1, 10, "the tick holds it")
-            step = asyncio.ensure_future(inbox.run_once())
+            step = asyncio.ensure_future(inbox_step(inbox))
             await wait_for(lambda: inbox.counts["db_retries"] >= 2, 10, "the batch held twice")
             assert not step.done() and inbox.db_unreachable is False
             with dict_conn(db_url) as conn:
@@ -321,7 +321,7 @@ async def test_an_inbox_step_that_meets_a_starved_pool_holds_its_batch_until_it_
         (ApplyOutcome.APPLIED, JobStatus.PROCESSING),
         (ApplyOutcome.APPLIED, JobStatus.DONE),
     ]
-    assert applied.dropped == () and inbox.counts["batches"] == 1
+    assert inbox.counts["batches"] == 1
     assert inbox.db_unreachable is False
     held = [r for r in caplog.records if getattr(r, "action", None) == "inbox_hold"]
     assert held and all("DATABASE_POOL_MAX_SIZE" in r.getMessage() for r in held)
@@ -347,8 +347,8 @@ async def test_one_inbox_step_takes_every_worker_and_keeps_each_jobs_order(
     assert await feed.deliver() == 24
     for n, queue in enumerate(feed.inbox.queues):
         mine = [up for up in ups if up.job_id.int % 3 == n]
-        assert queue.qsize() == 2 * len(mine)
-    busy_workers = sum(not q.empty() for q in feed.inbox.queues)
+        assert len(queue) == 2 * len(mine)
+    busy_workers = sum(bool(q) for q in feed.inbox.queues)
 
     step = await feed.step()
     assert step.outcomes() == Counter({ApplyOutcome.APPLIED: 24})
@@ -373,7 +373,7 @@ async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
         conn.execute(
             "UPDATE arm.periodic_task SET next_run_at = clock_timestamp() + interval '1 hour'"
         )
-    scheduler = Scheduler(SchedulerConfig(fast_settings(db_url, NO_NATS)), Store(pool))
+    scheduler = Scheduler(BridgeConfig(fast_settings(db_url, NO_NATS)), Store(pool))
 
     assert await scheduler.run_once() == []  # nothing due
     with dict_conn(db_url) as conn:
@@ -393,6 +393,41 @@ async def test_a_schedule_tick_runs_the_sweep_when_it_is_due(
             "SELECT run_count, last_result FROM arm.periodic_task WHERE name = 'sweep_timeouts'"
         ).fetchone()
     assert task == {"run_count": 1, "last_result": "1"}
+
+
+async def test_the_first_tick_sets_the_sweep_period_only_when_it_was_given(
+    db_url: str, pool: AsyncConnectionPool[Any]
+) -> None:
+    """TIMEOUT_SWEEP_SECONDS, when given, is the sweep's period in arm.periodic_task,
+    written by the schedule's first tick; otherwise the period a DBA set there stands."""
+
+    def period() -> float:
+        with dict_conn(db_url) as conn:
+            [row] = conn.execute(
+                "SELECT extract(epoch FROM run_every) AS seconds FROM arm.periodic_task "
+                "WHERE name = 'sweep_timeouts'"
+            ).fetchall()
+        return float(row["seconds"])
+
+    with dict_conn(db_url) as conn:  # a DBA's period
+        conn.execute(
+            "UPDATE arm.periodic_task SET run_every = interval '45 s' WHERE name = 'sweep_timeouts'"
+        )
+    defaulted = fast_settings(db_url, NO_NATS)
+    assert "TIMEOUT_SWEEP_SECONDS" not in defaulted.explicit
+    await Scheduler(BridgeConfig(defaulted), Store(pool)).run_once()
+    assert period() == 45
+    given = Scheduler(
+        BridgeConfig(fast_settings(db_url, NO_NATS, timeout_sweep_seconds=12)), Store(pool)
+    )
+    await given.run_once()
+    assert period() == 12
+    with dict_conn(db_url) as conn:  # set once: a later tick leaves a DBA's change alone
+        conn.execute(
+            "UPDATE arm.periodic_task SET run_every = interval '45 s' WHERE name = 'sweep_timeouts'"
+        )
+    await given.run_once()
+    assert period() == 45
 
 
 async def test_an_overdue_request_too_large_to_republish_is_dead_lettered_once(
@@ -440,7 +475,7 @@ async def test_the_schedule_hands_the_waits_the_steps_observed_to_the_database(
         assert len((await pub.run_once()).published) == 3
     # The process's metrics, as a bridge hands them to both.
     scheduler = Scheduler(
-        SchedulerConfig(fast_settings(db_url, NO_NATS)), Store(pool), metrics=pub.metrics
+        BridgeConfig(fast_settings(db_url, NO_NATS)), Store(pool), metrics=pub.metrics
     )
     stored = await scheduler.record_waits(force=True)
     assert stored is not None and set(stored) == {"queued"} and sum(stored["queued"]) == 3

@@ -52,8 +52,8 @@ from arm_core.devtools.testbed.sql import (
     upload,
     upload_file,
 )
+from arm_core.http.keys import STORE
 from arm_core.migrate import ROLES, SQL_DIR, RolesMissing, apply_functions, migrate
-from arm_core.runtime import POOL
 from tests.support.api import api_settings, running_api
 from tests.support.bridge import fast_settings, running_bridge
 
@@ -900,7 +900,7 @@ async def test_the_bridge_under_test_connects_as_the_bridges_login(
 async def test_the_api_under_test_connects_as_the_apis_login(db_url: str) -> None:
     async with running_api(api_settings(db_url)) as http:
         assert (await http.get("/healthcheck")).status == 200
-        async with http.app[POOL].connection() as conn:
+        async with http.app[STORE].pool.connection() as conn:
             cur = await conn.execute("SELECT current_user::text")
             assert await cur.fetchone() == (API_LOGIN.name,)
     with_bridge = api_settings(db_url, nats_enabled=True)

@@ -20,13 +20,14 @@ from arm_core.devtools.testbed.sql import (
     dict_conn,
     fail_by_timeout,
     job,
+    pipeline_for,
     publish,
     scalar,
     stored_file,
     upload,
 )
-from arm_core.migrate import migrate, rollback_all
-from arm_core.statuses import DB_ENUMS, FileType, pipeline_for
+from arm_core.migrate import migrate, rollback_to
+from arm_core.statuses import FileStatus, FileType, JobStatus
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ def test_migrate_empty_then_rollback_then_reapply(empty_db_url: str) -> None:
     kinds = {kind for kind, _, _ in applied}
     assert kinds == {"function", "trigger", "index", "constraint", "column", "privileges"}
 
-    assert rollback_all(empty_db_url) == MIGRATIONS[::-1]
+    assert rollback_to(empty_db_url, MIGRATIONS[0]) == MIGRATIONS[::-1]
     with psycopg.connect(empty_db_url) as conn:
         assert conn.execute("SELECT to_regnamespace('arm')").fetchone() == (None,)
 
@@ -146,7 +147,12 @@ def test_concurrent_migrate_runs_do_not_corrupt(empty_db_url: str) -> None:
 
 
 def test_python_statuses_equal_the_database_enums(conn: Conn) -> None:
-    for db_type, py_enum in DB_ENUMS.items():
+    mirrored = {
+        "arm.job_status": JobStatus,
+        "arm.file_status": FileStatus,
+        "arm.file_type": FileType,
+    }
+    for db_type, py_enum in mirrored.items():
         labels = scalar(conn, f"SELECT enum_range(NULL::{db_type})::text[]")
         assert labels == [member.value for member in py_enum], db_type
 
@@ -157,7 +163,7 @@ def test_python_pipeline_rule_equals_the_database_one(conn: Conn) -> None:
             "SELECT arm.pipeline_for(%s::arm.file_type)::text AS p", (file_type.value,)
         ).fetchone()
         assert row is not None
-        assert row["p"] == pipeline_for(file_type).value, file_type
+        assert row["p"] == pipeline_for(file_type), file_type
 
 
 def test_plain_sql_upload_gets_defaults(conn: Conn) -> None:

@@ -25,7 +25,6 @@ import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-import arm_core.pooled as pooled_module
 import arm_core.store as store_module
 from arm_core.bridge.envelope import Envelope, parse_envelope
 from arm_core.db import queries
@@ -270,8 +269,7 @@ async def test_every_store_method_runs_against_a_real_database_and_types_its_row
         sent.append(name)
         return original(name)
 
-    for module in (store_module, pooled_module):  # the store, and its base's helpers
-        monkeypatch.setattr(module, "query", recording)
+    monkeypatch.setattr(store_module, "query", recording)
     with dict_conn(db_url) as conn:
         a, b, c = upload(conn), upload(conn, "PDF"), upload(conn)
 
@@ -501,12 +499,11 @@ def test_the_outcome_enums_are_the_texts_the_functions_return() -> None:
 
 
 def runtime_modules() -> list[Path]:
-    """The runtime's sources: src/arm_core, bridge/ and http/, but not the store (its
-    plumbing, arm_core.pooled, included), its rows and db.py themselves nor the
-    development tools."""
+    """The runtime's sources: src/arm_core, bridge/ and http/, but not the store, its rows
+    and db.py themselves nor the development tools."""
     found = [*(ROOT / "src" / "arm_core").glob("*.py"), *(ROOT / "bridge").glob("*.py")]
     found += (ROOT / "http").glob("*.py")
-    return sorted(p for p in found if p.name not in ("store.py", "pooled.py", "rows.py", "db.py"))
+    return sorted(p for p in found if p.name not in ("store.py", "rows.py", "db.py"))
 
 
 def test_only_the_store_sends_named_queries_or_reads_dict_rows() -> None:

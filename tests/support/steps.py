@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +25,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from psycopg_pool import AsyncConnectionPool
 
-from arm_core.bridge.config import InboxConfig, PublisherConfig
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.contracts import REQUEST_SCHEMA, validator
-from arm_core.bridge.inbox import Inbox, InboxStep
+from arm_core.bridge.envelope import Envelope
+from arm_core.bridge.inbox import EnvelopeOutcome, Inbox
 from arm_core.bridge.nats_client import connect
 from arm_core.bridge.publisher import Publisher
 from arm_core.devtools.testbed.sql import BRIDGE_LOGIN, as_login
@@ -75,7 +77,7 @@ async def publisher(
     closing = False
     await connect(nc, config, "publisher-step", closing=lambda: closing)
     try:
-        yield Publisher(PublisherConfig(config), Store(pool), nc)
+        yield Publisher(BridgeConfig(config), Store(pool), nc)
     finally:
         closing = True
         await nc.close()
@@ -167,7 +169,7 @@ class InboxFeed:
         assert await self.deliver() == 1
 
     async def step(self) -> InboxStep:
-        return await self.inbox.run_once()
+        return await inbox_step(self.inbox)
 
 
 async def inbox_feed(
@@ -175,10 +177,34 @@ async def inbox_feed(
 ) -> InboxFeed:
     """An inbox of one worker (fast_settings plus `settings`) fed through `client`."""
     given = fast_settings(db_url, NO_NATS, **{"inbox_workers": 1, **settings})
-    inbox = Inbox(InboxConfig(given), Store(pool))
+    inbox = Inbox(BridgeConfig(given), Store(pool))
     sub = await client.subscribe(given.result_subject)
     await _flush(client)
     return InboxFeed(inbox, client, sub, given.result_subject)
+
+
+@dataclass(frozen=True)
+class InboxStep:
+    """What one batch of each worker of an inbox did, the workers one after the other:
+    every envelope's outcome, in the order applied."""
+
+    results: tuple[EnvelopeOutcome, ...]
+
+    @property
+    def deferred(self) -> tuple[Envelope, ...]:
+        """Those that came back `busy`: they lead their worker's next batch."""
+        return tuple(r.envelope for r in self.results if r.outcome is ApplyOutcome.BUSY)
+
+    def outcomes(self) -> Counter[ApplyOutcome]:
+        return Counter(r.outcome for r in self.results)
+
+
+async def inbox_step(inbox: Inbox) -> InboxStep:
+    """Inbox.run_once of each worker in turn."""
+    results: list[EnvelopeOutcome] = []
+    for worker in range(len(inbox.queues)):
+        results += await inbox.run_once(worker)
+    return InboxStep(tuple(results))
 
 
 def outcomes(step: InboxStep) -> list[tuple[ApplyOutcome, JobStatus | None]]:

@@ -89,7 +89,7 @@ def test_the_pools_connection_failures_become_the_outage(
         assert (started.state, started_too.state) == ("started", "started")  # type: ignore[attr-defined]
         assert "Pw9xQ2vL7k" not in started.getMessage()
         assert "arm:***@db1" in started.getMessage()
-        assert (outage.failures, other.failures) == (5, 1)
+        assert (outage.count, other.count) == (5, 1)
         outage.available()
         other.available()
         pool_log.warning("discarding closed connection: %s", "<conn>")  # no outage: shown
@@ -98,7 +98,7 @@ def test_the_pools_connection_failures_become_the_outage(
         )
     assert pool_log.filters == before
     pool_log.warning("error connecting in %r: %s", "arm-core-a", said)  # no longer routed
-    assert outage.failures == 0
+    assert outage.count == 0
     assert [r.getMessage() for r in caplog.records if r.name == "psycopg.pool"][-1].startswith(
         "error connecting in 'arm-core-a'"
     )

@@ -1,6 +1,6 @@
-"""The shape of the bridge's services: one Store per process, handed to them; a config
-of their own, made from the process's Settings (each variable read from there, never
-copied) and the numbers of their own that are no variable, checked when made."""
+"""The shape of the bridge's services: one Store per process, handed to them; one
+config, the process's Settings (each variable read from there, never copied) and the
+numbers that are no variable."""
 
 from __future__ import annotations
 
@@ -10,20 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from arm_core.bridge.config import (
-    BridgeConfig,
-    InboxConfig,
-    PublisherConfig,
-    RestartPolicy,
-    SchedulerConfig,
-)
+from arm_core.bridge.config import BridgeConfig
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-# The modules that may make the process's pool and its Store (and the store itself, with
-# its plumbing).
-OWNERS = {"runtime.py", "store.py", "pooled.py", "migrate.py"}
+# The modules that may make the process's pool and its Store (and the store itself).
+OWNERS = {"runtime.py", "store.py", "migrate.py"}
 
 
 def runtime_sources() -> list[Path]:
@@ -50,52 +43,17 @@ def test_no_service_imports_the_pool_or_builds_a_store() -> None:
                 assert node.func.id not in ("Store", "SyncStore"), f"{path}:{node.lineno}"
 
 
-CONFIGS = [PublisherConfig, InboxConfig, SchedulerConfig, RestartPolicy, BridgeConfig]
-
-
-def test_each_service_reads_the_one_settings_and_declares_no_variable() -> None:
-    """One home per variable: every service's config is made from the Settings the
-    bridge is given, and none declares a field of its own for a variable."""
-    settings = Settings(
-        outbox_batch_size=7,
-        inbox_workers=3,
-        inbox_buffer_size=30,
-        schedule_tick_seconds=2.5,
-        results_stream="RESULTS",
-        nats_queue_group="group-a",
-    )
-    config = BridgeConfig(settings)
-    for service in (config.publisher, config.inbox, config.scheduler, config.restarts):
-        assert service.settings is settings
-    assert BridgeConfig().settings == Settings() == PublisherConfig().settings
+def test_the_config_declares_no_variable() -> None:
+    """One home per variable: the bridge's config holds the Settings it is given, and no
+    field of its own for a variable."""
+    settings = Settings(outbox_batch_size=7, results_stream="RESULTS")
+    assert BridgeConfig(settings).settings is settings
+    assert BridgeConfig().settings == Settings()
     # A field named as a variable, or as its tail (batch_size for OUTBOX_BATCH_SIZE).
     parts = [name.split("_") for name in Settings.model_fields]
     variables = {"_".join(words[i:]) for words in parts for i in range(len(words))}
-    for cls in CONFIGS:
-        own = {f.name for f in fields(cls)} - {"settings"}
-        assert not own & variables, (cls.__name__, own & variables)
-
-
-def test_the_sweep_period_reaches_the_schedule_only_when_given() -> None:
-    assert SchedulerConfig(Settings()).sweep_interval_seconds is None  # the DBA's stands
-    given = Settings.from_env({"TIMEOUT_SWEEP_SECONDS": "12", "DATABASE_URL": "postgresql://x"})
-    assert BridgeConfig(given).scheduler.sweep_interval_seconds == 12
-    assert SchedulerConfig(Settings(timeout_sweep_seconds=3)).sweep_interval_seconds == 3
-
-
-@pytest.mark.parametrize("config", CONFIGS)
-def test_a_config_refuses_a_number_that_cannot_work(config: type) -> None:
-    numbers = [f.name for f in fields(config) if f.type in ("int", "float")]
-    assert numbers
-    for name in numbers:
-        with pytest.raises(ValueError, match=name):
-            config(**{name: -1})
-
-
-def test_zero_is_refused_where_it_would_spin_and_allowed_where_it_means_never() -> None:
-    with pytest.raises(ValueError, match="active_poll_seconds"):
-        PublisherConfig(active_poll_seconds=0)
-    assert InboxConfig(not_published_patience_seconds=0).not_published_patience_seconds == 0
+    own = {f.name for f in fields(BridgeConfig)} - {"settings"}
+    assert own and not own & variables, own & variables
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from arm_core.bridge.config import RestartPolicy
+from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.service import Fatal, LoopState, Service, Supervisor
 from arm_core.config import Settings
 from arm_core.config_error import ConfigError
@@ -18,15 +18,18 @@ from arm_core.devtools.testbed.polling import wait_for
 from tests.support.bridge import logged
 from tests.support.fault_points import POINTS, InjectedFault, armed, fault
 
-FAST = RestartPolicy(
+FAST = BridgeConfig(
     Settings(service_restart_limit=2, service_restart_window_seconds=60),
-    backoff_seconds=0.01,
-    backoff_max_seconds=0.02,
+    restart_backoff_seconds=0.01,
+    restart_backoff_max_seconds=0.02,
 )
 
 
 def restarts(supervisor: Supervisor, name: str) -> float:
-    return supervisor.metrics.value("arm_service_restarts_total", {"service": name})
+    found = supervisor.metrics.registry.get_sample_value(
+        "arm_service_restarts_total", {"service": name}
+    )
+    return found or 0.0
 
 
 class Crashy(Service):
@@ -98,14 +101,14 @@ async def test_each_restart_waits_its_backoff_doubling_up_to_the_longest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A loop that crashes on every turn is not restarted in a hot loop: the first restart
-    comes backoff_seconds after the crash, each next one after twice the last, at most
-    backoff_max_seconds."""
+    comes restart_backoff_seconds after the crash, each next one after twice the last, at
+    most restart_backoff_max_seconds."""
     caplog.set_level(logging.INFO)
     name = f"backoff-{uuid.uuid4().hex[:6]}"
-    policy = RestartPolicy(
+    policy = BridgeConfig(
         Settings(service_restart_limit=10, service_restart_window_seconds=60),
-        backoff_seconds=0.1,
-        backoff_max_seconds=0.25,
+        restart_backoff_seconds=0.1,
+        restart_backoff_max_seconds=0.25,
     )
     supervisor = Supervisor(policy, lambda fatal: None)
     service = Crashy(name)
@@ -155,7 +158,7 @@ async def test_a_one_shot_task_is_done_when_it_returns_and_retried_when_it_raise
 
 async def test_a_loop_silent_for_stall_seconds_is_stalled_and_not_live() -> None:
     now = [1000.0]
-    policy = RestartPolicy(Settings(liveness_stall_seconds=30))
+    policy = BridgeConfig(Settings(liveness_stall_seconds=30))
     supervisor = Supervisor(policy, clock=lambda: now[0])
     stuck = asyncio.Event()
 

@@ -35,9 +35,9 @@ from arm_core.devtools.embedded import free_port
 from arm_core.devtools.embedded_nats import EmbeddedNats
 from arm_core.devtools.embedded_postgres import EmbeddedPostgres
 from arm_core.devtools.reference import PIPELINES, SCAN, TABULAR
+from arm_core.devtools.testbed.sql import pipeline_for
 from arm_core.logs import Redactor, setup_logging
 from arm_core.migrate import migrate
-from arm_core.statuses import pipeline_for
 
 # Shorter periods than production, so the demo shows dlq and timeout within a minute or two.
 DEV_DEFAULTS = {

@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from arm_core.db import query
 from arm_core.devtools.testbed.polling import wait_for_sync
 from arm_core.migrate import SQL_DIR
-from arm_core.statuses import pipeline_for
+from arm_core.statuses import FileType
 from arm_core.store import publish_params
 
 # Every migration of db/migrations, in the order they apply (their numbered names), read
@@ -39,6 +39,14 @@ MIGRATIONS = sorted(
     for path in (SQL_DIR / "migrations").glob("[0-9]*.sql")
     if not path.name.endswith(".rollback.sql")
 )
+
+
+def pipeline_for(file_type: str) -> str:
+    """The pipeline a file type goes to: spreadsheets to tabular, scans to image (the
+    same rule as arm.pipeline_for; tests/integration/test_schema.py checks they agree)."""
+    tabular = FileType(file_type) in (FileType.XLS, FileType.XLSX, FileType.XLSB)
+    return "tabular" if tabular else "image"
+
 
 # Connections in tests return dict rows (conftest `conn`, dict_conn) or tuples.
 Conn = psycopg.Connection[Any]
@@ -124,7 +132,7 @@ def upload(
     """Creates a file the way upstream does: s3_object, stored_file, a queued job, then
     the file's current job — plain SQL inserts, no function."""
     name = name or f"ОСВ {uuid.uuid4().hex[:6]}.{file_type.lower()}"
-    pipeline = pipeline_for(file_type).value
+    pipeline = pipeline_for(file_type)
     with conn.transaction():
         key = f"uploads/{uuid.uuid4()}/{name}"
         obj = _one(
