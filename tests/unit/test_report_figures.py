@@ -129,22 +129,22 @@ SIXTEEN_WRITERS = (
 # Figures capacity.md works out (the working is written beside each on the page): the
 # text → what it is, computed from the report as the page says.
 DERIVED: dict[str, Callable[[], str]] = {
-    # 73% of a core ÷ 4,038 files/s: PostgreSQL's time per processed file.
-    "0.18 ms": lambda: f"{burst_cpu('postgres') / burst() * 1000:.2f} ms",
-    # 68% of a core ÷ 4,038 files/s: the bridge's.
-    "0.17 ms": lambda: f"{burst_cpu('bridge') / burst() * 1000:.2f} ms",
-    # 1 ÷ 0.18 ms, about: files one PostgreSQL core processes a second.
-    "5,500": lambda: f"{round(burst() / burst_cpu('postgres'), -2):,.0f}",
-    # 4,038 ÷ 0.68, about: files a bridge carries a second per core.
-    "5,900": lambda: f"{round(burst() / burst_cpu('bridge'), -2):,.0f}",
-    # 2,835 B upload + 3,237 B processing.
-    "6,072 B": lambda: f"{wal():,.0f} B",
+    # 74% of a core ÷ 6,166 files/s: PostgreSQL's time per processed file.
+    "0.12 ms": lambda: f"{burst_cpu('postgres') / burst() * 1000:.2f} ms",
+    # 62% of a core ÷ 6,166 files/s: the bridge's.
+    "0.10 ms": lambda: f"{burst_cpu('bridge') / burst() * 1000:.2f} ms",
+    # 1 ÷ 0.12 ms, about: files one PostgreSQL core processes a second.
+    "8,300": lambda: f"{round(burst() / burst_cpu('postgres'), -2):,.0f}",
+    # 6,166 ÷ 0.62, about: files a bridge carries a second per core.
+    "9,900": lambda: f"{round(burst() / burst_cpu('bridge'), -2):,.0f}",
+    # 2,848 B upload + 3,243 B processing.
+    "6,091 B": lambda: f"{wal():,.0f} B",
     # … at 1,000 files a second.
     "6.1 MB/s": lambda: f"{wal() * 1000 / 1e6:.1f} MB/s",
-    # The results stream: 1 GiB ÷ 1 KiB, and that at 100 files a second and at 1,035.
+    # The results stream: 1 GiB ÷ 1 KiB, and that at 100 files a second and at 1,569.
     "1,050,000": lambda: f"{round(stream_jobs(), -4):,.0f}",
     "2.9 hours": lambda: f"{stream_jobs() / 100 / 3600:.1f} hours",
-    "17 minutes": lambda: f"{stream_jobs() / number(result(SIXTEEN_WRITERS)) / 60:.0f} minutes",
+    "11 minutes": lambda: f"{stream_jobs() / number(result(SIXTEEN_WRITERS)) / 60:.0f} minutes",
     # 100 files a second through a 1-hour outage, × 1 KiB.
     "360,000": lambda: f"{100 * 3600:,}",
     "352 MiB": lambda: f"{100 * 3600 * 1024 / 2**20:.0f} MiB",
