@@ -12,7 +12,6 @@ the database applies what the stream lost and calls the rest duplicates."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -26,7 +25,7 @@ from arm_core.bridge import events
 from arm_core.bridge.config import BridgeConfig
 from arm_core.bridge.inbox import Inbox
 from arm_core.bridge.nats_client import confirm
-from arm_core.bridge.service import Service, Supervisor
+from arm_core.bridge.service import Service, Supervisor, stopped_within
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +112,7 @@ class Replayer(Service):
             except TimeoutError:
                 continue
             # Answers published just before the election may still be on their way here.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self.delay_seconds)
-            if not stopping.is_set():
+            if not await stopped_within(stopping, self.delay_seconds):
                 await self.run_once(leader)
 
 
